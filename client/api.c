@@ -1,0 +1,222 @@
+/* SPDX-License-Identifier: MIT */
+/* The request/reply calls that move no tensor: unpublish, stat, list, watch, stats, ping. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+#include "layout.h"
+
+static int check_name(const char *name)
+{
+        const char *why = NULL;
+
+        if (!name)
+                return dlx__fail(-EINVAL, "NULL name");
+        if (layout_name_check(name, strlen(name), &why) < 0)
+                return dlx__fail(-EINVAL, "bad name '%s': %s", name, why);
+        return 0;
+}
+
+static int check_prefix(const char *prefix)
+{
+        const char *why = NULL;
+
+        if (layout_prefix_check(prefix, strlen(prefix), &why) < 0)
+                return dlx__fail(-EINVAL, "bad prefix: %s", why);
+        return 0;
+}
+
+/* A status-only request: returns 0 or the daemon's error. */
+static int simple_call(dlx_client *c, struct wire_request *req)
+{
+        struct pending p;
+        int err = dlx__call(c, req, -1, &p);
+
+        dlx__pending_done(c, &p);
+        return err;
+}
+
+int dlx_unpublish(dlx_client *c, const char *name)
+{
+        struct wire_request req = {.type = WIRE_REQ_UNPUBLISH};
+        int err;
+
+        dlx__clear_error();
+        if (!c)
+                return dlx__fail(-EINVAL, "NULL client");
+        err = check_name(name);
+        if (err < 0)
+                return err;
+        snprintf(req.unpublish.name, sizeof(req.unpublish.name), "%s", name);
+        return simple_call(c, &req);
+}
+
+void dlx__info_from_wire(const struct wire_info *w, struct dlx_info *info)
+{
+        const struct wire_tensor *t = &w->tensor;
+
+        memset(info, 0, sizeof(*info));
+        snprintf(info->name, sizeof(info->name), "%s", t->name);
+        info->version = t->version;
+        info->dtype = t->dtype;
+        info->ndim = t->ndim;
+        memcpy(info->shape, t->shape, (size_t)t->ndim * sizeof(int64_t));
+        memcpy(info->strides, t->strides, (size_t)t->ndim * sizeof(int64_t));
+        info->byte_offset = t->byte_offset;
+        info->device.device_type = (DLDeviceType)t->device_type;
+        info->device.device_id = t->device_id;
+        info->flags = t->flags;
+        info->storage = wire_storage_name(t->storage);
+        info->nbytes = t->length;
+        info->segment = t->segment;
+        info->segment_size = w->segment_size;
+        info->owner_uid = w->owner_uid;
+        info->producer_pid = w->producer_pid;
+        snprintf(info->producer_name, sizeof(info->producer_name), "%s", w->producer_name);
+        info->persist = w->persist;
+        info->leases = w->leases;
+        info->live_versions = w->live_versions;
+        info->published_ns = w->published_ns;
+}
+
+int dlx_stat(dlx_client *c, const char *name, struct dlx_info *ret_info)
+{
+        struct wire_request req = {.type = WIRE_REQ_STAT};
+        struct pending p;
+        int err;
+
+        dlx__clear_error();
+        if (!c || !ret_info)
+                return dlx__fail(-EINVAL, "NULL argument");
+        err = check_name(name);
+        if (err < 0)
+                return err;
+        snprintf(req.stat.name, sizeof(req.stat.name), "%s", name);
+        err = dlx__call(c, &req, -1, &p);
+        if (err == 0 && p.rep.type != WIRE_REP_STAT)
+                err = dlx__fail(-EPROTO, "the daemon answered stat with something else");
+        if (err == 0)
+                dlx__info_from_wire(&p.rep.stat.info, ret_info);
+        dlx__pending_done(c, &p);
+        return err;
+}
+
+int dlx_list(dlx_client *c, const char *prefix, dlx_list_fn fn, void *ctx)
+{
+        struct wire_request req = {.type = WIRE_REQ_LIST};
+        struct dlx_info info;
+        int err, visited = 0;
+
+        dlx__clear_error();
+        if (!c || !fn)
+                return dlx__fail(-EINVAL, "NULL argument");
+        if (!prefix)
+                prefix = "";
+        err = check_prefix(prefix);
+        if (err < 0)
+                return err;
+        snprintf(req.list.prefix, sizeof(req.list.prefix), "%s", prefix);
+        for (;;) {
+                struct pending p;
+                bool stop = false;
+
+                err = dlx__call(c, &req, -1, &p);
+                if (err == 0 && p.rep.type != WIRE_REP_LIST)
+                        err = dlx__fail(-EPROTO, "the daemon answered list with something else");
+                if (err < 0) {
+                        dlx__pending_done(c, &p);
+                        return err;
+                }
+                for (uint32_t i = 0; i < p.rep.list.count && !stop; i++) {
+                        dlx__info_from_wire(&p.rep.list.entries[i], &info);
+                        visited++;
+                        stop = fn(ctx, &info) != 0;
+                }
+                /* the cursor must move forward, or a confused daemon could loop us */
+                if (stop || !p.rep.list.next[0] || strcmp(p.rep.list.next, req.list.after) <= 0) {
+                        dlx__pending_done(c, &p);
+                        return visited;
+                }
+                snprintf(req.list.after, sizeof(req.list.after), "%s", p.rep.list.next);
+                dlx__pending_done(c, &p);
+        }
+}
+
+int dlx_watch(dlx_client *c, const char *prefix, uint64_t *ret_watch)
+{
+        struct wire_request req = {.type = WIRE_REQ_WATCH};
+        struct pending p;
+        int err;
+
+        dlx__clear_error();
+        if (!c)
+                return dlx__fail(-EINVAL, "NULL client");
+        if (!prefix)
+                prefix = "";
+        err = check_prefix(prefix);
+        if (err < 0)
+                return err;
+        snprintf(req.watch.prefix, sizeof(req.watch.prefix), "%s", prefix);
+        err = dlx__call(c, &req, -1, &p);
+        if (err == 0 && p.rep.type != WIRE_REP_WATCH)
+                err = dlx__fail(-EPROTO, "the daemon answered watch with something else");
+        if (err == 0 && ret_watch)
+                *ret_watch = p.rep.watch.watch;
+        dlx__pending_done(c, &p);
+        return err;
+}
+
+int dlx_unwatch(dlx_client *c, uint64_t watch)
+{
+        struct wire_request req = {.type = WIRE_REQ_UNWATCH};
+
+        dlx__clear_error();
+        if (!c)
+                return dlx__fail(-EINVAL, "NULL client");
+        req.unwatch.watch = watch;
+        return simple_call(c, &req);
+}
+
+int dlx_stats(dlx_client *c, struct dlx_stats *ret_stats)
+{
+        struct wire_request req = {.type = WIRE_REQ_STATS};
+        struct pending p;
+        int err;
+
+        dlx__clear_error();
+        if (!c || !ret_stats)
+                return dlx__fail(-EINVAL, "NULL argument");
+        err = dlx__call(c, &req, -1, &p);
+        if (err == 0 && p.rep.type != WIRE_REP_STATS)
+                err = dlx__fail(-EPROTO, "the daemon answered stats with something else");
+        if (err == 0) {
+                const struct wire_stats *s = &p.rep.stats;
+                ret_stats->names = s->names;
+                ret_stats->versions = s->versions;
+                ret_stats->leases = s->leases;
+                ret_stats->segments = s->segments;
+                ret_stats->bytes = s->bytes;
+                ret_stats->max_bytes = s->max_bytes;
+                ret_stats->clients = s->clients;
+                ret_stats->max_clients = s->max_clients;
+                ret_stats->watchers = s->watchers;
+                ret_stats->uptime_ms = s->uptime_ms;
+                ret_stats->requests = s->requests;
+                ret_stats->publishes = s->publishes;
+                ret_stats->acquires = s->acquires;
+        }
+        dlx__pending_done(c, &p);
+        return err;
+}
+
+int dlx_ping(dlx_client *c)
+{
+        struct wire_request req = {.type = WIRE_REQ_PING};
+
+        dlx__clear_error();
+        if (!c)
+                return dlx__fail(-EINVAL, "NULL client");
+        req.ping.nonce = 0x646c78;
+        return simple_call(c, &req);
+}

@@ -1,0 +1,774 @@
+/* SPDX-License-Identifier: MIT */
+/* The connection: connect and hello, request/reply, the shared reader, events, errors. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "wire_limits.h"
+
+static __thread char last_error[DLX_ERROR_MAX + 64];
+
+/* ---- errors and logging ---------------------------------------------------------------- */
+
+int dlx__fail(int err, const char *fmt, ...)
+{
+        va_list ap;
+
+        va_start(ap, fmt);
+        vsnprintf(last_error, sizeof(last_error), fmt, ap);
+        va_end(ap);
+        return err;
+}
+
+void dlx__clear_error(void)
+{
+        last_error[0] = '\0';
+}
+
+const char *dlx_last_error(void)
+{
+        return last_error;
+}
+
+const char *dlx_strerror(int err)
+{
+        if (err < 0)
+                err = -err;
+        switch (err) {
+        case 0:
+                return "success";
+        case EINVAL:
+                return "invalid argument";
+        case ENOENT:
+                return "no such tensor";
+        case EACCES:
+        case EPERM:
+                return "permission denied: the name belongs to another user";
+        case ETIMEDOUT:
+                return "timed out";
+        case ENOSPC:
+                return "the daemon's shared-memory limit is reached";
+        case EAGAIN:
+                return "a daemon limit is reached; try again later";
+        case EPROTO:
+                return "protocol error";
+        case EPROTONOSUPPORT:
+                return "the daemon speaks an incompatible protocol version";
+        case EBADF:
+                return "bad or unsuitable file descriptor";
+        case EMSGSIZE:
+                return "message or size over a limit";
+        case EOVERFLOW:
+                return "size overflows";
+        case EXDEV:
+                return "the memory is not shareable without a copy";
+        case ENOTSUP:
+                return "not supported";
+        case ENOMEM:
+                return "out of memory";
+        case ECONNREFUSED:
+                return "no daemon listening on the socket";
+        case ECONNRESET:
+        case EPIPE:
+                return "the connection to the daemon was lost";
+        case ESHUTDOWN:
+                return "the daemon is shutting down";
+        case ENAMETOOLONG:
+                return "socket path too long";
+        case ENODEV:
+                return "no such device";
+        default:
+                return strerror(err);
+        }
+}
+
+void dlx__log(dlx_client *c, int level, const char *fmt, ...)
+{
+        char msg[512];
+        va_list ap;
+
+        if (!c->log && !c->log_stderr)
+                return;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        if (c->log)
+                c->log(c->log_ctx, level, msg);
+        if (c->log_stderr)
+                fprintf(stderr, "libdlx[%d]: %s\n", (int)getpid(), msg);
+}
+
+/* ---- lifetime ----------------------------------------------------------------------------- */
+
+void dlx__client_ref(dlx_client *c)
+{
+        __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED);
+}
+
+void dlx__client_unref(dlx_client *c)
+{
+        if (__atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL) != 0)
+                return;
+        dlx__maps_final(c);
+        frame_reader_done(&c->reader);
+        pthread_mutex_destroy(&c->lock);
+        pthread_mutex_destroy(&c->send_lock);
+        pthread_cond_destroy(&c->cond);
+        free(c);
+}
+
+/* ---- sending ----------------------------------------------------------------------------------
+ */
+
+static int send_frame(dlx_client *c, const uint8_t *buf, size_t len, int fd)
+{
+        union {
+                struct cmsghdr align;
+                char buf[CMSG_SPACE(sizeof(int))];
+        } cbuf;
+        struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+        size_t off = 0;
+
+        if (fd >= 0) {
+                memset(&cbuf, 0, sizeof(cbuf));
+                msg.msg_control = cbuf.buf;
+                msg.msg_controllen = sizeof(cbuf.buf);
+                struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+                cm->cmsg_level = SOL_SOCKET;
+                cm->cmsg_type = SCM_RIGHTS;
+                cm->cmsg_len = CMSG_LEN(sizeof(int));
+                memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+        }
+        while (off < len) {
+                ssize_t n;
+
+                iov.iov_base = (void *)(buf + off);
+                iov.iov_len = len - off;
+                n = sendmsg(c->fd, &msg, MSG_NOSIGNAL);
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return errno == EPIPE ? -ECONNRESET : -errno;
+                }
+                off += (size_t)n;
+                /* the fd went with the first byte */
+                msg.msg_control = NULL;
+                msg.msg_controllen = 0;
+        }
+        return 0;
+}
+
+/* Encodes and sends; req->id is assigned here. Lock held by caller. */
+static int send_locked(dlx_client *c, struct wire_request *req, int fd)
+{
+        uint8_t stackbuf[2048];
+        uint8_t *buf = stackbuf;
+        size_t size;
+        int err;
+
+        if (c->broken)
+                return c->broken;
+        if (c->closed)
+                return -ECONNRESET;
+        req->id = c->next_id++;
+        err = wire_request_size(req, &size);
+        if (err < 0)
+                return err;
+        if (size > DLX_MAX_FRAME)
+                return -EMSGSIZE;
+        if (FRAME_HEADER_SIZE + size > sizeof(stackbuf)) {
+                buf = malloc(FRAME_HEADER_SIZE + size);
+                if (!buf)
+                        return -ENOMEM;
+        }
+        frame_header_put(buf, (uint32_t)size, fd >= 0 ? 1 : 0);
+        wire_request_pack(req, buf + FRAME_HEADER_SIZE);
+        pthread_mutex_lock(&c->send_lock);
+        err = send_frame(c, buf, FRAME_HEADER_SIZE + size, fd);
+        pthread_mutex_unlock(&c->send_lock);
+        if (buf != stackbuf)
+                free(buf);
+        if (err < 0 && !c->broken)
+                c->broken = err;
+        return err;
+}
+
+int dlx__send(dlx_client *c, struct wire_request *req, int fd)
+{
+        return send_locked(c, req, fd);
+}
+
+/* ---- receiving ------------------------------------------------------------------------------- */
+
+static struct pending *pending_take(dlx_client *c, uint64_t id)
+{
+        for (struct pending **pp = &c->pending; *pp; pp = &(*pp)->next) {
+                if ((*pp)->id == id) {
+                        struct pending *p = *pp;
+                        *pp = p->next;
+                        return p;
+                }
+        }
+        return NULL;
+}
+
+static void queue_event(dlx_client *c, const struct wire_reply *rep)
+{
+        struct event_node *n = calloc(1, sizeof(*n));
+
+        if (!n) {
+                dlx__log(c, DLX_LOG_WARNING, "out of memory: watch event on '%s' dropped",
+                         rep->event.name);
+                return;
+        }
+        n->ev.kind = (enum dlx_event_kind)rep->event.kind;
+        n->ev.watch = rep->event.watch;
+        n->ev.version = rep->event.version;
+        snprintf(n->ev.name, sizeof(n->ev.name), "%s", rep->event.name);
+        if (c->ev_tail)
+                c->ev_tail->next = n;
+        else
+                c->ev_head = n;
+        c->ev_tail = n;
+        c->nevents++;
+}
+
+static int cmp_token(const void *key, const struct avl_node *n)
+{
+        return avl_cmp_u64(*(const uint64_t *)key, avl_entry(n, struct held, node)->token);
+}
+
+static void on_event(dlx_client *c, const struct wire_reply *rep)
+{
+        struct avl_node *n;
+
+        switch (rep->event.kind) {
+        case WIRE_EVENT_PUBLISHED:
+        case WIRE_EVENT_REPLACED:
+        case WIRE_EVENT_UNPUBLISHED:
+                queue_event(c, rep);
+                break;
+        case WIRE_EVENT_RELEASED:
+                n = avl_find(&c->held, &rep->event.token, cmp_token);
+                if (n) {
+                        struct held *h = avl_entry(n, struct held, node);
+                        avl_remove(&c->held, n);
+                        h->next_deleter = c->deleters;
+                        c->deleters = h;
+                }
+                break;
+        case WIRE_EVENT_SEGMENT_GONE:
+                dlx__map_gone(c, rep->event.segment);
+                break;
+        default:
+                dlx__log(c, DLX_LOG_DEBUG, "unknown event kind %d ignored", rep->event.kind);
+                break;
+        }
+}
+
+/*
+ * Replies that carry a segment are resolved to a mapping here, in stream
+ * order, so a reply without an fd always finds the mapping it relies on.
+ */
+static void resolve_segment(dlx_client *c, struct pending *p)
+{
+        struct wire_reply *rep = &p->rep;
+        int fd = p->fd, err = 0;
+
+        p->fd = -1;
+        if (rep->status == WIRE_OK && rep->type == WIRE_REP_ACQUIRE) {
+                err = dlx__map_get(c, rep->acquire.tensor.segment, rep->acquire.segment_size, fd,
+                                   rep->acquire.writable, &p->map);
+                fd = -1;
+        } else if (rep->status == WIRE_OK && rep->type == WIRE_REP_ALLOC) {
+                if (fd < 0)
+                        err = -EPROTO;
+                else
+                        err = dlx__map_get(c, rep->alloc.segment, rep->alloc.size, fd, true,
+                                           &p->map);
+                fd = -1;
+        }
+        if (fd >= 0)
+                close(fd);
+        if (err < 0) {
+                p->err = err;
+                dlx__fail(err, "cannot map segment: %s", dlx_strerror(err));
+        }
+}
+
+/* One complete frame from the daemon. Lock held. */
+static void on_frame(dlx_client *c, struct frame *f)
+{
+        struct wire_reply rep;
+        struct pending *p;
+        char err[128];
+        int r;
+
+        r = wire_reply_decode(f->payload, f->len, &rep, err, sizeof(err));
+        if (r < 0) {
+                frame_close_fds(f);
+                dlx__log(c, DLX_LOG_ERR, "bad reply from the daemon: %s", err);
+                c->broken = -EPROTO;
+                return;
+        }
+        if (rep.id == 0) {
+                frame_close_fds(f);
+                if (rep.type == WIRE_REP_EVENT) {
+                        on_event(c, &rep);
+                } else if (rep.status != WIRE_OK) {
+                        /* a connection-level refusal: the daemon hangs up next */
+                        dlx__log(c, DLX_LOG_ERR, "daemon: %s", rep.error);
+                        dlx__fail(-wire_status_errno(rep.status), "%s", rep.error);
+                        c->broken = -wire_status_errno(rep.status);
+                }
+                wire_reply_done(&rep);
+                return;
+        }
+        p = pending_take(c, rep.id);
+        if (!p) {
+                /* answers to one-way requests: only failures and forgets matter */
+                frame_close_fds(f);
+                if (rep.status != WIRE_OK)
+                        dlx__log(c, DLX_LOG_WARNING, "request %llu failed: %s",
+                                 (unsigned long long)rep.id, rep.error);
+                dlx__map_forgotten(c, rep.id);
+                wire_reply_done(&rep);
+                return;
+        }
+        p->rep = rep;
+        if (f->nfds > 0) {
+                p->fd = f->fds[0];
+                for (unsigned i = 1; i < f->nfds; i++)
+                        close(f->fds[i]);
+                f->nfds = 0;
+        }
+        resolve_segment(c, p);
+        p->done = true;
+}
+
+/* Reads once without the lock; returns bytes, 0 on EOF, -EAGAIN or -errno. */
+static ssize_t read_some(dlx_client *c)
+{
+        union {
+                struct cmsghdr align;
+                char buf[CMSG_SPACE(sizeof(int) * DLX_MAX_FDS_QUEUED)];
+        } cbuf;
+        struct iovec iov;
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+        uint8_t *space;
+        size_t avail;
+        ssize_t n;
+        int err = 0;
+
+        if (frame_reader_space(&c->reader, &space, &avail) < 0)
+                return -ENOMEM;
+        iov.iov_base = space;
+        iov.iov_len = avail;
+        msg.msg_control = cbuf.buf;
+        msg.msg_controllen = sizeof(cbuf.buf);
+        do
+                n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+        while (n < 0 && errno == EINTR);
+        if (n < 0)
+                return -errno;
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+                if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+                        continue;
+                unsigned nfds = (unsigned)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+                int fds[DLX_MAX_FDS_QUEUED];
+                memcpy(fds, CMSG_DATA(cm), nfds * sizeof(int));
+                if (frame_reader_push_fds(&c->reader, fds, nfds) < 0)
+                        err = -EPROTO;
+        }
+        if (msg.msg_flags & MSG_CTRUNC)
+                err = -EPROTO;
+        if (err < 0)
+                return err;
+        frame_reader_commit(&c->reader, (size_t)n);
+        return n;
+}
+
+static int64_t now_ms(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/*
+ * Makes progress on the socket for up to timeout_ms (< 0: until something
+ * arrives). Lock held on entry and exit. If another thread is reading, waits
+ * for it to publish what it read instead. Returns 0, or -ETIMEDOUT when
+ * nothing happened in time, or the connection's error.
+ */
+static int pump(dlx_client *c, int64_t timeout_ms)
+{
+        struct frame f;
+        ssize_t n;
+        int r;
+
+        if (c->broken)
+                return c->broken;
+        if (c->reading) {
+                if (timeout_ms < 0) {
+                        pthread_cond_wait(&c->cond, &c->lock);
+                } else {
+                        struct timespec ts;
+                        clock_gettime(CLOCK_REALTIME, &ts);
+                        ts.tv_sec += timeout_ms / 1000;
+                        ts.tv_nsec += (timeout_ms % 1000) * 1000000;
+                        if (ts.tv_nsec >= 1000000000) {
+                                ts.tv_sec++;
+                                ts.tv_nsec -= 1000000000;
+                        }
+                        if (pthread_cond_timedwait(&c->cond, &c->lock, &ts) == ETIMEDOUT)
+                                return -ETIMEDOUT;
+                }
+                return 0;
+        }
+
+        c->reading = true;
+        pthread_mutex_unlock(&c->lock);
+        for (;;) {
+                n = read_some(c);
+                if (n != -EAGAIN)
+                        break;
+                struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
+                r = poll(&pfd, 1,
+                         timeout_ms < 0 ? -1
+                                        : (int)(timeout_ms > INT32_MAX ? INT32_MAX : timeout_ms));
+                if (r == 0) {
+                        n = -ETIMEDOUT;
+                        break;
+                }
+                if (r < 0 && errno != EINTR) {
+                        n = -errno;
+                        break;
+                }
+        }
+        pthread_mutex_lock(&c->lock);
+        c->reading = false;
+        if (n == 0 || (n < 0 && n != -ETIMEDOUT)) {
+                if (!c->broken)
+                        c->broken = n == 0 || n == -ECONNRESET ? -ECONNRESET : (int)n;
+        }
+        while (!c->broken && (r = frame_reader_next(&c->reader, &f)) != 0) {
+                if (r < 0) {
+                        c->broken = -EPROTO;
+                        break;
+                }
+                on_frame(c, &f);
+        }
+        if (c->broken) {
+                /* every waiter learns the connection is gone */
+                for (struct pending *p = c->pending; p; p = p->next) {
+                        p->done = true;
+                        p->err = c->broken;
+                }
+                c->pending = NULL;
+        }
+        pthread_cond_broadcast(&c->cond);
+        if (c->deleters) {
+                pthread_mutex_unlock(&c->lock);
+                dlx__run_deleters(c);
+                pthread_mutex_lock(&c->lock);
+        }
+        return n == -ETIMEDOUT ? -ETIMEDOUT : c->broken;
+}
+
+void dlx__run_deleters(dlx_client *c)
+{
+        struct held *h;
+
+        pthread_mutex_lock(&c->lock);
+        h = c->deleters;
+        c->deleters = NULL;
+        pthread_mutex_unlock(&c->lock);
+        while (h) {
+                struct held *next = h->next_deleter;
+                if (h->tensor->deleter)
+                        h->tensor->deleter(h->tensor);
+                free(h);
+                h = next;
+        }
+}
+
+int dlx__call(dlx_client *c, struct wire_request *req, int fd, struct pending *p)
+{
+        int err;
+
+        memset(p, 0, sizeof(*p));
+        p->fd = -1;
+        pthread_mutex_lock(&c->lock);
+        err = send_locked(c, req, fd);
+        if (err < 0) {
+                pthread_mutex_unlock(&c->lock);
+                return dlx__fail(err, "cannot send %s: %s", wire_request_name(req->type),
+                                 dlx_strerror(err));
+        }
+        p->id = req->id;
+        p->next = c->pending;
+        c->pending = p;
+        while (!p->done) {
+                err = pump(c, -1);
+                if (err < 0 && err != -ETIMEDOUT && !p->done) {
+                        pending_take(c, p->id);
+                        p->done = true;
+                        p->err = err;
+                }
+        }
+        pthread_mutex_unlock(&c->lock);
+        if (p->err < 0)
+                return dlx__fail(p->err, "%s: %s", wire_request_name(req->type),
+                                 p->err == -ECONNRESET ? "the connection to the daemon was lost"
+                                                       : dlx_strerror(p->err));
+        if (p->rep.status != WIRE_OK)
+                return dlx__fail(-wire_status_errno(p->rep.status), "%s", p->rep.error);
+        return 0;
+}
+
+void dlx__pending_done(dlx_client *c, struct pending *p)
+{
+        if (p->map) {
+                pthread_mutex_lock(&c->lock);
+                dlx__map_unref(c, p->map);
+                pthread_mutex_unlock(&c->lock);
+                p->map = NULL;
+        }
+        if (p->fd >= 0)
+                close(p->fd);
+        p->fd = -1;
+        wire_reply_done(&p->rep);
+}
+
+/* ---- connect / close ------------------------------------------------------------------- */
+
+static int socket_path(const char *opt, char *buf, size_t size)
+{
+        const char *env;
+        int n;
+
+        if (opt && *opt)
+                n = snprintf(buf, size, "%s", opt);
+        else if ((env = getenv("DLX_SOCKET")) && *env)
+                n = snprintf(buf, size, "%s", env);
+        else if ((env = getenv("XDG_RUNTIME_DIR")) && *env)
+                n = snprintf(buf, size, "%s/dlx/dlxd.sock", env);
+        else
+                n = snprintf(buf, size, "/tmp/dlx-%u/dlxd.sock", (unsigned)getuid());
+        return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
+}
+
+static int hello(dlx_client *c, const char *name)
+{
+        struct wire_request req = {.type = WIRE_REQ_HELLO};
+        struct pending p;
+        int err;
+
+        req.hello.major = DLX_PROTO_MAJOR;
+        req.hello.minor = DLX_PROTO_MINOR;
+        req.hello.pid = (int32_t)getpid();
+        snprintf(req.hello.client_name, sizeof(req.hello.client_name), "%s", name);
+        err = dlx__call(c, &req, -1, &p);
+        if (err == 0 && p.rep.type != WIRE_REP_HELLO)
+                err = dlx__fail(-EPROTO, "the daemon answered hello with something else");
+        if (err == 0) {
+                c->session = p.rep.hello.session;
+                c->uid = p.rep.hello.uid;
+                snprintf(c->server, sizeof(c->server), "%s", p.rep.hello.server);
+        }
+        dlx__pending_done(c, &p);
+        return err;
+}
+
+int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
+{
+        struct sockaddr_un addr = {.sun_family = AF_UNIX};
+        char name[DLX_CLIENT_NAME_MAX + 1];
+        const char *dbg;
+        dlx_client *c;
+        int err;
+
+        dlx__clear_error();
+        if (!ret_client)
+                return dlx__fail(-EINVAL, "ret_client is NULL");
+        err = socket_path(opts ? opts->socket_path : NULL, addr.sun_path, sizeof(addr.sun_path));
+        if (err < 0)
+                return dlx__fail(err, "socket path too long");
+
+        c = calloc(1, sizeof(*c));
+        if (!c)
+                return dlx__fail(-ENOMEM, "out of memory");
+        c->refs = 1;
+        c->next_id = 1;
+        c->next_token = 1;
+        c->fd = -1;
+        avl_init(&c->held);
+        avl_init(&c->maps);
+        pthread_mutex_init(&c->lock, NULL);
+        pthread_mutex_init(&c->send_lock, NULL);
+        pthread_cond_init(&c->cond, NULL);
+        if (opts) {
+                c->log = opts->log;
+                c->log_ctx = opts->log_ctx;
+        }
+        dbg = getenv("DLX_DEBUG");
+        c->log_stderr = dbg && *dbg && strcmp(dbg, "0") != 0;
+        if (frame_reader_init(&c->reader) < 0) {
+                dlx__client_unref(c);
+                return dlx__fail(-ENOMEM, "out of memory");
+        }
+
+        c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (c->fd < 0) {
+                err = -errno;
+                dlx__client_unref(c);
+                return dlx__fail(err, "socket: %s", strerror(-err));
+        }
+        if (connect(c->fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
+                err = -errno;
+                close(c->fd);
+                dlx__client_unref(c);
+                return dlx__fail(err, "cannot connect to dlxd at %s: %s", addr.sun_path,
+                                 strerror(-err));
+        }
+        if (opts && opts->client_name)
+                snprintf(name, sizeof(name), "%s", opts->client_name);
+        else
+                snprintf(name, sizeof(name), "%s", program_invocation_short_name);
+        /* the daemon accepts printable names only: replace anything else */
+        for (char *p = name; *p; p++)
+                if ((unsigned char)*p < 0x20 || *p == 0x7f)
+                        *p = '?';
+        err = hello(c, name);
+        if (err < 0) {
+                close(c->fd);
+                dlx__client_unref(c);
+                return err;
+        }
+        dlx__log(c, DLX_LOG_DEBUG, "connected to %s at %s as session %llu", c->server,
+                 addr.sun_path, (unsigned long long)c->session);
+        dlx__default_client_connected(c);
+        *ret_client = c;
+        return 0;
+}
+
+void dlx_close(dlx_client *c)
+{
+        struct event_node *ev;
+        struct avl_node *n, *next;
+
+        if (!c)
+                return;
+        dlx__default_client_closing(c);
+        pthread_mutex_lock(&c->lock);
+        c->closed = true;
+        /* the daemon sees EOF and releases everything this session held */
+        shutdown(c->fd, SHUT_RDWR);
+        for (n = avl_first(&c->held); n; n = next) {
+                struct held *h = avl_entry(n, struct held, node);
+                next = avl_next(n);
+                avl_remove(&c->held, n);
+                h->next_deleter = c->deleters;
+                c->deleters = h;
+        }
+        while ((ev = c->ev_head)) {
+                c->ev_head = ev->next;
+                free(ev);
+        }
+        c->ev_tail = NULL;
+        while (c->reading)
+                pthread_cond_wait(&c->cond, &c->lock);
+        pthread_mutex_unlock(&c->lock);
+        dlx__run_deleters(c);
+        pthread_mutex_lock(&c->lock);
+        dlx__maps_close(c);
+        pthread_mutex_unlock(&c->lock);
+        close(c->fd);
+        dlx__client_unref(c);
+}
+
+const char *dlx_server_version(const dlx_client *c)
+{
+        return c ? c->server : "";
+}
+
+/* ---- events ------------------------------------------------------------------------------- */
+
+int dlx_fd(const dlx_client *c)
+{
+        return c ? c->fd : -EINVAL;
+}
+
+int dlx_process_events(dlx_client *c)
+{
+        int err, count;
+
+        if (!c)
+                return -EINVAL;
+        pthread_mutex_lock(&c->lock);
+        if (c->reading) {
+                /* another thread is reading right now and will dispatch what came */
+                count = (int)c->nevents;
+                pthread_mutex_unlock(&c->lock);
+                return count;
+        }
+        err = pump(c, 0);
+        count = (int)c->nevents;
+        pthread_mutex_unlock(&c->lock);
+        if (err < 0 && err != -ETIMEDOUT)
+                return dlx__fail(err, "%s", dlx_strerror(err));
+        return count;
+}
+
+int dlx_next_event(dlx_client *c, struct dlx_event *ret_event, int64_t timeout_ms)
+{
+        int64_t deadline = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
+        int err = 0;
+
+        if (!c || !ret_event)
+                return dlx__fail(-EINVAL, "NULL argument");
+        pthread_mutex_lock(&c->lock);
+        while (!c->ev_head) {
+                int64_t left = -1;
+
+                if (timeout_ms == 0) {
+                        err = pump(c, 0);
+                        if (!c->ev_head) {
+                                pthread_mutex_unlock(&c->lock);
+                                return err < 0 && err != -ETIMEDOUT ? err : -EAGAIN;
+                        }
+                        break;
+                }
+                if (timeout_ms > 0) {
+                        left = deadline - now_ms();
+                        if (left <= 0) {
+                                pthread_mutex_unlock(&c->lock);
+                                return dlx__fail(-ETIMEDOUT, "no event within %lld ms",
+                                                 (long long)timeout_ms);
+                        }
+                }
+                err = pump(c, left);
+                if (err < 0 && err != -ETIMEDOUT) {
+                        pthread_mutex_unlock(&c->lock);
+                        return dlx__fail(err, "%s", dlx_strerror(err));
+                }
+        }
+        struct event_node *n = c->ev_head;
+        c->ev_head = n->next;
+        if (!c->ev_head)
+                c->ev_tail = NULL;
+        c->nevents--;
+        pthread_mutex_unlock(&c->lock);
+        *ret_event = n->ev;
+        free(n);
+        return 0;
+}

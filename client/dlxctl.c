@@ -1,0 +1,597 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * dlxctl — look at and move tensors in a running dlxd.
+ * Exit status: 0 success, 1 error, 2 usage.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <dlx/dlx.h>
+
+#include "npy.h"
+
+#define EXIT_USAGE 2
+
+static const char *socket_path;
+static bool json;
+
+static void usage(FILE *f)
+{
+        fputs("Usage: dlxctl [--socket PATH] [--json] COMMAND [ARGS]\n"
+              "\n"
+              "Commands:\n"
+              "  list [PREFIX]                    names, versions, dtypes and shapes\n"
+              "  stat NAME                        everything the daemon knows of NAME\n"
+              "  put NAME FILE.npy [--writable]   publish a .npy file (persistent: it stays\n"
+              "                                   after dlxctl exits, until rm or replaced)\n"
+              "  get NAME FILE.npy [--timeout MS] write NAME to a .npy file, waiting up to MS\n"
+              "  rm NAME                          unpublish NAME\n"
+              "  watch [PREFIX] [--count N] [--timeout MS]\n"
+              "                                   print events as names change\n"
+              "  stats                            the daemon's counters and limits\n"
+              "\n"
+              "Options:\n"
+              "  -s, --socket PATH  daemon socket (default: $DLX_SOCKET, then\n"
+              "                     $XDG_RUNTIME_DIR/dlx/dlxd.sock, then /tmp/dlx-$UID/dlxd.sock)\n"
+              "  -j, --json         machine-readable output (list, stat, watch, stats, put, get)\n"
+              "  -h, --help         this help\n"
+              "  -V, --version      the version\n"
+              "\n"
+              "Exit status: 0 success, 1 error, 2 usage.\n",
+              f);
+}
+
+static int fail(int err, const char *what)
+{
+        const char *detail = dlx_last_error();
+
+        if (detail && *detail)
+                fprintf(stderr, "dlxctl: %s: %s\n", what, detail);
+        else
+                fprintf(stderr, "dlxctl: %s: %s\n", what, dlx_strerror(err));
+        return EXIT_FAILURE;
+}
+
+static int connect_or_fail(dlx_client **ret)
+{
+        struct dlx_connect_options o = {.socket_path = socket_path, .client_name = "dlxctl"};
+        int err = dlx_connect(&o, ret);
+
+        if (err < 0)
+                return fail(err, "cannot connect to dlxd");
+        return 0;
+}
+
+/* ---- formatting ---------------------------------------------------------------------- */
+
+static const char *const code_names[] = {
+        [kDLInt] = "int",
+        [kDLUInt] = "uint",
+        [kDLFloat] = "float",
+        [kDLOpaqueHandle] = "handle",
+        [kDLBfloat] = "bfloat",
+        [kDLComplex] = "complex",
+        [kDLBool] = "bool",
+        [kDLFloat8_e3m4] = "float8_e3m4",
+        [kDLFloat8_e4m3] = "float8_e4m3",
+        [kDLFloat8_e4m3b11fnuz] = "float8_e4m3b11fnuz",
+        [kDLFloat8_e4m3fn] = "float8_e4m3fn",
+        [kDLFloat8_e4m3fnuz] = "float8_e4m3fnuz",
+        [kDLFloat8_e5m2] = "float8_e5m2",
+        [kDLFloat8_e5m2fnuz] = "float8_e5m2fnuz",
+        [kDLFloat8_e8m0fnu] = "float8_e8m0fnu",
+        [kDLFloat6_e2m3fn] = "float6_e2m3fn",
+        [kDLFloat6_e3m2fn] = "float6_e3m2fn",
+        [kDLFloat4_e2m1fn] = "float4_e2m1fn",
+};
+
+static void dtype_str(DLDataType d, char *buf, size_t size)
+{
+        const char *base = d.code < sizeof(code_names) / sizeof(code_names[0]) && code_names[d.code]
+                                   ? code_names[d.code]
+                                   : "unknown";
+        int n;
+
+        /* fp8/fp6/fp4 names already say their width; bool is 8 bits by convention */
+        if (d.code >= kDLFloat8_e3m4 || (d.code == kDLBool && d.bits == 8))
+                n = snprintf(buf, size, "%s", base);
+        else
+                n = snprintf(buf, size, "%s%u", base, d.bits);
+        if (d.lanes > 1 && n > 0 && (size_t)n < size)
+                snprintf(buf + n, size - (size_t)n, "x%u", d.lanes);
+}
+
+static void dims_str(const int64_t *dims, int32_t ndim, char *buf, size_t size)
+{
+        size_t off = 0;
+
+        off += (size_t)snprintf(buf, size, "(");
+        for (int32_t i = 0; i < ndim && off < size; i++)
+                off += (size_t)snprintf(buf + off, size - off, "%s%" PRId64, i ? ", " : "",
+                                        dims[i]);
+        if (ndim == 1 && off < size)
+                off += (size_t)snprintf(buf + off, size - off, ",");
+        if (off < size)
+                snprintf(buf + off, size - off, ")");
+}
+
+static void json_dims(const int64_t *dims, int32_t ndim)
+{
+        putchar('[');
+        for (int32_t i = 0; i < ndim; i++)
+                printf("%s%" PRId64, i ? "," : "", dims[i]);
+        putchar(']');
+}
+
+/* Names are printable UTF-8; only quotes and backslashes need escaping. */
+static void json_str(const char *s)
+{
+        putchar('"');
+        for (; *s; s++) {
+                if (*s == '"' || *s == '\\')
+                        putchar('\\');
+                putchar(*s);
+        }
+        putchar('"');
+}
+
+static void print_info_json(const struct dlx_info *in)
+{
+        char dt[48];
+
+        dtype_str(in->dtype, dt, sizeof(dt));
+        printf("{\"name\":");
+        json_str(in->name);
+        printf(",\"version\":%" PRIu64 ",\"dtype\":\"%s\",\"dtype_code\":%u,\"bits\":%u,"
+               "\"lanes\":%u,\"shape\":",
+               in->version, dt, in->dtype.code, in->dtype.bits, in->dtype.lanes);
+        json_dims(in->shape, in->ndim);
+        printf(",\"strides\":");
+        json_dims(in->strides, in->ndim);
+        printf(",\"byte_offset\":%" PRIu64 ",\"device\":[%d,%d],\"read_only\":%s,"
+               "\"storage\":\"%s\",\"nbytes\":%" PRIu64 ",\"segment\":%" PRIu64
+               ",\"segment_size\":%" PRIu64 ",\"owner_uid\":%u,\"producer_pid\":%d,"
+               "\"producer\":",
+               in->byte_offset, (int)in->device.device_type, in->device.device_id,
+               in->flags & DLPACK_FLAG_BITMASK_READ_ONLY ? "true" : "false", in->storage,
+               in->nbytes, in->segment, in->segment_size, in->owner_uid, in->producer_pid);
+        json_str(in->producer_name);
+        printf(",\"persist\":%s,\"leases\":%u,\"live_versions\":%u,\"published_ns\":%" PRIu64 "}",
+               in->persist ? "true" : "false", in->leases, in->live_versions, in->published_ns);
+}
+
+/* ---- commands ------------------------------------------------------------------------- */
+
+struct list_ctx {
+        unsigned count;
+};
+
+static int list_one(void *ctx, const struct dlx_info *in)
+{
+        struct list_ctx *l = ctx;
+        char dt[48], shape[256];
+
+        if (json) {
+                printf("%s", l->count ? ",\n " : "");
+                print_info_json(in);
+        } else {
+                if (l->count == 0)
+                        printf("%-32s %8s %-14s %-20s %12s %6s %s\n", "NAME", "VERSION", "DTYPE",
+                               "SHAPE", "BYTES", "LEASES", "FLAGS");
+                dtype_str(in->dtype, dt, sizeof(dt));
+                dims_str(in->shape, in->ndim, shape, sizeof(shape));
+                printf("%-32s %8" PRIu64 " %-14s %-20s %12" PRIu64 " %6u %s%s%s\n", in->name,
+                       in->version, dt, shape, in->nbytes, in->leases, in->storage,
+                       in->persist ? ",persist" : "",
+                       in->flags & DLPACK_FLAG_BITMASK_READ_ONLY ? "" : ",writable");
+        }
+        l->count++;
+        return 0;
+}
+
+static int cmd_list(dlx_client *c, int argc, char **argv)
+{
+        struct list_ctx l = {0};
+        int n;
+
+        if (argc > 2) {
+                fprintf(stderr, "dlxctl: list takes at most one PREFIX\n");
+                return EXIT_USAGE;
+        }
+        if (json)
+                printf("[");
+        n = dlx_list(c, argc == 2 ? argv[1] : "", list_one, &l);
+        if (json)
+                printf("]\n");
+        if (n < 0)
+                return fail(n, "list");
+        return 0;
+}
+
+static int cmd_stat(dlx_client *c, int argc, char **argv)
+{
+        struct dlx_info in;
+        char dt[48], shape[512], strides[512];
+        int err;
+
+        if (argc != 2) {
+                fprintf(stderr, "dlxctl: stat takes one NAME\n");
+                return EXIT_USAGE;
+        }
+        err = dlx_stat(c, argv[1], &in);
+        if (err < 0)
+                return fail(err, argv[1]);
+        if (json) {
+                print_info_json(&in);
+                putchar('\n');
+                return 0;
+        }
+        dtype_str(in.dtype, dt, sizeof(dt));
+        dims_str(in.shape, in.ndim, shape, sizeof(shape));
+        dims_str(in.strides, in.ndim, strides, sizeof(strides));
+        printf("name:          %s\n"
+               "version:       %" PRIu64 "\n"
+               "dtype:         %s (code %u, %u bits, %u lanes)\n"
+               "shape:         %s\n"
+               "strides:       %s\n"
+               "byte_offset:   %" PRIu64 "\n"
+               "device:        %d:%d\n"
+               "access:        %s\n"
+               "storage:       %s (segment %" PRIu64 ", %" PRIu64 " bytes; tensor spans %" PRIu64
+               ")\n"
+               "owner uid:     %u\n"
+               "producer:      %s (pid %d%s)\n"
+               "persistent:    %s\n"
+               "leases:        %u\n"
+               "live versions: %u\n",
+               in.name, in.version, dt, in.dtype.code, in.dtype.bits, in.dtype.lanes, shape,
+               strides, in.byte_offset, (int)in.device.device_type, in.device.device_id,
+               in.flags & DLPACK_FLAG_BITMASK_READ_ONLY ? "read-only" : "writable", in.storage,
+               in.segment, in.segment_size, in.nbytes, in.owner_uid, in.producer_name,
+               in.producer_pid, in.producer_pid ? "" : ", gone", in.persist ? "yes" : "no",
+               in.leases, in.live_versions);
+        return 0;
+}
+
+/* Reads exactly len bytes; the header reader left fd at the data. */
+static int read_full(int fd, void *buf, uint64_t len)
+{
+        uint8_t *p = buf;
+
+        while (len > 0) {
+                ssize_t n = read(fd, p, len > (1u << 30) ? (1u << 30) : (size_t)len);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0)
+                        return -errno;
+                if (n == 0)
+                        return -EINVAL;
+                p += n;
+                len -= (uint64_t)n;
+        }
+        return 0;
+}
+
+static int cmd_put(dlx_client *c, int argc, char **argv)
+{
+        struct dlx_publish_options o = {.persist = true, .copy = DLX_COPY_NEVER};
+        struct npy_info info;
+        DLManagedTensorVersioned *t;
+        DLTensor proto = {.device = {kDLCPU, 0}};
+        char err_text[256];
+        uint64_t version;
+        int fd, err;
+
+        if (argc == 4 && strcmp(argv[3], "--writable") == 0) {
+                o.writable = true;
+                argc--;
+        }
+        if (argc != 3) {
+                fprintf(stderr, "dlxctl: put takes NAME FILE.npy [--writable]\n");
+                return EXIT_USAGE;
+        }
+        fd = open(argv[2], O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+                fprintf(stderr, "dlxctl: %s: %s\n", argv[2], strerror(errno));
+                return EXIT_FAILURE;
+        }
+        err = npy_read_header(fd, &info, err_text, sizeof(err_text));
+        if (err < 0) {
+                fprintf(stderr, "dlxctl: %s: %s\n", argv[2], err_text);
+                close(fd);
+                return EXIT_FAILURE;
+        }
+        proto.ndim = info.ndim;
+        proto.dtype = info.dtype;
+        proto.shape = info.shape;
+        /* read straight into shared memory: the publish then copies nothing */
+        err = dlx_alloc(c, &proto, &t);
+        if (err < 0) {
+                close(fd);
+                return fail(err, "alloc");
+        }
+        err = read_full(fd, t->dl_tensor.data, info.data_bytes);
+        close(fd);
+        if (err < 0) {
+                fprintf(stderr, "dlxctl: %s: %s\n", argv[2],
+                        err == -EINVAL ? "file shorter than its header says" : strerror(-err));
+                t->deleter(t);
+                return EXIT_FAILURE;
+        }
+        npy_to_native(t->dl_tensor.data, &info);
+        if (info.fortran_order)
+                npy_strides(&info, t->dl_tensor.strides);
+        err = dlx_publish(c, argv[1], t, &o, &version);
+        if (err < 0)
+                return fail(err, argv[1]);
+        if (json)
+                printf("{\"name\":\"%s\",\"version\":%" PRIu64 "}\n", argv[1], version);
+        else
+                printf("%s v%" PRIu64 "\n", argv[1], version);
+        return 0;
+}
+
+static int parse_ms(const char *s, int64_t *ret)
+{
+        char *end;
+        long long v;
+
+        errno = 0;
+        v = strtoll(s, &end, 10);
+        if (errno || end == s || *end)
+                return -EINVAL;
+        *ret = v;
+        return 0;
+}
+
+static int cmd_get(dlx_client *c, int argc, char **argv)
+{
+        struct dlx_acquire_options o = {0};
+        DLManagedTensorVersioned *t;
+        const char *name = NULL, *path = NULL;
+        char err_text[256];
+        uint64_t version = 0;
+        int fd, err;
+
+        for (int i = 1; i < argc; i++) {
+                if (strcmp(argv[i], "--timeout") == 0 && i + 1 < argc) {
+                        if (parse_ms(argv[++i], &o.timeout_ms) < 0) {
+                                fprintf(stderr, "dlxctl: bad --timeout '%s'\n", argv[i]);
+                                return EXIT_USAGE;
+                        }
+                } else if (!name) {
+                        name = argv[i];
+                } else if (!path) {
+                        path = argv[i];
+                } else {
+                        name = NULL;
+                        break;
+                }
+        }
+        if (!name || !path) {
+                fprintf(stderr, "dlxctl: get takes NAME FILE.npy [--timeout MS]\n");
+                return EXIT_USAGE;
+        }
+        err = dlx_acquire(c, name, &o, &t);
+        if (err < 0)
+                return fail(err, name);
+        dlx_tensor_info(t, NULL, &version, NULL);
+        fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0) {
+                fprintf(stderr, "dlxctl: %s: %s\n", path, strerror(errno));
+                t->deleter(t);
+                return EXIT_FAILURE;
+        }
+        err = npy_write_fd(fd, &t->dl_tensor, err_text, sizeof(err_text));
+        t->deleter(t);
+        if (close(fd) < 0 && err == 0) {
+                snprintf(err_text, sizeof(err_text), "%s", strerror(errno));
+                err = -EIO;
+        }
+        if (err < 0) {
+                fprintf(stderr, "dlxctl: %s: %s\n", path, err_text);
+                unlink(path);
+                return EXIT_FAILURE;
+        }
+        if (json)
+                printf("{\"name\":\"%s\",\"version\":%" PRIu64 ",\"file\":\"%s\"}\n", name, version,
+                       path);
+        return 0;
+}
+
+static int cmd_rm(dlx_client *c, int argc, char **argv)
+{
+        int err;
+
+        if (argc != 2) {
+                fprintf(stderr, "dlxctl: rm takes one NAME\n");
+                return EXIT_USAGE;
+        }
+        err = dlx_unpublish(c, argv[1]);
+        if (err < 0)
+                return fail(err, argv[1]);
+        return 0;
+}
+
+static volatile sig_atomic_t stop;
+
+static void on_stop(int sig)
+{
+        (void)sig;
+        stop = 1;
+}
+
+static int cmd_watch(dlx_client *c, int argc, char **argv)
+{
+        static const char *const kinds[] = {"?", "published", "replaced", "unpublished"};
+        const char *prefix = "";
+        int64_t count = -1, timeout = -1, seen = 0;
+        struct sigaction sa = {.sa_handler = on_stop};
+        uint64_t id;
+        int err;
+
+        for (int i = 1; i < argc; i++) {
+                if (strcmp(argv[i], "--count") == 0 && i + 1 < argc) {
+                        if (parse_ms(argv[++i], &count) < 0 || count < 1) {
+                                fprintf(stderr, "dlxctl: bad --count '%s'\n", argv[i]);
+                                return EXIT_USAGE;
+                        }
+                } else if (strcmp(argv[i], "--timeout") == 0 && i + 1 < argc) {
+                        if (parse_ms(argv[++i], &timeout) < 0) {
+                                fprintf(stderr, "dlxctl: bad --timeout '%s'\n", argv[i]);
+                                return EXIT_USAGE;
+                        }
+                } else if (argv[i][0] != '-' && !*prefix) {
+                        prefix = argv[i];
+                } else {
+                        fprintf(stderr, "dlxctl: watch takes [PREFIX] [--count N] "
+                                        "[--timeout MS]\n");
+                        return EXIT_USAGE;
+                }
+        }
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+        err = dlx_watch(c, prefix, &id);
+        if (err < 0)
+                return fail(err, "watch");
+        setvbuf(stdout, NULL, _IOLBF, 0);
+        while (!stop && (count < 0 || seen < count)) {
+                struct dlx_event ev;
+                /* wake up now and then to notice a signal */
+                err = dlx_next_event(c, &ev, timeout >= 0 && timeout < 200 ? timeout : 200);
+                if (err == -ETIMEDOUT) {
+                        if (timeout >= 0 && (timeout -= 200) < 0)
+                                break;
+                        continue;
+                }
+                if (err < 0)
+                        return fail(err, "watch");
+                seen++;
+                if (json) {
+                        printf("{\"event\":\"%s\",\"name\":", kinds[ev.kind <= 3 ? ev.kind : 0]);
+                        json_str(ev.name);
+                        printf(",\"version\":%" PRIu64 "}\n", ev.version);
+                } else {
+                        printf("%-11s %s v%" PRIu64 "\n", kinds[ev.kind <= 3 ? ev.kind : 0],
+                               ev.name, ev.version);
+                }
+        }
+        return 0;
+}
+
+static int cmd_stats(dlx_client *c, int argc, char **argv)
+{
+        struct dlx_stats s;
+        int err;
+
+        (void)argv;
+        if (argc != 1) {
+                fprintf(stderr, "dlxctl: stats takes no argument\n");
+                return EXIT_USAGE;
+        }
+        err = dlx_stats(c, &s);
+        if (err < 0)
+                return fail(err, "stats");
+        if (json) {
+                printf("{\"names\":%" PRIu64 ",\"versions\":%" PRIu64 ",\"leases\":%" PRIu64
+                       ",\"segments\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"max_bytes\":%" PRIu64
+                       ",\"clients\":%u,\"max_clients\":%u,\"watchers\":%u,\"uptime_ms\":%" PRIu64
+                       ",\"requests\":%" PRIu64 ",\"publishes\":%" PRIu64 ",\"acquires\":%" PRIu64
+                       ",\"server\":\"%s\"}\n",
+                       s.names, s.versions, s.leases, s.segments, s.bytes, s.max_bytes, s.clients,
+                       s.max_clients, s.watchers, s.uptime_ms, s.requests, s.publishes, s.acquires,
+                       dlx_server_version(c));
+                return 0;
+        }
+        printf("server:    %s\n"
+               "uptime:    %.1f s\n"
+               "names:     %" PRIu64 "\n"
+               "versions:  %" PRIu64 "\n"
+               "leases:    %" PRIu64 "\n"
+               "segments:  %" PRIu64 "\n"
+               "bytes:     %" PRIu64 " of %s\n"
+               "clients:   %u of %u\n"
+               "watchers:  %u\n"
+               "requests:  %" PRIu64 " (publishes %" PRIu64 ", acquires %" PRIu64 ")\n",
+               dlx_server_version(c), (double)s.uptime_ms / 1000.0, s.names, s.versions, s.leases,
+               s.segments, s.bytes, s.max_bytes ? "a limit" : "no limit", s.clients, s.max_clients,
+               s.watchers, s.requests, s.publishes, s.acquires);
+        if (s.max_bytes)
+                printf("max bytes: %" PRIu64 "\n", s.max_bytes);
+        return 0;
+}
+
+int main(int argc, char **argv)
+{
+        static const struct option opts[] = {
+                {"socket", required_argument, NULL, 's'},
+                {"json", no_argument, NULL, 'j'},
+                {"help", no_argument, NULL, 'h'},
+                {"version", no_argument, NULL, 'V'},
+                {0},
+        };
+        /* argument counts include the command itself; checked before connecting */
+        static const struct {
+                const char *name;
+                int (*fn)(dlx_client *c, int argc, char **argv);
+                int min_args, max_args;
+        } cmds[] = {
+                {"list", cmd_list, 1, 2},   {"ls", cmd_list, 1, 2},     {"stat", cmd_stat, 2, 2},
+                {"put", cmd_put, 3, 4},     {"get", cmd_get, 3, 5},     {"rm", cmd_rm, 2, 2},
+                {"watch", cmd_watch, 1, 6}, {"stats", cmd_stats, 1, 1},
+        };
+        dlx_client *c;
+        int opt, rc;
+
+        /* "+": stop at the command, whose own options follow it */
+        while ((opt = getopt_long(argc, argv, "+s:jhV", opts, NULL)) != -1) {
+                switch (opt) {
+                case 's':
+                        socket_path = optarg;
+                        break;
+                case 'j':
+                        json = true;
+                        break;
+                case 'h':
+                        usage(stdout);
+                        return 0;
+                case 'V':
+                        printf("dlxctl %d.%d.%d\n", DLX_VERSION_MAJOR, DLX_VERSION_MINOR,
+                               DLX_VERSION_PATCH);
+                        return 0;
+                default:
+                        usage(stderr);
+                        return EXIT_USAGE;
+                }
+        }
+        if (optind >= argc) {
+                usage(stderr);
+                return EXIT_USAGE;
+        }
+        for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+                int nargs = argc - optind;
+                if (strcmp(argv[optind], cmds[i].name) != 0)
+                        continue;
+                if (nargs < cmds[i].min_args || nargs > cmds[i].max_args) {
+                        fprintf(stderr, "dlxctl: wrong number of arguments for %s\n", cmds[i].name);
+                        usage(stderr);
+                        return EXIT_USAGE;
+                }
+                if (connect_or_fail(&c) != 0)
+                        return EXIT_FAILURE;
+                rc = cmds[i].fn(c, argc - optind, argv + optind);
+                dlx_close(c);
+                return rc;
+        }
+        fprintf(stderr, "dlxctl: unknown command '%s'\n", argv[optind]);
+        usage(stderr);
+        return EXIT_USAGE;
+}

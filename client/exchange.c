@@ -1,0 +1,211 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The DLPack C exchange API. The "object" libdlx exchanges is a dlx_tensor:
+ * a reference-counted handle on one DLManagedTensorVersioned. Exports are
+ * new owning tensors that share shape, strides and data with the handle and
+ * keep it alive; imports steal the tensor into a new handle.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+struct dlx_tensor {
+        unsigned refs; /* atomic */
+        DLManagedTensorVersioned *mt;
+};
+
+int dlx_tensor_wrap(DLManagedTensorVersioned *tensor, dlx_tensor **ret_handle)
+{
+        dlx_tensor *h;
+
+        if (!tensor || !ret_handle) {
+                if (tensor && tensor->deleter)
+                        tensor->deleter(tensor);
+                return dlx__fail(-EINVAL, "NULL argument");
+        }
+        if (tensor->version.major != DLX_DLPACK_MAJOR) {
+                if (tensor->deleter)
+                        tensor->deleter(tensor);
+                return dlx__fail(-ENOTSUP, "DLPack major version %u",
+                                 (unsigned)tensor->version.major);
+        }
+        h = malloc(sizeof(*h));
+        if (!h) {
+                if (tensor->deleter)
+                        tensor->deleter(tensor);
+                return dlx__fail(-ENOMEM, "out of memory");
+        }
+        h->refs = 1;
+        h->mt = tensor;
+        *ret_handle = h;
+        return 0;
+}
+
+dlx_tensor *dlx_tensor_ref(dlx_tensor *h)
+{
+        if (h)
+                __atomic_add_fetch(&h->refs, 1, __ATOMIC_RELAXED);
+        return h;
+}
+
+void dlx_tensor_unref(dlx_tensor *h)
+{
+        if (!h || __atomic_sub_fetch(&h->refs, 1, __ATOMIC_ACQ_REL) != 0)
+                return;
+        if (h->mt->deleter)
+                h->mt->deleter(h->mt);
+        free(h);
+}
+
+const DLTensor *dlx_tensor_dltensor(const dlx_tensor *h)
+{
+        return h ? &h->mt->dl_tensor : NULL;
+}
+
+/* ---- the table's slots ------------------------------------------------------------------ */
+
+static dlx_client *default_client;
+static pthread_mutex_t default_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool default_pinned; /* set explicitly: not replaced by later connects */
+
+void dlx_set_default_client(dlx_client *c)
+{
+        pthread_mutex_lock(&default_lock);
+        default_client = c;
+        default_pinned = c != NULL;
+        pthread_mutex_unlock(&default_lock);
+}
+
+void dlx__default_client_connected(dlx_client *c)
+{
+        pthread_mutex_lock(&default_lock);
+        if (!default_client)
+                default_client = c;
+        pthread_mutex_unlock(&default_lock);
+}
+
+void dlx__default_client_closing(dlx_client *c)
+{
+        pthread_mutex_lock(&default_lock);
+        if (default_client == c) {
+                default_client = NULL;
+                default_pinned = false;
+        }
+        pthread_mutex_unlock(&default_lock);
+}
+
+static int allocator(DLTensor *prototype, DLManagedTensorVersioned **out, void *error_ctx,
+                     void (*set_error)(void *error_ctx, const char *kind, const char *message))
+{
+        dlx_client *c;
+        int err;
+
+        pthread_mutex_lock(&default_lock);
+        c = default_client;
+        if (c)
+                dlx__client_ref(c);
+        pthread_mutex_unlock(&default_lock);
+        if (!c) {
+                if (set_error)
+                        set_error(error_ctx, "RuntimeError",
+                                  "dlx: no client connected in this process to allocate from");
+                return -1;
+        }
+        err = dlx_alloc(c, prototype, out);
+        dlx__client_unref(c);
+        if (err < 0) {
+                if (set_error)
+                        set_error(error_ctx, err == -EINVAL ? "ValueError" : "RuntimeError",
+                                  dlx_last_error());
+                return -1;
+        }
+        return 0;
+}
+
+/* An export: its own DLManagedTensorVersioned whose deleter drops one handle reference. */
+struct export
+{
+        DLManagedTensorVersioned mt;
+        dlx_tensor *h;
+};
+
+static void export_deleter(DLManagedTensorVersioned *t)
+{
+        struct export *e = t->manager_ctx;
+
+        dlx_tensor_unref(e->h);
+        free(e);
+}
+
+static int from_object(void *object, DLManagedTensorVersioned **out)
+{
+        dlx_tensor *h = object;
+        struct export *e;
+
+        if (!h || !out)
+                return -1;
+        e = malloc(sizeof(*e));
+        if (!e)
+                return -1;
+        e->h = dlx_tensor_ref(h);
+        e->mt = *h->mt;
+        e->mt.version.major = DLX_DLPACK_MAJOR;
+        e->mt.version.minor = DLX_DLPACK_MINOR;
+        e->mt.manager_ctx = e;
+        e->mt.deleter = export_deleter;
+        *out = &e->mt;
+        return 0;
+}
+
+static int to_object(DLManagedTensorVersioned *tensor, void **out_object)
+{
+        dlx_tensor *h;
+
+        if (!out_object) {
+                if (tensor && tensor->deleter)
+                        tensor->deleter(tensor);
+                return -1;
+        }
+        if (dlx_tensor_wrap(tensor, &h) < 0)
+                return -1;
+        *out_object = h;
+        return 0;
+}
+
+static int dltensor_view(void *object, DLTensor *out)
+{
+        dlx_tensor *h = object;
+
+        if (!h || !out)
+                return -1;
+        *out = h->mt->dl_tensor;
+        return 0;
+}
+
+static int current_work_stream(DLDeviceType device_type, int32_t device_id, void **out)
+{
+        (void)device_type;
+        (void)device_id;
+        if (!out)
+                return -1;
+        /* CPU work is synchronous: no stream. CUDA streams come with the CUDA backend. */
+        *out = NULL;
+        return 0;
+}
+
+static const DLPackExchangeAPI exchange_api = {
+        .header = {.version = {.major = DLX_DLPACK_MAJOR, .minor = DLX_DLPACK_MINOR},
+                   .prev_api = NULL},
+        .managed_tensor_allocator = allocator,
+        .managed_tensor_from_py_object_no_sync = from_object,
+        .managed_tensor_to_py_object_no_sync = to_object,
+        .dltensor_from_py_object_no_sync = dltensor_view,
+        .current_work_stream = current_work_stream,
+};
+
+const DLPackExchangeAPI *dlx_exchange_api(void)
+{
+        return &exchange_api;
+}

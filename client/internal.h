@@ -1,0 +1,160 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libdlx internals. Everything here is hidden (dlx__ prefix, hidden
+ * visibility); only dlx_* in include/dlx/dlx.h is exported.
+ *
+ * Locking: client->lock guards all state below it in struct dlx_client;
+ * client->send_lock serialises writes to the socket so frames never
+ * interleave. Order: lock, then send_lock. Deleters supplied by users run
+ * with neither held.
+ *
+ * Reading: whichever thread needs progress becomes the reader (one at a
+ * time), polls and reads the socket without the lock, then takes the lock to
+ * dispatch every complete frame: replies to their waiting callers, events to
+ * their queues. Segment mappings change only there, in stream order, which
+ * is what makes the fd-less acquire replies safe (see segment.c).
+ */
+#ifndef DLX_CLIENT_INTERNAL_H
+#define DLX_CLIENT_INTERNAL_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <dlx/dlx.h>
+
+#include "avl.h"
+#include "frame.h"
+#include "wire.h"
+
+#define DLX_HIDDEN __attribute__((visibility("hidden")))
+
+/* A segment mapped in this process: shared by every tensor inside it. */
+struct seg_map {
+        struct avl_node node; /* in client.maps, by id */
+        uint64_t id;
+        uint64_t size;
+        uint8_t *ro;        /* read-only mapping, or NULL */
+        uint8_t *rw;        /* writable mapping, or NULL */
+        unsigned refs;      /* tensors and arena using it */
+        bool gone;          /* the daemon destroyed it: never Forget, unmap at refs 0 */
+        uint64_t forget_id; /* a Forget in flight: keep mapped until its reply */
+        struct seg_map *idle_prev, *idle_next; /* idle LRU while refs == 0 */
+        struct arena_seg *arena;               /* set while this client's allocator uses it */
+};
+
+/* A reply being waited for by one caller. */
+struct pending {
+        struct pending *next;
+        uint64_t id;
+        bool done;
+        int err;             /* transport failure, or a local failure while dispatching */
+        int fd;              /* received with the reply, -1; consumed by dispatch for acquires */
+        struct seg_map *map; /* acquire/alloc: the mapping, one reference taken */
+        struct wire_reply rep;
+};
+
+/* A watch event waiting for dlx_next_event(). */
+struct event_node {
+        struct event_node *next;
+        struct dlx_event ev;
+};
+
+/* A tensor this client published zero-copy, kept until the daemon says RELEASED. */
+struct held {
+        struct avl_node node; /* in client.held, by token */
+        uint64_t token;
+        DLManagedTensorVersioned *tensor;
+        struct held *next_deleter; /* while queued to run */
+};
+
+struct dlx_client {
+        int fd;
+        unsigned refs; /* the handle, plus every tensor it gave out; atomic */
+        pthread_mutex_t lock;
+        pthread_mutex_t send_lock;
+        pthread_cond_t cond;
+
+        /* --- under lock --- */
+        bool reading;
+        bool closed;
+        int broken; /* 0, or -errno once the connection failed */
+        uint64_t next_id;
+        uint64_t next_token;
+        struct pending *pending;
+        struct event_node *ev_head, *ev_tail;
+        unsigned nevents;
+        struct avl_tree held;
+        struct held *deleters; /* tensors whose versions are gone: run unlocked */
+        struct avl_tree maps;
+        struct seg_map *idle_head, *idle_tail; /* least recently used first */
+        unsigned nidle;
+        struct arena_seg *arena;
+
+        /* --- set at connect, read-only after --- */
+        struct frame_reader reader; /* touched only by the reader thread */
+        uint64_t session;
+        uint32_t uid;
+        char server[64];
+        dlx_log_fn log;
+        void *log_ctx;
+        bool log_stderr;
+};
+
+/* ---- client.c ---- */
+DLX_HIDDEN void dlx__log(dlx_client *c, int level, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+/* Records a thread-local detail for dlx_last_error() and returns err. */
+DLX_HIDDEN int dlx__fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+DLX_HIDDEN void dlx__clear_error(void);
+DLX_HIDDEN void dlx__client_ref(dlx_client *c);
+DLX_HIDDEN void dlx__client_unref(dlx_client *c);
+
+/*
+ * One request, one reply: sends req (with fd attached if >= 0; borrowed) and
+ * waits. Lock not held on entry. On success, *ret_p is filled; the caller
+ * must call dlx__pending_done(). A reply with an error status returns its
+ * -errno (detail recorded) after dispatch cleanup; *ret_p is still filled.
+ */
+DLX_HIDDEN int dlx__call(dlx_client *c, struct wire_request *req, int fd, struct pending *p);
+DLX_HIDDEN void dlx__pending_done(dlx_client *c, struct pending *p);
+/* Sends without waiting (release, free, forget). Lock may be held. Returns id or -errno. */
+DLX_HIDDEN int dlx__send(dlx_client *c, struct wire_request *req, int fd);
+/* Runs queued deleters; lock not held. */
+DLX_HIDDEN void dlx__run_deleters(dlx_client *c);
+
+/* ---- segment.c ---- */
+DLX_HIDDEN struct seg_map *dlx__map_find(dlx_client *c, uint64_t id);
+/*
+ * Mapping for a reply about segment id: maps fd (consumed) if given and the
+ * needed mode is missing, else revives the cached one. Takes one reference.
+ * Lock held. Returns 0 or -errno.
+ */
+DLX_HIDDEN int dlx__map_get(dlx_client *c, uint64_t id, uint64_t size, int fd, bool writable,
+                            struct seg_map **ret);
+DLX_HIDDEN void dlx__map_unref(dlx_client *c, struct seg_map *m);
+DLX_HIDDEN void dlx__map_gone(dlx_client *c, uint64_t id);
+DLX_HIDDEN void dlx__map_forgotten(dlx_client *c, uint64_t forget_id);
+/* Unmaps every idle mapping (at close). Lock held. */
+DLX_HIDDEN void dlx__maps_close(dlx_client *c);
+/* Frees every mapping and the allocator (the last reference to the client went). */
+DLX_HIDDEN void dlx__maps_final(dlx_client *c);
+
+/* The allocator. alloc takes the lock itself (it may ask the daemon for a segment);
+ * free is called with the lock held. Each chunk holds one reference on its map. */
+DLX_HIDDEN int dlx__arena_alloc(dlx_client *c, uint64_t bytes, struct seg_map **ret_map,
+                                uint64_t *ret_offset);
+DLX_HIDDEN void dlx__arena_free(dlx_client *c, struct seg_map *m, uint64_t offset, uint64_t bytes);
+
+/* ---- tensor.c ---- */
+/* The arena chunk behind a dlx_alloc() tensor of client c, or NULL when it is not one. */
+DLX_HIDDEN bool dlx__is_alloc_of(const DLManagedTensorVersioned *t, const dlx_client *c,
+                                 struct seg_map **ret_map);
+DLX_HIDDEN void dlx__info_from_wire(const struct wire_info *w, struct dlx_info *info);
+
+/* ---- exchange.c ---- */
+DLX_HIDDEN void dlx__default_client_closing(dlx_client *c);
+DLX_HIDDEN void dlx__default_client_connected(dlx_client *c);
+
+#endif /* DLX_CLIENT_INTERNAL_H */

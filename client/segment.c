@@ -1,0 +1,374 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Segment mappings and the shared-memory allocator.
+ *
+ * A segment is mapped once per process and reference-counted by the tensors
+ * (and the allocator) using it. When the last user goes, the mapping stays
+ * cached (idle) so that acquiring the same tensor again costs one round trip
+ * and no mmap: the daemon remembers which segments this session holds and
+ * attaches no fd for them.
+ *
+ * That memory must stay in step with the daemon's. The daemon attaches no fd
+ * only while it believes we hold the segment, and it changes its belief only
+ * on our Forget (or when the segment dies, which it announces with
+ * SEGMENT_GONE). Replies arrive in order, so an idle mapping is unmapped only
+ * once the reply to its Forget has been read: any fd-less reply that crossed
+ * the Forget finds the mapping still there and revives it.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+/* Idle mappings kept for quick re-acquire. */
+#define MAX_IDLE_MAPS 32
+/* Allocator segments: at least this big, tensors carved out at this alignment. */
+#define ARENA_SEGMENT_SIZE (UINT64_C(64) << 20)
+#define ARENA_ROUND (UINT64_C(2) << 20)
+#define ARENA_ALIGN 64
+
+struct arena_range {
+        struct arena_range *next;
+        uint64_t off, len;
+};
+
+struct arena_seg {
+        struct arena_seg *next;
+        struct seg_map *map;
+        uint64_t size;
+        uint64_t used;
+        struct arena_range *free; /* sorted by offset, coalesced */
+};
+
+static int cmp_map(const void *key, const struct avl_node *n)
+{
+        return avl_cmp_u64(*(const uint64_t *)key, avl_entry(n, struct seg_map, node)->id);
+}
+
+struct seg_map *dlx__map_find(dlx_client *c, uint64_t id)
+{
+        struct avl_node *n = avl_find(&c->maps, &id, cmp_map);
+        return n ? avl_entry(n, struct seg_map, node) : NULL;
+}
+
+static void idle_remove(dlx_client *c, struct seg_map *m)
+{
+        if (m->idle_prev)
+                m->idle_prev->idle_next = m->idle_next;
+        else if (c->idle_head == m)
+                c->idle_head = m->idle_next;
+        else
+                return; /* not in the list */
+        if (m->idle_next)
+                m->idle_next->idle_prev = m->idle_prev;
+        else
+                c->idle_tail = m->idle_prev;
+        m->idle_prev = m->idle_next = NULL;
+        c->nidle--;
+}
+
+static void map_destroy(dlx_client *c, struct seg_map *m)
+{
+        idle_remove(c, m);
+        avl_remove(&c->maps, &m->node);
+        if (m->ro)
+                munmap(m->ro, m->size);
+        if (m->rw)
+                munmap(m->rw, m->size);
+        free(m);
+}
+
+static int map_mode(struct seg_map *m, int fd, bool writable)
+{
+        void *p = mmap(NULL, m->size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd,
+                       0);
+
+        if (p == MAP_FAILED)
+                return -errno;
+        if (writable)
+                m->rw = p;
+        else
+                m->ro = p;
+        return 0;
+}
+
+int dlx__map_get(dlx_client *c, uint64_t id, uint64_t size, int fd, bool writable,
+                 struct seg_map **ret)
+{
+        struct seg_map *m = dlx__map_find(c, id);
+        bool have;
+        int err = 0;
+
+        if (!m) {
+                if (fd < 0)
+                        return -EPROTO; /* the daemon thinks we hold a segment we do not */
+                if (size == 0 || size > DLX_MAX_SEGMENT) {
+                        close(fd);
+                        return -EPROTO;
+                }
+                m = calloc(1, sizeof(*m));
+                if (!m) {
+                        close(fd);
+                        return -ENOMEM;
+                }
+                m->id = id;
+                m->size = size;
+                avl_insert(&c->maps, &m->node, &m->id, cmp_map);
+        }
+        have = writable ? m->rw != NULL : (m->ro || m->rw);
+        if (fd >= 0) {
+                /* a read-only fd came: map it read-only even if a writable mapping exists */
+                if (!have || (!writable && !m->ro))
+                        err = map_mode(m, fd, writable);
+                close(fd);
+        } else if (!have) {
+                err = -EPROTO;
+        }
+        if (err < 0) {
+                if (m->refs == 0 && !m->ro && !m->rw)
+                        map_destroy(c, m);
+                return err;
+        }
+        if (m->refs++ == 0)
+                idle_remove(c, m);
+        *ret = m;
+        return 0;
+}
+
+static void forget(dlx_client *c, struct seg_map *m)
+{
+        struct wire_request req = {.type = WIRE_REQ_FORGET};
+        int id;
+
+        req.forget.segment = m->id;
+        id = dlx__send(c, &req, -1);
+        if (id < 0) {
+                map_destroy(c, m);
+                return;
+        }
+        m->forget_id = req.id;
+}
+
+void dlx__map_unref(dlx_client *c, struct seg_map *m)
+{
+        if (--m->refs > 0)
+                return;
+        if (m->gone || c->closed) {
+                map_destroy(c, m);
+                return;
+        }
+        if (m->forget_id)
+                return; /* its Forget reply will unmap it */
+        m->idle_prev = c->idle_tail;
+        m->idle_next = NULL;
+        if (c->idle_tail)
+                c->idle_tail->idle_next = m;
+        else
+                c->idle_head = m;
+        c->idle_tail = m;
+        c->nidle++;
+        while (c->nidle > MAX_IDLE_MAPS) {
+                struct seg_map *old = c->idle_head;
+                idle_remove(c, old);
+                forget(c, old);
+        }
+}
+
+void dlx__map_gone(dlx_client *c, uint64_t id)
+{
+        struct seg_map *m = dlx__map_find(c, id);
+
+        if (!m)
+                return;
+        m->gone = true;
+        if (m->refs == 0)
+                map_destroy(c, m);
+}
+
+void dlx__map_forgotten(dlx_client *c, uint64_t forget_id)
+{
+        struct avl_node *n;
+
+        for (n = avl_first(&c->maps); n; n = avl_next(n)) {
+                struct seg_map *m = avl_entry(n, struct seg_map, node);
+                if (m->forget_id != forget_id)
+                        continue;
+                m->forget_id = 0;
+                if (m->refs == 0)
+                        map_destroy(c, m);
+                return;
+        }
+}
+
+void dlx__maps_close(dlx_client *c)
+{
+        while (c->idle_head)
+                map_destroy(c, c->idle_head);
+}
+
+void dlx__maps_final(dlx_client *c)
+{
+        struct avl_node *n, *next;
+
+        while (c->arena) {
+                struct arena_seg *a = c->arena;
+                c->arena = a->next;
+                while (a->free) {
+                        struct arena_range *r = a->free;
+                        a->free = r->next;
+                        free(r);
+                }
+                free(a);
+        }
+        for (n = avl_first(&c->maps); n; n = next) {
+                next = avl_next(n);
+                map_destroy(c, avl_entry(n, struct seg_map, node));
+        }
+}
+
+/* ---- the allocator ---------------------------------------------------------------------- */
+
+static uint64_t round_up(uint64_t v, uint64_t to)
+{
+        return (v + to - 1) / to * to;
+}
+
+/* First fit in one segment; returns the offset or UINT64_MAX. */
+static uint64_t carve(struct arena_seg *a, uint64_t n)
+{
+        for (struct arena_range **pp = &a->free; *pp; pp = &(*pp)->next) {
+                struct arena_range *r = *pp;
+                uint64_t off;
+
+                if (r->len < n)
+                        continue;
+                off = r->off;
+                r->off += n;
+                r->len -= n;
+                if (r->len == 0) {
+                        *pp = r->next;
+                        free(r);
+                }
+                a->used += n;
+                return off;
+        }
+        return UINT64_MAX;
+}
+
+int dlx__arena_alloc(dlx_client *c, uint64_t bytes, struct seg_map **ret_map, uint64_t *ret_offset)
+{
+        uint64_t n = round_up(bytes ? bytes : 1, ARENA_ALIGN), off;
+        struct wire_request req = {.type = WIRE_REQ_ALLOC};
+        struct arena_seg *a;
+        struct arena_range *r;
+        struct pending p;
+        int err;
+
+        if (bytes > DLX_MAX_SEGMENT)
+                return dlx__fail(-EINVAL, "allocation of %llu bytes is over the 1 TiB limit",
+                                 (unsigned long long)bytes);
+        pthread_mutex_lock(&c->lock);
+        for (a = c->arena; a; a = a->next) {
+                off = carve(a, n);
+                if (off != UINT64_MAX) {
+                        a->map->refs++;
+                        *ret_map = a->map;
+                        *ret_offset = off;
+                        pthread_mutex_unlock(&c->lock);
+                        return 0;
+                }
+        }
+        pthread_mutex_unlock(&c->lock);
+
+        req.alloc.size = n > ARENA_SEGMENT_SIZE ? round_up(n, ARENA_ROUND) : ARENA_SEGMENT_SIZE;
+        err = dlx__call(c, &req, -1, &p);
+        if (err == 0 && (!p.map || !p.map->rw || p.rep.type != WIRE_REP_ALLOC))
+                err = dlx__fail(-EPROTO, "alloc reply without a usable segment");
+        a = err == 0 ? calloc(1, sizeof(*a)) : NULL;
+        r = a ? calloc(1, sizeof(*r)) : NULL;
+        if (!r) {
+                free(a);
+                if (err == 0)
+                        err = dlx__fail(-ENOMEM, "out of memory");
+                dlx__pending_done(c, &p);
+                return err;
+        }
+        pthread_mutex_lock(&c->lock);
+        a->map = p.map; /* the reply's reference becomes the allocator's */
+        p.map = NULL;
+        a->size = p.rep.alloc.size;
+        a->map->arena = a;
+        r->off = 0;
+        r->len = a->size;
+        a->free = r;
+        off = carve(a, n);
+        a->map->refs++;
+        a->next = c->arena;
+        c->arena = a;
+        *ret_map = a->map;
+        *ret_offset = off;
+        pthread_mutex_unlock(&c->lock);
+        dlx__pending_done(c, &p);
+        return 0;
+}
+
+void dlx__arena_free(dlx_client *c, struct seg_map *m, uint64_t offset, uint64_t bytes)
+{
+        uint64_t n = round_up(bytes ? bytes : 1, ARENA_ALIGN);
+        struct arena_seg *a = m->arena;
+        struct arena_range **pp, *prev = NULL, *r;
+
+        if (!a) {
+                dlx__map_unref(c, m);
+                return;
+        }
+        for (pp = &a->free; *pp && (*pp)->off < offset; pp = &(*pp)->next)
+                prev = *pp;
+        if (prev && prev->off + prev->len == offset) {
+                prev->len += n;
+                r = prev;
+        } else {
+                r = malloc(sizeof(*r));
+                if (!r) {
+                        /* the range stays unusable; nothing else is lost */
+                        dlx__map_unref(c, m);
+                        return;
+                }
+                r->off = offset;
+                r->len = n;
+                r->next = *pp;
+                *pp = r;
+        }
+        if (r->next && r->off + r->len == r->next->off) {
+                struct arena_range *nx = r->next;
+                r->len += nx->len;
+                r->next = nx->next;
+                free(nx);
+        }
+        a->used -= n;
+        dlx__map_unref(c, m);
+
+        /* keep one empty segment for the next allocation; give back the others */
+        if (a->used == 0 && !c->closed && (c->arena != a || a->next)) {
+                struct wire_request req = {.type = WIRE_REQ_FREE};
+                for (struct arena_seg **ap = &c->arena; *ap; ap = &(*ap)->next) {
+                        if (*ap == a) {
+                                *ap = a->next;
+                                break;
+                        }
+                }
+                req.free.segment = m->id;
+                dlx__send(c, &req, -1);
+                while (a->free) {
+                        r = a->free;
+                        a->free = r->next;
+                        free(r);
+                }
+                m->arena = NULL;
+                free(a);
+                dlx__map_unref(c, m);
+        }
+}

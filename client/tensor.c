@@ -1,0 +1,494 @@
+/* SPDX-License-Identifier: MIT */
+/* Tensors in and out: publish (zero-copy or one copy), acquire, alloc. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "layout.h"
+
+/* What dlx_acquire() hands out: the tensor first, so one allocation holds everything. */
+struct acquired {
+        DLManagedTensorVersioned mt;
+        dlx_client *c;
+        struct seg_map *map;
+        uint64_t lease;
+        uint64_t version;
+        uint32_t storage;
+        char name[DLX_NAME_MAX + 1];
+        int64_t dims[]; /* shape[ndim], strides[ndim] */
+};
+
+/* What dlx_alloc() hands out. */
+struct allocated {
+        DLManagedTensorVersioned mt;
+        dlx_client *c;
+        struct seg_map *map;
+        uint64_t offset;
+        uint64_t bytes;
+        int64_t dims[];
+};
+
+/* Adapter that lets a legacy DLManagedTensor travel as a versioned one. */
+struct legacy {
+        DLManagedTensorVersioned mt;
+        DLManagedTensor *orig;
+};
+
+static void delete_tensor(DLManagedTensorVersioned *t)
+{
+        if (t && t->deleter)
+                t->deleter(t);
+}
+
+/* ---- acquire -------------------------------------------------------------------------- */
+
+static void acquired_deleter(DLManagedTensorVersioned *t)
+{
+        struct acquired *a = t->manager_ctx;
+        dlx_client *c = a->c;
+        struct wire_request req = {.type = WIRE_REQ_RELEASE};
+
+        req.release.lease = a->lease;
+        pthread_mutex_lock(&c->lock);
+        /* release before the mapping can be forgotten: the daemon sees them in this order */
+        if (!c->closed && !c->broken)
+                dlx__send(c, &req, -1);
+        dlx__map_unref(c, a->map);
+        pthread_mutex_unlock(&c->lock);
+        free(a);
+        dlx__client_unref(c);
+}
+
+static int build_acquired(dlx_client *c, struct pending *p, DLManagedTensorVersioned **ret)
+{
+        const struct wire_tensor *t = &p->rep.acquire.tensor;
+        struct seg_map *m = p->map;
+        struct acquired *a;
+        uint8_t *base;
+
+        base = p->rep.acquire.writable ? m->rw : (m->ro ? m->ro : m->rw);
+        if (!base || t->offset > m->size || t->length > m->size - t->offset)
+                return dlx__fail(-EPROTO, "the daemon described '%s' outside its segment", t->name);
+        a = calloc(1, sizeof(*a) + 2 * (size_t)t->ndim * sizeof(int64_t));
+        if (!a)
+                return dlx__fail(-ENOMEM, "out of memory");
+        a->c = c;
+        a->map = m;
+        a->lease = p->rep.acquire.lease;
+        a->version = t->version;
+        a->storage = t->storage;
+        snprintf(a->name, sizeof(a->name), "%s", t->name);
+        memcpy(a->dims, t->shape, (size_t)t->ndim * sizeof(int64_t));
+        memcpy(a->dims + t->ndim, t->strides, (size_t)t->ndim * sizeof(int64_t));
+
+        a->mt.version.major = DLX_DLPACK_MAJOR;
+        a->mt.version.minor = DLX_DLPACK_MINOR;
+        a->mt.manager_ctx = a;
+        a->mt.deleter = acquired_deleter;
+        a->mt.flags = t->flags &
+                      (DLPACK_FLAG_BITMASK_READ_ONLY | DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED);
+        if (!p->rep.acquire.writable)
+                a->mt.flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
+        a->mt.dl_tensor.data = base + t->offset;
+        a->mt.dl_tensor.device.device_type = (DLDeviceType)t->device_type;
+        a->mt.dl_tensor.device.device_id = t->device_id;
+        a->mt.dl_tensor.ndim = t->ndim;
+        a->mt.dl_tensor.dtype = t->dtype;
+        a->mt.dl_tensor.shape = t->ndim ? a->dims : NULL;
+        a->mt.dl_tensor.strides = t->ndim ? a->dims + t->ndim : NULL;
+        a->mt.dl_tensor.byte_offset = t->byte_offset;
+        /* the mapping reference moves from the reply to the tensor */
+        p->map = NULL;
+        dlx__client_ref(c);
+        *ret = &a->mt;
+        return 0;
+}
+
+int dlx_acquire(dlx_client *c, const char *name, const struct dlx_acquire_options *opts,
+                DLManagedTensorVersioned **ret_tensor)
+{
+        struct wire_request req = {.type = WIRE_REQ_ACQUIRE};
+        const char *why = NULL;
+        struct pending p;
+        int err;
+
+        dlx__clear_error();
+        if (!c || !name || !ret_tensor)
+                return dlx__fail(-EINVAL, "NULL argument");
+        if (layout_name_check(name, strlen(name), &why) < 0)
+                return dlx__fail(-EINVAL, "bad name: %s", why);
+        snprintf(req.acquire.name, sizeof(req.acquire.name), "%s", name);
+        if (opts) {
+                req.acquire.min_version = opts->min_version;
+                req.acquire.timeout_ms = opts->timeout_ms < 0 ? -1 : opts->timeout_ms;
+        }
+        err = dlx__call(c, &req, -1, &p);
+        if (err == 0 && p.rep.type != WIRE_REP_ACQUIRE)
+                err = dlx__fail(-EPROTO, "the daemon answered acquire with something else");
+        if (err == 0 && p.rep.acquire.tensor.storage != WIRE_STORAGE_MEMFD)
+                err = dlx__fail(-ENOTSUP, "'%s' is shared as %s, which this build cannot map", name,
+                                wire_storage_name(p.rep.acquire.tensor.storage));
+        if (err == 0)
+                err = build_acquired(c, &p, ret_tensor);
+        if (err < 0 && p.rep.status == WIRE_OK && p.rep.type == WIRE_REP_ACQUIRE) {
+                /* granted but unusable here: give the lease back */
+                struct wire_request rel = {.type = WIRE_REQ_RELEASE};
+                rel.release.lease = p.rep.acquire.lease;
+                pthread_mutex_lock(&c->lock);
+                dlx__send(c, &rel, -1);
+                pthread_mutex_unlock(&c->lock);
+        }
+        dlx__pending_done(c, &p);
+        return err;
+}
+
+int dlx_tensor_info(const DLManagedTensorVersioned *t, const char **ret_name, uint64_t *ret_version,
+                    const char **ret_storage)
+{
+        const struct acquired *a;
+
+        if (!t || t->deleter != acquired_deleter)
+                return dlx__fail(-EINVAL, "not a tensor from dlx_acquire()");
+        a = t->manager_ctx;
+        if (ret_name)
+                *ret_name = a->name;
+        if (ret_version)
+                *ret_version = a->version;
+        if (ret_storage)
+                *ret_storage = wire_storage_name(a->storage);
+        return 0;
+}
+
+/* ---- alloc ---------------------------------------------------------------------------- */
+
+static void allocated_deleter(DLManagedTensorVersioned *t)
+{
+        struct allocated *a = t->manager_ctx;
+        dlx_client *c = a->c;
+
+        pthread_mutex_lock(&c->lock);
+        dlx__arena_free(c, a->map, a->offset, a->bytes);
+        pthread_mutex_unlock(&c->lock);
+        free(a);
+        dlx__client_unref(c);
+}
+
+int dlx_alloc(dlx_client *c, const DLTensor *proto, DLManagedTensorVersioned **ret_tensor)
+{
+        const char *why = NULL;
+        struct allocated *a;
+        struct seg_map *m;
+        uint64_t numel, bytes, off;
+        int err;
+
+        dlx__clear_error();
+        if (!c || !proto || !ret_tensor)
+                return dlx__fail(-EINVAL, "NULL argument");
+        if (proto->device.device_type != kDLCPU)
+                return dlx__fail(-ENOTSUP, "dlx_alloc: device type %d is not supported",
+                                 (int)proto->device.device_type);
+        if (proto->ndim < 0 || proto->ndim > DLX_MAX_NDIM || (proto->ndim && !proto->shape))
+                return dlx__fail(-EINVAL, "dlx_alloc: bad ndim %d or NULL shape", (int)proto->ndim);
+        if (layout_dtype_check(proto->dtype, &why) < 0)
+                return dlx__fail(-EINVAL, "dlx_alloc: %s", why);
+        err = layout_numel(proto->ndim, proto->shape, &numel);
+        if (err < 0)
+                return dlx__fail(err, "dlx_alloc: %s",
+                                 err == -EINVAL ? "negative dimension" : "size overflows");
+        bytes = layout_compact_bytes(proto->dtype, numel, 0);
+        if (numel && bytes / numel > 64)
+                return dlx__fail(-EOVERFLOW, "dlx_alloc: size overflows");
+
+        a = calloc(1, sizeof(*a) + 2 * (size_t)proto->ndim * sizeof(int64_t));
+        if (!a)
+                return dlx__fail(-ENOMEM, "out of memory");
+        err = dlx__arena_alloc(c, bytes, &m, &off);
+        if (err < 0) {
+                free(a);
+                return err;
+        }
+        a->c = c;
+        a->map = m;
+        a->offset = off;
+        a->bytes = bytes;
+        memcpy(a->dims, proto->shape, (size_t)proto->ndim * sizeof(int64_t));
+        layout_compact_strides(proto->ndim, proto->shape, a->dims + proto->ndim);
+        a->mt.version.major = DLX_DLPACK_MAJOR;
+        a->mt.version.minor = DLX_DLPACK_MINOR;
+        a->mt.manager_ctx = a;
+        a->mt.deleter = allocated_deleter;
+        a->mt.flags = 0;
+        a->mt.dl_tensor.data = m->rw + off;
+        a->mt.dl_tensor.device.device_type = kDLCPU;
+        a->mt.dl_tensor.device.device_id = 0;
+        a->mt.dl_tensor.ndim = proto->ndim;
+        a->mt.dl_tensor.dtype = proto->dtype;
+        a->mt.dl_tensor.shape = proto->ndim ? a->dims : NULL;
+        a->mt.dl_tensor.strides = proto->ndim ? a->dims + proto->ndim : NULL;
+        a->mt.dl_tensor.byte_offset = 0;
+        dlx__client_ref(c);
+        *ret_tensor = &a->mt;
+        return 0;
+}
+
+bool dlx__is_alloc_of(const DLManagedTensorVersioned *t, const dlx_client *c,
+                      struct seg_map **ret_map)
+{
+        const struct allocated *a;
+
+        if (t->deleter != allocated_deleter)
+                return false;
+        a = t->manager_ctx;
+        if (a->c != c || !a->map->rw)
+                return false;
+        *ret_map = a->map;
+        return true;
+}
+
+/* ---- publish -------------------------------------------------------------------------- */
+
+static int cmp_token(const void *key, const struct avl_node *n)
+{
+        return avl_cmp_u64(*(const uint64_t *)key, avl_entry(n, struct held, node)->token);
+}
+
+/* Copies [lo, hi) around the data pointer into a fresh sealed memfd; returns the fd. */
+static int copy_to_memfd(const DLTensor *t, int64_t lo, int64_t hi, bool read_only,
+                         uint64_t *ret_offset, uint64_t *ret_size)
+{
+        uint64_t seg_off = lo < 0 ? (uint64_t)-lo : 0;
+        uint64_t size = seg_off + (hi > 0 ? (uint64_t)hi : 0);
+        const uint8_t *src = (const uint8_t *)t->data + lo;
+        uint64_t done = 0, len = hi > lo ? (uint64_t)(hi - lo) : 0;
+        int fd, err;
+
+        if (size == 0)
+                size = 1; /* an empty memfd cannot be shared; one byte stands for nothing */
+        fd = memfd_create("dlx-copy", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0)
+                return -errno;
+        if (ftruncate(fd, (off_t)size) < 0)
+                goto fail;
+        /* write() fills the page cache directly: no page faults, exactly one copy */
+        while (done < len) {
+                ssize_t n = pwrite(fd, src + done, len - done,
+                                   (off_t)((int64_t)seg_off + lo + (int64_t)done));
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        goto fail;
+                }
+                done += (uint64_t)n;
+        }
+        if (fcntl(fd, F_ADD_SEALS,
+                  F_SEAL_SHRINK | F_SEAL_GROW | (read_only ? F_SEAL_WRITE : 0) | F_SEAL_SEAL) < 0)
+                goto fail;
+        *ret_offset = seg_off;
+        *ret_size = size;
+        return fd;
+fail:
+        err = -errno;
+        close(fd);
+        return err;
+}
+
+int dlx_publish(dlx_client *c, const char *name, DLManagedTensorVersioned *tensor,
+                const struct dlx_publish_options *opts, uint64_t *ret_version)
+{
+        struct dlx_publish_options o = {0};
+        struct wire_request req = {.type = WIRE_REQ_PUBLISH};
+        struct wire_tensor *w = &req.publish.tensor;
+        const DLTensor *t;
+        const char *why = NULL;
+        struct seg_map *map = NULL;
+        struct held *h = NULL;
+        struct pending p;
+        int64_t lo, hi;
+        int fd = -1, err;
+
+        dlx__clear_error();
+        if (!c || !name || !tensor) {
+                delete_tensor(tensor);
+                return dlx__fail(-EINVAL, "NULL argument");
+        }
+        if (tensor->version.major != DLX_DLPACK_MAJOR) {
+                delete_tensor(tensor);
+                return dlx__fail(-ENOTSUP, "DLPack major version %u is not supported",
+                                 (unsigned)tensor->version.major);
+        }
+        if (opts)
+                o = *opts;
+        t = &tensor->dl_tensor;
+        if (layout_name_check(name, strlen(name), &why) < 0) {
+                err = dlx__fail(-EINVAL, "bad name '%s': %s", name, why);
+                goto out_delete;
+        }
+        if (t->device.device_type != kDLCPU) {
+                err = dlx__fail(-ENOTSUP, "publish '%s': device type %d is not supported", name,
+                                (int)t->device.device_type);
+                goto out_delete;
+        }
+        if (t->ndim < 0 || t->ndim > DLX_MAX_NDIM || (t->ndim && !t->shape) ||
+            (!t->data && t->ndim >= 0)) {
+                uint64_t numel = 0;
+                if (t->ndim < 0 || t->ndim > DLX_MAX_NDIM || (t->ndim && !t->shape) ||
+                    layout_numel(t->ndim, t->shape, &numel) < 0 || numel) {
+                        err = dlx__fail(-EINVAL, "publish '%s': bad ndim, shape or data", name);
+                        goto out_delete;
+                }
+        }
+        err = layout_extent(t->dtype, t->ndim, t->shape, t->strides, t->byte_offset, tensor->flags,
+                            &lo, &hi, &why);
+        if (err < 0) {
+                err = dlx__fail(err, "publish '%s': %s", name, why);
+                goto out_delete;
+        }
+
+        snprintf(w->name, sizeof(w->name), "%s", name);
+        w->dtype = t->dtype;
+        w->ndim = t->ndim;
+        if (t->ndim) {
+                memcpy(w->shape, t->shape, (size_t)t->ndim * sizeof(int64_t));
+                if (t->strides)
+                        memcpy(w->strides, t->strides, (size_t)t->ndim * sizeof(int64_t));
+                else
+                        layout_compact_strides(t->ndim, t->shape, w->strides);
+        }
+        w->byte_offset = t->byte_offset;
+        w->device_type = kDLCPU;
+        w->device_id = 0;
+        w->flags = (o.writable ? 0 : DLPACK_FLAG_BITMASK_READ_ONLY) |
+                   (tensor->flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED);
+        w->storage = WIRE_STORAGE_MEMFD;
+        w->length = hi > 0 ? (uint64_t)hi : 0;
+        req.publish.persist = o.persist;
+
+        pthread_mutex_lock(&c->lock);
+        bool zero_copy = o.copy != DLX_COPY_ALWAYS && dlx__is_alloc_of(tensor, c, &map);
+        if (zero_copy) {
+                uint8_t *data = t->data;
+                /* the tensor may have been re-pointed: it must still lie in its segment */
+                if (data < map->rw || (uint64_t)(data - map->rw) > map->size ||
+                    (int64_t)(data - map->rw) + lo < 0 ||
+                    (hi > 0 && (uint64_t)(data - map->rw) + (uint64_t)hi > map->size))
+                        zero_copy = false;
+                else
+                        w->offset = (uint64_t)(data - map->rw);
+        }
+        if (zero_copy) {
+                h = calloc(1, sizeof(*h));
+                if (!h) {
+                        pthread_mutex_unlock(&c->lock);
+                        err = dlx__fail(-ENOMEM, "out of memory");
+                        goto out_delete;
+                }
+                /* registered before the request: RELEASED may follow the reply at once */
+                h->token = c->next_token++;
+                h->tensor = tensor;
+                avl_insert(&c->held, &h->node, &h->token, cmp_token);
+                w->segment = map->id;
+                req.publish.token = h->token;
+        }
+        pthread_mutex_unlock(&c->lock);
+
+        if (!zero_copy) {
+                uint64_t size;
+                if (o.copy == DLX_COPY_NEVER) {
+                        err = dlx__fail(-EXDEV,
+                                        "publish '%s': the memory is not from dlx_alloc() on "
+                                        "this client and copying is not allowed",
+                                        name);
+                        goto out_delete;
+                }
+                fd = copy_to_memfd(t, lo, hi, !o.writable, &w->offset, &size);
+                if (fd < 0) {
+                        err = dlx__fail(fd, "publish '%s': cannot copy into shared memory: %s",
+                                        name, strerror(-fd));
+                        goto out_delete;
+                }
+                /* the copy is all the daemon needs: the original goes now */
+                delete_tensor(tensor);
+                tensor = NULL;
+        }
+
+        err = dlx__call(c, &req, fd, &p);
+        if (fd >= 0)
+                close(fd);
+        if (err == 0 && p.rep.type != WIRE_REP_PUBLISH)
+                err = dlx__fail(-EPROTO, "the daemon answered publish with something else");
+        if (err == 0 && ret_version)
+                *ret_version = p.rep.publish.version;
+        dlx__pending_done(c, &p);
+        if (err == 0 || !h)
+                return err;
+
+        /* the daemon refused a zero-copy publish: the tensor is ours to delete */
+        pthread_mutex_lock(&c->lock);
+        avl_remove(&c->held, &h->node);
+        pthread_mutex_unlock(&c->lock);
+        free(h);
+out_delete:
+        delete_tensor(tensor);
+        return err;
+}
+
+static void legacy_deleter(DLManagedTensorVersioned *t)
+{
+        struct legacy *l = t->manager_ctx;
+
+        if (l->orig->deleter)
+                l->orig->deleter(l->orig);
+        free(l);
+}
+
+int dlx_publish_legacy(dlx_client *c, const char *name, DLManagedTensor *tensor,
+                       const struct dlx_publish_options *opts, uint64_t *ret_version)
+{
+        struct legacy *l;
+
+        if (!tensor)
+                return dlx__fail(-EINVAL, "NULL tensor");
+        l = calloc(1, sizeof(*l));
+        if (!l) {
+                if (tensor->deleter)
+                        tensor->deleter(tensor);
+                return dlx__fail(-ENOMEM, "out of memory");
+        }
+        l->orig = tensor;
+        l->mt.version.major = DLX_DLPACK_MAJOR;
+        l->mt.version.minor = DLX_DLPACK_MINOR;
+        l->mt.manager_ctx = l;
+        l->mt.deleter = legacy_deleter;
+        l->mt.dl_tensor = tensor->dl_tensor;
+        return dlx_publish(c, name, &l->mt, opts, ret_version);
+}
+
+int dlx_publish_from(dlx_client *c, const char *name, const DLPackExchangeAPI *api, void *object,
+                     const struct dlx_publish_options *opts, uint64_t *ret_version)
+{
+        struct dlx_publish_options o = {0};
+        DLManagedTensorVersioned *mt = NULL;
+
+        dlx__clear_error();
+        if (!api || !api->managed_tensor_from_py_object_no_sync)
+                return dlx__fail(-EINVAL, "no exchange-API table or no from-object slot");
+        if (api->header.version.major != DLX_DLPACK_MAJOR)
+                return dlx__fail(-ENOTSUP, "exchange API of DLPack major %u",
+                                 (unsigned)api->header.version.major);
+        if (api->managed_tensor_from_py_object_no_sync(object, &mt) != 0 || !mt)
+                return dlx__fail(-EIO, "the producer's exchange API could not export the object");
+        if (opts)
+                o = *opts;
+        if (mt->dl_tensor.device.device_type != kDLCPU && !o.stream && api->current_work_stream &&
+            api->current_work_stream(mt->dl_tensor.device.device_type,
+                                     mt->dl_tensor.device.device_id, &o.stream) != 0) {
+                mt->deleter ? mt->deleter(mt) : (void)0;
+                return dlx__fail(-EIO, "the producer's exchange API has no current stream");
+        }
+        return dlx_publish(c, name, mt, &o, ret_version);
+}

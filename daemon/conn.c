@@ -1,0 +1,327 @@
+/* SPDX-License-Identifier: MIT */
+#include "conn.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "dispatch.h"
+#include "log.h"
+#include "registry.h"
+#include "server.h"
+#include "session.h"
+#include "wire.h"
+
+/* A peer that stops reading is disconnected once this much output waits for it. */
+#define CONN_MAX_OUTQ (16u << 20)
+/* Reads per wakeup before yielding to other connections. */
+#define CONN_READS_PER_WAKEUP 16
+/* Frames coalesced into one sendmsg. */
+#define CONN_IOV_MAX 64
+
+struct outbuf {
+        struct list link;
+        size_t len;
+        size_t off;
+        int fd; /* owned duplicate, -1 for none */
+        uint8_t data[];
+};
+
+static void conn_flush(struct conn *c);
+static void on_poll(uv_poll_t *h, int status, int events);
+
+static void outbuf_free(struct outbuf *b)
+{
+        if (b->fd >= 0)
+                close(b->fd);
+        free(b);
+}
+
+static void on_closed(uv_handle_t *h)
+{
+        struct conn *c = h->data;
+        struct list *pos, *tmp;
+
+        list_for_each_safe(pos, tmp, &c->outq) outbuf_free(list_entry(pos, struct outbuf, link));
+        frame_reader_done(&c->reader);
+        close(c->fd);
+        free(c);
+}
+
+void conn_close(struct conn *c)
+{
+        if (c->closing)
+                return;
+        c->closing = true;
+        log_info("session %llu pid %d uid %u: closed", (unsigned long long)c->session->id,
+                 (int)c->session->pid, (unsigned)c->session->uid);
+        registry_session_free(c->session);
+        c->session = NULL;
+        list_remove(&c->link);
+        server_conn_gone(c->srv);
+        uv_poll_stop(&c->poll);
+        uv_close((uv_handle_t *)&c->poll, on_closed);
+}
+
+static void set_events(struct conn *c, int events)
+{
+        if (c->closing || events == c->events)
+                return;
+        c->events = events;
+        uv_poll_start(&c->poll, events, on_poll);
+}
+
+/* Queues one reply; called by the session. fd is borrowed and duplicated. */
+static int conn_send(void *ctx, const struct wire_reply *rep, int fd)
+{
+        struct conn *c = ctx;
+        struct outbuf *b;
+        size_t size;
+        int err;
+
+        if (c->closing || c->close_pending)
+                return -ENOTCONN;
+        err = wire_reply_size(rep, &size);
+        if (err < 0)
+                return err;
+        if (size > DLX_MAX_FRAME)
+                return -EMSGSIZE;
+        if (c->outq_bytes + size > CONN_MAX_OUTQ) {
+                log_notice("session %llu pid %d uid %u: not reading its replies, disconnected",
+                           (unsigned long long)c->session->id, (int)c->session->pid,
+                           (unsigned)c->session->uid);
+                c->close_pending = true;
+                return -ENOBUFS;
+        }
+        b = malloc(sizeof(*b) + FRAME_HEADER_SIZE + size);
+        if (!b)
+                return -ENOMEM;
+        b->fd = -1;
+        if (fd >= 0) {
+                b->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+                if (b->fd < 0) {
+                        err = -errno;
+                        free(b);
+                        return err;
+                }
+        }
+        frame_header_put(b->data, (uint32_t)size, fd >= 0 ? 1 : 0);
+        wire_reply_pack(rep, b->data + FRAME_HEADER_SIZE);
+        b->len = FRAME_HEADER_SIZE + size;
+        b->off = 0;
+        list_insert_tail(&c->outq, &b->link);
+        c->outq_bytes += b->len;
+        /*
+         * Never write from here: the caller may be walking registry lists that
+         * a failed write (closing this session) would change under it. Replies
+         * made while dispatching go out at the end of the batch; others as
+         * soon as the loop sees the socket writable.
+         */
+        if (!c->dispatching)
+                set_events(c, UV_READABLE | UV_WRITABLE);
+        return 0;
+}
+
+/* Sends as much of the output queue as the socket takes, in few syscalls. */
+static void conn_flush(struct conn *c)
+{
+        while (!list_empty(&c->outq) && !c->closing) {
+                struct iovec iov[CONN_IOV_MAX];
+                union {
+                        struct cmsghdr align;
+                        char buf[CMSG_SPACE(sizeof(int))];
+                } cbuf;
+                struct msghdr msg = {.msg_iov = iov};
+                struct list *pos;
+                ssize_t n;
+                int niov = 0;
+
+                for (pos = c->outq.next; pos != &c->outq && niov < CONN_IOV_MAX; pos = pos->next) {
+                        struct outbuf *b = list_entry(pos, struct outbuf, link);
+                        /* an fd rides on the first byte of its frame, alone in its sendmsg */
+                        if (b->fd >= 0 && niov > 0)
+                                break;
+                        if (b->fd >= 0 && b->off == 0) {
+                                memset(&cbuf, 0, sizeof(cbuf));
+                                msg.msg_control = cbuf.buf;
+                                msg.msg_controllen = sizeof(cbuf.buf);
+                                struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+                                cm->cmsg_level = SOL_SOCKET;
+                                cm->cmsg_type = SCM_RIGHTS;
+                                cm->cmsg_len = CMSG_LEN(sizeof(int));
+                                memcpy(CMSG_DATA(cm), &b->fd, sizeof(int));
+                        }
+                        iov[niov].iov_base = b->data + b->off;
+                        iov[niov].iov_len = b->len - b->off;
+                        niov++;
+                }
+                msg.msg_iovlen = (size_t)niov;
+                n = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                                set_events(c, UV_READABLE | UV_WRITABLE);
+                                return;
+                        }
+                        log_info("session %llu: send failed: %s",
+                                 (unsigned long long)c->session->id, strerror(errno));
+                        conn_close(c);
+                        return;
+                }
+                c->outq_bytes -= (size_t)n;
+                while (n > 0) {
+                        struct outbuf *b = list_entry(c->outq.next, struct outbuf, link);
+                        size_t left = b->len - b->off;
+                        if ((size_t)n < left) {
+                                b->off += (size_t)n;
+                                /* the fd went with the first byte: never send it twice */
+                                if (b->fd >= 0) {
+                                        close(b->fd);
+                                        b->fd = -1;
+                                }
+                                break;
+                        }
+                        n -= (ssize_t)left;
+                        list_remove(&b->link);
+                        outbuf_free(b);
+                }
+        }
+        if (c->closing)
+                return;
+        if (c->close_pending) {
+                conn_close(c);
+                return;
+        }
+        set_events(c, UV_READABLE);
+}
+
+/* Reads once; returns bytes read, 0 at EOF, -EAGAIN, or another -errno. */
+static ssize_t conn_read(struct conn *c)
+{
+        union {
+                struct cmsghdr align;
+                char buf[CMSG_SPACE(sizeof(int) * DLX_MAX_FDS_QUEUED)];
+        } cbuf;
+        struct iovec iov;
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+        uint8_t *space;
+        size_t avail;
+        ssize_t n;
+        int err;
+
+        err = frame_reader_space(&c->reader, &space, &avail);
+        if (err < 0)
+                return err;
+        iov.iov_base = space;
+        iov.iov_len = avail;
+        msg.msg_control = cbuf.buf;
+        msg.msg_controllen = sizeof(cbuf.buf);
+        do
+                n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+        while (n < 0 && errno == EINTR);
+        if (n < 0)
+                return -errno;
+
+        err = 0;
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+                if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+                        continue;
+                unsigned nfds = (unsigned)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+                int fds[DLX_MAX_FDS_QUEUED];
+                memcpy(fds, CMSG_DATA(cm), nfds * sizeof(int));
+                /* push_fds consumes them even when it refuses */
+                if (frame_reader_push_fds(&c->reader, fds, nfds) < 0)
+                        err = -EMFILE;
+        }
+        if (msg.msg_flags & MSG_CTRUNC)
+                err = -EMFILE;
+        if (err < 0)
+                return err;
+        frame_reader_commit(&c->reader, (size_t)n);
+        return n;
+}
+
+static void on_poll(uv_poll_t *h, int status, int events)
+{
+        struct conn *c = h->data;
+
+        if (status < 0) {
+                conn_close(c);
+                return;
+        }
+        if (events & UV_WRITABLE)
+                conn_flush(c);
+        if (c->closing || !(events & UV_READABLE) || c->close_pending)
+                return;
+
+        c->dispatching = true;
+        for (int i = 0; i < CONN_READS_PER_WAKEUP && !c->close_pending && !c->closing; i++) {
+                ssize_t n = conn_read(c);
+                struct frame f;
+                int r;
+
+                if (n == -EAGAIN || n == -EWOULDBLOCK)
+                        break;
+                if (n <= 0) {
+                        if (n == -EMFILE)
+                                log_notice("session %llu pid %d uid %u: dropped: too many fds",
+                                           (unsigned long long)c->session->id, (int)c->session->pid,
+                                           (unsigned)c->session->uid);
+                        else if (n < 0 && n != -ECONNRESET)
+                                log_info("session %llu: read failed: %s",
+                                         (unsigned long long)c->session->id, strerror((int)-n));
+                        conn_close(c);
+                        return;
+                }
+                while (!c->close_pending && (r = frame_reader_next(&c->reader, &f)) != 0) {
+                        if (r < 0) {
+                                log_notice("session %llu pid %d uid %u: dropped: bad frame: %s",
+                                           (unsigned long long)c->session->id, (int)c->session->pid,
+                                           (unsigned)c->session->uid, strerror(-r));
+                                session_fail(c->session, 0, r, "bad frame: %s", strerror(-r));
+                                c->close_pending = true;
+                                break;
+                        }
+                        if (dispatch_frame(c->session, &f) == DISPATCH_CLOSE)
+                                c->close_pending = true;
+                }
+        }
+        c->dispatching = false;
+        if (!c->closing)
+                conn_flush(c);
+}
+
+int conn_start(struct server *srv, int fd, struct session *session)
+{
+        struct conn *c = calloc(1, sizeof(*c));
+        int err;
+
+        if (!c) {
+                close(fd);
+                return -ENOMEM;
+        }
+        c->fd = fd;
+        c->srv = srv;
+        c->session = session;
+        list_init(&c->outq);
+        err = frame_reader_init(&c->reader);
+        if (err == 0)
+                err = uv_poll_init(srv->loop, &c->poll, fd);
+        if (err < 0) {
+                frame_reader_done(&c->reader);
+                close(fd);
+                free(c);
+                return err;
+        }
+        c->poll.data = c;
+        session->io.send = conn_send;
+        session->io.ctx = c;
+        list_insert_tail(&srv->conns, &c->link);
+        c->events = UV_READABLE;
+        uv_poll_start(&c->poll, UV_READABLE, on_poll);
+        return 0;
+}

@@ -1,0 +1,42 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * One accepted connection: the only place the daemon calls recvmsg/sendmsg.
+ * A raw non-blocking socket watched by a uv_poll_t, since libuv's pipes
+ * cannot receive arbitrary descriptors. Bytes and fds go into a frame
+ * reader; replies wait in an output queue that is flushed once per batch.
+ */
+#ifndef DLX_DAEMON_CONN_H
+#define DLX_DAEMON_CONN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <uv.h>
+
+#include "frame.h"
+#include "list.h"
+
+struct server;
+struct session;
+
+struct conn {
+        uv_poll_t poll;
+        int fd;
+        int events; /* what poll is started with */
+        struct server *srv;
+        struct session *session;
+        struct frame_reader reader;
+        struct list outq; /* struct outbuf */
+        size_t outq_bytes;
+        bool dispatching;   /* replies are coalesced until the batch ends */
+        bool close_pending; /* close once the output queue is sent */
+        bool closing;
+        struct list link; /* in server.conns */
+};
+
+/* Takes ownership of fd (a connected, non-blocking socket). Returns 0 or -errno. */
+int conn_start(struct server *srv, int fd, struct session *session);
+
+/* Closes now: queued output is dropped, the session and its holdings released. */
+void conn_close(struct conn *c);
+
+#endif /* DLX_DAEMON_CONN_H */

@@ -1,0 +1,136 @@
+/* SPDX-License-Identifier: MIT */
+#include "dispatch.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "log.h"
+#include "registry.h"
+#include "wire.h"
+
+static enum dispatch_result hello(struct session *s, const struct wire_request *req)
+{
+        struct wire_reply rep;
+
+        if (s->greeted) {
+                session_fail(s, req->id, -EPROTO, "hello sent twice");
+                return DISPATCH_CLOSE;
+        }
+        if (req->hello.major != DLX_PROTO_MAJOR) {
+                session_fail(s, req->id, -EPROTONOSUPPORT,
+                             "protocol version %u.%u is not supported: dlxd " DLX_VERSION
+                             " speaks %d.%d",
+                             req->hello.major, req->hello.minor, DLX_PROTO_MAJOR, DLX_PROTO_MINOR);
+                return DISPATCH_CLOSE;
+        }
+        s->greeted = true;
+        snprintf(s->name, sizeof(s->name), "%s", req->hello.client_name);
+        log_info("session %llu pid %d uid %u: hello from '%s' (protocol %u.%u)",
+                 (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid, s->name,
+                 req->hello.major, req->hello.minor);
+
+        memset(&rep, 0, sizeof(rep));
+        rep.id = req->id;
+        rep.type = WIRE_REP_HELLO;
+        rep.hello.major = DLX_PROTO_MAJOR;
+        rep.hello.minor = DLX_PROTO_MINOR;
+        rep.hello.session = s->id;
+        snprintf(rep.hello.server, sizeof(rep.hello.server), "dlxd %s", DLX_VERSION);
+        rep.hello.uid = (uint32_t)s->uid;
+        rep.hello.max_frame = DLX_MAX_FRAME;
+        rep.hello.max_inflight = DLX_MAX_INFLIGHT;
+        session_send(s, &rep, -1);
+        return DISPATCH_OK;
+}
+
+enum dispatch_result dispatch_frame(struct session *s, struct frame *f)
+{
+        struct wire_request req;
+        char err[DLX_ERROR_MAX + 1];
+        int fd = -1, r;
+
+        r = wire_request_decode(f->payload, f->len, &req, err, sizeof(err));
+        if (r < 0) {
+                frame_close_fds(f);
+                if (r == -EPROTO || req.id == 0 || !s->greeted) {
+                        log_notice("session %llu pid %d uid %u: dropped: %s",
+                                   (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid, err);
+                        if (req.id)
+                                session_fail(s, req.id, r, "%s", err);
+                        else
+                                session_fail(s, 0, -EPROTO, "%s", err);
+                        return DISPATCH_CLOSE;
+                }
+                session_fail(s, req.id, r, "%s", err);
+                return DISPATCH_OK;
+        }
+        s->reg->requests++;
+
+        if (!s->greeted && req.type != WIRE_REQ_HELLO) {
+                frame_close_fds(f);
+                session_fail(s, req.id, -EPROTO, "%s before hello", wire_request_name(req.type));
+                return DISPATCH_CLOSE;
+        }
+        if (f->nfds > (req.type == WIRE_REQ_PUBLISH ? 1u : 0u)) {
+                frame_close_fds(f);
+                session_fail(s, req.id, -EPROTO, "%u fds attached to a %s request", f->nfds,
+                             wire_request_name(req.type));
+                return DISPATCH_CLOSE;
+        }
+        if (f->nfds == 1) {
+                fd = f->fds[0];
+                f->nfds = 0;
+        }
+
+        switch (req.type) {
+        case WIRE_REQ_HELLO:
+                return hello(s, &req);
+        case WIRE_REQ_PUBLISH:
+                registry_publish(s, &req, fd);
+                break;
+        case WIRE_REQ_ACQUIRE:
+                registry_acquire(s, &req);
+                break;
+        case WIRE_REQ_RELEASE:
+                registry_release(s, &req);
+                break;
+        case WIRE_REQ_UNPUBLISH:
+                registry_unpublish(s, &req);
+                break;
+        case WIRE_REQ_LIST:
+                registry_list(s, &req);
+                break;
+        case WIRE_REQ_STAT:
+                registry_stat(s, &req);
+                break;
+        case WIRE_REQ_WATCH:
+                registry_watch(s, &req);
+                break;
+        case WIRE_REQ_UNWATCH:
+                registry_unwatch(s, &req);
+                break;
+        case WIRE_REQ_ALLOC:
+                registry_alloc(s, &req);
+                break;
+        case WIRE_REQ_FREE:
+                registry_free(s, &req);
+                break;
+        case WIRE_REQ_FORGET:
+                registry_forget(s, &req);
+                break;
+        case WIRE_REQ_STATS:
+                registry_stats(s, &req);
+                break;
+        case WIRE_REQ_PING: {
+                struct wire_reply rep = {.id = req.id, .type = WIRE_REP_PONG};
+                rep.pong.nonce = req.ping.nonce;
+                session_send(s, &rep, -1);
+                break;
+        }
+        default:
+                session_fail(s, req.id, -EINVAL, "unknown request type");
+                break;
+        }
+        return DISPATCH_OK;
+}

@@ -1,0 +1,50 @@
+/* SPDX-License-Identifier: MIT */
+#include "log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int log_level = LOG_NOTICE;
+
+static const char *const level_names[] = {
+        "emerg", "alert", "crit", "error", "warning", "notice", "info", "debug",
+};
+
+int log_parse_level(const char *s)
+{
+        char *end;
+        long v = strtol(s, &end, 10);
+
+        if (*s && !*end && v >= 0 && v <= LOG_DEBUG)
+                return (int)v;
+        for (int i = 0; i <= LOG_DEBUG; i++)
+                if (strcmp(s, level_names[i]) == 0)
+                        return i;
+        if (strcmp(s, "warn") == 0)
+                return LOG_WARNING;
+        if (strcmp(s, "err") == 0)
+                return LOG_ERR;
+        return -1;
+}
+
+void log_msg(int level, const char *fmt, ...)
+{
+        char line[1024];
+        struct timespec ts;
+        struct tm tm;
+        va_list ap;
+        int n;
+
+        clock_gettime(CLOCK_REALTIME, &ts);
+        gmtime_r(&ts.tv_sec, &tm);
+        n = snprintf(line, sizeof(line), "%02d:%02d:%02d.%03ld dlxd %s: ", tm.tm_hour, tm.tm_min,
+                     tm.tm_sec, ts.tv_nsec / 1000000, level_names[level & 7]);
+        va_start(ap, fmt);
+        vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
+        va_end(ap);
+        /* one write per line so concurrent writers never interleave within it */
+        fprintf(stderr, "%s\n", line);
+}

@@ -1,0 +1,21 @@
+/* SPDX-License-Identifier: MIT */
+/* dlxd logs one line per event to stderr at syslog levels. */
+#ifndef DLX_DAEMON_LOG_H
+#define DLX_DAEMON_LOG_H
+
+#include <syslog.h>
+
+extern int log_level;
+
+/* Parses "debug", "info", "notice", "warning", "error" (or 0-7). Returns the level or -1. */
+int log_parse_level(const char *s);
+
+void log_msg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define log_debug(...) (log_level >= LOG_DEBUG ? log_msg(LOG_DEBUG, __VA_ARGS__) : (void)0)
+#define log_info(...) (log_level >= LOG_INFO ? log_msg(LOG_INFO, __VA_ARGS__) : (void)0)
+#define log_notice(...) (log_level >= LOG_NOTICE ? log_msg(LOG_NOTICE, __VA_ARGS__) : (void)0)
+#define log_warn(...) (log_level >= LOG_WARNING ? log_msg(LOG_WARNING, __VA_ARGS__) : (void)0)
+#define log_err(...) (log_level >= LOG_ERR ? log_msg(LOG_ERR, __VA_ARGS__) : (void)0)
+
+#endif /* DLX_DAEMON_LOG_H */

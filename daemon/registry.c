@@ -1,0 +1,978 @@
+/* SPDX-License-Identifier: MIT */
+#include "registry.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "layout.h"
+#include "log.h"
+
+struct entry {
+        struct avl_node node; /* in registry.names */
+        uid_t owner;
+        uint64_t last_version;
+        struct version *current; /* NULL: unpublished, kept for old versions or waiters */
+        struct list versions;    /* struct version, oldest first */
+        struct list waiters;     /* struct waiter */
+        size_t len;
+        char name[];
+};
+
+struct version {
+        struct list link;  /* in entry.versions */
+        struct list plink; /* in producer.published while the producer lives */
+        struct entry *entry;
+        struct session *producer; /* NULL once it has gone */
+        struct segment *seg;      /* one reference */
+        uint64_t version;
+        uint64_t token;
+        uint64_t published_ns;
+        uint64_t byte_offset, flags, offset, length;
+        DLDataType dtype;
+        int32_t ndim;
+        int32_t device_type, device_id;
+        uint32_t storage;
+        uint32_t leases;
+        pid_t producer_pid;
+        bool persist;
+        char producer_name[DLX_CLIENT_NAME_MAX + 1];
+        int64_t dims[]; /* shape[ndim], then strides[ndim] */
+};
+
+struct lease {
+        struct avl_node node; /* in session.leases */
+        uint64_t id;
+        struct version *v;
+};
+
+struct hold {
+        struct avl_node node; /* in session.held, by segment id */
+        struct segment *seg;
+};
+
+struct watch {
+        struct list rlink; /* in registry.watches */
+        struct list slink; /* in session.watches */
+        struct session *s;
+        uint64_t id;
+        size_t plen;
+        char prefix[];
+};
+
+struct waiter {
+        struct list elink; /* in entry.waiters */
+        struct list slink; /* in session.waiters */
+        struct session *s;
+        struct entry *e;
+        uint64_t req_id;
+        uint64_t min_version;
+        bool timed;
+        uv_timer_t timer;
+};
+
+/* ---- small helpers ------------------------------------------------------------------- */
+
+static uint64_t now_ms(uv_loop_t *loop)
+{
+        return uv_now(loop);
+}
+
+static uint64_t realtime_ns(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_name(const void *key, const struct avl_node *n)
+{
+        return strcmp((const char *)key, avl_entry(n, struct entry, node)->name);
+}
+
+static int cmp_lease(const void *key, const struct avl_node *n)
+{
+        return avl_cmp_u64(*(const uint64_t *)key, avl_entry(n, struct lease, node)->id);
+}
+
+static int cmp_hold(const void *key, const struct avl_node *n)
+{
+        return avl_cmp_u64(*(const uint64_t *)key, avl_entry(n, struct hold, node)->seg->id);
+}
+
+static int cmp_known(const void *key, const struct avl_node *n)
+{
+        return avl_cmp_u64(*(const uint64_t *)key, avl_entry(n, struct known, node)->seg->id);
+}
+
+static bool may_write(const struct session *s, const struct entry *e)
+{
+        return s->uid == 0 || e->owner == s->uid;
+}
+
+static void reply_init(struct wire_reply *rep, uint64_t id, enum wire_reply_type type)
+{
+        rep->id = id;
+        rep->status = WIRE_OK;
+        rep->error[0] = '\0';
+        rep->type = type;
+}
+
+static void send_event(struct session *s, enum wire_event_kind kind, uint64_t watch,
+                       const char *name, uint64_t version, uint64_t token, uint64_t segment)
+{
+        struct wire_reply rep;
+
+        reply_init(&rep, 0, WIRE_REP_EVENT);
+        rep.event.kind = kind;
+        rep.event.watch = watch;
+        snprintf(rep.event.name, sizeof(rep.event.name), "%s", name);
+        rep.event.version = version;
+        rep.event.token = token;
+        rep.event.segment = segment;
+        session_send(s, &rep, -1);
+}
+
+static void notify_watchers(struct registry *reg, enum wire_event_kind kind, struct entry *e,
+                            uint64_t version)
+{
+        struct list *pos, *tmp;
+
+        list_for_each_safe(pos, tmp, &reg->watches)
+        {
+                struct watch *w = list_entry(pos, struct watch, rlink);
+                if (w->plen <= e->len && memcmp(w->prefix, e->name, w->plen) == 0)
+                        send_event(w->s, kind, w->id, e->name, version, 0, 0);
+        }
+}
+
+/* ---- entries and versions ------------------------------------------------------------ */
+
+static struct entry *entry_find(struct registry *reg, const char *name)
+{
+        struct avl_node *n = avl_find(&reg->names, name, cmp_name);
+        return n ? avl_entry(n, struct entry, node) : NULL;
+}
+
+static struct entry *entry_get(struct registry *reg, const char *name, uid_t owner)
+{
+        struct entry *e = entry_find(reg, name);
+        size_t len;
+
+        if (e)
+                return e;
+        len = strlen(name);
+        e = calloc(1, sizeof(*e) + len + 1);
+        if (!e)
+                return NULL;
+        memcpy(e->name, name, len + 1);
+        e->len = len;
+        e->owner = owner;
+        list_init(&e->versions);
+        list_init(&e->waiters);
+        avl_insert(&reg->names, &e->node, e->name, cmp_name);
+        return e;
+}
+
+static void entry_maybe_free(struct registry *reg, struct entry *e)
+{
+        if (e->current || !list_empty(&e->versions) || !list_empty(&e->waiters))
+                return;
+        avl_remove(&reg->names, &e->node);
+        free(e);
+}
+
+static void version_destroy(struct registry *reg, struct version *v)
+{
+        struct entry *e = v->entry;
+
+        if (v->producer) {
+                if (v->token)
+                        send_event(v->producer, WIRE_EVENT_RELEASED, 0, e->name, v->version,
+                                   v->token, v->seg->id);
+                list_remove(&v->plink);
+        }
+        list_remove(&v->link);
+        segment_unref(reg->store, v->seg);
+        reg->nversions--;
+        log_debug("%s v%llu gone", e->name, (unsigned long long)v->version);
+        free(v);
+        entry_maybe_free(reg, e);
+}
+
+/* The current version stops being current; it dies now if nobody leases it. */
+static void entry_retire_current(struct registry *reg, struct entry *e)
+{
+        struct version *old = e->current;
+
+        if (!old)
+                return;
+        e->current = NULL;
+        if (old->leases == 0)
+                version_destroy(reg, old);
+}
+
+static void version_describe(const struct version *v, struct wire_tensor *t)
+{
+        snprintf(t->name, sizeof(t->name), "%s", v->entry->name);
+        t->version = v->version;
+        t->dtype = v->dtype;
+        t->ndim = v->ndim;
+        memcpy(t->shape, v->dims, (size_t)v->ndim * sizeof(int64_t));
+        memcpy(t->strides, v->dims + v->ndim, (size_t)v->ndim * sizeof(int64_t));
+        t->byte_offset = v->byte_offset;
+        t->device_type = v->device_type;
+        t->device_id = v->device_id;
+        t->flags = v->flags;
+        t->storage = v->storage;
+        t->segment = v->seg->id;
+        t->offset = v->offset;
+        t->length = v->length;
+}
+
+static void entry_info(const struct entry *e, struct wire_info *info)
+{
+        const struct version *v = e->current;
+        struct list *pos;
+
+        memset(info, 0, offsetof(struct wire_info, tensor.shape));
+        version_describe(v, &info->tensor);
+        info->owner_uid = e->owner;
+        info->producer_pid = v->producer ? v->producer_pid : 0;
+        info->persist = v->persist;
+        info->leases = v->leases;
+        info->segment_size = v->seg->size;
+        info->published_ns = v->published_ns;
+        info->live_versions = 0;
+        for (pos = e->versions.next; pos != &e->versions; pos = pos->next)
+                info->live_versions++;
+        snprintf(info->producer_name, sizeof(info->producer_name), "%s", v->producer_name);
+}
+
+/* ---- leases and waiters --------------------------------------------------------------- */
+
+static struct known *known_find(struct session *s, uint64_t seg_id)
+{
+        struct avl_node *n = avl_find(&s->known, &seg_id, cmp_known);
+        return n ? avl_entry(n, struct known, node) : NULL;
+}
+
+static struct known *known_add(struct session *s, struct segment *seg)
+{
+        struct known *k = known_find(s, seg->id);
+
+        if (k)
+                return k;
+        k = calloc(1, sizeof(*k));
+        if (!k)
+                return NULL;
+        k->seg = seg;
+        k->session = s;
+        avl_insert(&s->known, &k->node, &seg->id, cmp_known);
+        list_insert_tail(&seg->known, &k->link);
+        return k;
+}
+
+static void known_drop(struct session *s, struct known *k)
+{
+        avl_remove(&s->known, &k->node);
+        list_remove(&k->link);
+        free(k);
+}
+
+/* A segment whose fd this session holds is gone: forget it and tell the peer. */
+static void on_segment_gone(struct session *s, uint64_t seg_id)
+{
+        struct known *k = known_find(s, seg_id);
+
+        if (k)
+                known_drop(s, k);
+        send_event(s, WIRE_EVENT_SEGMENT_GONE, 0, "", 0, 0, seg_id);
+}
+
+/*
+ * Creates a lease on v for s and sends the acquire reply, attaching the
+ * segment's fd unless the peer already holds a suitable one.
+ */
+static void grant(struct session *s, uint64_t req_id, struct version *v)
+{
+        struct registry *reg = s->reg;
+        struct segment *seg = v->seg;
+        bool writable = !(v->flags & DLPACK_FLAG_BITMASK_READ_ONLY) && !seg->write_sealed;
+        struct wire_reply rep;
+        struct lease *l;
+        struct known *k;
+        int fd = -1;
+
+        l = calloc(1, sizeof(*l));
+        k = known_add(s, seg);
+        if (!l || !k) {
+                free(l);
+                session_fail(s, req_id, -ENOMEM, "out of memory");
+                return;
+        }
+        if (writable ? !k->rw : !(k->ro || k->rw)) {
+                fd = segment_fd(seg, writable);
+                if (fd < 0) {
+                        free(l);
+                        session_fail(s, req_id, fd, "cannot share segment %llu: %s",
+                                     (unsigned long long)seg->id, strerror(-fd));
+                        return;
+                }
+        }
+        l->id = reg->next_lease++;
+        l->v = v;
+        avl_insert(&s->leases, &l->node, &l->id, cmp_lease);
+        v->leases++;
+        reg->nleases++;
+        reg->acquires++;
+
+        reply_init(&rep, req_id, WIRE_REP_ACQUIRE);
+        version_describe(v, &rep.acquire.tensor);
+        if (!writable)
+                rep.acquire.tensor.flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
+        rep.acquire.lease = l->id;
+        rep.acquire.segment_size = seg->size;
+        rep.acquire.writable = writable;
+        if (session_send(s, &rep, fd) == 0 && fd >= 0) {
+                if (writable)
+                        k->rw = true;
+                else
+                        k->ro = true;
+        }
+}
+
+static void lease_drop(struct session *s, struct lease *l)
+{
+        struct registry *reg = s->reg;
+        struct version *v = l->v;
+
+        avl_remove(&s->leases, &l->node);
+        free(l);
+        reg->nleases--;
+        if (--v->leases == 0 && v->entry->current != v)
+                version_destroy(reg, v);
+}
+
+static void waiter_free_cb(uv_handle_t *h)
+{
+        free(h->data);
+}
+
+/* Unlinks a waiter and frees it (after its timer closes, if it has one). */
+static void waiter_end(struct waiter *w)
+{
+        struct registry *reg = w->s->reg;
+        struct entry *e = w->e;
+
+        list_remove(&w->elink);
+        list_remove(&w->slink);
+        w->s->nwaiters--;
+        if (w->timed) {
+                uv_timer_stop(&w->timer);
+                uv_close((uv_handle_t *)&w->timer, waiter_free_cb);
+        } else {
+                free(w);
+        }
+        entry_maybe_free(reg, e);
+}
+
+static void on_waiter_timeout(uv_timer_t *t)
+{
+        struct waiter *w = t->data;
+        struct session *s = w->s;
+        uint64_t id = w->req_id;
+        char name[DLX_NAME_MAX + 1];
+
+        snprintf(name, sizeof(name), "%s", w->e->name);
+        waiter_end(w);
+        session_fail(s, id, -ETIMEDOUT, "timed out waiting for '%s'", name);
+}
+
+/* A new version was published: grant it to every waiter it satisfies. */
+static void wake_waiters(struct entry *e)
+{
+        struct list *pos, *tmp;
+
+        list_for_each_safe(pos, tmp, &e->waiters)
+        {
+                struct waiter *w = list_entry(pos, struct waiter, elink);
+                struct session *s = w->s;
+                uint64_t id = w->req_id;
+
+                if (!e->current || e->current->version < w->min_version)
+                        continue;
+                /* keep the entry alive across waiter_end: it has a current version */
+                waiter_end(w);
+                grant(s, id, e->current);
+        }
+}
+
+/* ---- sessions -------------------------------------------------------------------------- */
+
+void registry_init(struct registry *reg, uv_loop_t *loop, struct store *st, unsigned max_clients)
+{
+        memset(reg, 0, sizeof(*reg));
+        reg->loop = loop;
+        reg->store = st;
+        avl_init(&reg->names);
+        list_init(&reg->sessions);
+        list_init(&reg->watches);
+        reg->next_session = 1;
+        reg->next_lease = 1;
+        reg->next_watch = 1;
+        reg->started_ms = now_ms(loop);
+        reg->max_clients = max_clients;
+        st->on_gone = on_segment_gone;
+}
+
+void registry_done(struct registry *reg)
+{
+        struct list *pos, *tmp;
+        struct avl_node *n, *next;
+
+        list_for_each_safe(pos, tmp, &reg->sessions)
+                registry_session_free(list_entry(pos, struct session, link));
+        /* persistent versions outlive their producers; drop them now */
+        for (n = avl_first(&reg->names); n; n = next) {
+                struct entry *e = avl_entry(n, struct entry, node);
+                next = avl_next(n);
+                entry_retire_current(reg, e);
+        }
+}
+
+struct session *registry_session_new(struct registry *reg, uid_t uid, gid_t gid, pid_t pid)
+{
+        struct session *s = calloc(1, sizeof(*s));
+
+        if (!s)
+                return NULL;
+        s->id = reg->next_session++;
+        s->uid = uid;
+        s->gid = gid;
+        s->pid = pid;
+        s->reg = reg;
+        avl_init(&s->leases);
+        avl_init(&s->known);
+        avl_init(&s->held);
+        list_init(&s->published);
+        list_init(&s->watches);
+        list_init(&s->waiters);
+        list_insert_tail(&reg->sessions, &s->link);
+        reg->nsessions++;
+        return s;
+}
+
+void registry_session_free(struct session *s)
+{
+        struct registry *reg;
+        struct list *pos, *tmp;
+        struct avl_node *n, *next;
+
+        if (!s)
+                return;
+        reg = s->reg;
+        /* nothing may be sent to a peer that is gone */
+        s->io.send = NULL;
+
+        list_for_each_safe(pos, tmp, &s->waiters) waiter_end(list_entry(pos, struct waiter, slink));
+        list_for_each_safe(pos, tmp, &s->watches)
+        {
+                struct watch *w = list_entry(pos, struct watch, slink);
+                list_remove(&w->rlink);
+                list_remove(&w->slink);
+                reg->nwatches--;
+                free(w);
+        }
+        for (n = avl_first(&s->leases); n; n = next) {
+                next = avl_next(n);
+                lease_drop(s, avl_entry(n, struct lease, node));
+        }
+        list_for_each_safe(pos, tmp, &s->published)
+        {
+                struct version *v = list_entry(pos, struct version, plink);
+                struct entry *e = v->entry;
+
+                list_remove(&v->plink);
+                v->producer = NULL;
+                if (e->current == v && !v->persist) {
+                        notify_watchers(reg, WIRE_EVENT_UNPUBLISHED, e, v->version);
+                        entry_retire_current(reg, e);
+                }
+        }
+        for (n = avl_first(&s->known); n; n = next) {
+                next = avl_next(n);
+                known_drop(s, avl_entry(n, struct known, node));
+        }
+        for (n = avl_first(&s->held); n; n = next) {
+                struct hold *h = avl_entry(n, struct hold, node);
+                next = avl_next(n);
+                avl_remove(&s->held, n);
+                h->seg->holder = NULL;
+                segment_unref(reg->store, h->seg);
+                free(h);
+        }
+        list_remove(&s->link);
+        reg->nsessions--;
+        free(s);
+}
+
+/* ---- requests -------------------------------------------------------------------------- */
+
+static struct hold *hold_find(struct session *s, uint64_t seg_id)
+{
+        struct avl_node *n = avl_find(&s->held, &seg_id, cmp_hold);
+        return n ? avl_entry(n, struct hold, node) : NULL;
+}
+
+/* Checks a descriptor's bytes lie inside its segment. */
+static int check_extent(const struct wire_tensor *t, const struct segment *seg, char *why,
+                        size_t whysz)
+{
+        const char *reason = NULL;
+        int64_t lo, hi;
+        int err;
+
+        err = layout_extent(t->dtype, t->ndim, t->shape, t->strides, t->byte_offset, t->flags, &lo,
+                            &hi, &reason);
+        if (err < 0) {
+                snprintf(why, whysz, "bad layout for '%s': %s", t->name, reason);
+                return err;
+        }
+        if (t->offset > seg->size || t->length > seg->size - t->offset) {
+                snprintf(why, whysz,
+                         "'%s': offset %llu + length %llu is beyond the segment's %llu bytes",
+                         t->name, (unsigned long long)t->offset, (unsigned long long)t->length,
+                         (unsigned long long)seg->size);
+                return -EINVAL;
+        }
+        if (hi > lo && (lo < 0 ? (uint64_t)-lo > t->offset : false)) {
+                snprintf(why, whysz, "'%s': elements start before the segment", t->name);
+                return -EINVAL;
+        }
+        if (hi > lo && (uint64_t)hi > t->length) {
+                snprintf(why, whysz,
+                         "'%s': shape, strides and byte_offset reach %lld bytes past the data "
+                         "pointer, beyond the %llu-byte region",
+                         t->name, (long long)hi, (unsigned long long)t->length);
+                return -EINVAL;
+        }
+        return 0;
+}
+
+void registry_publish(struct session *s, const struct wire_request *req, int fd)
+{
+        struct registry *reg = s->reg;
+        const struct wire_tensor *t = &req->publish.tensor;
+        struct segment *seg = NULL;
+        struct entry *e;
+        struct version *v;
+        struct wire_reply rep;
+        const char *reason = NULL;
+        char why[320];
+        bool replaced;
+        int err;
+
+        if (t->storage != WIRE_STORAGE_MEMFD) {
+                if (fd >= 0)
+                        close(fd);
+                session_fail(s, req->id, -ENOTSUP, "storage kind %u is not supported", t->storage);
+                return;
+        }
+        if (t->device_type != kDLCPU) {
+                if (fd >= 0)
+                        close(fd);
+                session_fail(s, req->id, -EINVAL, "a memfd tensor must be on device kDLCPU");
+                return;
+        }
+        e = entry_find(reg, t->name);
+        if (e && e->current && !may_write(s, e)) {
+                if (fd >= 0)
+                        close(fd);
+                session_fail(s, req->id, -EACCES, "'%s' is owned by uid %u", t->name,
+                             (unsigned)e->owner);
+                return;
+        }
+
+        if (fd >= 0) {
+                err = store_adopt(reg->store, fd, s->uid, &seg, &reason);
+                if (err < 0) {
+                        if (err == -ENOSPC)
+                                session_fail(s, req->id, err, "shared-bytes limit of %llu reached",
+                                             (unsigned long long)reg->store->max_bytes);
+                        else
+                                session_fail(s, req->id, err, "publish '%s': %s", t->name,
+                                             reason ? reason : strerror(-err));
+                        return;
+                }
+        } else {
+                struct hold *h = hold_find(s, t->segment);
+                if (!h) {
+                        session_fail(s, req->id, -EBADF,
+                                     "publish '%s': no fd attached and segment %llu is not "
+                                     "allocated by this session",
+                                     t->name, (unsigned long long)t->segment);
+                        return;
+                }
+                seg = h->seg;
+                segment_ref(seg);
+        }
+
+        err = check_extent(t, seg, why, sizeof(why));
+        if (err < 0) {
+                segment_unref(reg->store, seg);
+                session_fail(s, req->id, err, "%s", why);
+                return;
+        }
+
+        e = entry_get(reg, t->name, s->uid);
+        v = e ? calloc(1, sizeof(*v) + 2 * (size_t)t->ndim * sizeof(int64_t)) : NULL;
+        if (!v) {
+                segment_unref(reg->store, seg);
+                if (e)
+                        entry_maybe_free(reg, e);
+                session_fail(s, req->id, -ENOMEM, "out of memory");
+                return;
+        }
+        v->entry = e;
+        v->producer = s;
+        v->seg = seg;
+        v->version = ++e->last_version;
+        v->token = req->publish.token;
+        v->published_ns = realtime_ns();
+        v->byte_offset = t->byte_offset;
+        v->flags = t->flags &
+                   (DLPACK_FLAG_BITMASK_READ_ONLY | DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED);
+        v->offset = t->offset;
+        v->length = t->length;
+        v->dtype = t->dtype;
+        v->ndim = t->ndim;
+        v->device_type = t->device_type;
+        v->device_id = t->device_id;
+        v->storage = t->storage;
+        v->producer_pid = s->pid;
+        v->persist = req->publish.persist;
+        snprintf(v->producer_name, sizeof(v->producer_name), "%s", s->name);
+        memcpy(v->dims, t->shape, (size_t)t->ndim * sizeof(int64_t));
+        memcpy(v->dims + t->ndim, t->strides, (size_t)t->ndim * sizeof(int64_t));
+        list_insert_tail(&e->versions, &v->link);
+        list_insert_tail(&s->published, &v->plink);
+        reg->nversions++;
+        reg->publishes++;
+
+        replaced = e->current != NULL;
+        if (!replaced)
+                e->owner = s->uid; /* a free name (or one only waited for) is taken */
+        entry_retire_current(reg, e);
+        e->current = v;
+
+        log_info("session %llu pid %d uid %u: published %s v%llu (%llu bytes, segment %llu%s)",
+                 (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid, e->name,
+                 (unsigned long long)v->version, (unsigned long long)v->length,
+                 (unsigned long long)seg->id, v->persist ? ", persistent" : "");
+
+        reply_init(&rep, req->id, WIRE_REP_PUBLISH);
+        rep.publish.version = v->version;
+        rep.publish.segment = seg->id;
+        session_send(s, &rep, -1);
+
+        notify_watchers(reg, replaced ? WIRE_EVENT_REPLACED : WIRE_EVENT_PUBLISHED, e, v->version);
+        wake_waiters(e);
+}
+
+void registry_acquire(struct session *s, const struct wire_request *req)
+{
+        struct registry *reg = s->reg;
+        const char *name = req->acquire.name;
+        struct entry *e = entry_find(reg, name);
+        struct waiter *w;
+
+        if (e && e->current && e->current->version >= req->acquire.min_version) {
+                grant(s, req->id, e->current);
+                return;
+        }
+        if (req->acquire.timeout_ms == 0) {
+                if (e && e->current)
+                        session_fail(s, req->id, -ENOENT, "'%s' is at version %llu, not yet %llu",
+                                     name, (unsigned long long)e->current->version,
+                                     (unsigned long long)req->acquire.min_version);
+                else
+                        session_fail(s, req->id, -ENOENT, "no tensor named '%s'", name);
+                return;
+        }
+        if (s->nwaiters >= DLX_MAX_INFLIGHT) {
+                session_fail(s, req->id, -EAGAIN, "more than %d acquires waiting",
+                             DLX_MAX_INFLIGHT);
+                return;
+        }
+        e = entry_get(reg, name, s->uid);
+        w = e ? calloc(1, sizeof(*w)) : NULL;
+        if (!w) {
+                if (e)
+                        entry_maybe_free(reg, e);
+                session_fail(s, req->id, -ENOMEM, "out of memory");
+                return;
+        }
+        w->s = s;
+        w->e = e;
+        w->req_id = req->id;
+        w->min_version = req->acquire.min_version;
+        if (req->acquire.timeout_ms > 0) {
+                uv_timer_init(reg->loop, &w->timer);
+                w->timer.data = w;
+                w->timed = true;
+                uv_timer_start(&w->timer, on_waiter_timeout, (uint64_t)req->acquire.timeout_ms, 0);
+        }
+        list_insert_tail(&e->waiters, &w->elink);
+        list_insert_tail(&s->waiters, &w->slink);
+        s->nwaiters++;
+}
+
+void registry_release(struct session *s, const struct wire_request *req)
+{
+        struct avl_node *n = avl_find(&s->leases, &req->release.lease, cmp_lease);
+
+        /* success is silent: a release costs the client one send and no round trip */
+        if (!n) {
+                session_fail(s, req->id, -ENOENT, "no lease %llu held by this session",
+                             (unsigned long long)req->release.lease);
+                return;
+        }
+        lease_drop(s, avl_entry(n, struct lease, node));
+}
+
+void registry_unpublish(struct session *s, const struct wire_request *req)
+{
+        struct registry *reg = s->reg;
+        struct entry *e = entry_find(reg, req->unpublish.name);
+        struct wire_reply rep;
+        uint64_t version;
+
+        if (!e || !e->current) {
+                session_fail(s, req->id, -ENOENT, "no tensor named '%s'", req->unpublish.name);
+                return;
+        }
+        if (!may_write(s, e)) {
+                session_fail(s, req->id, -EACCES, "'%s' is owned by uid %u", e->name,
+                             (unsigned)e->owner);
+                return;
+        }
+        version = e->current->version;
+        log_info("session %llu pid %d uid %u: unpublished %s v%llu", (unsigned long long)s->id,
+                 (int)s->pid, (unsigned)s->uid, e->name, (unsigned long long)version);
+        notify_watchers(reg, WIRE_EVENT_UNPUBLISHED, e, version);
+        reply_init(&rep, req->id, WIRE_REP_NONE);
+        session_send(s, &rep, -1);
+        /* last: this may free e */
+        entry_retire_current(reg, e);
+}
+
+void registry_list(struct session *s, const struct wire_request *req)
+{
+        struct registry *reg = s->reg;
+        const char *prefix = req->list.prefix;
+        size_t plen = strlen(prefix);
+        uint32_t limit = req->list.limit;
+        struct wire_reply rep;
+        struct avl_node *n;
+
+        if (limit == 0)
+                limit = DLX_LIST_PAGE_DEFAULT;
+        if (limit > DLX_LIST_PAGE_MAX)
+                limit = DLX_LIST_PAGE_MAX;
+        reply_init(&rep, req->id, WIRE_REP_LIST);
+        rep.list.count = 0;
+        rep.list.next[0] = '\0';
+        rep.list.entries = malloc(limit * sizeof(struct wire_info));
+        if (!rep.list.entries) {
+                session_fail(s, req->id, -ENOMEM, "out of memory");
+                return;
+        }
+        if (req->list.after[0] && strcmp(req->list.after, prefix) >= 0)
+                n = avl_upper_bound(&reg->names, req->list.after, cmp_name);
+        else
+                n = avl_lower_bound(&reg->names, prefix, cmp_name);
+        for (; n; n = avl_next(n)) {
+                struct entry *e = avl_entry(n, struct entry, node);
+
+                if (strncmp(e->name, prefix, plen) != 0)
+                        break;
+                if (!e->current)
+                        continue;
+                if (rep.list.count == limit) {
+                        /* there is more: the cursor is the last name sent */
+                        snprintf(rep.list.next, sizeof(rep.list.next), "%s",
+                                 rep.list.entries[limit - 1].tensor.name);
+                        break;
+                }
+                entry_info(e, &rep.list.entries[rep.list.count++]);
+        }
+        session_send(s, &rep, -1);
+        free(rep.list.entries);
+}
+
+void registry_stat(struct session *s, const struct wire_request *req)
+{
+        struct entry *e = entry_find(s->reg, req->stat.name);
+        struct wire_reply rep;
+
+        if (!e || !e->current) {
+                session_fail(s, req->id, -ENOENT, "no tensor named '%s'", req->stat.name);
+                return;
+        }
+        reply_init(&rep, req->id, WIRE_REP_STAT);
+        entry_info(e, &rep.stat.info);
+        session_send(s, &rep, -1);
+}
+
+/* Watches per session: bounded like waiting acquires. */
+#define MAX_WATCHES_PER_SESSION 256
+
+void registry_watch(struct session *s, const struct wire_request *req)
+{
+        struct registry *reg = s->reg;
+        size_t plen = strlen(req->watch.prefix), count = 0;
+        struct wire_reply rep;
+        struct list *pos;
+        struct watch *w;
+
+        for (pos = s->watches.next; pos != &s->watches; pos = pos->next)
+                count++;
+        if (count >= MAX_WATCHES_PER_SESSION) {
+                session_fail(s, req->id, -EAGAIN, "more than %d watches", MAX_WATCHES_PER_SESSION);
+                return;
+        }
+        w = calloc(1, sizeof(*w) + plen + 1);
+        if (!w) {
+                session_fail(s, req->id, -ENOMEM, "out of memory");
+                return;
+        }
+        w->s = s;
+        w->id = reg->next_watch++;
+        w->plen = plen;
+        memcpy(w->prefix, req->watch.prefix, plen + 1);
+        list_insert_tail(&reg->watches, &w->rlink);
+        list_insert_tail(&s->watches, &w->slink);
+        reg->nwatches++;
+        reply_init(&rep, req->id, WIRE_REP_WATCH);
+        rep.watch.watch = w->id;
+        session_send(s, &rep, -1);
+}
+
+void registry_unwatch(struct session *s, const struct wire_request *req)
+{
+        struct list *pos, *tmp;
+        struct wire_reply rep;
+
+        list_for_each_safe(pos, tmp, &s->watches)
+        {
+                struct watch *w = list_entry(pos, struct watch, slink);
+                if (w->id != req->unwatch.watch)
+                        continue;
+                list_remove(&w->rlink);
+                list_remove(&w->slink);
+                s->reg->nwatches--;
+                free(w);
+                reply_init(&rep, req->id, WIRE_REP_NONE);
+                session_send(s, &rep, -1);
+                return;
+        }
+        session_fail(s, req->id, -ENOENT, "no watch %llu", (unsigned long long)req->unwatch.watch);
+}
+
+void registry_alloc(struct session *s, const struct wire_request *req)
+{
+        struct registry *reg = s->reg;
+        struct segment *seg;
+        struct wire_reply rep;
+        struct hold *h;
+        struct known *k;
+        int err;
+
+        err = store_alloc(reg->store, req->alloc.size, s->uid, &seg);
+        if (err < 0) {
+                if (err == -ENOSPC)
+                        session_fail(s, req->id, err,
+                                     "alloc of %llu bytes: shared-bytes limit of %llu reached",
+                                     (unsigned long long)req->alloc.size,
+                                     (unsigned long long)reg->store->max_bytes);
+                else
+                        session_fail(s, req->id, err, "alloc of %llu bytes: %s",
+                                     (unsigned long long)req->alloc.size, strerror(-err));
+                return;
+        }
+        h = calloc(1, sizeof(*h));
+        k = h ? known_add(s, seg) : NULL;
+        if (!k) {
+                free(h);
+                segment_unref(reg->store, seg);
+                session_fail(s, req->id, -ENOMEM, "out of memory");
+                return;
+        }
+        h->seg = seg;
+        seg->holder = s;
+        avl_insert(&s->held, &h->node, &seg->id, cmp_hold);
+        reply_init(&rep, req->id, WIRE_REP_ALLOC);
+        rep.alloc.segment = seg->id;
+        rep.alloc.size = seg->size;
+        if (session_send(s, &rep, seg->fd) == 0)
+                k->rw = true;
+}
+
+void registry_free(struct session *s, const struct wire_request *req)
+{
+        struct hold *h = hold_find(s, req->free.segment);
+        struct wire_reply rep;
+        struct segment *seg;
+
+        if (!h) {
+                session_fail(s, req->id, -ENOENT, "segment %llu is not allocated by this session",
+                             (unsigned long long)req->free.segment);
+                return;
+        }
+        seg = h->seg;
+        avl_remove(&s->held, &h->node);
+        free(h);
+        seg->holder = NULL;
+        reply_init(&rep, req->id, WIRE_REP_NONE);
+        session_send(s, &rep, -1);
+        segment_unref(s->reg->store, seg);
+}
+
+void registry_forget(struct session *s, const struct wire_request *req)
+{
+        struct known *k = known_find(s, req->forget.segment);
+        struct wire_reply rep;
+
+        /* forgetting a segment already gone is fine: the event may have crossed the request */
+        if (k)
+                known_drop(s, k);
+        reply_init(&rep, req->id, WIRE_REP_NONE);
+        session_send(s, &rep, -1);
+}
+
+void registry_stats(struct session *s, const struct wire_request *req)
+{
+        struct registry *reg = s->reg;
+        struct wire_reply rep;
+
+        reply_init(&rep, req->id, WIRE_REP_STATS);
+        rep.stats.names = reg->names.count;
+        rep.stats.versions = reg->nversions;
+        rep.stats.leases = reg->nleases;
+        rep.stats.segments = reg->store->segments.count;
+        rep.stats.bytes = reg->store->bytes;
+        rep.stats.max_bytes = reg->store->max_bytes;
+        rep.stats.clients = (uint32_t)reg->nsessions;
+        rep.stats.max_clients = reg->max_clients;
+        rep.stats.watchers = (uint32_t)reg->nwatches;
+        rep.stats.uptime_ms = now_ms(reg->loop) - reg->started_ms;
+        rep.stats.requests = reg->requests;
+        rep.stats.publishes = reg->publishes;
+        rep.stats.acquires = reg->acquires;
+        session_send(s, &rep, -1);
+}

@@ -1,0 +1,73 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The namespace: names -> versions -> leases, plus watchers and waiting
+ * acquires. Every operation takes the acting session; ownership, limits and
+ * lifetimes are decided here. Replies and events leave through
+ * session_send(); nothing here knows about sockets.
+ *
+ * Lifetimes:
+ *  - A version lives while it is its name's current version or any lease
+ *    holds it. When it dies, its producer (if still connected) is sent
+ *    RELEASED with the token it published under, so the producer can run the
+ *    original tensor's deleter.
+ *  - A non-persistent version is unpublished when its producer's session
+ *    closes; a persistent one stays until replaced or unpublished.
+ *  - A closing session releases every lease it holds at once.
+ */
+#ifndef DLX_DAEMON_REGISTRY_H
+#define DLX_DAEMON_REGISTRY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "avl.h"
+#include "list.h"
+#include "session.h"
+#include "store.h"
+#include "wire.h"
+
+struct registry {
+        uv_loop_t *loop;
+        struct store *store;
+        struct avl_tree names; /* struct entry, by name */
+        struct list sessions;
+        struct list watches;
+        uint64_t next_session;
+        uint64_t next_lease;
+        uint64_t next_watch;
+        uint64_t started_ms;
+        unsigned max_clients;
+        /* counters for stats */
+        uint64_t nversions, nleases, nwatches, nsessions;
+        uint64_t requests, publishes, acquires;
+};
+
+void registry_init(struct registry *reg, uv_loop_t *loop, struct store *st, unsigned max_clients);
+/* Closes every session still open (they must have no connection left) and frees all. */
+void registry_done(struct registry *reg);
+
+/* A new session for a connected peer; NULL on allocation failure. */
+struct session *registry_session_new(struct registry *reg, uid_t uid, gid_t gid, pid_t pid);
+/* Releases everything the session holds and frees it. NULL-safe. */
+void registry_session_free(struct session *s);
+
+/*
+ * Each request handler below replies itself (success or failure) through the
+ * session, addressing the reply to req->id. fd is the one descriptor attached
+ * to the request frame, or -1; it is consumed on every path.
+ */
+void registry_publish(struct session *s, const struct wire_request *req, int fd);
+void registry_acquire(struct session *s, const struct wire_request *req);
+void registry_release(struct session *s, const struct wire_request *req);
+void registry_unpublish(struct session *s, const struct wire_request *req);
+void registry_list(struct session *s, const struct wire_request *req);
+void registry_stat(struct session *s, const struct wire_request *req);
+void registry_watch(struct session *s, const struct wire_request *req);
+void registry_unwatch(struct session *s, const struct wire_request *req);
+void registry_alloc(struct session *s, const struct wire_request *req);
+void registry_free(struct session *s, const struct wire_request *req);
+void registry_forget(struct session *s, const struct wire_request *req);
+void registry_stats(struct session *s, const struct wire_request *req);
+
+#endif /* DLX_DAEMON_REGISTRY_H */

@@ -1,0 +1,264 @@
+/* SPDX-License-Identifier: MIT */
+#include "server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "conn.h"
+#include "frame.h"
+#include "log.h"
+#include "registry.h"
+#include "wire.h"
+
+/* How long accepting pauses when the process is out of descriptors. */
+#define ACCEPT_BACKOFF_MS 100
+
+int server_socket_path(const char *opt, char *buf, size_t size)
+{
+        const char *env;
+        int n;
+
+        if (opt && *opt)
+                n = snprintf(buf, size, "%s", opt);
+        else if ((env = getenv("DLX_SOCKET")) && *env)
+                n = snprintf(buf, size, "%s", env);
+        else if ((env = getenv("XDG_RUNTIME_DIR")) && *env)
+                n = snprintf(buf, size, "%s/dlx/dlxd.sock", env);
+        else
+                n = snprintf(buf, size, "/tmp/dlx-%u/dlxd.sock", (unsigned)getuid());
+        if (n < 0 || (size_t)n >= size)
+                return -ENAMETOOLONG;
+        return 0;
+}
+
+static int check_dir(const char *dir)
+{
+        struct stat st;
+
+        if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+                int err = -errno;
+                log_err("cannot create socket directory %s: %s", dir, strerror(errno));
+                return err;
+        }
+        if (lstat(dir, &st) < 0) {
+                int err = -errno;
+                log_err("cannot inspect socket directory %s: %s", dir, strerror(errno));
+                return err;
+        }
+        if (S_ISLNK(st.st_mode) || !S_ISDIR(st.st_mode)) {
+                log_err("socket directory %s is not a directory (or is a symlink)", dir);
+                return -ENOTDIR;
+        }
+        if (st.st_uid != geteuid() && st.st_uid != 0) {
+                log_err("socket directory %s belongs to uid %u, not to us (uid %u)", dir,
+                        (unsigned)st.st_uid, (unsigned)geteuid());
+                return -EPERM;
+        }
+        /* others may write only where the sticky bit protects our socket (as in /tmp) */
+        if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_uid == 0 && (st.st_mode & S_ISVTX))) {
+                log_err("socket directory %s is writable by others (mode %04o)", dir,
+                        (unsigned)(st.st_mode & 07777));
+                return -EPERM;
+        }
+        return 0;
+}
+
+/* A socket file already at path: refuse if a daemon answers there, else remove it. */
+static int clear_stale(const char *path)
+{
+        struct sockaddr_un addr = {.sun_family = AF_UNIX};
+        struct stat st;
+        int fd, r;
+
+        if (lstat(path, &st) < 0)
+                return errno == ENOENT ? 0 : -errno;
+        if (!S_ISSOCK(st.st_mode)) {
+                log_err("%s exists and is not a socket; not touching it", path);
+                return -EEXIST;
+        }
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return -errno;
+        memcpy(addr.sun_path, path, strlen(path) + 1);
+        r = connect(fd, (struct sockaddr *)&addr, sizeof(addr));
+        close(fd);
+        if (r == 0) {
+                log_err("another dlxd is already listening on %s", path);
+                return -EADDRINUSE;
+        }
+        if (errno != ECONNREFUSED) {
+                log_err("cannot probe %s: %s", path, strerror(errno));
+                return -errno;
+        }
+        log_notice("removing stale socket %s", path);
+        if (unlink(path) < 0 && errno != ENOENT)
+                return -errno;
+        return 0;
+}
+
+/* Too many clients: say so in one reply addressed to nobody, then hang up. */
+static void refuse(struct server *srv, int fd)
+{
+        struct wire_reply rep = {.id = 0, .status = WIRE_LIMIT, .type = WIRE_REP_NONE};
+        uint8_t buf[FRAME_HEADER_SIZE + 256];
+        size_t size;
+
+        snprintf(rep.error, sizeof(rep.error), "too many clients (limit %u)", srv->max_clients);
+        if (wire_reply_size(&rep, &size) == 0 && size <= sizeof(buf) - FRAME_HEADER_SIZE) {
+                frame_header_put(buf, (uint32_t)size, 0);
+                wire_reply_pack(&rep, buf + FRAME_HEADER_SIZE);
+                (void)!send(fd, buf, FRAME_HEADER_SIZE + size, MSG_NOSIGNAL | MSG_DONTWAIT);
+        }
+        close(fd);
+}
+
+static void on_listen(uv_poll_t *h, int status, int events);
+
+static void on_backoff(uv_timer_t *t)
+{
+        struct server *srv = t->data;
+
+        if (srv->listening)
+                uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
+}
+
+static void on_listen(uv_poll_t *h, int status, int events)
+{
+        struct server *srv = h->data;
+
+        (void)events;
+        if (status < 0) {
+                log_err("listening socket failed: %s", uv_strerror(status));
+                return;
+        }
+        for (int i = 0; i < 64; i++) {
+                struct ucred cred;
+                socklen_t len = sizeof(cred);
+                struct session *s;
+                int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+                if (fd < 0) {
+                        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+                            errno == ENOMEM) {
+                                /* stop polling for a while rather than spin on a full table */
+                                log_warn("accept: %s; pausing %d ms", strerror(errno),
+                                         ACCEPT_BACKOFF_MS);
+                                uv_poll_stop(&srv->listen_poll);
+                                uv_timer_start(&srv->backoff, on_backoff, ACCEPT_BACKOFF_MS, 0);
+                        }
+                        return;
+                }
+                if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+                        log_warn("SO_PEERCRED: %s", strerror(errno));
+                        close(fd);
+                        continue;
+                }
+                if (srv->max_clients && srv->nconns >= srv->max_clients) {
+                        log_notice("refused pid %d uid %u: %u clients connected", (int)cred.pid,
+                                   (unsigned)cred.uid, srv->nconns);
+                        refuse(srv, fd);
+                        continue;
+                }
+                s = registry_session_new(srv->reg, cred.uid, cred.gid, cred.pid);
+                if (!s) {
+                        close(fd);
+                        continue;
+                }
+                if (conn_start(srv, fd, s) < 0) {
+                        registry_session_free(s);
+                        continue;
+                }
+                srv->nconns++;
+                log_info("session %llu pid %d uid %u: connected", (unsigned long long)s->id,
+                         (int)cred.pid, (unsigned)cred.uid);
+        }
+}
+
+int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, const char *path,
+                 unsigned max_clients)
+{
+        struct sockaddr_un addr = {.sun_family = AF_UNIX};
+        char dir[sizeof(srv->path)];
+        char *slash;
+        mode_t old;
+        int fd, err;
+
+        memset(srv, 0, sizeof(*srv));
+        srv->loop = loop;
+        srv->reg = reg;
+        srv->listen_fd = -1;
+        srv->max_clients = max_clients;
+        list_init(&srv->conns);
+        if (strlen(path) >= sizeof(srv->path)) {
+                log_err("socket path too long: %s", path);
+                return -ENAMETOOLONG;
+        }
+        snprintf(srv->path, sizeof(srv->path), "%s", path);
+        snprintf(dir, sizeof(dir), "%s", path);
+        slash = strrchr(dir, '/');
+        if (slash && slash != dir) {
+                *slash = '\0';
+                err = check_dir(dir);
+                if (err < 0)
+                        return err;
+        }
+        err = clear_stale(path);
+        if (err < 0)
+                return err;
+
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return -errno;
+        memcpy(addr.sun_path, path, strlen(path) + 1);
+        old = umask(0177);
+        err = bind(fd, (struct sockaddr *)&addr, sizeof(addr));
+        umask(old);
+        if (err < 0 || chmod(path, 0600) < 0 || listen(fd, SOMAXCONN) < 0) {
+                err = -errno;
+                log_err("cannot listen on %s: %s", path, strerror(errno));
+                close(fd);
+                return err;
+        }
+        srv->listen_fd = fd;
+        uv_poll_init(loop, &srv->listen_poll, fd);
+        srv->listen_poll.data = srv;
+        uv_timer_init(loop, &srv->backoff);
+        srv->backoff.data = srv;
+        uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
+        srv->listening = true;
+        return 0;
+}
+
+static void on_listen_closed(uv_handle_t *h)
+{
+        struct server *srv = h->data;
+
+        close(srv->listen_fd);
+        srv->listen_fd = -1;
+}
+
+void server_stop(struct server *srv)
+{
+        struct list *pos, *tmp;
+
+        if (!srv->listening)
+                return;
+        srv->listening = false;
+        uv_poll_stop(&srv->listen_poll);
+        uv_close((uv_handle_t *)&srv->listen_poll, on_listen_closed);
+        uv_timer_stop(&srv->backoff);
+        uv_close((uv_handle_t *)&srv->backoff, NULL);
+        unlink(srv->path);
+        list_for_each_safe(pos, tmp, &srv->conns) conn_close(list_entry(pos, struct conn, link));
+}
+
+void server_conn_gone(struct server *srv)
+{
+        srv->nconns--;
+}

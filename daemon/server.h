@@ -1,0 +1,52 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The listening socket: where it lives (and the checks on its directory),
+ * accepting with peer credentials, the client limit, and an orderly stop.
+ */
+#ifndef DLX_DAEMON_SERVER_H
+#define DLX_DAEMON_SERVER_H
+
+#include <stdbool.h>
+#include <sys/un.h>
+#include <uv.h>
+
+#include "list.h"
+
+struct registry;
+
+struct server {
+        uv_loop_t *loop;
+        struct registry *reg;
+        int listen_fd;
+        uv_poll_t listen_poll;
+        uv_timer_t backoff; /* accept paused after EMFILE/ENFILE */
+        char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+        struct list conns;
+        unsigned nconns;
+        unsigned max_clients;
+        bool listening;
+};
+
+/*
+ * The socket path: opt if given, else $DLX_SOCKET, else
+ * $XDG_RUNTIME_DIR/dlx/dlxd.sock, else /tmp/dlx-$UID/dlxd.sock.
+ * Returns 0, or -ENAMETOOLONG.
+ */
+int server_socket_path(const char *opt, char *buf, size_t size);
+
+/*
+ * Creates the socket's directory if needed (0700), checks it (a real
+ * directory, owned by us or root, not writable by others unless sticky and
+ * root's), refuses a path a live daemon answers on, replaces a stale socket,
+ * and listens with mode 0600. Returns 0 or -errno with a message logged.
+ */
+int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, const char *path,
+                 unsigned max_clients);
+
+/* Stops accepting, closes every connection and removes the socket file. */
+void server_stop(struct server *srv);
+
+/* A connection ended (called by conn). */
+void server_conn_gone(struct server *srv);
+
+#endif /* DLX_DAEMON_SERVER_H */

@@ -1,0 +1,55 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * One session per connection: who the peer is (from SO_PEERCRED), and what it
+ * holds in the registry: leases, published versions, segment fds, watches,
+ * waiting acquires. Closing a session releases all of it at once.
+ */
+#ifndef DLX_DAEMON_SESSION_H
+#define DLX_DAEMON_SESSION_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "avl.h"
+#include "wire_limits.h"
+#include "list.h"
+#include "wire.h"
+
+struct registry;
+
+/* How a session's replies leave: set by the connection that owns it. */
+struct session_io {
+        /* Queues a reply, with one fd (borrowed; -1 for none). Returns 0 or -errno. */
+        int (*send)(void *ctx, const struct wire_reply *rep, int fd);
+        void *ctx;
+};
+
+struct session {
+        uint64_t id;
+        uid_t uid;
+        gid_t gid;
+        pid_t pid;
+        char name[DLX_CLIENT_NAME_MAX + 1];
+        bool greeted; /* hello done: other requests are allowed */
+        struct registry *reg;
+        struct session_io io;
+
+        struct avl_tree leases; /* struct lease, by id */
+        struct list published;  /* struct version this session produced */
+        struct avl_tree known;  /* struct known, by segment id: fds this peer holds */
+        struct avl_tree held;   /* struct hold, by segment id: its allocations */
+        struct list watches;    /* struct watch */
+        struct list waiters;    /* struct waiter: acquires waiting for a version */
+        unsigned nwaiters;
+        struct list link; /* in registry.sessions */
+};
+
+/* Sends a reply or an event; a failure to queue is logged and ends nothing here. */
+int session_send(struct session *s, const struct wire_reply *rep, int fd);
+
+/* Sends a status-only reply with a formatted message. */
+int session_fail(struct session *s, uint64_t id, int err, const char *fmt, ...)
+        __attribute__((format(printf, 4, 5)));
+
+#endif /* DLX_DAEMON_SESSION_H */

@@ -1,0 +1,188 @@
+/* SPDX-License-Identifier: MIT */
+#include "store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "wire_limits.h"
+#include "log.h"
+
+#define REQUIRED_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
+
+static int cmp_id(const void *key, const struct avl_node *n)
+{
+        return avl_cmp_u64(*(const uint64_t *)key, avl_entry(n, struct segment, node)->id);
+}
+
+void store_init(struct store *st, uint64_t max_bytes)
+{
+        avl_init(&st->segments);
+        st->next_id = 1;
+        st->bytes = 0;
+        st->max_bytes = max_bytes;
+        st->on_gone = NULL;
+}
+
+static void segment_destroy(struct store *st, struct segment *seg)
+{
+        struct list *pos, *tmp;
+
+        list_for_each_safe(pos, tmp, &seg->known)
+        {
+                struct known *k = list_entry(pos, struct known, link);
+                /* on_gone unlinks and frees the record */
+                if (st->on_gone)
+                        st->on_gone(k->session, seg->id);
+                else
+                        list_remove(&k->link);
+        }
+        avl_remove(&st->segments, &seg->node);
+        st->bytes -= seg->size;
+        close(seg->fd);
+        if (seg->fd_ro >= 0)
+                close(seg->fd_ro);
+        log_debug("segment %llu destroyed (%llu bytes)", (unsigned long long)seg->id,
+                  (unsigned long long)seg->size);
+        free(seg);
+}
+
+void store_done(struct store *st)
+{
+        struct avl_node *n, *next;
+
+        for (n = avl_first(&st->segments); n; n = next) {
+                next = avl_next(n);
+                segment_destroy(st, avl_entry(n, struct segment, node));
+        }
+}
+
+static int insert(struct store *st, int fd, uint64_t size, uid_t uid, bool write_sealed,
+                  struct segment **ret)
+{
+        struct segment *seg = calloc(1, sizeof(*seg));
+
+        if (!seg)
+                return -ENOMEM;
+        seg->id = st->next_id++;
+        seg->fd = fd;
+        seg->fd_ro = -1;
+        seg->size = size;
+        seg->uid = uid;
+        seg->write_sealed = write_sealed;
+        seg->refs = 1;
+        list_init(&seg->known);
+        avl_insert(&st->segments, &seg->node, &seg->id, cmp_id);
+        st->bytes += size;
+        *ret = seg;
+        return 0;
+}
+
+static int room_for(const struct store *st, uint64_t size)
+{
+        if (size == 0 || size > DLX_MAX_SEGMENT)
+                return -EINVAL;
+        if (st->max_bytes && (size > st->max_bytes || st->bytes > st->max_bytes - size))
+                return -ENOSPC;
+        return 0;
+}
+
+int store_alloc(struct store *st, uint64_t size, uid_t uid, struct segment **ret)
+{
+        char name[32];
+        int fd, err;
+
+        err = room_for(st, size);
+        if (err < 0)
+                return err;
+        snprintf(name, sizeof(name), "dlx-%llu", (unsigned long long)st->next_id);
+        fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0)
+                return -errno;
+        if (ftruncate(fd, (off_t)size) < 0 || fcntl(fd, F_ADD_SEALS, REQUIRED_SEALS) < 0) {
+                err = -errno;
+                close(fd);
+                return err;
+        }
+        err = insert(st, fd, size, uid, false, ret);
+        if (err < 0)
+                close(fd);
+        return err;
+}
+
+int store_adopt(struct store *st, int fd, uid_t uid, struct segment **ret, const char **ret_why)
+{
+        struct stat sb;
+        int seals, err, mode;
+
+        if (fstat(fd, &sb) < 0) {
+                err = -errno;
+                close(fd);
+                return err;
+        }
+        *ret_why = NULL;
+        if (!S_ISREG(sb.st_mode)) {
+                *ret_why = "the fd is not a memfd (not a regular file)";
+        } else if ((seals = fcntl(fd, F_GET_SEALS)) < 0) {
+                *ret_why = "the fd is not a memfd (it cannot carry seals)";
+        } else if ((seals & REQUIRED_SEALS) != REQUIRED_SEALS) {
+                *ret_why = "the memfd is not sealed against shrinking and growing";
+        } else if ((mode = fcntl(fd, F_GETFL)) < 0 || (mode & O_ACCMODE) == O_WRONLY) {
+                *ret_why = "the memfd is not open for reading";
+        } else {
+                err = room_for(st, (uint64_t)sb.st_size);
+                if (err == -EINVAL)
+                        *ret_why = "the memfd is empty or larger than 1 TiB";
+                if (err < 0) {
+                        close(fd);
+                        return err == -EINVAL ? -EBADF : err;
+                }
+                err = insert(st, fd, (uint64_t)sb.st_size, uid,
+                             (seals & F_SEAL_WRITE) || (mode & O_ACCMODE) == O_RDONLY, ret);
+                if (err < 0)
+                        close(fd);
+                return err;
+        }
+        close(fd);
+        return -EBADF;
+}
+
+struct segment *store_find(struct store *st, uint64_t id)
+{
+        struct avl_node *n = avl_find(&st->segments, &id, cmp_id);
+        return n ? avl_entry(n, struct segment, node) : NULL;
+}
+
+void segment_ref(struct segment *seg)
+{
+        seg->refs++;
+}
+
+void segment_unref(struct store *st, struct segment *seg)
+{
+        if (--seg->refs == 0)
+                segment_destroy(st, seg);
+}
+
+int segment_fd(struct segment *seg, bool writable)
+{
+        char path[64];
+
+        if (writable || seg->write_sealed)
+                return seg->fd;
+        if (seg->fd_ro < 0) {
+                /*
+                 * A fresh open file description that is read-only: a consumer
+                 * given it cannot map the segment writable, whatever it tries.
+                 */
+                snprintf(path, sizeof(path), "/proc/self/fd/%d", seg->fd);
+                seg->fd_ro = open(path, O_RDONLY | O_CLOEXEC);
+                if (seg->fd_ro < 0)
+                        return -errno;
+        }
+        return seg->fd_ro;
+}

@@ -1,0 +1,80 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Shared-memory segments the daemon holds: one sealed memfd each, created on
+ * request (alloc) or received from a client (publish). The daemon never maps
+ * them; it keeps the descriptors, checks seals and sizes, and accounts bytes.
+ */
+#ifndef DLX_DAEMON_STORE_H
+#define DLX_DAEMON_STORE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "avl.h"
+#include "list.h"
+
+struct session;
+
+struct segment {
+        struct avl_node node; /* in store.segments, by id */
+        uint64_t id;
+        int fd;    /* as created or received */
+        int fd_ro; /* read-only reopen for read-only consumers, -1 until first needed */
+        uint64_t size;
+        uid_t uid;              /* who created or sent it */
+        struct session *holder; /* session holding it as an allocation, or NULL */
+        bool write_sealed;      /* F_SEAL_WRITE: no writable mapping is possible */
+        unsigned refs;          /* versions using it, plus one while held */
+        struct list known;      /* struct known records: sessions that hold its fd */
+};
+
+struct store {
+        struct avl_tree segments;
+        uint64_t next_id;
+        uint64_t bytes;
+        uint64_t max_bytes; /* 0: no limit */
+        /* called for each session that holds the fd of a segment being destroyed */
+        void (*on_gone)(struct session *s, uint64_t segment_id);
+};
+
+void store_init(struct store *st, uint64_t max_bytes);
+/* Destroys every segment (daemon exit). */
+void store_done(struct store *st);
+
+/*
+ * Creates a sealed memfd of size bytes. Returns 0 with *ret (one reference),
+ * -EINVAL (size 0 or over DLX_MAX_SEGMENT), -ENOSPC (over max_bytes) or -errno.
+ */
+int store_alloc(struct store *st, uint64_t size, uid_t uid, struct segment **ret);
+
+/*
+ * Adopts a received fd; consumed on every path. It must be a memfd sealed
+ * against shrinking and growing. Returns 0 with *ret (one reference), -EBADF
+ * with a reason in *ret_why, -ENOSPC or -errno.
+ */
+int store_adopt(struct store *st, int fd, uid_t uid, struct segment **ret, const char **ret_why);
+
+struct segment *store_find(struct store *st, uint64_t id);
+
+void segment_ref(struct segment *seg);
+/* Drops a reference; the last one closes the fds and tells every holder of its fd. */
+void segment_unref(struct store *st, struct segment *seg);
+
+/* The fd to hand a consumer: the original when writable, else a read-only one. -errno on failure.
+ */
+int segment_fd(struct segment *seg, bool writable);
+
+/*
+ * Which sessions hold a segment's fd, so a repeated acquire sends none and a
+ * destroyed segment can be announced. One record per (session, segment).
+ */
+struct known {
+        struct avl_node node; /* in session.known, by segment id */
+        struct list link;     /* in segment.known */
+        struct segment *seg;
+        struct session *session;
+        bool ro, rw; /* which of the segment's fds the peer has been sent */
+};
+
+#endif /* DLX_DAEMON_STORE_H */

@@ -1,0 +1,336 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libdlx — share DLPack tensors between processes on one machine, zero-copy.
+ *
+ * A producer publishes a DLManagedTensorVersioned under a name; the dlxd
+ * daemon records it; consumers acquire it and map the very same pages. The
+ * bytes never pass through the daemon.
+ *
+ * Conventions (every function):
+ *  - Returns >= 0 on success and a negative errno on failure; dlx_strerror()
+ *    gives the text and dlx_last_error() the detail of the calling thread's
+ *    last failure (often the daemon's own message).
+ *  - Invalid arguments return -EINVAL; nothing aborts.
+ *  - Out-parameters are named ret_* and are untouched on failure.
+ *  - A dlx_client is thread-safe: any number of threads may call into the same
+ *    client at once. Blocking calls block only the calling thread.
+ *  - The library never prints, except to stderr when DLX_DEBUG is set in the
+ *    environment; give a log callback to see what it would say.
+ *
+ * Errors common to every call that talks to the daemon:
+ *   -ECONNRESET / -EPIPE  the daemon went away; the client is unusable and
+ *                          should be closed (tensors already acquired stay valid)
+ *   -EPROTO               the daemon sent something malformed
+ *   -ENOMEM               out of memory
+ */
+#ifndef DLX_DLX_H
+#define DLX_DLX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dlx/dlpack.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* libdlx is built with hidden visibility; everything declared here is its public ABI. */
+#pragma GCC visibility push(default)
+
+#define DLX_VERSION_MAJOR 0
+#define DLX_VERSION_MINOR 1
+#define DLX_VERSION_PATCH 0
+
+/* Longest tensor name in bytes (without the NUL), and the largest rank. */
+#define DLX_NAME_MAX 255
+#define DLX_MAX_NDIM 32
+
+typedef struct dlx_client dlx_client;
+
+/* ---- connecting --------------------------------------------------------------------- */
+
+/* Log levels passed to a dlx_log_fn (syslog's numbering). */
+#define DLX_LOG_ERR 3
+#define DLX_LOG_WARNING 4
+#define DLX_LOG_INFO 6
+#define DLX_LOG_DEBUG 7
+
+/* Receives one message; msg is borrowed for the duration of the call. */
+typedef void (*dlx_log_fn)(void *ctx, int level, const char *msg);
+
+struct dlx_connect_options {
+        /* Daemon socket; NULL: $DLX_SOCKET, else $XDG_RUNTIME_DIR/dlx/dlxd.sock, else
+         * /tmp/dlx-$UID/dlxd.sock. */
+        const char *socket_path;
+        /* Shown in the daemon's logs and in stat; NULL: the program's name. */
+        const char *client_name;
+        dlx_log_fn log;
+        void *log_ctx;
+};
+
+/*
+ * Connects and greets the daemon. opts may be NULL.
+ * Returns 0 with *ret_client, or:
+ *   -ENOENT / -ECONNREFUSED  no daemon listening on the socket
+ *   -EPROTONOSUPPORT         the daemon speaks another protocol major version
+ *   -EAGAIN                  the daemon's client limit is reached
+ *   -ENAMETOOLONG            the socket path does not fit a sockaddr_un
+ */
+int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client);
+
+/*
+ * Disconnects. The daemon releases every lease this client held and unpublishes
+ * its non-persistent tensors; deleters of tensors this client published run now.
+ * Tensors acquired through it stay readable until their own deleters run.
+ * NULL-safe.
+ */
+void dlx_close(dlx_client *client);
+
+/* The daemon's protocol version and server string seen at connect; borrowed. */
+const char *dlx_server_version(const dlx_client *client);
+
+/* ---- publishing ---------------------------------------------------------------------- */
+
+enum dlx_copy {
+        /* Zero-copy when the memory came from dlx_alloc(), else one copy. */
+        DLX_COPY_IF_NEEDED = 0,
+        /* Fail with -EXDEV rather than copy. */
+        DLX_COPY_NEVER = 1,
+        /* Always copy into fresh shared memory. */
+        DLX_COPY_ALWAYS = 2,
+};
+
+struct dlx_publish_options {
+        /* Kept by the daemon after this client disconnects, until unpublished or replaced. */
+        bool persist;
+        /* Consumers may write through their mapping. Default (false): read-only. */
+        bool writable;
+        enum dlx_copy copy;
+        /* Producer work stream for device tensors (CUDA); NULL for CPU tensors. */
+        void *stream;
+};
+
+/*
+ * Publishes tensor under name as a new version (the first is 1). opts may be NULL
+ * (defaults: not persistent, read-only, DLX_COPY_IF_NEEDED).
+ *
+ * Takes ownership of tensor on every path. Memory from dlx_alloc() is shared
+ * as is, and the tensor's deleter runs once the version is gone: replaced or
+ * unpublished and its last lease released, or this client closed. Other CPU
+ * memory is copied once into a fresh sealed segment and the deleter runs
+ * before this returns. On failure the deleter has run too.
+ *
+ * Returns 0 with *ret_version (may be NULL), or:
+ *   -EINVAL   bad name (1-255 bytes of printable UTF-8, '/'-separated, no empty,
+ *             "." or ".." component), bad dtype, ndim over 32, negative shape
+ *   -EACCES   the name is owned by another user
+ *   -EXDEV    DLX_COPY_NEVER and the memory did not come from dlx_alloc()
+ *   -ENOTSUP  a device dlx cannot share (only kDLCPU in this build)
+ *   -ENOSPC   the daemon's shared-bytes limit is reached
+ *   -EOVERFLOW the layout's extent does not fit in 63 bits
+ */
+int dlx_publish(dlx_client *client, const char *name, DLManagedTensorVersioned *tensor,
+                const struct dlx_publish_options *opts, uint64_t *ret_version);
+
+/* Same, for a legacy (pre-1.0) DLManagedTensor; takes ownership on every path. */
+int dlx_publish_legacy(dlx_client *client, const char *name, DLManagedTensor *tensor,
+                       const struct dlx_publish_options *opts, uint64_t *ret_version);
+
+/*
+ * Publishes a framework's tensor through that framework's exchange-API table:
+ * api->managed_tensor_from_py_object_no_sync(object) gives the tensor, and for
+ * device tensors api->current_work_stream() the stream to order on (unless
+ * opts->stream is set). object is borrowed.
+ * Returns what dlx_publish() returns, or -EIO when the table's call fails.
+ */
+int dlx_publish_from(dlx_client *client, const char *name, const DLPackExchangeAPI *api,
+                     void *object, const struct dlx_publish_options *opts, uint64_t *ret_version);
+
+/*
+ * Removes name: new acquires no longer find it; versions already leased stay
+ * readable until released.
+ * Returns 0, -ENOENT (no such name) or -EACCES (owned by another user).
+ */
+int dlx_unpublish(dlx_client *client, const char *name);
+
+/* ---- shareable memory ------------------------------------------------------------------ */
+
+/*
+ * Allocates a compact row-major tensor in shared memory, to fill in place and
+ * publish without a copy. Only prototype's dtype, ndim, shape and device are
+ * read (device must be kDLCPU). The result is writable, owned by the caller,
+ * and 64-byte aligned; its deleter returns the memory.
+ * Returns 0 with *ret_tensor, or -EINVAL, -ENOTSUP (device), -ENOSPC, -ENOMEM.
+ */
+int dlx_alloc(dlx_client *client, const DLTensor *prototype, DLManagedTensorVersioned **ret_tensor);
+
+/* ---- acquiring ------------------------------------------------------------------------- */
+
+struct dlx_acquire_options {
+        /* Wait up to this long for the name (or min_version) to appear:
+         * 0 (default) does not wait, < 0 waits without limit. */
+        int64_t timeout_ms;
+        /* Only a version >= this one will do; 0: any. */
+        uint64_t min_version;
+        /* Consumer work stream for device tensors (CUDA); NULL for CPU tensors. */
+        void *stream;
+};
+
+/*
+ * Takes a lease on the current version of name and maps it. opts may be NULL.
+ * The tensor is DLPack 1.3, owned by the caller (shape and strides included),
+ * READ_ONLY unless published writable; its deleter releases the lease exactly
+ * once. A segment is mapped once per process and shared by every tensor in it,
+ * so acquiring again costs one round trip and no mapping.
+ * Returns 0 with *ret_tensor, or:
+ *   -ENOENT     no such name (or not the wanted version) and no waiting asked
+ *   -ETIMEDOUT  waited timeout_ms for it
+ *   -EINVAL     bad name
+ *   -EAGAIN     too many acquires of this client waiting at once
+ */
+int dlx_acquire(dlx_client *client, const char *name, const struct dlx_acquire_options *opts,
+                DLManagedTensorVersioned **ret_tensor);
+
+/* The name, version and sharing path ("memfd") of a tensor dlx_acquire() returned. */
+int dlx_tensor_info(const DLManagedTensorVersioned *tensor, const char **ret_name,
+                    uint64_t *ret_version, const char **ret_storage);
+
+/* ---- inspecting ------------------------------------------------------------------------ */
+
+struct dlx_info {
+        char name[DLX_NAME_MAX + 1];
+        uint64_t version;
+        DLDataType dtype;
+        int32_t ndim;
+        int64_t shape[DLX_MAX_NDIM];
+        int64_t strides[DLX_MAX_NDIM];
+        uint64_t byte_offset;
+        DLDevice device;
+        uint64_t flags;      /* DLPACK_FLAG_BITMASK_* */
+        const char *storage; /* "memfd"; static string */
+        uint64_t nbytes;     /* bytes the tensor's region spans */
+        uint64_t segment;    /* daemon segment id */
+        uint64_t segment_size;
+        uint32_t owner_uid;
+        int32_t producer_pid; /* 0 when the producer has gone (persistent tensors) */
+        char producer_name[65];
+        bool persist;
+        uint32_t leases; /* on the current version */
+        uint32_t live_versions;
+        uint64_t published_ns; /* CLOCK_REALTIME */
+};
+
+/* Returns 0 with *ret_info, -ENOENT or -EINVAL. */
+int dlx_stat(dlx_client *client, const char *name, struct dlx_info *ret_info);
+
+/* Called once per entry, in name order; info is borrowed; return non-zero to stop. */
+typedef int (*dlx_list_fn)(void *ctx, const struct dlx_info *info);
+
+/*
+ * Lists every name starting with prefix (NULL or "" for all), paging through the
+ * daemon as needed. Returns the number of entries visited, or -errno (the
+ * callback's non-zero return stops the walk and is not an error).
+ */
+int dlx_list(dlx_client *client, const char *prefix, dlx_list_fn fn, void *ctx);
+
+struct dlx_stats {
+        uint64_t names, versions, leases, segments;
+        uint64_t bytes, max_bytes; /* shared bytes held; 0: no limit */
+        uint32_t clients, max_clients, watchers;
+        uint64_t uptime_ms, requests, publishes, acquires;
+};
+
+int dlx_stats(dlx_client *client, struct dlx_stats *ret_stats);
+
+/* One round trip. Returns 0 or -errno. */
+int dlx_ping(dlx_client *client);
+
+/* ---- watching and event loops ------------------------------------------------------------ */
+
+enum dlx_event_kind {
+        DLX_EVENT_PUBLISHED = 1,   /* a name got its first version */
+        DLX_EVENT_REPLACED = 2,    /* a name got a newer version */
+        DLX_EVENT_UNPUBLISHED = 3, /* a name was removed (or its producer left) */
+};
+
+struct dlx_event {
+        enum dlx_event_kind kind;
+        uint64_t watch;
+        uint64_t version;
+        char name[DLX_NAME_MAX + 1];
+};
+
+/* Starts receiving events for names starting with prefix ("" for all). Returns 0 with *ret_watch.
+ */
+int dlx_watch(dlx_client *client, const char *prefix, uint64_t *ret_watch);
+/* Stops a watch; events already received stay queued. Returns 0 or -ENOENT. */
+int dlx_unwatch(dlx_client *client, uint64_t watch);
+
+/*
+ * Takes the next watch event, waiting up to timeout_ms (0: no wait, < 0: no limit).
+ * Returns 0 with *ret_event, or -ETIMEDOUT (-EAGAIN when timeout_ms is 0).
+ */
+int dlx_next_event(dlx_client *client, struct dlx_event *ret_event, int64_t timeout_ms);
+
+/*
+ * For callers with their own event loop: a descriptor that polls readable
+ * when the daemon has sent something. Borrowed; valid until dlx_close().
+ */
+int dlx_fd(const dlx_client *client);
+
+/*
+ * Reads whatever the daemon has sent without blocking: runs the deleters of
+ * tensors whose versions are gone, unmaps dead segments, queues watch events.
+ * Returns the number of watch events queued, or -errno.
+ */
+int dlx_process_events(dlx_client *client);
+
+/* ---- errors ------------------------------------------------------------------------------ */
+
+/* Text for a (negative or positive) errno value; static storage. */
+const char *dlx_strerror(int err);
+
+/* Detail of the calling thread's last failed dlx call ("" if none); thread-local storage. */
+const char *dlx_last_error(void);
+
+/* ---- the DLPack exchange API ---------------------------------------------------------------- */
+
+/*
+ * A reference-counted handle on a DLManagedTensorVersioned: the "object" of
+ * libdlx's DLPackExchangeAPI table.
+ */
+typedef struct dlx_tensor dlx_tensor;
+
+/* Wraps tensor (ownership taken on every path). Returns 0 with *ret_handle, -EINVAL, -ENOMEM. */
+int dlx_tensor_wrap(DLManagedTensorVersioned *tensor, dlx_tensor **ret_handle);
+/* New reference. */
+dlx_tensor *dlx_tensor_ref(dlx_tensor *handle);
+/* Drops a reference; the last one runs the wrapped tensor's deleter. NULL-safe. */
+void dlx_tensor_unref(dlx_tensor *handle);
+/* The wrapped tensor's view; borrowed while the handle lives. */
+const DLTensor *dlx_tensor_dltensor(const dlx_tensor *handle);
+
+/*
+ * libdlx's exchange-API table (DLPack >= 1.2), valid for the whole process:
+ *  - managed_tensor_allocator: shared memory from dlx_alloc() on the client set
+ *    with dlx_set_default_client() (else the first one connected in this process)
+ *  - managed_tensor_from_py_object_no_sync: a new owning DLManagedTensorVersioned
+ *    that keeps the dlx_tensor handle alive until its deleter runs
+ *  - managed_tensor_to_py_object_no_sync: wraps (steals) a tensor into a new handle
+ *  - dltensor_from_py_object_no_sync: a non-owning view of the handle's tensor
+ *  - current_work_stream: NULL for CPU; the current stream for CUDA devices
+ */
+const DLPackExchangeAPI *dlx_exchange_api(void);
+
+/* The client the exchange-API allocator uses; NULL restores the default. Borrowed. */
+void dlx_set_default_client(dlx_client *client);
+
+#pragma GCC visibility pop
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DLX_DLX_H */

@@ -1,0 +1,297 @@
+/* SPDX-License-Identifier: MIT */
+#include "layout.h"
+
+#include <errno.h>
+#include <string.h>
+
+static int why(const char **ret_why, const char *text, int err)
+{
+        if (ret_why)
+                *ret_why = text;
+        return err;
+}
+
+/*
+ * Decodes one UTF-8 scalar at s[0..len) into *ret_cp and its byte count.
+ * Rejects overlong forms, surrogates and values past U+10FFFF.
+ */
+static int utf8_next(const unsigned char *s, size_t len, uint32_t *ret_cp, size_t *ret_n)
+{
+        uint32_t cp, min;
+        size_t n;
+
+        if (s[0] < 0x80) {
+                *ret_cp = s[0];
+                *ret_n = 1;
+                return 0;
+        } else if ((s[0] & 0xe0) == 0xc0) {
+                cp = s[0] & 0x1f;
+                n = 2;
+                min = 0x80;
+        } else if ((s[0] & 0xf0) == 0xe0) {
+                cp = s[0] & 0x0f;
+                n = 3;
+                min = 0x800;
+        } else if ((s[0] & 0xf8) == 0xf0) {
+                cp = s[0] & 0x07;
+                n = 4;
+                min = 0x10000;
+        } else {
+                return -EINVAL;
+        }
+        if (n > len)
+                return -EINVAL;
+        for (size_t i = 1; i < n; i++) {
+                if ((s[i] & 0xc0) != 0x80)
+                        return -EINVAL;
+                cp = cp << 6 | (s[i] & 0x3f);
+        }
+        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+                return -EINVAL;
+        *ret_cp = cp;
+        *ret_n = n;
+        return 0;
+}
+
+/* Printable UTF-8: no C0 or C1 controls, no DEL, no NUL. */
+static int printable_utf8(const char *str, size_t len, const char **ret_why)
+{
+        const unsigned char *s = (const unsigned char *)str;
+
+        for (size_t i = 0; i < len;) {
+                uint32_t cp;
+                size_t n;
+
+                if (utf8_next(s + i, len - i, &cp, &n) < 0)
+                        return why(ret_why, "not valid UTF-8", -EINVAL);
+                if (cp < 0x20 || cp == 0x7f || (cp >= 0x80 && cp <= 0x9f))
+                        return why(ret_why, "contains a control character", -EINVAL);
+                i += n;
+        }
+        return 0;
+}
+
+int layout_name_check(const char *name, size_t len, const char **ret_why)
+{
+        size_t comp = 0; /* start of the current component */
+        int err;
+
+        if (len == 0)
+                return why(ret_why, "empty name", -EINVAL);
+        if (len > DLX_NAME_MAX)
+                return why(ret_why, "name longer than 255 bytes", -EINVAL);
+        err = printable_utf8(name, len, ret_why);
+        if (err < 0)
+                return err;
+        for (size_t i = 0; i <= len; i++) {
+                if (i < len && name[i] != '/')
+                        continue;
+                size_t clen = i - comp;
+                if (clen == 0)
+                        return why(ret_why, "empty path component", -EINVAL);
+                if ((clen == 1 && name[comp] == '.') ||
+                    (clen == 2 && name[comp] == '.' && name[comp + 1] == '.'))
+                        return why(ret_why, "'.' or '..' component", -EINVAL);
+                comp = i + 1;
+        }
+        return 0;
+}
+
+int layout_prefix_check(const char *prefix, size_t len, const char **ret_why)
+{
+        if (len > DLX_NAME_MAX)
+                return why(ret_why, "prefix longer than 255 bytes", -EINVAL);
+        return printable_utf8(prefix, len, ret_why);
+}
+
+int layout_dtype_check(DLDataType dtype, const char **ret_why)
+{
+        unsigned bits = dtype.bits;
+
+        if (dtype.lanes == 0)
+                return why(ret_why, "dtype with zero lanes", -EINVAL);
+        if (bits == 0)
+                return why(ret_why, "dtype with zero bits", -EINVAL);
+        switch (dtype.code) {
+        case kDLInt:
+        case kDLUInt:
+                if (bits < 8 || bits == 16 || bits == 32 || bits == 64 || bits == 8)
+                        return 0;
+                break;
+        case kDLFloat:
+                if (bits == 16 || bits == 32 || bits == 64)
+                        return 0;
+                break;
+        case kDLBfloat:
+                if (bits == 16)
+                        return 0;
+                break;
+        case kDLComplex:
+                if (bits == 32 || bits == 64 || bits == 128)
+                        return 0;
+                break;
+        case kDLBool:
+                if (bits == 8 || bits == 1)
+                        return 0;
+                break;
+        case kDLOpaqueHandle:
+                return why(ret_why, "opaque handles are process-local and cannot be shared",
+                           -EINVAL);
+        case kDLFloat8_e3m4:
+        case kDLFloat8_e4m3:
+        case kDLFloat8_e4m3b11fnuz:
+        case kDLFloat8_e4m3fn:
+        case kDLFloat8_e4m3fnuz:
+        case kDLFloat8_e5m2:
+        case kDLFloat8_e5m2fnuz:
+        case kDLFloat8_e8m0fnu:
+                if (bits == 8)
+                        return 0;
+                break;
+        case kDLFloat6_e2m3fn:
+        case kDLFloat6_e3m2fn:
+                if (bits == 6)
+                        return 0;
+                break;
+        case kDLFloat4_e2m1fn:
+                if (bits == 4)
+                        return 0;
+                break;
+        default:
+                return why(ret_why, "unknown dtype code", -EINVAL);
+        }
+        return why(ret_why, "bit width does not fit the dtype code", -EINVAL);
+}
+
+int layout_numel(int32_t ndim, const int64_t *shape, uint64_t *ret_numel)
+{
+        uint64_t n = 1;
+
+        for (int32_t i = 0; i < ndim; i++) {
+                if (shape[i] < 0)
+                        return -EINVAL;
+                if (__builtin_mul_overflow(n, (uint64_t)shape[i], &n))
+                        return -EOVERFLOW;
+        }
+        if (n > (uint64_t)INT64_MAX)
+                return -EOVERFLOW;
+        *ret_numel = n;
+        return 0;
+}
+
+void layout_compact_strides(int32_t ndim, const int64_t *shape, int64_t *ret_strides)
+{
+        int64_t s = 1;
+
+        for (int32_t i = ndim - 1; i >= 0; i--) {
+                ret_strides[i] = s;
+                s *= shape[i] > 0 ? shape[i] : 1;
+        }
+}
+
+bool layout_is_compact(int32_t ndim, const int64_t *shape, const int64_t *strides)
+{
+        int64_t s = 1;
+
+        if (!strides)
+                return true;
+        for (int32_t i = ndim - 1; i >= 0; i--) {
+                /* A dimension of extent 1 may carry any stride. */
+                if (shape[i] != 1 && strides[i] != s)
+                        return false;
+                s *= shape[i];
+        }
+        return true;
+}
+
+static bool packed(DLDataType dtype, uint64_t flags)
+{
+        return ((unsigned)dtype.bits * dtype.lanes) % 8 != 0 &&
+               !(flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED);
+}
+
+/* Bytes per element when elements are byte-addressable. */
+static uint64_t itemsize(DLDataType dtype, uint64_t flags)
+{
+        uint64_t bits = (uint64_t)dtype.bits * dtype.lanes;
+
+        if (bits % 8 == 0)
+                return bits / 8;
+        if (flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED)
+                return (uint64_t)dtype.lanes * ((dtype.bits + 7u) / 8u);
+        return 0;
+}
+
+uint64_t layout_compact_bytes(DLDataType dtype, uint64_t numel, uint64_t flags)
+{
+        if (packed(dtype, flags)) {
+                unsigned __int128 bits = (unsigned __int128)numel * dtype.bits * dtype.lanes;
+                return (uint64_t)((bits + 7) / 8);
+        }
+        return numel * itemsize(dtype, flags);
+}
+
+int layout_extent(DLDataType dtype, int32_t ndim, const int64_t *shape, const int64_t *strides,
+                  uint64_t byte_offset, uint64_t flags, int64_t *ret_lo, int64_t *ret_hi,
+                  const char **ret_why)
+{
+        uint64_t numel;
+        int64_t lo = 0, hi = 0, off, size;
+        int err;
+
+        if (ndim < 0 || ndim > DLX_MAX_NDIM)
+                return why(ret_why, "ndim out of range", -EINVAL);
+        err = layout_dtype_check(dtype, ret_why);
+        if (err < 0)
+                return err;
+        err = layout_numel(ndim, shape, &numel);
+        if (err == -EINVAL)
+                return why(ret_why, "negative dimension", err);
+        if (err < 0)
+                return why(ret_why, "element count overflows", err);
+        if (byte_offset > (uint64_t)INT64_MAX)
+                return why(ret_why, "byte_offset overflows", -EOVERFLOW);
+        off = (int64_t)byte_offset;
+        if (numel == 0) {
+                *ret_lo = *ret_hi = 0;
+                return 0;
+        }
+
+        if (packed(dtype, flags)) {
+                if (!layout_is_compact(ndim, shape, strides))
+                        return why(ret_why, "packed sub-byte dtype with non-compact strides",
+                                   -EINVAL);
+                uint64_t bytes = layout_compact_bytes(dtype, numel, flags);
+                if (bytes > (uint64_t)INT64_MAX || __builtin_add_overflow(off, (int64_t)bytes, &hi))
+                        return why(ret_why, "extent overflows", -EOVERFLOW);
+                *ret_lo = off;
+                *ret_hi = hi;
+                return 0;
+        }
+
+        size = (int64_t)itemsize(dtype, flags);
+        for (int32_t i = 0; i < ndim; i++) {
+                int64_t stride = strides ? strides[i] : 0, span;
+
+                if (!strides) {
+                        /* compact row-major: the whole extent is numel items */
+                        break;
+                }
+                if (shape[i] <= 1)
+                        continue;
+                if (__builtin_mul_overflow(stride, shape[i] - 1, &span) ||
+                    __builtin_mul_overflow(span, size, &span))
+                        return why(ret_why, "stride extent overflows", -EOVERFLOW);
+                if (span < 0 ? __builtin_add_overflow(lo, span, &lo)
+                             : __builtin_add_overflow(hi, span, &hi))
+                        return why(ret_why, "stride extent overflows", -EOVERFLOW);
+        }
+        if (!strides && __builtin_mul_overflow((int64_t)numel - 1, size, &hi))
+                return why(ret_why, "extent overflows", -EOVERFLOW);
+        if (__builtin_add_overflow(hi, size, &hi) || __builtin_add_overflow(hi, off, &hi) ||
+            __builtin_add_overflow(lo, off, &lo))
+                return why(ret_why, "extent overflows", -EOVERFLOW);
+        *ret_lo = lo;
+        *ret_hi = hi;
+        return 0;
+}

@@ -1,0 +1,882 @@
+/* SPDX-License-Identifier: MIT */
+#include "wire.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dlx.pb-c.h"
+#include "layout.h"
+
+/* ---- status <-> errno: the only table ------------------------------------------------- */
+
+static const int status_errno[WIRE_STATUS_COUNT] = {
+        [WIRE_OK] = 0,
+        [WIRE_INVALID] = EINVAL,
+        [WIRE_NOT_FOUND] = ENOENT,
+        [WIRE_PERMISSION] = EACCES,
+        [WIRE_TIMEOUT] = ETIMEDOUT,
+        [WIRE_NO_SPACE] = ENOSPC,
+        [WIRE_LIMIT] = EAGAIN,
+        [WIRE_PROTOCOL] = EPROTO,
+        [WIRE_VERSION] = EPROTONOSUPPORT,
+        [WIRE_BAD_FD] = EBADF,
+        [WIRE_TOO_BIG] = EMSGSIZE,
+        [WIRE_BUSY] = EBUSY,
+        [WIRE_EXISTS] = EEXIST,
+        [WIRE_NO_MEMORY] = ENOMEM,
+        [WIRE_INTERNAL] = EIO,
+        [WIRE_NOT_SUPPORTED] = ENOTSUP,
+        [WIRE_SHUTDOWN] = ESHUTDOWN,
+};
+
+int wire_status_errno(int status)
+{
+        if (status < 0 || status >= WIRE_STATUS_COUNT)
+                return EPROTO;
+        return status_errno[status];
+}
+
+enum wire_status wire_errno_status(int err)
+{
+        if (err < 0)
+                err = -err;
+        if (err == 0)
+                return WIRE_OK;
+        if (err == EPERM)
+                return WIRE_PERMISSION;
+        if (err == EOVERFLOW || err == E2BIG)
+                return WIRE_TOO_BIG;
+        for (int s = 1; s < WIRE_STATUS_COUNT; s++)
+                if (status_errno[s] == err)
+                        return (enum wire_status)s;
+        return WIRE_INTERNAL;
+}
+
+const char *wire_storage_name(uint32_t storage)
+{
+        switch (storage) {
+        case WIRE_STORAGE_MEMFD:
+                return "memfd";
+        default:
+                return "unknown";
+        }
+}
+
+static const char *const request_names[WIRE_REQ_COUNT] = {
+        [WIRE_REQ_NONE] = "none",       [WIRE_REQ_HELLO] = "hello",
+        [WIRE_REQ_PUBLISH] = "publish", [WIRE_REQ_ACQUIRE] = "acquire",
+        [WIRE_REQ_RELEASE] = "release", [WIRE_REQ_UNPUBLISH] = "unpublish",
+        [WIRE_REQ_LIST] = "list",       [WIRE_REQ_STAT] = "stat",
+        [WIRE_REQ_WATCH] = "watch",     [WIRE_REQ_UNWATCH] = "unwatch",
+        [WIRE_REQ_ALLOC] = "alloc",     [WIRE_REQ_FREE] = "free",
+        [WIRE_REQ_FORGET] = "forget",   [WIRE_REQ_STATS] = "stats",
+        [WIRE_REQ_PING] = "ping",
+};
+
+const char *wire_request_name(enum wire_request_type type)
+{
+        if ((unsigned)type >= WIRE_REQ_COUNT)
+                return "unknown";
+        return request_names[type];
+}
+
+/* ---- helpers -------------------------------------------------------------------------- */
+
+static int fail(char *err, size_t errsz, int code, const char *fmt, ...)
+        __attribute__((format(printf, 4, 5)));
+
+static int fail(char *err, size_t errsz, int code, const char *fmt, ...)
+{
+        if (err && errsz) {
+                va_list ap;
+                va_start(ap, fmt);
+                vsnprintf(err, errsz, fmt, ap);
+                va_end(ap);
+        }
+        return code;
+}
+
+/* A bytes field into a fixed buffer; refuses embedded NULs and overlong values. */
+static int take_bytes(char *dst, size_t cap, ProtobufCBinaryData src)
+{
+        if (src.len >= cap || (src.len && memchr(src.data, 0, src.len)))
+                return -EINVAL;
+        if (src.len)
+                memcpy(dst, src.data, src.len);
+        dst[src.len] = '\0';
+        return 0;
+}
+
+static ProtobufCBinaryData give_bytes(const char *s)
+{
+        ProtobufCBinaryData b = {.len = strlen(s), .data = (uint8_t *)s};
+        return b;
+}
+
+/* Strings we emit must be terminated within their buffers. */
+static bool bounded(const char *s, size_t cap)
+{
+        return memchr(s, 0, cap) != NULL;
+}
+
+/* ---- tensor --------------------------------------------------------------------------- */
+
+/* Storage for one tensor's nested messages while packing; lives on the caller's stack. */
+struct tensor_pb {
+        Dlxp__Tensor t;
+        Dlxp__DType dtype;
+        Dlxp__Device device;
+};
+
+static int tensor_to_pb(const struct wire_tensor *src, struct tensor_pb *pb)
+{
+        if (!bounded(src->name, sizeof(src->name)) || src->ndim < 0 || src->ndim > DLX_MAX_NDIM)
+                return -EINVAL;
+        dlxp__tensor__init(&pb->t);
+        dlxp__dtype__init(&pb->dtype);
+        dlxp__device__init(&pb->device);
+        pb->dtype.code = src->dtype.code;
+        pb->dtype.bits = src->dtype.bits;
+        pb->dtype.lanes = src->dtype.lanes;
+        pb->device.type = src->device_type;
+        pb->device.id = src->device_id;
+        pb->t.name = give_bytes(src->name);
+        pb->t.version = src->version;
+        pb->t.dtype = &pb->dtype;
+        pb->t.n_shape = (size_t)src->ndim;
+        pb->t.shape = (int64_t *)src->shape;
+        pb->t.n_strides = (size_t)src->ndim;
+        pb->t.strides = (int64_t *)src->strides;
+        pb->t.byte_offset = src->byte_offset;
+        pb->t.device = &pb->device;
+        pb->t.flags = src->flags;
+        pb->t.storage = (Dlxp__Storage)src->storage;
+        pb->t.segment = src->segment;
+        pb->t.offset = src->offset;
+        pb->t.length = src->length;
+        return 0;
+}
+
+int wire_tensor_check(const struct wire_tensor *t, const char **ret_why)
+{
+        int err;
+
+        if (t->ndim < 0 || t->ndim > DLX_MAX_NDIM) {
+                if (ret_why)
+                        *ret_why = "ndim over 32";
+                return -EINVAL;
+        }
+        err = layout_name_check(t->name, strlen(t->name), ret_why);
+        if (err < 0)
+                return err;
+        err = layout_dtype_check(t->dtype, ret_why);
+        if (err < 0)
+                return err;
+        for (int32_t i = 0; i < t->ndim; i++) {
+                if (t->shape[i] < 0) {
+                        if (ret_why)
+                                *ret_why = "negative dimension";
+                        return -EINVAL;
+                }
+        }
+        return 0;
+}
+
+static int tensor_from_pb(const Dlxp__Tensor *src, struct wire_tensor *dst, char *err, size_t errsz)
+{
+        memset(dst, 0, offsetof(struct wire_tensor, shape));
+        if (take_bytes(dst->name, sizeof(dst->name), src->name) < 0)
+                return fail(err, errsz, -EINVAL, "tensor name too long or contains NUL");
+        if (src->n_shape > DLX_MAX_NDIM)
+                return fail(err, errsz, -EINVAL, "ndim %zu over the limit of %d", src->n_shape,
+                            DLX_MAX_NDIM);
+        if (src->n_strides != src->n_shape)
+                return fail(err, errsz, -EINVAL, "%zu strides for %zu dimensions", src->n_strides,
+                            src->n_shape);
+        if (!src->dtype)
+                return fail(err, errsz, -EINVAL, "tensor without dtype");
+        if (src->dtype->code > 255 || src->dtype->bits > 255 || src->dtype->lanes > 65535)
+                return fail(err, errsz, -EINVAL, "dtype field out of range");
+        dst->version = src->version;
+        dst->dtype.code = (uint8_t)src->dtype->code;
+        dst->dtype.bits = (uint8_t)src->dtype->bits;
+        dst->dtype.lanes = (uint16_t)src->dtype->lanes;
+        dst->ndim = (int32_t)src->n_shape;
+        if (src->n_shape) {
+                memcpy(dst->shape, src->shape, src->n_shape * sizeof(int64_t));
+                memcpy(dst->strides, src->strides, src->n_shape * sizeof(int64_t));
+        }
+        dst->byte_offset = src->byte_offset;
+        if (src->device) {
+                dst->device_type = src->device->type;
+                dst->device_id = src->device->id;
+        }
+        dst->flags = src->flags;
+        dst->storage = (uint32_t)src->storage;
+        dst->segment = src->segment;
+        dst->offset = src->offset;
+        dst->length = src->length;
+        return 0;
+}
+
+/* Full descriptor validation for descriptors a peer wants the other side to act on. */
+static int tensor_valid(const struct wire_tensor *t, char *err, size_t errsz)
+{
+        const char *why = NULL;
+
+        if (wire_tensor_check(t, &why) < 0)
+                return fail(err, errsz, -EINVAL, "bad tensor '%s': %s", t->name, why);
+        return 0;
+}
+
+static void info_to_pb(const struct wire_info *src, Dlxp__Info *pb, struct tensor_pb *tpb)
+{
+        dlxp__info__init(pb);
+        tensor_to_pb(&src->tensor, tpb);
+        pb->tensor = &tpb->t;
+        pb->owner_uid = src->owner_uid;
+        pb->producer_pid = src->producer_pid;
+        pb->persist = src->persist;
+        pb->leases = src->leases;
+        pb->segment_size = src->segment_size;
+        pb->published_ns = src->published_ns;
+        pb->live_versions = src->live_versions;
+        pb->producer_name = (char *)src->producer_name;
+}
+
+static int info_from_pb(const Dlxp__Info *src, struct wire_info *dst, char *err, size_t errsz)
+{
+        int r;
+
+        if (!src->tensor)
+                return fail(err, errsz, -EINVAL, "info without tensor");
+        r = tensor_from_pb(src->tensor, &dst->tensor, err, errsz);
+        if (r < 0)
+                return r;
+        dst->owner_uid = src->owner_uid;
+        dst->producer_pid = src->producer_pid;
+        dst->persist = src->persist;
+        dst->leases = src->leases;
+        dst->segment_size = src->segment_size;
+        dst->published_ns = src->published_ns;
+        dst->live_versions = src->live_versions;
+        snprintf(dst->producer_name, sizeof(dst->producer_name), "%s",
+                 src->producer_name ? src->producer_name : "");
+        return 0;
+}
+
+/* ---- requests ------------------------------------------------------------------------- */
+
+/*
+ * Builds the protobuf view of a request. Every nested message lives in *s, so
+ * nothing is allocated; pointers into req stay borrowed.
+ */
+struct request_pb {
+        Dlxp__Request r;
+        union {
+                Dlxp__Hello hello;
+                Dlxp__Publish publish;
+                Dlxp__Acquire acquire;
+                Dlxp__Release release;
+                Dlxp__Unpublish unpublish;
+                Dlxp__List list;
+                Dlxp__Stat stat;
+                Dlxp__Watch watch;
+                Dlxp__Unwatch unwatch;
+                Dlxp__Alloc alloc;
+                Dlxp__Free free;
+                Dlxp__Forget forget;
+                Dlxp__Stats stats;
+                Dlxp__Ping ping;
+        };
+        struct tensor_pb tensor;
+};
+
+static int request_to_pb(const struct wire_request *q, struct request_pb *s)
+{
+        Dlxp__Request *r = &s->r;
+
+        dlxp__request__init(r);
+        r->id = q->id;
+        switch (q->type) {
+        case WIRE_REQ_HELLO:
+                if (!bounded(q->hello.client_name, sizeof(q->hello.client_name)))
+                        return -EINVAL;
+                dlxp__hello__init(&s->hello);
+                s->hello.major = q->hello.major;
+                s->hello.minor = q->hello.minor;
+                s->hello.client_name = give_bytes(q->hello.client_name);
+                s->hello.pid = q->hello.pid;
+                r->body_case = DLXP__REQUEST__BODY_HELLO;
+                r->hello = &s->hello;
+                return 0;
+        case WIRE_REQ_PUBLISH:
+                dlxp__publish__init(&s->publish);
+                if (tensor_to_pb(&q->publish.tensor, &s->tensor) < 0)
+                        return -EINVAL;
+                s->publish.tensor = &s->tensor.t;
+                s->publish.persist = q->publish.persist;
+                s->publish.token = q->publish.token;
+                r->body_case = DLXP__REQUEST__BODY_PUBLISH;
+                r->publish = &s->publish;
+                return 0;
+        case WIRE_REQ_ACQUIRE:
+                if (!bounded(q->acquire.name, sizeof(q->acquire.name)))
+                        return -EINVAL;
+                dlxp__acquire__init(&s->acquire);
+                s->acquire.name = give_bytes(q->acquire.name);
+                s->acquire.min_version = q->acquire.min_version;
+                s->acquire.timeout_ms = q->acquire.timeout_ms;
+                r->body_case = DLXP__REQUEST__BODY_ACQUIRE;
+                r->acquire = &s->acquire;
+                return 0;
+        case WIRE_REQ_RELEASE:
+                dlxp__release__init(&s->release);
+                s->release.lease = q->release.lease;
+                r->body_case = DLXP__REQUEST__BODY_RELEASE;
+                r->release = &s->release;
+                return 0;
+        case WIRE_REQ_UNPUBLISH:
+                if (!bounded(q->unpublish.name, sizeof(q->unpublish.name)))
+                        return -EINVAL;
+                dlxp__unpublish__init(&s->unpublish);
+                s->unpublish.name = give_bytes(q->unpublish.name);
+                r->body_case = DLXP__REQUEST__BODY_UNPUBLISH;
+                r->unpublish = &s->unpublish;
+                return 0;
+        case WIRE_REQ_LIST:
+                if (!bounded(q->list.prefix, sizeof(q->list.prefix)) ||
+                    !bounded(q->list.after, sizeof(q->list.after)))
+                        return -EINVAL;
+                dlxp__list__init(&s->list);
+                s->list.prefix = give_bytes(q->list.prefix);
+                s->list.after = give_bytes(q->list.after);
+                s->list.limit = q->list.limit;
+                r->body_case = DLXP__REQUEST__BODY_LIST;
+                r->list = &s->list;
+                return 0;
+        case WIRE_REQ_STAT:
+                if (!bounded(q->stat.name, sizeof(q->stat.name)))
+                        return -EINVAL;
+                dlxp__stat__init(&s->stat);
+                s->stat.name = give_bytes(q->stat.name);
+                r->body_case = DLXP__REQUEST__BODY_STAT;
+                r->stat = &s->stat;
+                return 0;
+        case WIRE_REQ_WATCH:
+                if (!bounded(q->watch.prefix, sizeof(q->watch.prefix)))
+                        return -EINVAL;
+                dlxp__watch__init(&s->watch);
+                s->watch.prefix = give_bytes(q->watch.prefix);
+                r->body_case = DLXP__REQUEST__BODY_WATCH;
+                r->watch = &s->watch;
+                return 0;
+        case WIRE_REQ_UNWATCH:
+                dlxp__unwatch__init(&s->unwatch);
+                s->unwatch.watch = q->unwatch.watch;
+                r->body_case = DLXP__REQUEST__BODY_UNWATCH;
+                r->unwatch = &s->unwatch;
+                return 0;
+        case WIRE_REQ_ALLOC:
+                dlxp__alloc__init(&s->alloc);
+                s->alloc.size = q->alloc.size;
+                r->body_case = DLXP__REQUEST__BODY_ALLOC;
+                r->alloc = &s->alloc;
+                return 0;
+        case WIRE_REQ_FREE:
+                dlxp__free__init(&s->free);
+                s->free.segment = q->free.segment;
+                r->body_case = DLXP__REQUEST__BODY_FREE;
+                r->free = &s->free;
+                return 0;
+        case WIRE_REQ_FORGET:
+                dlxp__forget__init(&s->forget);
+                s->forget.segment = q->forget.segment;
+                r->body_case = DLXP__REQUEST__BODY_FORGET;
+                r->forget = &s->forget;
+                return 0;
+        case WIRE_REQ_STATS:
+                dlxp__stats__init(&s->stats);
+                r->body_case = DLXP__REQUEST__BODY_STATS;
+                r->stats = &s->stats;
+                return 0;
+        case WIRE_REQ_PING:
+                dlxp__ping__init(&s->ping);
+                s->ping.nonce = q->ping.nonce;
+                r->body_case = DLXP__REQUEST__BODY_PING;
+                r->ping = &s->ping;
+                return 0;
+        case WIRE_REQ_NONE:
+        case WIRE_REQ_COUNT:
+                break;
+        }
+        return -EINVAL;
+}
+
+int wire_request_size(const struct wire_request *req, size_t *ret_size)
+{
+        struct request_pb s;
+        int err = request_to_pb(req, &s);
+
+        if (err < 0)
+                return err;
+        *ret_size = dlxp__request__get_packed_size(&s.r);
+        return 0;
+}
+
+size_t wire_request_pack(const struct wire_request *req, uint8_t *buf)
+{
+        struct request_pb s;
+
+        if (request_to_pb(req, &s) < 0)
+                return 0;
+        return dlxp__request__pack(&s.r, buf);
+}
+
+static int request_from_pb(const Dlxp__Request *r, struct wire_request *q, char *err, size_t errsz)
+{
+        const char *why = NULL;
+
+        switch (r->body_case) {
+        case DLXP__REQUEST__BODY_HELLO:
+                q->type = WIRE_REQ_HELLO;
+                q->hello.major = r->hello->major;
+                q->hello.minor = r->hello->minor;
+                q->hello.pid = r->hello->pid;
+                if (take_bytes(q->hello.client_name, sizeof(q->hello.client_name),
+                               r->hello->client_name) < 0 ||
+                    layout_prefix_check(q->hello.client_name, strlen(q->hello.client_name), &why) <
+                            0)
+                        return fail(err, errsz, -EINVAL,
+                                    "client name must be printable and at most %d bytes",
+                                    DLX_CLIENT_NAME_MAX);
+                return 0;
+        case DLXP__REQUEST__BODY_PUBLISH: {
+                int e;
+                q->type = WIRE_REQ_PUBLISH;
+                if (!r->publish->tensor)
+                        return fail(err, errsz, -EINVAL, "publish without a tensor");
+                e = tensor_from_pb(r->publish->tensor, &q->publish.tensor, err, errsz);
+                if (e < 0)
+                        return e;
+                q->publish.persist = r->publish->persist;
+                q->publish.token = r->publish->token;
+                return tensor_valid(&q->publish.tensor, err, errsz);
+        }
+        case DLXP__REQUEST__BODY_ACQUIRE:
+                q->type = WIRE_REQ_ACQUIRE;
+                q->acquire.min_version = r->acquire->min_version;
+                q->acquire.timeout_ms = r->acquire->timeout_ms;
+                if (take_bytes(q->acquire.name, sizeof(q->acquire.name), r->acquire->name) < 0)
+                        return fail(err, errsz, -EINVAL, "name too long or contains NUL");
+                if (layout_name_check(q->acquire.name, strlen(q->acquire.name), &why) < 0)
+                        return fail(err, errsz, -EINVAL, "bad name: %s", why);
+                return 0;
+        case DLXP__REQUEST__BODY_RELEASE:
+                q->type = WIRE_REQ_RELEASE;
+                q->release.lease = r->release->lease;
+                return 0;
+        case DLXP__REQUEST__BODY_UNPUBLISH:
+                q->type = WIRE_REQ_UNPUBLISH;
+                if (take_bytes(q->unpublish.name, sizeof(q->unpublish.name), r->unpublish->name) <
+                    0)
+                        return fail(err, errsz, -EINVAL, "name too long or contains NUL");
+                if (layout_name_check(q->unpublish.name, strlen(q->unpublish.name), &why) < 0)
+                        return fail(err, errsz, -EINVAL, "bad name: %s", why);
+                return 0;
+        case DLXP__REQUEST__BODY_LIST:
+                q->type = WIRE_REQ_LIST;
+                q->list.limit = r->list->limit;
+                if (take_bytes(q->list.prefix, sizeof(q->list.prefix), r->list->prefix) < 0 ||
+                    take_bytes(q->list.after, sizeof(q->list.after), r->list->after) < 0)
+                        return fail(err, errsz, -EINVAL, "prefix too long or contains NUL");
+                if (layout_prefix_check(q->list.prefix, strlen(q->list.prefix), &why) < 0 ||
+                    layout_prefix_check(q->list.after, strlen(q->list.after), &why) < 0)
+                        return fail(err, errsz, -EINVAL, "bad prefix: %s", why);
+                return 0;
+        case DLXP__REQUEST__BODY_STAT:
+                q->type = WIRE_REQ_STAT;
+                if (take_bytes(q->stat.name, sizeof(q->stat.name), r->stat->name) < 0)
+                        return fail(err, errsz, -EINVAL, "name too long or contains NUL");
+                if (layout_name_check(q->stat.name, strlen(q->stat.name), &why) < 0)
+                        return fail(err, errsz, -EINVAL, "bad name: %s", why);
+                return 0;
+        case DLXP__REQUEST__BODY_WATCH:
+                q->type = WIRE_REQ_WATCH;
+                if (take_bytes(q->watch.prefix, sizeof(q->watch.prefix), r->watch->prefix) < 0)
+                        return fail(err, errsz, -EINVAL, "prefix too long or contains NUL");
+                if (layout_prefix_check(q->watch.prefix, strlen(q->watch.prefix), &why) < 0)
+                        return fail(err, errsz, -EINVAL, "bad prefix: %s", why);
+                return 0;
+        case DLXP__REQUEST__BODY_UNWATCH:
+                q->type = WIRE_REQ_UNWATCH;
+                q->unwatch.watch = r->unwatch->watch;
+                return 0;
+        case DLXP__REQUEST__BODY_ALLOC:
+                q->type = WIRE_REQ_ALLOC;
+                q->alloc.size = r->alloc->size;
+                return 0;
+        case DLXP__REQUEST__BODY_FREE:
+                q->type = WIRE_REQ_FREE;
+                q->free.segment = r->free->segment;
+                return 0;
+        case DLXP__REQUEST__BODY_FORGET:
+                q->type = WIRE_REQ_FORGET;
+                q->forget.segment = r->forget->segment;
+                return 0;
+        case DLXP__REQUEST__BODY_STATS:
+                q->type = WIRE_REQ_STATS;
+                return 0;
+        case DLXP__REQUEST__BODY_PING:
+                q->type = WIRE_REQ_PING;
+                q->ping.nonce = r->ping->nonce;
+                return 0;
+        default:
+                return fail(err, errsz, -EINVAL, "unknown request type");
+        }
+}
+
+int wire_request_decode(const uint8_t *buf, size_t len, struct wire_request *ret, char *err,
+                        size_t errsz)
+{
+        Dlxp__Request *r = dlxp__request__unpack(NULL, len, buf);
+        int e;
+
+        ret->id = 0;
+        ret->type = WIRE_REQ_NONE;
+        if (!r)
+                return fail(err, errsz, -EPROTO, "undecodable request");
+        ret->id = r->id;
+        if (r->id == 0)
+                e = fail(err, errsz, -EPROTO, "request id 0");
+        else
+                e = request_from_pb(r, ret, err, errsz);
+        dlxp__request__free_unpacked(r, NULL);
+        return e;
+}
+
+/* ---- replies -------------------------------------------------------------------------- */
+
+struct reply_pb {
+        Dlxp__Reply r;
+        union {
+                Dlxp__HelloReply hello;
+                Dlxp__PublishReply publish;
+                Dlxp__AcquireReply acquire;
+                Dlxp__ListReply list;
+                Dlxp__StatReply stat;
+                Dlxp__WatchReply watch;
+                Dlxp__AllocReply alloc;
+                Dlxp__StatsReply stats;
+                Dlxp__Pong pong;
+                Dlxp__Event event;
+        };
+        Dlxp__Info info;
+        struct tensor_pb tensor;
+        /* list replies: one of each per entry, allocated */
+        Dlxp__Info *infos;
+        Dlxp__Info **info_ptrs;
+        struct tensor_pb *tensors;
+};
+
+static void reply_pb_done(struct reply_pb *s)
+{
+        free(s->infos);
+        free(s->info_ptrs);
+        free(s->tensors);
+}
+
+static int reply_to_pb(const struct wire_reply *p, struct reply_pb *s)
+{
+        Dlxp__Reply *r = &s->r;
+
+        s->infos = NULL;
+        s->info_ptrs = NULL;
+        s->tensors = NULL;
+        dlxp__reply__init(r);
+        r->id = p->id;
+        r->status = (Dlxp__Status)p->status;
+        if (!bounded(p->error, sizeof(p->error)))
+                return -EINVAL;
+        r->error = (char *)p->error;
+        switch (p->type) {
+        case WIRE_REP_NONE:
+                return 0;
+        case WIRE_REP_HELLO:
+                if (!bounded(p->hello.server, sizeof(p->hello.server)))
+                        return -EINVAL;
+                dlxp__hello_reply__init(&s->hello);
+                s->hello.major = p->hello.major;
+                s->hello.minor = p->hello.minor;
+                s->hello.session = p->hello.session;
+                s->hello.server = (char *)p->hello.server;
+                s->hello.uid = p->hello.uid;
+                s->hello.max_frame = p->hello.max_frame;
+                s->hello.max_inflight = p->hello.max_inflight;
+                r->body_case = DLXP__REPLY__BODY_HELLO;
+                r->hello = &s->hello;
+                return 0;
+        case WIRE_REP_PUBLISH:
+                dlxp__publish_reply__init(&s->publish);
+                s->publish.version = p->publish.version;
+                s->publish.segment = p->publish.segment;
+                r->body_case = DLXP__REPLY__BODY_PUBLISH;
+                r->publish = &s->publish;
+                return 0;
+        case WIRE_REP_ACQUIRE:
+                dlxp__acquire_reply__init(&s->acquire);
+                if (tensor_to_pb(&p->acquire.tensor, &s->tensor) < 0)
+                        return -EINVAL;
+                s->acquire.tensor = &s->tensor.t;
+                s->acquire.lease = p->acquire.lease;
+                s->acquire.segment_size = p->acquire.segment_size;
+                s->acquire.writable = p->acquire.writable;
+                r->body_case = DLXP__REPLY__BODY_ACQUIRE;
+                r->acquire = &s->acquire;
+                return 0;
+        case WIRE_REP_LIST:
+                dlxp__list_reply__init(&s->list);
+                if (!bounded(p->list.next, sizeof(p->list.next)) ||
+                    p->list.count > DLX_LIST_PAGE_MAX)
+                        return -EINVAL;
+                if (p->list.count) {
+                        s->infos = calloc(p->list.count, sizeof(*s->infos));
+                        s->info_ptrs = calloc(p->list.count, sizeof(*s->info_ptrs));
+                        s->tensors = calloc(p->list.count, sizeof(*s->tensors));
+                        if (!s->infos || !s->info_ptrs || !s->tensors)
+                                return -ENOMEM;
+                }
+                for (uint32_t i = 0; i < p->list.count; i++) {
+                        if (!bounded(p->list.entries[i].tensor.name, DLX_NAME_MAX + 1))
+                                return -EINVAL;
+                        info_to_pb(&p->list.entries[i], &s->infos[i], &s->tensors[i]);
+                        s->info_ptrs[i] = &s->infos[i];
+                }
+                s->list.n_entries = p->list.count;
+                s->list.entries = s->info_ptrs;
+                s->list.next = give_bytes(p->list.next);
+                r->body_case = DLXP__REPLY__BODY_LIST;
+                r->list = &s->list;
+                return 0;
+        case WIRE_REP_STAT:
+                dlxp__stat_reply__init(&s->stat);
+                if (!bounded(p->stat.info.tensor.name, DLX_NAME_MAX + 1))
+                        return -EINVAL;
+                info_to_pb(&p->stat.info, &s->info, &s->tensor);
+                s->stat.info = &s->info;
+                r->body_case = DLXP__REPLY__BODY_STAT;
+                r->stat = &s->stat;
+                return 0;
+        case WIRE_REP_WATCH:
+                dlxp__watch_reply__init(&s->watch);
+                s->watch.watch = p->watch.watch;
+                r->body_case = DLXP__REPLY__BODY_WATCH;
+                r->watch = &s->watch;
+                return 0;
+        case WIRE_REP_ALLOC:
+                dlxp__alloc_reply__init(&s->alloc);
+                s->alloc.segment = p->alloc.segment;
+                s->alloc.size = p->alloc.size;
+                r->body_case = DLXP__REPLY__BODY_ALLOC;
+                r->alloc = &s->alloc;
+                return 0;
+        case WIRE_REP_STATS:
+                dlxp__stats_reply__init(&s->stats);
+                s->stats.names = p->stats.names;
+                s->stats.versions = p->stats.versions;
+                s->stats.leases = p->stats.leases;
+                s->stats.segments = p->stats.segments;
+                s->stats.bytes = p->stats.bytes;
+                s->stats.max_bytes = p->stats.max_bytes;
+                s->stats.clients = p->stats.clients;
+                s->stats.max_clients = p->stats.max_clients;
+                s->stats.watchers = p->stats.watchers;
+                s->stats.uptime_ms = p->stats.uptime_ms;
+                s->stats.requests = p->stats.requests;
+                s->stats.publishes = p->stats.publishes;
+                s->stats.acquires = p->stats.acquires;
+                r->body_case = DLXP__REPLY__BODY_STATS;
+                r->stats = &s->stats;
+                return 0;
+        case WIRE_REP_PONG:
+                dlxp__pong__init(&s->pong);
+                s->pong.nonce = p->pong.nonce;
+                r->body_case = DLXP__REPLY__BODY_PONG;
+                r->pong = &s->pong;
+                return 0;
+        case WIRE_REP_EVENT:
+                if (!bounded(p->event.name, sizeof(p->event.name)))
+                        return -EINVAL;
+                dlxp__event__init(&s->event);
+                s->event.kind = (Dlxp__Event__Kind)p->event.kind;
+                s->event.watch = p->event.watch;
+                s->event.name = give_bytes(p->event.name);
+                s->event.version = p->event.version;
+                s->event.token = p->event.token;
+                s->event.segment = p->event.segment;
+                r->body_case = DLXP__REPLY__BODY_EVENT;
+                r->event = &s->event;
+                return 0;
+        }
+        return -EINVAL;
+}
+
+int wire_reply_size(const struct wire_reply *rep, size_t *ret_size)
+{
+        struct reply_pb s;
+        int err = reply_to_pb(rep, &s);
+
+        if (err == 0)
+                *ret_size = dlxp__reply__get_packed_size(&s.r);
+        reply_pb_done(&s);
+        return err;
+}
+
+size_t wire_reply_pack(const struct wire_reply *rep, uint8_t *buf)
+{
+        struct reply_pb s;
+        size_t n = 0;
+
+        if (reply_to_pb(rep, &s) == 0)
+                n = dlxp__reply__pack(&s.r, buf);
+        reply_pb_done(&s);
+        return n;
+}
+
+static int reply_from_pb(const Dlxp__Reply *r, struct wire_reply *p, char *err, size_t errsz)
+{
+        int e;
+
+        switch (r->body_case) {
+        case DLXP__REPLY__BODY__NOT_SET:
+                p->type = WIRE_REP_NONE;
+                return 0;
+        case DLXP__REPLY__BODY_HELLO:
+                p->type = WIRE_REP_HELLO;
+                p->hello.major = r->hello->major;
+                p->hello.minor = r->hello->minor;
+                p->hello.session = r->hello->session;
+                snprintf(p->hello.server, sizeof(p->hello.server), "%s",
+                         r->hello->server ? r->hello->server : "");
+                p->hello.uid = r->hello->uid;
+                p->hello.max_frame = r->hello->max_frame;
+                p->hello.max_inflight = r->hello->max_inflight;
+                return 0;
+        case DLXP__REPLY__BODY_PUBLISH:
+                p->type = WIRE_REP_PUBLISH;
+                p->publish.version = r->publish->version;
+                p->publish.segment = r->publish->segment;
+                return 0;
+        case DLXP__REPLY__BODY_ACQUIRE:
+                p->type = WIRE_REP_ACQUIRE;
+                if (!r->acquire->tensor)
+                        return fail(err, errsz, -EINVAL, "acquire reply without tensor");
+                e = tensor_from_pb(r->acquire->tensor, &p->acquire.tensor, err, errsz);
+                if (e < 0)
+                        return e;
+                p->acquire.lease = r->acquire->lease;
+                p->acquire.segment_size = r->acquire->segment_size;
+                p->acquire.writable = r->acquire->writable;
+                return tensor_valid(&p->acquire.tensor, err, errsz);
+        case DLXP__REPLY__BODY_LIST:
+                p->type = WIRE_REP_LIST;
+                if (r->list->n_entries > DLX_LIST_PAGE_MAX)
+                        return fail(err, errsz, -EINVAL, "list page too large");
+                if (take_bytes(p->list.next, sizeof(p->list.next), r->list->next) < 0)
+                        return fail(err, errsz, -EINVAL, "bad list cursor");
+                if (r->list->n_entries) {
+                        p->list.entries = calloc(r->list->n_entries, sizeof(struct wire_info));
+                        if (!p->list.entries)
+                                return fail(err, errsz, -ENOMEM, "out of memory");
+                }
+                for (size_t i = 0; i < r->list->n_entries; i++) {
+                        e = info_from_pb(r->list->entries[i], &p->list.entries[i], err, errsz);
+                        if (e < 0)
+                                return e;
+                        p->list.count++;
+                }
+                return 0;
+        case DLXP__REPLY__BODY_STAT:
+                p->type = WIRE_REP_STAT;
+                if (!r->stat->info)
+                        return fail(err, errsz, -EINVAL, "stat reply without info");
+                return info_from_pb(r->stat->info, &p->stat.info, err, errsz);
+        case DLXP__REPLY__BODY_WATCH:
+                p->type = WIRE_REP_WATCH;
+                p->watch.watch = r->watch->watch;
+                return 0;
+        case DLXP__REPLY__BODY_ALLOC:
+                p->type = WIRE_REP_ALLOC;
+                p->alloc.segment = r->alloc->segment;
+                p->alloc.size = r->alloc->size;
+                return 0;
+        case DLXP__REPLY__BODY_STATS:
+                p->type = WIRE_REP_STATS;
+                p->stats.names = r->stats->names;
+                p->stats.versions = r->stats->versions;
+                p->stats.leases = r->stats->leases;
+                p->stats.segments = r->stats->segments;
+                p->stats.bytes = r->stats->bytes;
+                p->stats.max_bytes = r->stats->max_bytes;
+                p->stats.clients = r->stats->clients;
+                p->stats.max_clients = r->stats->max_clients;
+                p->stats.watchers = r->stats->watchers;
+                p->stats.uptime_ms = r->stats->uptime_ms;
+                p->stats.requests = r->stats->requests;
+                p->stats.publishes = r->stats->publishes;
+                p->stats.acquires = r->stats->acquires;
+                return 0;
+        case DLXP__REPLY__BODY_PONG:
+                p->type = WIRE_REP_PONG;
+                p->pong.nonce = r->pong->nonce;
+                return 0;
+        case DLXP__REPLY__BODY_EVENT:
+                p->type = WIRE_REP_EVENT;
+                p->event.kind = (enum wire_event_kind)r->event->kind;
+                p->event.watch = r->event->watch;
+                p->event.version = r->event->version;
+                p->event.token = r->event->token;
+                p->event.segment = r->event->segment;
+                if (take_bytes(p->event.name, sizeof(p->event.name), r->event->name) < 0)
+                        return fail(err, errsz, -EINVAL, "bad event name");
+                return 0;
+        default:
+                return fail(err, errsz, -EINVAL, "unknown reply type");
+        }
+}
+
+int wire_reply_decode(const uint8_t *buf, size_t len, struct wire_reply *ret, char *err,
+                      size_t errsz)
+{
+        Dlxp__Reply *r = dlxp__reply__unpack(NULL, len, buf);
+        int e;
+
+        ret->id = 0;
+        ret->status = WIRE_OK;
+        ret->error[0] = '\0';
+        ret->type = WIRE_REP_NONE;
+        ret->list.entries = NULL;
+        ret->list.count = 0;
+        if (!r)
+                return fail(err, errsz, -EPROTO, "undecodable reply");
+        ret->id = r->id;
+        ret->status = (int)r->status;
+        snprintf(ret->error, sizeof(ret->error), "%s", r->error ? r->error : "");
+        e = reply_from_pb(r, ret, err, errsz);
+        dlxp__reply__free_unpacked(r, NULL);
+        if (e < 0)
+                wire_reply_done(ret);
+        return e;
+}
+
+void wire_reply_done(struct wire_reply *rep)
+{
+        if (rep->type == WIRE_REP_LIST) {
+                free(rep->list.entries);
+                rep->list.entries = NULL;
+                rep->list.count = 0;
+        }
+}

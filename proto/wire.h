@@ -1,0 +1,265 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The codec: plain C messages <-> protobuf payloads, with every limit checked
+ * at decode. The generated protobuf-c names stay inside wire.c; both the
+ * daemon and libdlx speak only these structs.
+ */
+#ifndef DLX_PROTO_WIRE_H
+#define DLX_PROTO_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dlx/dlpack.h>
+
+#include "wire_limits.h"
+
+/* Mirrors dlxp.Status; wire_status_errno() is the one errno table. */
+enum wire_status {
+        WIRE_OK = 0,
+        WIRE_INVALID = 1,
+        WIRE_NOT_FOUND = 2,
+        WIRE_PERMISSION = 3,
+        WIRE_TIMEOUT = 4,
+        WIRE_NO_SPACE = 5,
+        WIRE_LIMIT = 6,
+        WIRE_PROTOCOL = 7,
+        WIRE_VERSION = 8,
+        WIRE_BAD_FD = 9,
+        WIRE_TOO_BIG = 10,
+        WIRE_BUSY = 11,
+        WIRE_EXISTS = 12,
+        WIRE_NO_MEMORY = 13,
+        WIRE_INTERNAL = 14,
+        WIRE_NOT_SUPPORTED = 15,
+        WIRE_SHUTDOWN = 16,
+        WIRE_STATUS_COUNT
+};
+
+/* Positive errno for a status (WIRE_OK -> 0; unknown values -> EPROTO). */
+int wire_status_errno(int status);
+/* Status for a positive or negative errno (unlisted ones -> WIRE_INTERNAL). */
+enum wire_status wire_errno_status(int err);
+
+enum wire_storage {
+        WIRE_STORAGE_UNSPECIFIED = 0,
+        WIRE_STORAGE_MEMFD = 1,
+};
+/* Short name of a storage kind ("memfd"), "unknown" for others. */
+const char *wire_storage_name(uint32_t storage);
+
+struct wire_tensor {
+        char name[DLX_NAME_MAX + 1];
+        uint64_t version;
+        DLDataType dtype;
+        int32_t ndim;
+        int64_t shape[DLX_MAX_NDIM];
+        int64_t strides[DLX_MAX_NDIM];
+        uint64_t byte_offset;
+        int32_t device_type;
+        int32_t device_id;
+        uint64_t flags;
+        uint32_t storage;
+        uint64_t segment;
+        uint64_t offset;
+        uint64_t length;
+};
+
+struct wire_info {
+        struct wire_tensor tensor;
+        uint32_t owner_uid;
+        int32_t producer_pid;
+        bool persist;
+        uint32_t leases;
+        uint64_t segment_size;
+        uint64_t published_ns;
+        uint32_t live_versions;
+        char producer_name[DLX_CLIENT_NAME_MAX + 1];
+};
+
+enum wire_request_type {
+        WIRE_REQ_NONE = 0,
+        WIRE_REQ_HELLO,
+        WIRE_REQ_PUBLISH,
+        WIRE_REQ_ACQUIRE,
+        WIRE_REQ_RELEASE,
+        WIRE_REQ_UNPUBLISH,
+        WIRE_REQ_LIST,
+        WIRE_REQ_STAT,
+        WIRE_REQ_WATCH,
+        WIRE_REQ_UNWATCH,
+        WIRE_REQ_ALLOC,
+        WIRE_REQ_FREE,
+        WIRE_REQ_FORGET,
+        WIRE_REQ_STATS,
+        WIRE_REQ_PING,
+        WIRE_REQ_COUNT
+};
+
+/* Name of a request type for logs ("publish"). */
+const char *wire_request_name(enum wire_request_type type);
+
+struct wire_request {
+        uint64_t id;
+        enum wire_request_type type;
+        union {
+                struct {
+                        uint32_t major;
+                        uint32_t minor;
+                        char client_name[DLX_CLIENT_NAME_MAX + 1];
+                        int32_t pid;
+                } hello;
+                struct {
+                        struct wire_tensor tensor;
+                        bool persist;
+                        uint64_t token;
+                } publish;
+                struct {
+                        char name[DLX_NAME_MAX + 1];
+                        uint64_t min_version;
+                        int64_t timeout_ms;
+                } acquire;
+                struct {
+                        uint64_t lease;
+                } release;
+                struct {
+                        char name[DLX_NAME_MAX + 1];
+                } unpublish, stat;
+                struct {
+                        char prefix[DLX_NAME_MAX + 1];
+                        char after[DLX_NAME_MAX + 1];
+                        uint32_t limit;
+                } list;
+                struct {
+                        char prefix[DLX_NAME_MAX + 1];
+                } watch;
+                struct {
+                        uint64_t watch;
+                } unwatch;
+                struct {
+                        uint64_t size;
+                } alloc;
+                struct {
+                        uint64_t segment;
+                } free, forget;
+                struct {
+                        uint64_t nonce;
+                } ping;
+        };
+};
+
+enum wire_reply_type {
+        WIRE_REP_NONE = 0, /* status only */
+        WIRE_REP_HELLO,
+        WIRE_REP_PUBLISH,
+        WIRE_REP_ACQUIRE,
+        WIRE_REP_LIST,
+        WIRE_REP_STAT,
+        WIRE_REP_WATCH,
+        WIRE_REP_ALLOC,
+        WIRE_REP_STATS,
+        WIRE_REP_PONG,
+        WIRE_REP_EVENT,
+};
+
+enum wire_event_kind {
+        WIRE_EVENT_NONE = 0,
+        WIRE_EVENT_PUBLISHED = 1,
+        WIRE_EVENT_REPLACED = 2,
+        WIRE_EVENT_UNPUBLISHED = 3,
+        WIRE_EVENT_RELEASED = 4,
+        WIRE_EVENT_SEGMENT_GONE = 5,
+};
+
+struct wire_stats {
+        uint64_t names, versions, leases, segments, bytes, max_bytes;
+        uint32_t clients, max_clients, watchers;
+        uint64_t uptime_ms, requests, publishes, acquires;
+};
+
+struct wire_reply {
+        uint64_t id;
+        int status; /* enum wire_status; kept int so unknown peer values survive decode */
+        char error[DLX_ERROR_MAX + 1];
+        enum wire_reply_type type;
+        union {
+                struct {
+                        uint32_t major;
+                        uint32_t minor;
+                        uint64_t session;
+                        char server[64];
+                        uint32_t uid;
+                        uint32_t max_frame;
+                        uint32_t max_inflight;
+                } hello;
+                struct {
+                        uint64_t version;
+                        uint64_t segment;
+                } publish;
+                struct {
+                        struct wire_tensor tensor;
+                        uint64_t lease;
+                        uint64_t segment_size;
+                        bool writable;
+                } acquire;
+                struct {
+                        struct wire_info *entries; /* see wire_reply_done() */
+                        uint32_t count;
+                        char next[DLX_NAME_MAX + 1];
+                } list;
+                struct {
+                        struct wire_info info;
+                } stat;
+                struct {
+                        uint64_t watch;
+                } watch;
+                struct {
+                        uint64_t segment;
+                        uint64_t size;
+                } alloc;
+                struct wire_stats stats;
+                struct {
+                        uint64_t nonce;
+                } pong;
+                struct {
+                        enum wire_event_kind kind;
+                        uint64_t watch;
+                        char name[DLX_NAME_MAX + 1];
+                        uint64_t version;
+                        uint64_t token;
+                        uint64_t segment;
+                } event;
+        };
+};
+
+/*
+ * Encoding: the packed payload size, then the payload into buf (of at least
+ * that size). Returns the size, or -EINVAL for a message that breaks a limit
+ * (too many dims, an unterminated string) and so could never decode.
+ */
+int wire_request_size(const struct wire_request *req, size_t *ret_size);
+size_t wire_request_pack(const struct wire_request *req, uint8_t *buf);
+int wire_reply_size(const struct wire_reply *rep, size_t *ret_size);
+size_t wire_reply_pack(const struct wire_reply *rep, uint8_t *buf);
+
+/*
+ * Decoding with validation: names, prefixes, dims, dtypes, string lengths.
+ * Returns 0, -EPROTO (not a valid message: garbage, unknown body), -EINVAL
+ * (valid protobuf breaking a limit; *ret has the id when it could be read so
+ * a reply can be addressed) or -ENOMEM. A short reason is written to err.
+ */
+int wire_request_decode(const uint8_t *buf, size_t len, struct wire_request *ret, char *err,
+                        size_t errsz);
+/* Same for replies; a list reply's entries are allocated: free with wire_reply_done(). */
+int wire_reply_decode(const uint8_t *buf, size_t len, struct wire_reply *ret, char *err,
+                      size_t errsz);
+void wire_reply_done(struct wire_reply *rep);
+
+/*
+ * Checks a tensor descriptor's own fields: name, ndim, dims, dtype, device.
+ * The extent against a segment is checked by the daemon (layout_extent()).
+ */
+int wire_tensor_check(const struct wire_tensor *t, const char **ret_why);
+
+#endif /* DLX_PROTO_WIRE_H */

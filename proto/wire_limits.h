@@ -1,0 +1,34 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Every size a peer controls has a limit here, checked at decode. Both sides
+ * build against the same numbers, so a well-behaved client never hits one.
+ */
+#ifndef DLX_PROTO_WIRE_LIMITS_H
+#define DLX_PROTO_WIRE_LIMITS_H
+
+/* Protocol version spoken by this build; a different major is refused. */
+#define DLX_PROTO_MAJOR 1
+#define DLX_PROTO_MINOR 0
+
+/* Largest frame payload either side accepts (a full list page fits easily). */
+#define DLX_MAX_FRAME (1u << 20)
+/* File descriptors one frame may carry, and how many may wait in a receive queue. */
+#define DLX_MAX_FDS_PER_FRAME 4
+#define DLX_MAX_FDS_QUEUED 16
+/* Tensor rank, as DLPack frameworks use it (numpy's limit is 64, torch's is 25). */
+#define DLX_MAX_NDIM 32
+/* Bytes of a name, excluding the terminating NUL. */
+#define DLX_NAME_MAX 255
+/* Bytes of a client name given in hello. */
+#define DLX_CLIENT_NAME_MAX 64
+/* Bytes of a human-readable error carried in a reply. */
+#define DLX_ERROR_MAX 255
+/* Requests of one session that may wait in the daemon (blocked acquires) at once. */
+#define DLX_MAX_INFLIGHT 256
+/* Entries in one list reply, at most and by default. */
+#define DLX_LIST_PAGE_MAX 1024
+#define DLX_LIST_PAGE_DEFAULT 256
+/* Largest single shared segment (alloc or published memfd): 1 TiB. */
+#define DLX_MAX_SEGMENT (UINT64_C(1) << 40)
+
+#endif /* DLX_PROTO_WIRE_LIMITS_H */
