@@ -91,6 +91,7 @@ struct dlx_client {
         struct seg_map *idle_head, *idle_tail; /* least recently used first */
         unsigned nidle;
         struct arena_seg *arena;
+        unsigned arena_grown; /* segments the allocator asked for so far */
 
         /* --- set at connect, read-only after --- */
         struct frame_reader reader; /* touched only by the reader thread */
@@ -146,11 +147,14 @@ DLX_HIDDEN void dlx__maps_final(dlx_client *c);
 DLX_HIDDEN int dlx__arena_alloc(dlx_client *c, uint64_t bytes, struct seg_map **ret_map,
                                 uint64_t *ret_offset);
 DLX_HIDDEN void dlx__arena_free(dlx_client *c, struct seg_map *m, uint64_t offset, uint64_t bytes);
+/*
+ * The allocator segment holding the bytes [data + lo, data + hi) and data
+ * itself, or NULL: memory any tensor (a dlx_alloc() result or a framework view
+ * of one) can be published from without a copy. Lock held.
+ */
+DLX_HIDDEN struct seg_map *dlx__arena_find(dlx_client *c, const void *data, int64_t lo, int64_t hi);
 
 /* ---- tensor.c ---- */
-/* The arena chunk behind a dlx_alloc() tensor of client c, or NULL when it is not one. */
-DLX_HIDDEN bool dlx__is_alloc_of(const DLManagedTensorVersioned *t, const dlx_client *c,
-                                 struct seg_map **ret_map);
 DLX_HIDDEN void dlx__info_from_wire(const struct wire_info *w, struct dlx_info *info);
 
 /* ---- exchange.c ---- */

@@ -25,9 +25,15 @@
 
 /* Idle mappings kept for quick re-acquire. */
 #define MAX_IDLE_MAPS 32
-/* Allocator segments: at least this big, tensors carved out at this alignment. */
-#define ARENA_SEGMENT_SIZE (UINT64_C(64) << 20)
-#define ARENA_ROUND (UINT64_C(2) << 20)
+/*
+ * Allocator segments start small and double up to ARENA_SEGMENT_MAX, so a
+ * process that shares one small tensor does not pin (or get charged for) a
+ * large segment, while one that shares many amortises the round trips.
+ * Larger tensors get a segment of their own, rounded to ARENA_ROUND.
+ */
+#define ARENA_SEGMENT_MIN (UINT64_C(256) << 10)
+#define ARENA_SEGMENT_MAX (UINT64_C(64) << 20)
+#define ARENA_ROUND (UINT64_C(64) << 10)
 #define ARENA_ALIGN 64
 
 struct arena_range {
@@ -283,7 +289,13 @@ int dlx__arena_alloc(dlx_client *c, uint64_t bytes, struct seg_map **ret_map, ui
         }
         pthread_mutex_unlock(&c->lock);
 
-        req.alloc.size = n > ARENA_SEGMENT_SIZE ? round_up(n, ARENA_ROUND) : ARENA_SEGMENT_SIZE;
+        pthread_mutex_lock(&c->lock);
+        uint64_t want = ARENA_SEGMENT_MIN << (c->arena_grown < 8 ? c->arena_grown : 8);
+        if (want > ARENA_SEGMENT_MAX)
+                want = ARENA_SEGMENT_MAX;
+        c->arena_grown++;
+        pthread_mutex_unlock(&c->lock);
+        req.alloc.size = n > want ? round_up(n, ARENA_ROUND) : want;
         err = dlx__call(c, &req, -1, &p);
         if (err == 0 && (!p.map || !p.map->rw || p.rep.type != WIRE_REP_ALLOC))
                 err = dlx__fail(-EPROTO, "alloc reply without a usable segment");
@@ -313,6 +325,26 @@ int dlx__arena_alloc(dlx_client *c, uint64_t bytes, struct seg_map **ret_map, ui
         pthread_mutex_unlock(&c->lock);
         dlx__pending_done(c, &p);
         return 0;
+}
+
+struct seg_map *dlx__arena_find(dlx_client *c, const void *data, int64_t lo, int64_t hi)
+{
+        uintptr_t p = (uintptr_t)data;
+
+        for (struct arena_seg *a = c->arena; a; a = a->next) {
+                uintptr_t base = (uintptr_t)a->map->rw;
+                uint64_t off;
+
+                if (p < base || p - base > a->size)
+                        continue;
+                off = p - base;
+                if (hi > lo && (lo < 0 ? (uint64_t)-lo > off : false))
+                        return NULL;
+                if (hi > lo && hi > 0 && (uint64_t)hi > a->size - off)
+                        return NULL;
+                return a->map;
+        }
+        return NULL;
 }
 
 void dlx__arena_free(dlx_client *c, struct seg_map *m, uint64_t offset, uint64_t bytes)

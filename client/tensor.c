@@ -236,20 +236,6 @@ int dlx_alloc(dlx_client *c, const DLTensor *proto, DLManagedTensorVersioned **r
         return 0;
 }
 
-bool dlx__is_alloc_of(const DLManagedTensorVersioned *t, const dlx_client *c,
-                      struct seg_map **ret_map)
-{
-        const struct allocated *a;
-
-        if (t->deleter != allocated_deleter)
-                return false;
-        a = t->manager_ctx;
-        if (a->c != c || !a->map->rw)
-                return false;
-        *ret_map = a->map;
-        return true;
-}
-
 /* ---- publish -------------------------------------------------------------------------- */
 
 static int cmp_token(const void *key, const struct avl_node *n)
@@ -369,18 +355,12 @@ int dlx_publish(dlx_client *c, const char *name, DLManagedTensorVersioned *tenso
         req.publish.persist = o.persist;
 
         pthread_mutex_lock(&c->lock);
-        bool zero_copy = o.copy != DLX_COPY_ALWAYS && dlx__is_alloc_of(tensor, c, &map);
+        /* any tensor whose bytes lie in our allocator's memory goes as is */
+        if (o.copy != DLX_COPY_ALWAYS && t->data)
+                map = dlx__arena_find(c, t->data, lo, hi);
+        bool zero_copy = map != NULL;
         if (zero_copy) {
-                uint8_t *data = t->data;
-                /* the tensor may have been re-pointed: it must still lie in its segment */
-                if (data < map->rw || (uint64_t)(data - map->rw) > map->size ||
-                    (int64_t)(data - map->rw) + lo < 0 ||
-                    (hi > 0 && (uint64_t)(data - map->rw) + (uint64_t)hi > map->size))
-                        zero_copy = false;
-                else
-                        w->offset = (uint64_t)(data - map->rw);
-        }
-        if (zero_copy) {
+                w->offset = (uint64_t)((const uint8_t *)t->data - map->rw);
                 h = calloc(1, sizeof(*h));
                 if (!h) {
                         pthread_mutex_unlock(&c->lock);

@@ -94,7 +94,7 @@ const char *dlx_server_version(const dlx_client *client);
 /* ---- publishing ---------------------------------------------------------------------- */
 
 enum dlx_copy {
-        /* Zero-copy when the memory came from dlx_alloc(), else one copy. */
+        /* Zero-copy when the bytes lie in dlx_alloc() memory of this client, else one copy. */
         DLX_COPY_IF_NEEDED = 0,
         /* Fail with -EXDEV rather than copy. */
         DLX_COPY_NEVER = 1,
@@ -116,11 +116,13 @@ struct dlx_publish_options {
  * Publishes tensor under name as a new version (the first is 1). opts may be NULL
  * (defaults: not persistent, read-only, DLX_COPY_IF_NEEDED).
  *
- * Takes ownership of tensor on every path. Memory from dlx_alloc() is shared
- * as is, and the tensor's deleter runs once the version is gone: replaced or
- * unpublished and its last lease released, or this client closed. Other CPU
- * memory is copied once into a fresh sealed segment and the deleter runs
- * before this returns. On failure the deleter has run too.
+ * Takes ownership of tensor on every path. A tensor whose bytes lie in memory
+ * dlx_alloc() gave this client (the allocated tensor itself, or any view of it
+ * with its own deleter, such as a framework's re-export) is shared as is, and
+ * its deleter runs once the version is gone: replaced or unpublished and its
+ * last lease released, or this client closed. Other CPU memory is copied once
+ * into a fresh sealed segment and the deleter runs before this returns. On
+ * failure the deleter has run too.
  *
  * Returns 0 with *ret_version (may be NULL), or:
  *   -EINVAL   bad name (1-255 bytes of printable UTF-8, '/'-separated, no empty,

@@ -1,0 +1,204 @@
+/* SPDX-License-Identifier: MIT */
+#include "fixture.h"
+
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+struct dlxd_fixture fx;
+
+int count_fds(pid_t pid)
+{
+        char path[64];
+        struct dirent *d;
+        DIR *dir;
+        int n = 0;
+
+        if (pid)
+                snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+        else
+                snprintf(path, sizeof(path), "/proc/self/fd");
+        dir = opendir(path);
+        if (!dir)
+                return -1;
+        while ((d = readdir(dir)))
+                if (d->d_name[0] != '.')
+                        n++;
+        closedir(dir);
+        /* opendir's own fd is counted for ourselves */
+        return pid ? n : n - 1;
+}
+
+static void sleep_ms(int ms)
+{
+        struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
+        nanosleep(&ts, NULL);
+}
+
+int wait_daemon_fds(const struct dlxd_fixture *f, int n, int timeout_ms)
+{
+        int count = count_fds(f->pid);
+
+        for (int waited = 0; count != n && waited < timeout_ms; waited += 5) {
+                sleep_ms(5);
+                count = count_fds(f->pid);
+        }
+        return count;
+}
+
+void dlxd_start(struct dlxd_fixture *f, const char *const *extra)
+{
+        const char *dlxd = getenv("DLXD");
+        const char *level = getenv("DLX_TEST_LOG");
+        int pipefd[2];
+        char ready[16], byte;
+        struct pollfd pfd;
+
+        ck_assert_msg(dlxd && *dlxd, "DLXD is not set");
+        memset(f, 0, sizeof(*f));
+        f->self_fds = count_fds(0);
+        snprintf(f->dir, sizeof(f->dir), "/tmp/dlx-test-XXXXXX");
+        ck_assert_msg(mkdtemp(f->dir), "mkdtemp: %s", strerror(errno));
+        snprintf(f->socket, sizeof(f->socket), "%s/dlxd.sock", f->dir);
+        ck_assert_int_eq(pipe2(pipefd, O_CLOEXEC), 0);
+
+        f->pid = fork();
+        ck_assert_int_ge(f->pid, 0);
+        if (f->pid == 0) {
+                const char *argv[32];
+                int n = 0;
+                /* the write end, inherited without CLOEXEC as fd 3 */
+                if (dup2(pipefd[1], 3) < 0)
+                        _exit(127);
+                snprintf(ready, sizeof(ready), "%d", 3);
+                argv[n++] = "dlxd";
+                argv[n++] = "--socket";
+                argv[n++] = f->socket;
+                argv[n++] = "--ready-fd";
+                argv[n++] = ready;
+                argv[n++] = "--log-level";
+                argv[n++] = level && *level ? level : "notice";
+                for (int i = 0; extra && extra[i] && n < 31; i++)
+                        argv[n++] = extra[i];
+                argv[n] = NULL;
+                execv(dlxd, (char *const *)argv);
+                _exit(127);
+        }
+        close(pipefd[1]);
+        pfd.fd = pipefd[0];
+        pfd.events = POLLIN;
+        ck_assert_msg(poll(&pfd, 1, 10000) == 1, "dlxd did not become ready in 10 s");
+        ck_assert_msg(read(pipefd[0], &byte, 1) == 1, "dlxd exited before becoming ready");
+        close(pipefd[0]);
+        f->daemon_fds = count_fds(f->pid);
+        ck_assert_int_gt(f->daemon_fds, 0);
+}
+
+static int unpublish_one(void *ctx, const struct dlx_info *info)
+{
+        dlx_unpublish(ctx, info->name);
+        return 0;
+}
+
+void dlxd_stop(struct dlxd_fixture *f)
+{
+        struct dlx_connect_options o = {.socket_path = f->socket, .client_name = "teardown"};
+        dlx_client *c;
+        int status, fds;
+
+        if (f->pid <= 0)
+                return;
+        /* persistent tensors legitimately hold fds: remove them, then count */
+        if (dlx_connect(&o, &c) == 0) {
+                dlx_list(c, "", unpublish_one, c);
+                dlx_close(c);
+        }
+        fds = wait_daemon_fds(f, f->daemon_fds, 5000);
+        ck_assert_msg(fds == f->daemon_fds, "dlxd holds %d fds at the end, %d at the start", fds,
+                      f->daemon_fds);
+        ck_assert_int_eq(kill(f->pid, SIGTERM), 0);
+        ck_assert_int_eq(waitpid(f->pid, &status, 0), f->pid);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                      "dlxd did not exit 0 on SIGTERM (status 0x%x)", status);
+        f->pid = 0;
+        ck_assert_msg(access(f->socket, F_OK) != 0, "dlxd left its socket behind");
+        rmdir(f->dir);
+        fds = count_fds(0);
+        ck_assert_msg(fds == f->self_fds, "the test has %d fds open, %d before", fds, f->self_fds);
+}
+
+void fx_setup(void)
+{
+        dlxd_start(&fx, NULL);
+}
+
+void fx_teardown(void)
+{
+        dlxd_stop(&fx);
+}
+
+dlx_client *fx_connect(const struct dlxd_fixture *f, const char *name)
+{
+        struct dlx_connect_options o = {.socket_path = f->socket, .client_name = name};
+        dlx_client *c = NULL;
+        int err = dlx_connect(&o, &c);
+
+        ck_assert_msg(err == 0, "connect: %s (%s)", dlx_strerror(err), dlx_last_error());
+        return c;
+}
+
+pid_t fx_spawn(int (*fn)(void *arg), void *arg)
+{
+        pid_t pid = fork();
+
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0)
+                _exit(fn(arg));
+        return pid;
+}
+
+int fx_wait(pid_t pid)
+{
+        int status;
+
+        if (waitpid(pid, &status, 0) != pid)
+                return -1;
+        if (WIFSIGNALED(status))
+                return 128 + WTERMSIG(status);
+        return WEXITSTATUS(status);
+}
+
+int fx_raw_connect(const struct dlxd_fixture *f)
+{
+        struct sockaddr_un addr = {.sun_family = AF_UNIX};
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+        ck_assert_int_ge(fd, 0);
+        snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", f->socket);
+        ck_assert_msg(connect(fd, (struct sockaddr *)&addr, sizeof(addr)) == 0, "connect: %s",
+                      strerror(errno));
+        return fd;
+}
+
+long fx_wait_leases(dlx_client *c, unsigned long long n, int timeout_ms)
+{
+        struct dlx_stats s;
+
+        for (int waited = 0;; waited += 5) {
+                ck_assert_int_eq(dlx_stats(c, &s), 0);
+                if (s.leases == n || waited >= timeout_ms)
+                        return (long)s.leases;
+                sleep_ms(5);
+        }
+}

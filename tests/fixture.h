@@ -1,0 +1,62 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Integration-test helpers: a real dlxd per test in a mkdtemp directory,
+ * readiness signalled on an inherited pipe (no sleeps, no log scraping),
+ * stopped with SIGTERM and required to exit 0, with open fds counted in the
+ * test process and in the daemon before and after.
+ *
+ * Environment: DLXD (path of the daemon binary, set by meson),
+ * DLX_TEST_LOG (the daemon's --log-level, default "notice").
+ */
+#ifndef DLX_TESTS_FIXTURE_H
+#define DLX_TESTS_FIXTURE_H
+
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include <dlx/dlx.h>
+
+struct dlxd_fixture {
+        char dir[64];
+        char socket[108];
+        pid_t pid;
+        int self_fds;   /* open fds of the test process before the daemon started */
+        int daemon_fds; /* open fds of the daemon once ready */
+};
+
+/* The fixture of the running test (checked fixtures take no arguments). */
+extern struct dlxd_fixture fx;
+
+/* Starts dlxd with extra arguments (NULL-terminated, may be NULL); fails the test on error. */
+void dlxd_start(struct dlxd_fixture *f, const char *const *extra);
+/*
+ * Removes every name still published, waits for the daemon's fd count to
+ * return to its baseline, stops it with SIGTERM, asserts exit status 0 and
+ * that the test process has as many fds open as before dlxd_start().
+ */
+void dlxd_stop(struct dlxd_fixture *f);
+
+/* Checked-fixture wrappers around fx. */
+void fx_setup(void);
+void fx_teardown(void);
+
+/* Open fds of a process (0: this one). */
+int count_fds(pid_t pid);
+/* Polls until the daemon has n fds open, up to timeout_ms; returns the last count. */
+int wait_daemon_fds(const struct dlxd_fixture *f, int n, int timeout_ms);
+
+/* Connects to f's daemon or fails the test. */
+dlx_client *fx_connect(const struct dlxd_fixture *f, const char *name);
+
+/* Runs fn(arg) in a child process; the child exits with fn's return value. */
+pid_t fx_spawn(int (*fn)(void *arg), void *arg);
+/* Waits for a child; returns its exit status, or 128 + signal. */
+int fx_wait(pid_t pid);
+
+/* A raw connected socket to f's daemon (no hello sent). */
+int fx_raw_connect(const struct dlxd_fixture *f);
+
+/* Polls the daemon's stats until leases == n, up to timeout_ms; returns the last count. */
+long fx_wait_leases(dlx_client *c, unsigned long long n, int timeout_ms);
+
+#endif /* DLX_TESTS_FIXTURE_H */
