@@ -124,6 +124,8 @@ void dlx__client_unref(dlx_client *c)
         free(c);
 }
 
+static int pump(dlx_client *c, int64_t timeout_ms);
+
 /* ---- sending ----------------------------------------------------------------------------------
  */
 
@@ -196,6 +198,12 @@ static int send_locked(dlx_client *c, struct wire_request *req, int fd)
         pthread_mutex_unlock(&c->send_lock);
         if (buf != stackbuf)
                 free(buf);
+        if (err == -ECONNRESET && !c->reading) {
+                /* the daemon may have said why it hung up (a client limit, say) */
+                pump(c, 0);
+                if (c->broken && c->broken != -ECONNRESET)
+                        return c->broken;
+        }
         if (err < 0 && !c->broken)
                 c->broken = err;
         return err;
@@ -326,7 +334,7 @@ static void on_frame(dlx_client *c, struct frame *f)
                 } else if (rep.status != WIRE_OK) {
                         /* a connection-level refusal: the daemon hangs up next */
                         dlx__log(c, DLX_LOG_ERR, "daemon: %s", rep.error);
-                        dlx__fail(-wire_status_errno(rep.status), "%s", rep.error);
+                        snprintf(c->broken_why, sizeof(c->broken_why), "%s", rep.error);
                         c->broken = -wire_status_errno(rep.status);
                 }
                 wire_reply_done(&rep);
@@ -511,6 +519,8 @@ int dlx__call(dlx_client *c, struct wire_request *req, int fd, struct pending *p
         err = send_locked(c, req, fd);
         if (err < 0) {
                 pthread_mutex_unlock(&c->lock);
+                if (c->broken_why[0])
+                        return dlx__fail(err, "%s", c->broken_why);
                 return dlx__fail(err, "cannot send %s: %s", wire_request_name(req->type),
                                  dlx_strerror(err));
         }
@@ -526,6 +536,8 @@ int dlx__call(dlx_client *c, struct wire_request *req, int fd, struct pending *p
                 }
         }
         pthread_mutex_unlock(&c->lock);
+        if (p->err < 0 && c->broken_why[0])
+                return dlx__fail(p->err, "%s", c->broken_why);
         if (p->err < 0)
                 return dlx__fail(p->err, "%s: %s", wire_request_name(req->type),
                                  p->err == -ECONNRESET ? "the connection to the daemon was lost"

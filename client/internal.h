@@ -80,6 +80,7 @@ struct dlx_client {
         bool reading;
         bool closed;
         int broken; /* 0, or -errno once the connection failed */
+        char broken_why[DLX_ERROR_MAX + 1]; /* the daemon's reason, when it gave one */
         uint64_t next_id;
         uint64_t next_token;
         struct pending *pending;

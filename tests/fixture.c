@@ -100,6 +100,9 @@ void dlxd_start(struct dlxd_fixture *f, const char *const *extra)
         pfd.events = POLLIN;
         ck_assert_msg(poll(&pfd, 1, 10000) == 1, "dlxd did not become ready in 10 s");
         ck_assert_msg(read(pipefd[0], &byte, 1) == 1, "dlxd exited before becoming ready");
+        /* dlxd closes the ready fd after writing: count its fds only after that */
+        ck_assert_msg(poll(&pfd, 1, 10000) == 1 && read(pipefd[0], &byte, 1) == 0,
+                      "dlxd kept its ready fd open");
         close(pipefd[0]);
         f->daemon_fds = count_fds(f->pid);
         ck_assert_int_gt(f->daemon_fds, 0);

@@ -1,0 +1,991 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Publish/acquire between processes against a real dlxd: shared pages,
+ * persistence, replacement and removal under leases, crashes, waiting,
+ * watching, ownership, the mapping cache, limits and the socket's life.
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <dlx/dlx.h>
+
+#include "fixture.h"
+
+/* ---- helpers ------------------------------------------------------------------------- */
+
+static int64_t now_ms(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int ms)
+{
+        struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
+        nanosleep(&ts, NULL);
+}
+
+/* A float32 vector of n elements in shared memory, element i = base + i. */
+static DLManagedTensorVersioned *make_vec(dlx_client *c, int64_t n, float base)
+{
+        int64_t shape[1] = {n};
+        DLTensor proto = {
+                .device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLFloat, 32, 1}, .shape = shape};
+        DLManagedTensorVersioned *t = NULL;
+        int err = dlx_alloc(c, &proto, &t);
+
+        ck_assert_msg(err == 0, "dlx_alloc: %s (%s)", dlx_strerror(err), dlx_last_error());
+        for (int64_t i = 0; i < n; i++)
+                ((float *)t->dl_tensor.data)[i] = base + (float)i;
+        return t;
+}
+
+static bool vec_is(const DLManagedTensorVersioned *t, int64_t n, float base)
+{
+        const float *v =
+                (const float *)((const char *)t->dl_tensor.data + t->dl_tensor.byte_offset);
+
+        if (t->dl_tensor.ndim != 1 || t->dl_tensor.shape[0] != n)
+                return false;
+        for (int64_t i = 0; i < n; i++)
+                if (v[i] != base + (float)i)
+                        return false;
+        return true;
+}
+
+/* Wraps a tensor so its deletion is counted: the counter lives in shared memory. */
+struct counted {
+        DLManagedTensorVersioned mt;
+        DLManagedTensorVersioned *inner;
+        int *count;
+};
+
+static void counted_deleter(DLManagedTensorVersioned *t)
+{
+        struct counted *w = t->manager_ctx;
+
+        __atomic_add_fetch(w->count, 1, __ATOMIC_SEQ_CST);
+        w->inner->deleter(w->inner);
+        free(w);
+}
+
+static DLManagedTensorVersioned *counted(DLManagedTensorVersioned *inner, int *count)
+{
+        struct counted *w = calloc(1, sizeof(*w));
+
+        ck_assert_ptr_nonnull(w);
+        w->mt = *inner;
+        w->mt.manager_ctx = w;
+        w->mt.deleter = counted_deleter;
+        w->inner = inner;
+        w->count = count;
+        return &w->mt;
+}
+
+static int *shared_counter(void)
+{
+        int *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+        ck_assert_ptr_ne(p, MAP_FAILED);
+        *p = 0;
+        return p;
+}
+
+static void publish_ok(dlx_client *c, const char *name, DLManagedTensorVersioned *t,
+                       const struct dlx_publish_options *o, uint64_t *ret_version)
+{
+        int err = dlx_publish(c, name, t, o, ret_version);
+        ck_assert_msg(err == 0, "publish %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
+}
+
+static DLManagedTensorVersioned *acquire_ok(dlx_client *c, const char *name,
+                                            const struct dlx_acquire_options *o)
+{
+        DLManagedTensorVersioned *t = NULL;
+        int err = dlx_acquire(c, name, o, &t);
+
+        ck_assert_msg(err == 0, "acquire %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
+        return t;
+}
+
+/* A pipe used to say "I'm there" between processes. */
+struct gate {
+        int fd[2];
+};
+
+static void gate_init(struct gate *g)
+{
+        ck_assert_int_eq(pipe2(g->fd, O_CLOEXEC), 0);
+}
+
+static void gate_open(struct gate *g)
+{
+        (void)!write(g->fd[1], "x", 1);
+}
+
+static bool gate_wait(struct gate *g, int timeout_ms)
+{
+        struct pollfd p = {.fd = g->fd[0], .events = POLLIN};
+        char b;
+
+        return poll(&p, 1, timeout_ms) == 1 && read(g->fd[0], &b, 1) == 1;
+}
+
+static void gate_done(struct gate *g)
+{
+        close(g->fd[0]);
+        close(g->fd[1]);
+}
+
+/* ---- cross-process sharing ------------------------------------------------------------- */
+
+struct share_arg {
+        const char *name;
+        int64_t n;
+};
+
+static int consumer_writes(void *p)
+{
+        struct share_arg *a = p;
+        dlx_client *c = fx_connect(&fx, "consumer");
+        DLManagedTensorVersioned *t = acquire_ok(c, a->name, NULL);
+        const char *storage = NULL;
+        int rc = 0;
+
+        if (!vec_is(t, a->n, 1.0f))
+                rc = 10;
+        if (t->flags & DLPACK_FLAG_BITMASK_READ_ONLY)
+                rc = 11;
+        if (t->version.major != 1 || t->version.minor != 3)
+                rc = 12;
+        if (dlx_tensor_info(t, NULL, NULL, &storage) != 0 || strcmp(storage, "memfd") != 0)
+                rc = 13;
+        /* write through the mapping: the producer must see it in its own pages */
+        ((float *)t->dl_tensor.data)[0] = -42.0f;
+        t->deleter(t);
+        dlx_close(c);
+        return rc;
+}
+
+START_TEST(publish_acquire_same_pages)
+{
+        struct dlx_publish_options o = {.writable = true};
+        struct share_arg a = {.name = "share/vec", .n = 1000};
+        dlx_client *c = fx_connect(&fx, "producer");
+        DLManagedTensorVersioned *t = make_vec(c, a.n, 1.0f);
+        volatile float *mine = t->dl_tensor.data;
+        uint64_t v = 0;
+
+        publish_ok(c, a.name, t, &o, &v);
+        ck_assert_uint_eq(v, 1);
+        ck_assert_int_eq(fx_wait(fx_spawn(consumer_writes, &a)), 0);
+        /* the producer still holds its tensor (published zero-copy): same memory */
+        ck_assert(mine[0] == -42.0f);
+        ck_assert(mine[1] == 2.0f);
+        dlx_close(c);
+}
+END_TEST
+
+static int consumer_tries_write(void *p)
+{
+        struct share_arg *a = p;
+        dlx_client *c = fx_connect(&fx, "consumer");
+        DLManagedTensorVersioned *t = acquire_ok(c, a->name, NULL);
+        uintptr_t page = (uintptr_t)t->dl_tensor.data & ~(uintptr_t)4095;
+        int rc = 0;
+
+        if (!(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY))
+                rc = 10;
+        else if (!vec_is(t, a->n, 5.0f))
+                rc = 11;
+        /* a read-only tensor arrives through a read-only fd: no way to make it writable */
+        else if (mprotect((void *)page, 4096, PROT_READ | PROT_WRITE) == 0)
+                rc = 12;
+        t->deleter(t);
+        dlx_close(c);
+        return rc;
+}
+
+static void free_struct_deleter(DLManagedTensorVersioned *t)
+{
+        free(t);
+}
+
+START_TEST(read_only_is_enforced)
+{
+        struct share_arg a = {.name = "share/ro", .n = 64};
+        dlx_client *c = fx_connect(&fx, "producer");
+
+        publish_ok(c, a.name, make_vec(c, a.n, 5.0f), NULL, NULL);
+        ck_assert_int_eq(fx_wait(fx_spawn(consumer_tries_write, &a)), 0);
+
+        /* the copy path seals the memfd against writes altogether */
+        float *plain = malloc(64 * sizeof(float));
+        int64_t *shape = malloc(sizeof(int64_t));
+        for (int i = 0; i < 64; i++)
+                plain[i] = 5.0f + (float)i;
+        shape[0] = 64;
+        DLManagedTensorVersioned *mt = calloc(1, sizeof(*mt));
+        mt->version.major = 1;
+        mt->version.minor = 3;
+        mt->dl_tensor = (DLTensor){.data = plain,
+                                   .device = {kDLCPU, 0},
+                                   .ndim = 1,
+                                   .dtype = {kDLFloat, 32, 1},
+                                   .shape = shape};
+        mt->deleter = free_struct_deleter;
+        struct dlx_publish_options o = {.copy = DLX_COPY_ALWAYS};
+        int *count = shared_counter();
+        publish_ok(c, "share/ro-copy", counted(mt, count), &o, NULL);
+        ck_assert_int_eq(*count, 1); /* the copy path deletes at once */
+        a.name = "share/ro-copy";
+        ck_assert_int_eq(fx_wait(fx_spawn(consumer_tries_write, &a)), 0);
+        free(plain);
+        free(shape);
+        dlx_close(c);
+        munmap(count, 4096);
+}
+END_TEST
+
+static int producer_then_exit(void *p)
+{
+        (void)p;
+        dlx_client *c = fx_connect(&fx, "short-lived");
+        struct dlx_publish_options keep = {.persist = true};
+
+        publish_ok(c, "life/persist", make_vec(c, 16, 3.0f), &keep, NULL);
+        publish_ok(c, "life/temp", make_vec(c, 16, 4.0f), NULL, NULL);
+        dlx_close(c);
+        return 0;
+}
+
+START_TEST(persist_outlives_producer)
+{
+        dlx_client *c = fx_connect(&fx, "reader");
+        DLManagedTensorVersioned *t = NULL;
+        struct dlx_info info;
+
+        ck_assert_int_eq(fx_wait(fx_spawn(producer_then_exit, NULL)), 0);
+        t = acquire_ok(c, "life/persist", NULL);
+        ck_assert(vec_is(t, 16, 3.0f));
+        ck_assert_int_eq(dlx_stat(c, "life/persist", &info), 0);
+        ck_assert(info.persist);
+        ck_assert_int_eq(info.producer_pid, 0);
+        ck_assert_uint_eq(info.leases, 1);
+        t->deleter(t);
+        ck_assert_int_eq(dlx_acquire(c, "life/temp", NULL, &t), -ENOENT);
+        ck_assert_int_eq(dlx_stat(c, "life/temp", &info), -ENOENT);
+        dlx_close(c);
+}
+END_TEST
+
+/* ---- lifetimes under leases ------------------------------------------------------------- */
+
+START_TEST(replace_while_leased)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_client *q = fx_connect(&fx, "consumer");
+        int *count = shared_counter();
+        DLManagedTensorVersioned *old, *cur;
+        uint64_t v = 0;
+
+        publish_ok(p, "r/x", counted(make_vec(p, 32, 1.0f), count), NULL, &v);
+        ck_assert_uint_eq(v, 1);
+        old = acquire_ok(q, "r/x", NULL);
+        publish_ok(p, "r/x", make_vec(p, 32, 100.0f), NULL, &v);
+        ck_assert_uint_eq(v, 2);
+
+        /* the old version is still readable by its lease holder */
+        ck_assert(vec_is(old, 32, 1.0f));
+        cur = acquire_ok(q, "r/x", NULL);
+        ck_assert(vec_is(cur, 32, 100.0f));
+        dlx_process_events(p);
+        ck_assert_int_eq(*count, 0);
+
+        old->deleter(old);
+        /* RELEASED reaches the producer; its deleter runs exactly once */
+        for (int i = 0; i < 200 && *count == 0; i++) {
+                sleep_ms(5);
+                ck_assert_int_ge(dlx_process_events(p), 0);
+        }
+        ck_assert_int_eq(*count, 1);
+        dlx_process_events(p);
+        ck_assert_int_eq(*count, 1);
+        cur->deleter(cur);
+        dlx_close(q);
+        dlx_close(p);
+        ck_assert_int_eq(*count, 1);
+        munmap(count, 4096);
+}
+END_TEST
+
+START_TEST(unpublish_while_leased)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_client *q = fx_connect(&fx, "consumer");
+        int *count = shared_counter();
+        DLManagedTensorVersioned *held, *t;
+
+        publish_ok(p, "u/x", counted(make_vec(p, 8, 7.0f), count), NULL, NULL);
+        held = acquire_ok(q, "u/x", NULL);
+        ck_assert_int_eq(dlx_unpublish(p, "u/x"), 0);
+        ck_assert_int_eq(dlx_acquire(q, "u/x", NULL, &t), -ENOENT);
+        ck_assert_int_eq(dlx_unpublish(p, "u/x"), -ENOENT);
+        ck_assert(vec_is(held, 8, 7.0f));
+        dlx_process_events(p);
+        ck_assert_int_eq(*count, 0);
+        held->deleter(held);
+        /* a blocking call also delivers pending events */
+        for (int i = 0; i < 200 && *count == 0; i++) {
+                sleep_ms(5);
+                ck_assert_int_eq(dlx_ping(p), 0);
+        }
+        ck_assert_int_eq(*count, 1);
+        dlx_close(q);
+        dlx_close(p);
+        ck_assert_int_eq(*count, 1);
+        munmap(count, 4096);
+}
+END_TEST
+
+START_TEST(close_runs_held_deleters)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        int *count = shared_counter();
+
+        publish_ok(p, "c/a", counted(make_vec(p, 8, 1.0f), count), NULL, NULL);
+        publish_ok(p, "c/b", counted(make_vec(p, 8, 2.0f), count), NULL, NULL);
+        ck_assert_int_eq(*count, 0);
+        dlx_close(p);
+        ck_assert_int_eq(*count, 2);
+        munmap(count, 4096);
+}
+END_TEST
+
+struct holder_arg {
+        struct gate ready;
+};
+
+static int hold_forever(void *p)
+{
+        struct holder_arg *a = p;
+        dlx_client *c = fx_connect(&fx, "holder");
+        DLManagedTensorVersioned *t = acquire_ok(c, "k/x", NULL);
+
+        (void)t;
+        gate_open(&a->ready);
+        for (;;)
+                pause();
+        return 0;
+}
+
+START_TEST(kill9_releases_leases)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        int *count = shared_counter();
+        struct holder_arg a;
+        pid_t pid;
+
+        gate_init(&a.ready);
+        publish_ok(p, "k/x", counted(make_vec(p, 8, 1.0f), count), NULL, NULL);
+        pid = fx_spawn(hold_forever, &a);
+        ck_assert(gate_wait(&a.ready, 5000));
+        ck_assert_int_eq(fx_wait_leases(p, 1, 1000), 1);
+        publish_ok(p, "k/x", make_vec(p, 8, 2.0f), NULL, NULL);
+        ck_assert_int_eq(*count, 0);
+
+        kill(pid, SIGKILL);
+        ck_assert_int_eq(fx_wait(pid), 128 + SIGKILL);
+        ck_assert_int_eq(fx_wait_leases(p, 0, 5000), 0);
+        for (int i = 0; i < 200 && *count == 0; i++) {
+                sleep_ms(5);
+                dlx_process_events(p);
+        }
+        ck_assert_int_eq(*count, 1);
+        gate_done(&a.ready);
+        dlx_close(p);
+        munmap(count, 4096);
+}
+END_TEST
+
+/* ---- waiting --------------------------------------------------------------------------- */
+
+START_TEST(acquire_timeout)
+{
+        dlx_client *c = fx_connect(&fx, "waiter");
+        struct dlx_acquire_options o = {.timeout_ms = 150};
+        DLManagedTensorVersioned *t = NULL;
+        int64_t start = now_ms();
+
+        ck_assert_int_eq(dlx_acquire(c, "w/none", &o, &t), -ETIMEDOUT);
+        ck_assert_int_ge(now_ms() - start, 140);
+        ck_assert_ptr_null(t);
+        ck_assert_ptr_nonnull(strstr(dlx_last_error(), "w/none"));
+        ck_assert_int_eq(dlx_acquire(c, "w/none", NULL, &t), -ENOENT);
+        dlx_close(c);
+}
+END_TEST
+
+struct late_arg {
+        const char *name;
+        int delay_ms;
+        int count;
+};
+
+static int publish_late(void *p)
+{
+        struct late_arg *a = p;
+        dlx_client *c = fx_connect(&fx, "late");
+
+        for (int i = 0; i < a->count; i++) {
+                sleep_ms(a->delay_ms);
+                publish_ok(c, a->name, make_vec(c, 4, (float)(i + 1) * 10.0f),
+                           &(struct dlx_publish_options){.persist = true}, NULL);
+        }
+        dlx_close(c);
+        return 0;
+}
+
+START_TEST(acquire_waits_for_publish)
+{
+        dlx_client *c = fx_connect(&fx, "waiter");
+        struct late_arg a = {.name = "w/late", .delay_ms = 50, .count = 1};
+        struct dlx_acquire_options o = {.timeout_ms = 5000};
+        pid_t pid = fx_spawn(publish_late, &a);
+        DLManagedTensorVersioned *t = acquire_ok(c, "w/late", &o);
+
+        ck_assert(vec_is(t, 4, 10.0f));
+        t->deleter(t);
+        ck_assert_int_eq(fx_wait(pid), 0);
+        dlx_close(c);
+}
+END_TEST
+
+START_TEST(acquire_min_version)
+{
+        dlx_client *c = fx_connect(&fx, "waiter");
+        struct late_arg a = {.name = "w/mv", .delay_ms = 30, .count = 3};
+        struct dlx_acquire_options o = {.timeout_ms = 5000, .min_version = 3};
+        pid_t pid = fx_spawn(publish_late, &a);
+        DLManagedTensorVersioned *t = acquire_ok(c, "w/mv", &o);
+        uint64_t v = 0;
+
+        ck_assert_int_eq(dlx_tensor_info(t, NULL, &v, NULL), 0);
+        ck_assert_uint_eq(v, 3);
+        ck_assert(vec_is(t, 4, 30.0f));
+        t->deleter(t);
+        ck_assert_int_eq(fx_wait(pid), 0);
+
+        /* already satisfied: no wait; beyond the current one with no wait: ENOENT */
+        o.min_version = 2;
+        o.timeout_ms = 0;
+        t = acquire_ok(c, "w/mv", &o);
+        t->deleter(t);
+        o.min_version = 4;
+        ck_assert_int_eq(dlx_acquire(c, "w/mv", &o, &t), -ENOENT);
+        o.timeout_ms = 100;
+        ck_assert_int_eq(dlx_acquire(c, "w/mv", &o, &t), -ETIMEDOUT);
+        dlx_close(c);
+}
+END_TEST
+
+/* ---- watching -------------------------------------------------------------------------- */
+
+static void expect_event(dlx_client *c, enum dlx_event_kind kind, const char *name,
+                         uint64_t version)
+{
+        struct dlx_event ev;
+        int err = dlx_next_event(c, &ev, 2000);
+
+        ck_assert_msg(err == 0, "next_event: %s", dlx_strerror(err));
+        ck_assert_int_eq(ev.kind, kind);
+        ck_assert_str_eq(ev.name, name);
+        ck_assert_uint_eq(ev.version, version);
+}
+
+START_TEST(watch_events)
+{
+        dlx_client *w = fx_connect(&fx, "watcher");
+        dlx_client *p = fx_connect(&fx, "producer");
+        struct dlx_event ev;
+        uint64_t id = 0;
+
+        ck_assert_int_eq(dlx_watch(w, "sensors/", &id), 0);
+        ck_assert_uint_gt(id, 0);
+        publish_ok(p, "sensors/a", make_vec(p, 2, 0), NULL, NULL);
+        publish_ok(p, "other/b", make_vec(p, 2, 0), NULL, NULL);
+        publish_ok(p, "sensors/a", make_vec(p, 2, 0), NULL, NULL);
+        ck_assert_int_eq(dlx_unpublish(p, "sensors/a"), 0);
+        publish_ok(p, "sensors/c", make_vec(p, 2, 0), NULL, NULL);
+
+        expect_event(w, DLX_EVENT_PUBLISHED, "sensors/a", 1);
+        expect_event(w, DLX_EVENT_REPLACED, "sensors/a", 2);
+        expect_event(w, DLX_EVENT_UNPUBLISHED, "sensors/a", 2);
+        expect_event(w, DLX_EVENT_PUBLISHED, "sensors/c", 1);
+        ck_assert_int_eq(dlx_next_event(w, &ev, 0), -EAGAIN);
+
+        /* the producer leaving unpublishes its tensor: watchers hear of it */
+        dlx_close(p);
+        expect_event(w, DLX_EVENT_UNPUBLISHED, "sensors/c", 1);
+        ck_assert_int_eq(dlx_unwatch(w, id), 0);
+        ck_assert_int_eq(dlx_unwatch(w, id), -ENOENT);
+        dlx_close(w);
+}
+END_TEST
+
+START_TEST(event_loop_integration)
+{
+        dlx_client *w = fx_connect(&fx, "loop");
+        dlx_client *p = fx_connect(&fx, "producer");
+        struct pollfd pfd = {.fd = dlx_fd(w), .events = POLLIN};
+        struct dlx_event ev;
+        int n = 0;
+
+        ck_assert_int_ge(pfd.fd, 0);
+        ck_assert_int_eq(dlx_watch(w, "", NULL), 0);
+        ck_assert_int_eq(dlx_process_events(w), 0);
+        publish_ok(p, "loop/x", make_vec(p, 2, 0), NULL, NULL);
+        for (int i = 0; i < 100 && n == 0; i++) {
+                ck_assert_int_ge(poll(&pfd, 1, 50), 0);
+                n = dlx_process_events(w);
+                ck_assert_int_ge(n, 0);
+        }
+        ck_assert_int_eq(n, 1);
+        ck_assert_int_eq(dlx_next_event(w, &ev, 0), 0);
+        ck_assert_str_eq(ev.name, "loop/x");
+        dlx_close(p);
+        dlx_close(w);
+}
+END_TEST
+
+/* ---- ownership --------------------------------------------------------------------------- */
+
+static int as_nobody(void *p)
+{
+        (void)p;
+        dlx_client *c;
+        DLManagedTensorVersioned *t;
+        struct dlx_connect_options o = {.socket_path = fx.socket};
+        int rc = 0;
+
+        if (setgid(65534) != 0 || setuid(65534) != 0)
+                return 90;
+        if (dlx_connect(&o, &c) != 0)
+                return 91;
+        /* root's name: readable, not replaceable or removable */
+        if (dlx_acquire(c, "own/root", NULL, &t) != 0)
+                rc = 10;
+        else
+                t->deleter(t);
+        if (dlx_publish(c, "own/root", make_vec(c, 2, 0), NULL, NULL) != -EACCES)
+                rc = 11;
+        if (dlx_unpublish(c, "own/root") != -EACCES)
+                rc = 12;
+        if (!strstr(dlx_last_error(), "owned by uid 0"))
+                rc = 13;
+        /* its own name: fine, and persistent so root can act on it afterwards */
+        if (dlx_publish(c, "own/nobody", make_vec(c, 2, 0),
+                        &(struct dlx_publish_options){.persist = true}, NULL) != 0)
+                rc = 14;
+        dlx_close(c);
+        return rc;
+}
+
+START_TEST(names_belong_to_their_uid)
+{
+        dlx_client *c;
+        struct dlx_info info;
+
+        if (geteuid() != 0) {
+                /* needs root to become another user */
+                return;
+        }
+        c = fx_connect(&fx, "root");
+        publish_ok(c, "own/root", make_vec(c, 2, 0), NULL, NULL);
+        /* let another uid reach the socket for this test */
+        ck_assert_int_eq(chmod(fx.dir, 0711), 0);
+        ck_assert_int_eq(chmod(fx.socket, 0666), 0);
+        ck_assert_int_eq(fx_wait(fx_spawn(as_nobody, NULL)), 0);
+        ck_assert_int_eq(dlx_stat(c, "own/nobody", &info), 0);
+        ck_assert_uint_eq(info.owner_uid, 65534);
+        /* root may replace and remove anyone's name */
+        publish_ok(c, "own/nobody", make_vec(c, 2, 0), NULL, NULL);
+        ck_assert_int_eq(dlx_unpublish(c, "own/nobody"), 0);
+        dlx_close(c);
+}
+END_TEST
+
+/* ---- mapping cache and threads ------------------------------------------------------------- */
+
+static int count_dlx_maps(void)
+{
+        FILE *f = fopen("/proc/self/maps", "r");
+        char line[512];
+        int n = 0;
+
+        ck_assert_ptr_nonnull(f);
+        while (fgets(line, sizeof(line), f))
+                if (strstr(line, "memfd:dlx"))
+                        n++;
+        fclose(f);
+        return n;
+}
+
+START_TEST(mapping_cache)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_client *q = fx_connect(&fx, "consumer");
+        DLManagedTensorVersioned *t[100];
+        int maps0, fds0;
+
+        publish_ok(p, "m/a", make_vec(p, 256, 0), NULL, NULL);
+        publish_ok(p, "m/b", make_vec(p, 256, 1), NULL, NULL);
+        maps0 = count_dlx_maps();
+        t[0] = acquire_ok(q, "m/a", NULL);
+        /* one new mapping (read-only) for the segment */
+        ck_assert_int_eq(count_dlx_maps(), maps0 + 1);
+        fds0 = count_fds(0);
+        for (int i = 1; i < 100; i++)
+                t[i] = acquire_ok(q, i % 2 ? "m/b" : "m/a", NULL);
+        /* both names live in one segment: no new mapping, no fd kept */
+        ck_assert_int_eq(count_dlx_maps(), maps0 + 1);
+        ck_assert_int_eq(count_fds(0), fds0);
+        for (int i = 0; i < 100; i++) {
+                ck_assert(vec_is(t[i], 256, i % 2 ? 1.0f : 0.0f));
+                t[i]->deleter(t[i]);
+        }
+        /* released but cached: acquiring again maps nothing */
+        t[0] = acquire_ok(q, "m/a", NULL);
+        ck_assert_int_eq(count_dlx_maps(), maps0 + 1);
+        t[0]->deleter(t[0]);
+        dlx_close(q);
+        ck_assert_int_eq(count_dlx_maps(), maps0);
+        dlx_close(p);
+}
+END_TEST
+
+static void *acquire_loop(void *arg)
+{
+        dlx_client *c = arg;
+
+        for (int i = 0; i < 500; i++) {
+                DLManagedTensorVersioned *t = NULL;
+                if (dlx_acquire(c, "t/x", NULL, &t) != 0 || !vec_is(t, 64, 9.0f))
+                        return (void *)1;
+                t->deleter(t);
+        }
+        return NULL;
+}
+
+START_TEST(threads_share_a_client)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_client *q = fx_connect(&fx, "consumer");
+        pthread_t th[4];
+
+        publish_ok(p, "t/x", make_vec(p, 64, 9.0f), NULL, NULL);
+        for (int i = 0; i < 4; i++)
+                ck_assert_int_eq(pthread_create(&th[i], NULL, acquire_loop, q), 0);
+        for (int i = 0; i < 4; i++) {
+                void *r;
+                pthread_join(th[i], &r);
+                ck_assert_ptr_null(r);
+        }
+        ck_assert_int_eq(fx_wait_leases(p, 0, 2000), 0);
+        dlx_close(q);
+        dlx_close(p);
+}
+END_TEST
+
+START_TEST(tensor_outlives_close)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_client *q = fx_connect(&fx, "consumer");
+        DLManagedTensorVersioned *t;
+
+        publish_ok(p, "o/x", make_vec(p, 16, 2.0f), &(struct dlx_publish_options){.persist = true},
+                   NULL);
+        t = acquire_ok(q, "o/x", NULL);
+        dlx_close(q);
+        ck_assert(vec_is(t, 16, 2.0f));
+        t->deleter(t);
+        dlx_close(p);
+}
+END_TEST
+
+struct list_acc {
+        int n;
+        char last[DLX_NAME_MAX + 1];
+        bool sorted;
+};
+
+static int list_collect(void *ctx, const struct dlx_info *in)
+{
+        struct list_acc *a = ctx;
+
+        if (strcmp(in->name, a->last) <= 0)
+                a->sorted = false;
+        snprintf(a->last, sizeof(a->last), "%s", in->name);
+        a->n++;
+        return 0;
+}
+
+START_TEST(stats_and_list)
+{
+        dlx_client *c = fx_connect(&fx, "stats");
+        struct dlx_stats s;
+        char names[8][16];
+
+        for (int i = 0; i < 8; i++) {
+                snprintf(names[i], sizeof(names[i]), "l/%d", 7 - i);
+                publish_ok(c, names[i], make_vec(c, 4, 0), NULL, NULL);
+        }
+        publish_ok(c, "z/other", make_vec(c, 4, 0), NULL, NULL);
+        ck_assert_int_eq(dlx_stats(c, &s), 0);
+        ck_assert_uint_eq(s.names, 9);
+        ck_assert_uint_eq(s.versions, 9);
+        ck_assert_uint_eq(s.leases, 0);
+        ck_assert_uint_ge(s.clients, 1);
+        ck_assert_uint_eq(s.publishes, 9);
+
+        struct list_acc acc = {0, "", true};
+        int visited = dlx_list(c, "l/", list_collect, &acc);
+        ck_assert_int_eq(visited, 8);
+        ck_assert_int_eq(acc.n, 8);
+        ck_assert(acc.sorted);
+        ck_assert_str_eq(acc.last, "l/7");
+        dlx_close(c);
+}
+END_TEST
+
+START_TEST(many_names_page_through_list)
+{
+        dlx_client *c = fx_connect(&fx, "many");
+        struct list_acc acc = {0, "", true};
+        char name[32];
+
+        /* more than one list page (256 by default) */
+        for (int i = 0; i < 600; i++) {
+                snprintf(name, sizeof(name), "many/%04d", i);
+                publish_ok(c, name, make_vec(c, 1, 0), NULL, NULL);
+        }
+        int n = dlx_list(c, "many/", list_collect, &acc);
+        ck_assert_int_eq(n, 600);
+        ck_assert_int_eq(acc.n, 600);
+        ck_assert(acc.sorted);
+        dlx_close(c);
+}
+END_TEST
+
+/* ---- limits and the daemon's own life -------------------------------------------------------- */
+
+START_TEST(max_bytes_limit)
+{
+        const char *args[] = {"--max-bytes", "1M", NULL};
+        DLManagedTensorVersioned *t = NULL;
+        int64_t shape[1] = {512 * 1024};
+        DLTensor proto = {
+                .device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLFloat, 32, 1}, .shape = shape};
+        dlx_client *c;
+        struct dlx_stats s;
+
+        dlxd_start(&fx, args);
+        c = fx_connect(&fx, "big");
+        ck_assert_int_eq(dlx_alloc(c, &proto, &t), -ENOSPC);
+        ck_assert_ptr_nonnull(strstr(dlx_last_error(), "limit"));
+        ck_assert_int_eq(dlx_stats(c, &s), 0);
+        ck_assert_uint_eq(s.max_bytes, 1 << 20);
+        /* small ones still fit */
+        publish_ok(c, "b/small", make_vec(c, 16, 0), NULL, NULL);
+        dlx_close(c);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+START_TEST(max_clients_limit)
+{
+        const char *args[] = {"--max-clients", "2", NULL};
+        struct dlx_connect_options o;
+        dlx_client *a, *b, *c = NULL;
+
+        dlxd_start(&fx, args);
+        o = (struct dlx_connect_options){.socket_path = fx.socket};
+        a = fx_connect(&fx, "a");
+        b = fx_connect(&fx, "b");
+        ck_assert_int_eq(dlx_connect(&o, &c), -EAGAIN);
+        ck_assert_ptr_null(c);
+        ck_assert_ptr_nonnull(strstr(dlx_last_error(), "too many clients"));
+        dlx_close(b);
+        /* a slot frees up once the daemon has seen b go */
+        for (int i = 0; i < 200 && dlx_connect(&o, &c) != 0; i++)
+                sleep_ms(5);
+        ck_assert_ptr_nonnull(c);
+        dlx_close(c);
+        dlx_close(a);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+static int run_dlxd(const char *socket, int *ret_status)
+{
+        const char *dlxd = getenv("DLXD");
+        int devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
+        pid_t pid = fork();
+        int status;
+
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                dup2(devnull, 2);
+                execl(dlxd, "dlxd", "--socket", socket, (char *)NULL);
+                _exit(127);
+        }
+        close(devnull);
+        /* a refused start exits at once; a started one is stopped after a moment */
+        for (int i = 0; i < 100; i++) {
+                if (waitpid(pid, &status, WNOHANG) == pid) {
+                        *ret_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+                        return 0;
+                }
+                sleep_ms(10);
+        }
+        kill(pid, SIGINT);
+        waitpid(pid, &status, 0);
+        *ret_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        return 1; /* it ran */
+}
+
+START_TEST(socket_live_and_stale)
+{
+        int status;
+        struct sockaddr_un addr = {.sun_family = AF_UNIX};
+        int fd;
+
+        /* a live daemon on the path: refuse */
+        ck_assert_int_eq(run_dlxd(fx.socket, &status), 0);
+        ck_assert_int_eq(status, 1);
+        dlxd_stop(&fx);
+
+        /* a stale socket file (nobody listening): replaced; SIGINT stops it with 0 */
+        char dir[] = "/tmp/dlx-stale-XXXXXX";
+        ck_assert_ptr_nonnull(mkdtemp(dir));
+        ck_assert_int_eq(chmod(dir, 0700), 0);
+        snprintf(addr.sun_path, sizeof(addr.sun_path), "%s/s.sock", dir);
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        ck_assert_int_eq(bind(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+        close(fd);
+        ck_assert_int_eq(run_dlxd(addr.sun_path, &status), 1);
+        ck_assert_int_eq(status, 0);
+        ck_assert_int_ne(access(addr.sun_path, F_OK), 0);
+
+        /* a path that is not a socket: never touched */
+        fd = open(addr.sun_path, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+        close(fd);
+        ck_assert_int_eq(run_dlxd(addr.sun_path, &status), 0);
+        ck_assert_int_eq(status, 1);
+        ck_assert_int_eq(access(addr.sun_path, F_OK), 0);
+        unlink(addr.sun_path);
+
+        /* a directory others may write to: refused */
+        ck_assert_int_eq(chmod(dir, 0777), 0);
+        ck_assert_int_eq(run_dlxd(addr.sun_path, &status), 0);
+        ck_assert_int_eq(status, 1);
+        rmdir(dir);
+}
+END_TEST
+
+START_TEST(default_socket_from_environment)
+{
+        dlx_client *c = NULL;
+
+        setenv("DLX_SOCKET", fx.socket, 1);
+        ck_assert_int_eq(dlx_connect(NULL, &c), 0);
+        ck_assert_int_eq(dlx_ping(c), 0);
+        ck_assert_ptr_nonnull(strstr(dlx_server_version(c), "dlxd"));
+        dlx_close(c);
+        setenv("DLX_SOCKET", "/nonexistent/dlx.sock", 1);
+        ck_assert_int_eq(dlx_connect(NULL, &c), -ENOENT);
+        ck_assert_ptr_nonnull(strstr(dlx_last_error(), "/nonexistent/dlx.sock"));
+        unsetenv("DLX_SOCKET");
+}
+END_TEST
+
+START_TEST(bad_arguments)
+{
+        dlx_client *c = fx_connect(&fx, "args");
+        DLManagedTensorVersioned *t = NULL;
+        int *count = shared_counter();
+        struct dlx_info info;
+
+        ck_assert_int_eq(dlx_acquire(c, "", NULL, &t), -EINVAL);
+        ck_assert_int_eq(dlx_acquire(c, "a//b", NULL, &t), -EINVAL);
+        ck_assert_int_eq(dlx_acquire(c, "a/../b", NULL, &t), -EINVAL);
+        ck_assert_int_eq(dlx_acquire(NULL, "a", NULL, &t), -EINVAL);
+        ck_assert_int_eq(dlx_stat(c, "bad\x01name", &info), -EINVAL);
+        ck_assert_int_eq(dlx_unpublish(c, "/lead"), -EINVAL);
+        ck_assert_int_eq(dlx_watch(c, "\xff", NULL), -EINVAL);
+        /* a bad name still consumes the tensor */
+        ck_assert_int_eq(dlx_publish(c, "trail/", counted(make_vec(c, 2, 0), count), NULL, NULL),
+                         -EINVAL);
+        ck_assert_int_eq(*count, 1);
+        ck_assert_int_eq(dlx_publish(c, "x", NULL, NULL, NULL), -EINVAL);
+        ck_assert_str_ne(dlx_strerror(-ENOENT), "");
+        ck_assert_str_eq(dlx_strerror(-EXDEV), "the memory is not shareable without a copy");
+        dlx_close(c);
+        dlx_close(NULL);
+        munmap(count, 4096);
+}
+END_TEST
+
+Suite *pubsub_suite(void)
+{
+        Suite *s = suite_create("pubsub");
+        TCase *tc = tcase_create("daemon");
+        TCase *own = tcase_create("own-daemon");
+
+        tcase_add_checked_fixture(tc, fx_setup, fx_teardown);
+        tcase_set_timeout(tc, 60);
+        tcase_add_test(tc, publish_acquire_same_pages);
+        tcase_add_test(tc, read_only_is_enforced);
+        tcase_add_test(tc, persist_outlives_producer);
+        tcase_add_test(tc, replace_while_leased);
+        tcase_add_test(tc, unpublish_while_leased);
+        tcase_add_test(tc, close_runs_held_deleters);
+        tcase_add_test(tc, kill9_releases_leases);
+        tcase_add_test(tc, acquire_timeout);
+        tcase_add_test(tc, acquire_waits_for_publish);
+        tcase_add_test(tc, acquire_min_version);
+        tcase_add_test(tc, watch_events);
+        tcase_add_test(tc, event_loop_integration);
+        tcase_add_test(tc, names_belong_to_their_uid);
+        tcase_add_test(tc, mapping_cache);
+        tcase_add_test(tc, threads_share_a_client);
+        tcase_add_test(tc, tensor_outlives_close);
+        tcase_add_test(tc, stats_and_list);
+        tcase_add_test(tc, many_names_page_through_list);
+        tcase_add_test(tc, default_socket_from_environment);
+        tcase_add_test(tc, bad_arguments);
+        tcase_add_test(tc, socket_live_and_stale);
+        suite_add_tcase(s, tc);
+
+        /* these start their own daemon with options */
+        tcase_set_timeout(own, 60);
+        tcase_add_test(own, max_bytes_limit);
+        tcase_add_test(own, max_clients_limit);
+        suite_add_tcase(s, own);
+        return s;
+}
