@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "sockpath.h"
 #include "wire_limits.h"
 
 static __thread char last_error[DLX_ERROR_MAX + 64];
@@ -365,16 +366,12 @@ static void on_frame(dlx_client *c, struct frame *f)
 /* Reads once without the lock; returns bytes, 0 on EOF, -EAGAIN or -errno. */
 static ssize_t read_some(dlx_client *c)
 {
-        union {
-                struct cmsghdr align;
-                char buf[CMSG_SPACE(sizeof(int) * DLX_MAX_FDS_QUEUED)];
-        } cbuf;
+        union frame_cmsg_buf cbuf;
         struct iovec iov;
         struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
         uint8_t *space;
         size_t avail;
         ssize_t n;
-        int err = 0;
 
         if (frame_reader_space(&c->reader, &space, &avail) < 0)
                 return -ENOMEM;
@@ -387,19 +384,8 @@ static ssize_t read_some(dlx_client *c)
         while (n < 0 && errno == EINTR);
         if (n < 0)
                 return -errno;
-        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
-                if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-                        continue;
-                unsigned nfds = (unsigned)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-                int fds[DLX_MAX_FDS_QUEUED];
-                memcpy(fds, CMSG_DATA(cm), nfds * sizeof(int));
-                if (frame_reader_push_fds(&c->reader, fds, nfds) < 0)
-                        err = -EPROTO;
-        }
-        if (msg.msg_flags & MSG_CTRUNC)
-                err = -EPROTO;
-        if (err < 0)
-                return err;
+        if (frame_reader_take_fds(&c->reader, &msg) < 0)
+                return -EPROTO;
         frame_reader_commit(&c->reader, (size_t)n);
         return n;
 }
@@ -563,22 +549,6 @@ void dlx__pending_done(dlx_client *c, struct pending *p)
 
 /* ---- connect / close ------------------------------------------------------------------- */
 
-static int socket_path(const char *opt, char *buf, size_t size)
-{
-        const char *env;
-        int n;
-
-        if (opt && *opt)
-                n = snprintf(buf, size, "%s", opt);
-        else if ((env = getenv("DLX_SOCKET")) && *env)
-                n = snprintf(buf, size, "%s", env);
-        else if ((env = getenv("XDG_RUNTIME_DIR")) && *env)
-                n = snprintf(buf, size, "%s/dlx/dlxd.sock", env);
-        else
-                n = snprintf(buf, size, "/tmp/dlx-%u/dlxd.sock", (unsigned)getuid());
-        return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
-}
-
 static int hello(dlx_client *c, const char *name)
 {
         struct wire_request req = {.type = WIRE_REQ_HELLO};
@@ -612,7 +582,8 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
         dlx__clear_error();
         if (!ret_client)
                 return dlx__fail(-EINVAL, "ret_client is NULL");
-        err = socket_path(opts ? opts->socket_path : NULL, addr.sun_path, sizeof(addr.sun_path));
+        err = sockpath_resolve(opts ? opts->socket_path : NULL, addr.sun_path,
+                               sizeof(addr.sun_path));
         if (err < 0)
                 return dlx__fail(err, "socket path too long");
 

@@ -16,6 +16,7 @@
 
 #include <dlx/dlx.h>
 
+#include "layout.h"
 #include "npy.h"
 
 #define EXIT_USAGE 2
@@ -72,43 +73,6 @@ static int connect_or_fail(dlx_client **ret)
 
 /* ---- formatting ---------------------------------------------------------------------- */
 
-static const char *const code_names[] = {
-        [kDLInt] = "int",
-        [kDLUInt] = "uint",
-        [kDLFloat] = "float",
-        [kDLOpaqueHandle] = "handle",
-        [kDLBfloat] = "bfloat",
-        [kDLComplex] = "complex",
-        [kDLBool] = "bool",
-        [kDLFloat8_e3m4] = "float8_e3m4",
-        [kDLFloat8_e4m3] = "float8_e4m3",
-        [kDLFloat8_e4m3b11fnuz] = "float8_e4m3b11fnuz",
-        [kDLFloat8_e4m3fn] = "float8_e4m3fn",
-        [kDLFloat8_e4m3fnuz] = "float8_e4m3fnuz",
-        [kDLFloat8_e5m2] = "float8_e5m2",
-        [kDLFloat8_e5m2fnuz] = "float8_e5m2fnuz",
-        [kDLFloat8_e8m0fnu] = "float8_e8m0fnu",
-        [kDLFloat6_e2m3fn] = "float6_e2m3fn",
-        [kDLFloat6_e3m2fn] = "float6_e3m2fn",
-        [kDLFloat4_e2m1fn] = "float4_e2m1fn",
-};
-
-static void dtype_str(DLDataType d, char *buf, size_t size)
-{
-        const char *base = d.code < sizeof(code_names) / sizeof(code_names[0]) && code_names[d.code]
-                                   ? code_names[d.code]
-                                   : "unknown";
-        int n;
-
-        /* fp8/fp6/fp4 names already say their width; bool is 8 bits by convention */
-        if (d.code >= kDLFloat8_e3m4 || (d.code == kDLBool && d.bits == 8))
-                n = snprintf(buf, size, "%s", base);
-        else
-                n = snprintf(buf, size, "%s%u", base, d.bits);
-        if (d.lanes > 1 && n > 0 && (size_t)n < size)
-                snprintf(buf + n, size - (size_t)n, "x%u", d.lanes);
-}
-
 static void dims_str(const int64_t *dims, int32_t ndim, char *buf, size_t size)
 {
         size_t off = 0;
@@ -147,7 +111,7 @@ static void print_info_json(const struct dlx_info *in)
 {
         char dt[48];
 
-        dtype_str(in->dtype, dt, sizeof(dt));
+        layout_dtype_name(in->dtype, dt, sizeof(dt));
         printf("{\"name\":");
         json_str(in->name);
         printf(",\"version\":%" PRIu64 ",\"dtype\":\"%s\",\"dtype_code\":%u,\"bits\":%u,"
@@ -186,7 +150,7 @@ static int list_one(void *ctx, const struct dlx_info *in)
                 if (l->count == 0)
                         printf("%-32s %8s %-14s %-20s %12s %6s %s\n", "NAME", "VERSION", "DTYPE",
                                "SHAPE", "BYTES", "LEASES", "FLAGS");
-                dtype_str(in->dtype, dt, sizeof(dt));
+                layout_dtype_name(in->dtype, dt, sizeof(dt));
                 dims_str(in->shape, in->ndim, shape, sizeof(shape));
                 printf("%-32s %8" PRIu64 " %-14s %-20s %12" PRIu64 " %6u %s%s%s\n", in->name,
                        in->version, dt, shape, in->nbytes, in->leases, in->storage,
@@ -234,7 +198,7 @@ static int cmd_stat(dlx_client *c, int argc, char **argv)
                 putchar('\n');
                 return 0;
         }
-        dtype_str(in.dtype, dt, sizeof(dt));
+        layout_dtype_name(in.dtype, dt, sizeof(dt));
         dims_str(in.shape, in.ndim, shape, sizeof(shape));
         dims_str(in.strides, in.ndim, strides, sizeof(strides));
         printf("name:          %s\n"

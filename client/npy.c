@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 #include "npy.h"
 
+#include "layout.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -212,42 +214,6 @@ int npy_descr(DLDataType dtype, char *buf, size_t bufsz)
                 return 0;
         }
         return -ENOTSUP;
-}
-
-/* A DLPack dtype in words for messages: "bfloat16", "float32x4", "float8_e4m3fn". */
-static void dl_dtype_name(DLDataType d, char *buf, size_t bufsz)
-{
-        static const char *const names[] = {
-                [kDLInt] = "int",
-                [kDLUInt] = "uint",
-                [kDLFloat] = "float",
-                [kDLOpaqueHandle] = "handle",
-                [kDLBfloat] = "bfloat",
-                [kDLComplex] = "complex",
-                [kDLBool] = "bool",
-                [kDLFloat8_e3m4] = "float8_e3m4",
-                [kDLFloat8_e4m3] = "float8_e4m3",
-                [kDLFloat8_e4m3b11fnuz] = "float8_e4m3b11fnuz",
-                [kDLFloat8_e4m3fn] = "float8_e4m3fn",
-                [kDLFloat8_e4m3fnuz] = "float8_e4m3fnuz",
-                [kDLFloat8_e5m2] = "float8_e5m2",
-                [kDLFloat8_e5m2fnuz] = "float8_e5m2fnuz",
-                [kDLFloat8_e8m0fnu] = "float8_e8m0fnu",
-                [kDLFloat6_e2m3fn] = "float6_e2m3fn",
-                [kDLFloat6_e3m2fn] = "float6_e3m2fn",
-                [kDLFloat4_e2m1fn] = "float4_e2m1fn",
-        };
-        const char *name = d.code < sizeof(names) / sizeof(names[0]) ? names[d.code] : NULL;
-        int n;
-
-        if (!name)
-                n = snprintf(buf, bufsz, "(code %u, %u bits)", (unsigned)d.code, (unsigned)d.bits);
-        else if (d.code >= kDLFloat8_e3m4) /* the width is part of these names */
-                n = snprintf(buf, bufsz, "%s", name);
-        else
-                n = snprintf(buf, bufsz, "%s%u", name, (unsigned)d.bits);
-        if (n >= 0 && (size_t)n < bufsz && d.lanes != 1)
-                snprintf(buf + n, bufsz - (size_t)n, "x%u", (unsigned)d.lanes);
 }
 
 /* ---- header dict parser ----------------------------------------------------------------- */
@@ -994,7 +960,7 @@ int npy_write_fd(int fd, const DLTensor *t, char *err, size_t errsz)
                         (int)t->device.device_type);
         r = npy_descr(t->dtype, descr, sizeof(descr));
         if (r < 0) {
-                dl_dtype_name(t->dtype, name, sizeof(name));
+                layout_dtype_name(t->dtype, name, sizeof(name));
                 return fail(err, errsz, r, "DLPack dtype %s has no numpy equivalent%s", name,
                             t->dtype.lanes != 1                            ? " (vector lanes)"
                             : t->dtype.bits % 8 != 0 || t->dtype.bits == 0 ? " (sub-byte)"

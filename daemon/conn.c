@@ -202,10 +202,7 @@ static void conn_flush(struct conn *c)
 /* Reads once; returns bytes read, 0 at EOF, -EAGAIN, or another -errno. */
 static ssize_t conn_read(struct conn *c)
 {
-        union {
-                struct cmsghdr align;
-                char buf[CMSG_SPACE(sizeof(int) * DLX_MAX_FDS_QUEUED)];
-        } cbuf;
+        union frame_cmsg_buf cbuf;
         struct iovec iov;
         struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
         uint8_t *space;
@@ -225,20 +222,7 @@ static ssize_t conn_read(struct conn *c)
         while (n < 0 && errno == EINTR);
         if (n < 0)
                 return -errno;
-
-        err = 0;
-        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
-                if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-                        continue;
-                unsigned nfds = (unsigned)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-                int fds[DLX_MAX_FDS_QUEUED];
-                memcpy(fds, CMSG_DATA(cm), nfds * sizeof(int));
-                /* push_fds consumes them even when it refuses */
-                if (frame_reader_push_fds(&c->reader, fds, nfds) < 0)
-                        err = -EMFILE;
-        }
-        if (msg.msg_flags & MSG_CTRUNC)
-                err = -EMFILE;
+        err = frame_reader_take_fds(&c->reader, &msg);
         if (err < 0)
                 return err;
         frame_reader_commit(&c->reader, (size_t)n);

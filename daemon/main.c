@@ -12,6 +12,7 @@
 #include "log.h"
 #include "registry.h"
 #include "server.h"
+#include "sockpath.h"
 #include "store.h"
 
 #define DEFAULT_MAX_CLIENTS 1024
@@ -177,7 +178,7 @@ int main(int argc, char **argv)
                 usage(stderr);
                 return 2;
         }
-        if (server_socket_path(socket_opt, path, sizeof(path)) < 0) {
+        if (sockpath_resolve(socket_opt, path, sizeof(path)) < 0) {
                 fprintf(stderr, "dlxd: socket path too long\n");
                 return 1;
         }

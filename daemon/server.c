@@ -19,24 +19,6 @@
 /* How long accepting pauses when the process is out of descriptors. */
 #define ACCEPT_BACKOFF_MS 100
 
-int server_socket_path(const char *opt, char *buf, size_t size)
-{
-        const char *env;
-        int n;
-
-        if (opt && *opt)
-                n = snprintf(buf, size, "%s", opt);
-        else if ((env = getenv("DLX_SOCKET")) && *env)
-                n = snprintf(buf, size, "%s", env);
-        else if ((env = getenv("XDG_RUNTIME_DIR")) && *env)
-                n = snprintf(buf, size, "%s/dlx/dlxd.sock", env);
-        else
-                n = snprintf(buf, size, "/tmp/dlx-%u/dlxd.sock", (unsigned)getuid());
-        if (n < 0 || (size_t)n >= size)
-                return -ENAMETOOLONG;
-        return 0;
-}
-
 static int check_dir(const char *dir)
 {
         struct stat st;

@@ -28,13 +28,6 @@ struct server {
 };
 
 /*
- * The socket path: opt if given, else $DLX_SOCKET, else
- * $XDG_RUNTIME_DIR/dlx/dlxd.sock, else /tmp/dlx-$UID/dlxd.sock.
- * Returns 0, or -ENAMETOOLONG.
- */
-int server_socket_path(const char *opt, char *buf, size_t size);
-
-/*
  * Creates the socket's directory if needed (0700), checks it (a real
  * directory, owned by us or root, not writable by others unless sticky and
  * root's), refuses a path a live daemon answers on, replaces a stale socket,

@@ -113,6 +113,30 @@ int frame_reader_push_fds(struct frame_reader *r, const int *fds, unsigned n)
         return 0;
 }
 
+int frame_reader_take_fds(struct frame_reader *r, const struct msghdr *msg)
+{
+        int err = 0;
+
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm;
+             cm = CMSG_NXTHDR((struct msghdr *)msg, cm)) {
+                int fds[DLX_MAX_FDS_QUEUED];
+                unsigned n;
+
+                if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+                        continue;
+                n = (unsigned)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+                if (n > DLX_MAX_FDS_QUEUED)
+                        n = DLX_MAX_FDS_QUEUED; /* cannot happen with a frame_cmsg_buf */
+                memcpy(fds, CMSG_DATA(cm), n * sizeof(int));
+                /* push_fds closes them even when it refuses */
+                if (frame_reader_push_fds(r, fds, n) < 0)
+                        err = -EMFILE;
+        }
+        if (msg->msg_flags & MSG_CTRUNC)
+                err = -EMFILE;
+        return err;
+}
+
 int frame_reader_next(struct frame_reader *r, struct frame *ret)
 {
         uint32_t len;

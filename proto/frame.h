@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "wire_limits.h"
 
@@ -68,6 +69,19 @@ void frame_reader_commit(struct frame_reader *r, size_t n);
  * fds is a protocol violation).
  */
 int frame_reader_push_fds(struct frame_reader *r, const int *fds, unsigned n);
+
+/* Control buffer for one recvmsg(): room for a whole fd queue. */
+union frame_cmsg_buf {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int) * DLX_MAX_FDS_QUEUED)];
+};
+
+/*
+ * Queues the SCM_RIGHTS descriptors of a message recvmsg() filled (consumed
+ * on every path). Returns 0, or -EMFILE when they overflow the queue or the
+ * kernel truncated them (MSG_CTRUNC): the peer sent more fds than allowed.
+ */
+int frame_reader_take_fds(struct frame_reader *r, const struct msghdr *msg);
 
 /*
  * Takes the next complete frame.

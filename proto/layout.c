@@ -2,6 +2,7 @@
 #include "layout.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 static int why(const char **ret_why, const char *text, int err)
@@ -294,4 +295,41 @@ int layout_extent(DLDataType dtype, int32_t ndim, const int64_t *shape, const in
         *ret_lo = lo;
         *ret_hi = hi;
         return 0;
+}
+
+/* A DLPack dtype in words for messages: "bfloat16", "float32x4", "float8_e4m3fn". */
+void layout_dtype_name(DLDataType d, char *buf, size_t bufsz)
+{
+        static const char *const names[] = {
+                [kDLInt] = "int",
+                [kDLUInt] = "uint",
+                [kDLFloat] = "float",
+                [kDLOpaqueHandle] = "handle",
+                [kDLBfloat] = "bfloat",
+                [kDLComplex] = "complex",
+                [kDLBool] = "bool",
+                [kDLFloat8_e3m4] = "float8_e3m4",
+                [kDLFloat8_e4m3] = "float8_e4m3",
+                [kDLFloat8_e4m3b11fnuz] = "float8_e4m3b11fnuz",
+                [kDLFloat8_e4m3fn] = "float8_e4m3fn",
+                [kDLFloat8_e4m3fnuz] = "float8_e4m3fnuz",
+                [kDLFloat8_e5m2] = "float8_e5m2",
+                [kDLFloat8_e5m2fnuz] = "float8_e5m2fnuz",
+                [kDLFloat8_e8m0fnu] = "float8_e8m0fnu",
+                [kDLFloat6_e2m3fn] = "float6_e2m3fn",
+                [kDLFloat6_e3m2fn] = "float6_e3m2fn",
+                [kDLFloat4_e2m1fn] = "float4_e2m1fn",
+        };
+        const char *name = d.code < sizeof(names) / sizeof(names[0]) ? names[d.code] : NULL;
+        int n;
+
+        if (!name)
+                n = snprintf(buf, bufsz, "(code %u, %u bits)", (unsigned)d.code, (unsigned)d.bits);
+        else if (d.code >= kDLFloat8_e3m4 || (d.code == kDLBool && d.bits == 8))
+                /* the width is part of these names; bool is a byte by convention */
+                n = snprintf(buf, bufsz, "%s", name);
+        else
+                n = snprintf(buf, bufsz, "%s%u", name, (unsigned)d.bits);
+        if (n >= 0 && (size_t)n < bufsz && d.lanes != 1)
+                snprintf(buf + n, bufsz - (size_t)n, "x%u", (unsigned)d.lanes);
 }

@@ -54,4 +54,7 @@ bool layout_is_compact(int32_t ndim, const int64_t *shape, const int64_t *stride
 /* Bytes a compact tensor of numel elements occupies (packed sub-byte types rounded up). */
 uint64_t layout_compact_bytes(DLDataType dtype, uint64_t numel, uint64_t flags);
 
+/* A dtype in words: "float32", "bfloat16", "float8_e4m3fn", "float32x4", "bool". */
+void layout_dtype_name(DLDataType dtype, char *buf, size_t size);
+
 #endif /* DLX_PROTO_LAYOUT_H */

@@ -1,0 +1,23 @@
+/* SPDX-License-Identifier: MIT */
+#include "sockpath.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+int sockpath_resolve(const char *opt, char *buf, size_t size)
+{
+        const char *env;
+        int n;
+
+        if (opt && *opt)
+                n = snprintf(buf, size, "%s", opt);
+        else if ((env = getenv("DLX_SOCKET")) && *env)
+                n = snprintf(buf, size, "%s", env);
+        else if ((env = getenv("XDG_RUNTIME_DIR")) && *env)
+                n = snprintf(buf, size, "%s/dlx/dlxd.sock", env);
+        else
+                n = snprintf(buf, size, "/tmp/dlx-%u/dlxd.sock", (unsigned)getuid());
+        return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
+}
