@@ -363,8 +363,8 @@ static void on_frame(dlx_client *c, struct frame *f)
         p->done = true;
 }
 
-/* Reads once without the lock; returns bytes, 0 on EOF, -EAGAIN or -errno. */
-static ssize_t read_some(dlx_client *c)
+/* Reads once without the lock (blocking or not); returns bytes, 0 on EOF, -EAGAIN or -errno. */
+static ssize_t read_some(dlx_client *c, bool block)
 {
         union frame_cmsg_buf cbuf;
         struct iovec iov;
@@ -380,7 +380,7 @@ static ssize_t read_some(dlx_client *c)
         msg.msg_control = cbuf.buf;
         msg.msg_controllen = sizeof(cbuf.buf);
         do
-                n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+                n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC | (block ? 0 : MSG_DONTWAIT));
         while (n < 0 && errno == EINTR);
         if (n < 0)
                 return -errno;
@@ -432,7 +432,8 @@ static int pump(dlx_client *c, int64_t timeout_ms)
         c->reading = true;
         pthread_mutex_unlock(&c->lock);
         for (;;) {
-                n = read_some(c);
+                /* waiting without a limit: one blocking recvmsg, no poll */
+                n = read_some(c, timeout_ms < 0);
                 if (n != -EAGAIN)
                         break;
                 struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
