@@ -338,7 +338,7 @@ struct seg_map *dlx__arena_find(dlx_client *c, const void *data, int64_t lo, int
                 if (p < base || p - base > a->size)
                         continue;
                 off = p - base;
-                if (hi > lo && (lo < 0 ? (uint64_t)-lo > off : false))
+                if (hi > lo && (lo < 0 ? (0 - (uint64_t)lo) > off : false))
                         return NULL;
                 if (hi > lo && hi > 0 && (uint64_t)hi > a->size - off)
                         return NULL;

@@ -247,7 +247,7 @@ static int cmp_token(const void *key, const struct avl_node *n)
 static int copy_to_memfd(const DLTensor *t, int64_t lo, int64_t hi, bool read_only,
                          uint64_t *ret_offset, uint64_t *ret_size)
 {
-        uint64_t seg_off = lo < 0 ? (uint64_t)-lo : 0;
+        uint64_t seg_off = lo < 0 ? (0 - (uint64_t)lo) : 0;
         uint64_t size = seg_off + (hi > 0 ? (uint64_t)hi : 0);
         const uint8_t *src = (const uint8_t *)t->data + lo;
         uint64_t done = 0, len = hi > lo ? (uint64_t)(hi - lo) : 0;

@@ -212,6 +212,7 @@ static void entry_retire_current(struct registry *reg, struct entry *e)
         if (!old)
                 return;
         e->current = NULL;
+        reg->nnames--;
         if (old->leases == 0)
                 version_destroy(reg, old);
 }
@@ -550,7 +551,7 @@ static int check_extent(const struct wire_tensor *t, const struct segment *seg, 
                          (unsigned long long)seg->size);
                 return -EINVAL;
         }
-        if (hi > lo && (lo < 0 ? (uint64_t)-lo > t->offset : false)) {
+        if (hi > lo && (lo < 0 ? (0 - (uint64_t)lo) > t->offset : false)) {
                 snprintf(why, whysz, "'%s': elements start before the segment", t->name);
                 return -EINVAL;
         }
@@ -669,6 +670,7 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
                 e->owner = s->uid; /* a free name (or one only waited for) is taken */
         entry_retire_current(reg, e);
         e->current = v;
+        reg->nnames++;
 
         log_info("session %llu pid %d uid %u: published %s v%llu (%llu bytes, segment %llu%s)",
                  (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid, e->name,
@@ -961,7 +963,7 @@ void registry_stats(struct session *s, const struct wire_request *req)
         struct wire_reply rep;
 
         reply_init(&rep, req->id, WIRE_REP_STATS);
-        rep.stats.names = reg->names.count;
+        rep.stats.names = reg->nnames;
         rep.stats.versions = reg->nversions;
         rep.stats.leases = reg->nleases;
         rep.stats.segments = reg->store->segments.count;

@@ -38,8 +38,8 @@ struct registry {
         uint64_t next_watch;
         uint64_t started_ms;
         unsigned max_clients;
-        /* counters for stats */
-        uint64_t nversions, nleases, nwatches, nsessions;
+        /* counters for stats; nnames counts names with a current version */
+        uint64_t nnames, nversions, nleases, nwatches, nsessions;
         uint64_t requests, publishes, acquires;
 };
 
