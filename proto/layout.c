@@ -167,13 +167,19 @@ int layout_dtype_check(DLDataType dtype, const char **ret_why)
 int layout_numel(int32_t ndim, const int64_t *shape, uint64_t *ret_numel)
 {
         uint64_t n = 1;
+        bool empty = false;
 
         for (int32_t i = 0; i < ndim; i++) {
                 if (shape[i] < 0)
                         return -EINVAL;
+                empty |= shape[i] == 0;
+        }
+        /* a zero dimension empties the tensor, however large the others are */
+        for (int32_t i = 0; i < ndim && !empty; i++)
                 if (__builtin_mul_overflow(n, (uint64_t)shape[i], &n))
                         return -EOVERFLOW;
-        }
+        if (empty)
+                n = 0;
         if (n > (uint64_t)INT64_MAX)
                 return -EOVERFLOW;
         *ret_numel = n;
@@ -186,7 +192,9 @@ void layout_compact_strides(int32_t ndim, const int64_t *shape, int64_t *ret_str
 
         for (int32_t i = ndim - 1; i >= 0; i--) {
                 ret_strides[i] = s;
-                s *= shape[i] > 0 ? shape[i] : 1;
+                /* saturate rather than overflow: such a shape fails layout_numel() anyway */
+                if (shape[i] > 1 && __builtin_mul_overflow(s, shape[i], &s))
+                        s = INT64_MAX;
         }
 }
 
@@ -196,31 +204,39 @@ bool layout_is_compact(int32_t ndim, const int64_t *shape, const int64_t *stride
 
         if (!strides)
                 return true;
+        for (int32_t i = 0; i < ndim; i++)
+                if (shape[i] == 0)
+                        return true; /* no element: any strides describe it */
         for (int32_t i = ndim - 1; i >= 0; i--) {
-                /* A dimension of extent 1 may carry any stride. */
+                /* a dimension of extent 1 may carry any stride */
                 if (shape[i] != 1 && strides[i] != s)
                         return false;
-                s *= shape[i];
+                if (shape[i] > 1 && __builtin_mul_overflow(s, shape[i], &s))
+                        return false;
         }
         return true;
 }
 
+/*
+ * Sub-byte elements (bits < 8) are packed, little bit-endian, unless the
+ * IS_SUBBYTE_TYPE_PADDED flag gives every lane a byte of its own.
+ */
+static bool padded(DLDataType dtype, uint64_t flags)
+{
+        return dtype.bits < 8 && (flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED);
+}
+
 static bool packed(DLDataType dtype, uint64_t flags)
 {
-        return ((unsigned)dtype.bits * dtype.lanes) % 8 != 0 &&
-               !(flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED);
+        return ((unsigned)dtype.bits * dtype.lanes) % 8 != 0 && !padded(dtype, flags);
 }
 
 /* Bytes per element when elements are byte-addressable. */
 static uint64_t itemsize(DLDataType dtype, uint64_t flags)
 {
-        uint64_t bits = (uint64_t)dtype.bits * dtype.lanes;
-
-        if (bits % 8 == 0)
-                return bits / 8;
-        if (flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED)
-                return (uint64_t)dtype.lanes * ((dtype.bits + 7u) / 8u);
-        return 0;
+        if (padded(dtype, flags))
+                return dtype.lanes;
+        return ((uint64_t)dtype.bits * dtype.lanes) / 8;
 }
 
 uint64_t layout_compact_bytes(DLDataType dtype, uint64_t numel, uint64_t flags)

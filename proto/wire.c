@@ -232,10 +232,12 @@ static int tensor_valid(const struct wire_tensor *t, char *err, size_t errsz)
         return 0;
 }
 
-static void info_to_pb(const struct wire_info *src, Dlxp__Info *pb, struct tensor_pb *tpb)
+static int info_to_pb(const struct wire_info *src, Dlxp__Info *pb, struct tensor_pb *tpb)
 {
+        if (!bounded(src->producer_name, sizeof(src->producer_name)) ||
+            tensor_to_pb(&src->tensor, tpb) < 0)
+                return -EINVAL;
         dlxp__info__init(pb);
-        tensor_to_pb(&src->tensor, tpb);
         pb->tensor = &tpb->t;
         pb->owner_uid = src->owner_uid;
         pb->producer_pid = src->producer_pid;
@@ -245,6 +247,7 @@ static void info_to_pb(const struct wire_info *src, Dlxp__Info *pb, struct tenso
         pb->published_ns = src->published_ns;
         pb->live_versions = src->live_versions;
         pb->producer_name = (char *)src->producer_name;
+        return 0;
 }
 
 static int info_from_pb(const Dlxp__Info *src, struct wire_info *dst, char *err, size_t errsz)
@@ -254,6 +257,8 @@ static int info_from_pb(const Dlxp__Info *src, struct wire_info *dst, char *err,
         if (!src->tensor)
                 return fail(err, errsz, -EINVAL, "info without tensor");
         r = tensor_from_pb(src->tensor, &dst->tensor, err, errsz);
+        if (r == 0)
+                r = tensor_valid(&dst->tensor, err, errsz);
         if (r < 0)
                 return r;
         dst->owner_uid = src->owner_uid;
@@ -650,9 +655,8 @@ static int reply_to_pb(const struct wire_reply *p, struct reply_pb *s)
                                 return -ENOMEM;
                 }
                 for (uint32_t i = 0; i < p->list.count; i++) {
-                        if (!bounded(p->list.entries[i].tensor.name, DLX_NAME_MAX + 1))
+                        if (info_to_pb(&p->list.entries[i], &s->infos[i], &s->tensors[i]) < 0)
                                 return -EINVAL;
-                        info_to_pb(&p->list.entries[i], &s->infos[i], &s->tensors[i]);
                         s->info_ptrs[i] = &s->infos[i];
                 }
                 s->list.n_entries = p->list.count;
@@ -663,9 +667,8 @@ static int reply_to_pb(const struct wire_reply *p, struct reply_pb *s)
                 return 0;
         case WIRE_REP_STAT:
                 dlxp__stat_reply__init(&s->stat);
-                if (!bounded(p->stat.info.tensor.name, DLX_NAME_MAX + 1))
+                if (info_to_pb(&p->stat.info, &s->info, &s->tensor) < 0)
                         return -EINVAL;
-                info_to_pb(&p->stat.info, &s->info, &s->tensor);
                 s->stat.info = &s->info;
                 r->body_case = DLXP__REPLY__BODY_STAT;
                 r->stat = &s->stat;

@@ -257,8 +257,9 @@ int wire_reply_decode(const uint8_t *buf, size_t len, struct wire_reply *ret, ch
 void wire_reply_done(struct wire_reply *rep);
 
 /*
- * Checks a tensor descriptor's own fields: name, ndim, dims, dtype, device.
- * The extent against a segment is checked by the daemon (layout_extent()).
+ * Checks a tensor descriptor's own fields: name, ndim, dims, dtype. The
+ * device and storage kind are the daemon's to judge, and so is the extent
+ * against a segment (layout_extent()).
  */
 int wire_tensor_check(const struct wire_tensor *t, const char **ret_why);
 

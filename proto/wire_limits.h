@@ -26,7 +26,7 @@
 /* Requests of one session that may wait in the daemon (blocked acquires) at once. */
 #define DLX_MAX_INFLIGHT 256
 /* Entries in one list reply, at most and by default. */
-#define DLX_LIST_PAGE_MAX 1024
+#define DLX_LIST_PAGE_MAX 512
 #define DLX_LIST_PAGE_DEFAULT 256
 /* Largest single shared segment (alloc or published memfd): 1 TiB. */
 #define DLX_MAX_SEGMENT (UINT64_C(1) << 40)

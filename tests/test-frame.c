@@ -113,7 +113,12 @@ START_TEST(test_header_roundtrip)
                 uint32_t len;
                 unsigned nfds;
         } cases[] = {
-                {0, 0}, {1, 1}, {255, 2}, {256, 3}, {0x12345, 4}, {DLX_MAX_FRAME, 0},
+                {0, 0},
+                {1, 1},
+                {255, 2},
+                {256, 3},
+                {0x12345, 4},
+                {DLX_MAX_FRAME, 0},
                 {DLX_MAX_FRAME - 1, DLX_MAX_FDS_PER_FRAME},
         };
 
@@ -265,8 +270,8 @@ START_TEST(test_reader_byte_by_byte)
                         size_t start = got ? ends[got - 1] : 0;
 
                         expect(rc == 0, "byte %zu: rc %d", pos, rc);
-                        expect(frame_reader_pending(&r) == pos + 1 - start,
-                               "byte %zu: pending %zu", pos, frame_reader_pending(&r));
+                        expect(frame_reader_pending(&r) == pos + 1 - start, "byte %zu: pending %zu",
+                               pos, frame_reader_pending(&r));
                 }
         }
         ck_assert_int_eq(got, NFRAMES);
@@ -324,8 +329,9 @@ START_TEST(test_reader_random_chunks)
         for (int i = 0; i < NFRAMES; i++) {
                 uint64_t k = rng_below(&rng, 10);
                 /* mostly small, some empty, some larger than the initial buffer */
-                uint32_t len = k < 2 ? 0 : k < 8 ? (uint32_t)rng_below(&rng, 200)
-                                                 : (uint32_t)rng_below(&rng, MAXLEN);
+                uint32_t len = k < 2   ? 0
+                               : k < 8 ? (uint32_t)rng_below(&rng, 200)
+                                       : (uint32_t)rng_below(&rng, MAXLEN);
 
                 specs[i].len = len;
                 specs[i].nfds = (unsigned)rng_below(&rng, DLX_MAX_FDS_PER_FRAME + 1);
@@ -373,8 +379,8 @@ START_TEST(test_reader_random_chunks)
                         expect(f.len == 0 || memcmp(f.payload, payload, f.len) == 0,
                                "frame %d: payload differs", got);
                         for (unsigned j = 0; j < f.nfds; j++)
-                                expect(f.fds[j] == s->fds[j], "frame %d fd %u: %d, want %d", got,
-                                       j, f.fds[j], s->fds[j]);
+                                expect(f.fds[j] == s->fds[j], "frame %d fd %u: %d, want %d", got, j,
+                                       f.fds[j], s->fds[j]);
                         frame_close_fds(&f);
                         expect(f.nfds == 0, "frame %d: nfds %u after close", got, f.nfds);
                         for (unsigned j = 0; j < s->nfds; j++)
