@@ -61,6 +61,8 @@ void conn_close(struct conn *c)
         registry_session_free(c->session);
         c->session = NULL;
         list_remove(&c->link);
+        if (list_linked(&c->doom_link))
+                list_remove(&c->doom_link);
         server_conn_gone(c->srv);
         uv_poll_stop(&c->poll);
         uv_close((uv_handle_t *)&c->poll, on_closed);
@@ -94,6 +96,7 @@ static int conn_send(void *ctx, const struct wire_reply *rep, int fd)
                            (unsigned long long)c->session->id, (int)c->session->pid,
                            (unsigned)c->session->uid);
                 c->close_pending = true;
+                conn_doom(c);
                 return -ENOBUFS;
         }
         b = malloc(sizeof(*b) + FRAME_HEADER_SIZE + size);
@@ -164,7 +167,11 @@ static void conn_flush(struct conn *c)
                         if (errno == EINTR)
                                 continue;
                         if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                                set_events(c, UV_READABLE | UV_WRITABLE);
+                                /* a peer being dropped gets no more of our time */
+                                if (c->close_pending)
+                                        conn_close(c);
+                                else
+                                        set_events(c, UV_READABLE | UV_WRITABLE);
                                 return;
                         }
                         log_info("session %llu: send failed: %s",
@@ -279,6 +286,20 @@ static void on_poll(uv_poll_t *h, int status, int events)
                 conn_flush(c);
 }
 
+void conn_doom(struct conn *c)
+{
+        if (c->closing || list_linked(&c->doom_link))
+                return;
+        list_insert_tail(&c->srv->doomed, &c->doom_link);
+        server_schedule_reap(c->srv);
+}
+
+void conn_reap(struct server *srv)
+{
+        while (!list_empty(&srv->doomed))
+                conn_close(list_entry(srv->doomed.next, struct conn, doom_link));
+}
+
 int conn_start(struct server *srv, int fd, struct session *session)
 {
         struct conn *c = calloc(1, sizeof(*c));
@@ -292,6 +313,7 @@ int conn_start(struct server *srv, int fd, struct session *session)
         c->srv = srv;
         c->session = session;
         list_init(&c->outq);
+        list_init(&c->doom_link);
         err = frame_reader_init(&c->reader);
         if (err == 0)
                 err = uv_poll_init(srv->loop, &c->poll, fd);

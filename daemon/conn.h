@@ -30,7 +30,8 @@ struct conn {
         bool dispatching;   /* replies are coalesced until the batch ends */
         bool close_pending; /* close once the output queue is sent */
         bool closing;
-        struct list link; /* in server.conns */
+        struct list link;      /* in server.conns */
+        struct list doom_link; /* in server.doomed while a close is scheduled */
 };
 
 /* Takes ownership of fd (a connected, non-blocking socket). Returns 0 or -errno. */
@@ -38,5 +39,14 @@ int conn_start(struct server *srv, int fd, struct session *session);
 
 /* Closes now: queued output is dropped, the session and its holdings released. */
 void conn_close(struct conn *c);
+
+/*
+ * Closes soon, from the loop: for code that may be walking registry lists
+ * (sending a reply) and must not have a session freed under it.
+ */
+void conn_doom(struct conn *c);
+
+/* Closes every doomed connection (the server's idle callback). */
+void conn_reap(struct server *srv);
 
 #endif /* DLX_DAEMON_CONN_H */

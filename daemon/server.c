@@ -129,13 +129,17 @@ static void on_listen(uv_poll_t *h, int status, int events)
                         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
                             errno == ENOMEM) {
                                 /* stop polling for a while rather than spin on a full table */
-                                log_warn("accept: %s; pausing %d ms", strerror(errno),
-                                         ACCEPT_BACKOFF_MS);
+                                if (!srv->backoff_logged)
+                                        log_warn("accept: %s; pausing accepts %d ms at a time "
+                                                 "until descriptors free up",
+                                                 strerror(errno), ACCEPT_BACKOFF_MS);
+                                srv->backoff_logged = true;
                                 uv_poll_stop(&srv->listen_poll);
                                 uv_timer_start(&srv->backoff, on_backoff, ACCEPT_BACKOFF_MS, 0);
                         }
                         return;
                 }
+                srv->backoff_logged = false;
                 if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
                         log_warn("SO_PEERCRED: %s", strerror(errno));
                         close(fd);
@@ -177,6 +181,7 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
         srv->listen_fd = -1;
         srv->max_clients = max_clients;
         list_init(&srv->conns);
+        list_init(&srv->doomed);
         if (strlen(path) >= sizeof(srv->path)) {
                 log_err("socket path too long: %s", path);
                 return -ENAMETOOLONG;
@@ -212,6 +217,8 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
         srv->listen_poll.data = srv;
         uv_timer_init(loop, &srv->backoff);
         srv->backoff.data = srv;
+        uv_idle_init(loop, &srv->reaper);
+        srv->reaper.data = srv;
         uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
         srv->listening = true;
         return 0;
@@ -236,6 +243,8 @@ void server_stop(struct server *srv)
         uv_close((uv_handle_t *)&srv->listen_poll, on_listen_closed);
         uv_timer_stop(&srv->backoff);
         uv_close((uv_handle_t *)&srv->backoff, NULL);
+        uv_idle_stop(&srv->reaper);
+        uv_close((uv_handle_t *)&srv->reaper, NULL);
         unlink(srv->path);
         list_for_each_safe(pos, tmp, &srv->conns) conn_close(list_entry(pos, struct conn, link));
 }
@@ -243,4 +252,17 @@ void server_stop(struct server *srv)
 void server_conn_gone(struct server *srv)
 {
         srv->nconns--;
+}
+
+static void on_reap(uv_idle_t *h)
+{
+        struct server *srv = h->data;
+
+        uv_idle_stop(h);
+        conn_reap(srv);
+}
+
+void server_schedule_reap(struct server *srv)
+{
+        uv_idle_start(&srv->reaper, on_reap);
 }

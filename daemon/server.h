@@ -22,9 +22,12 @@ struct server {
         uv_timer_t backoff; /* accept paused after EMFILE/ENFILE */
         char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
         struct list conns;
+        struct list doomed; /* conns to close from the loop, not from deep inside a request */
+        uv_idle_t reaper;
         unsigned nconns;
         unsigned max_clients;
         bool listening;
+        bool backoff_logged;
 };
 
 /*
@@ -41,5 +44,8 @@ void server_stop(struct server *srv);
 
 /* A connection ended (called by conn). */
 void server_conn_gone(struct server *srv);
+
+/* Runs conn_reap() from the loop soon. */
+void server_schedule_reap(struct server *srv);
 
 #endif /* DLX_DAEMON_SERVER_H */

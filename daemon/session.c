@@ -15,6 +15,13 @@ int session_send(struct session *s, const struct wire_reply *rep, int fd)
         if (!s->io.send)
                 return -ENOTCONN;
         err = s->io.send(s->io.ctx, rep, fd);
+        if (err == -EMSGSIZE && rep->id != 0) {
+                /* the caller still gets an answer, not silence */
+                struct wire_reply small = {.id = rep->id, .status = WIRE_TOO_BIG};
+                snprintf(small.error, sizeof(small.error), "reply larger than %u bytes",
+                         DLX_MAX_FRAME);
+                err = s->io.send(s->io.ctx, &small, -1);
+        }
         if (err < 0)
                 log_warn("session %llu pid %d uid %u: cannot queue a reply: %s",
                          (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid, strerror(-err));

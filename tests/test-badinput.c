@@ -1,0 +1,2253 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Hostile and malformed input against a real dlxd. Every case asserts the exact
+ * outcome the offending client sees (a reply with a given status and a message,
+ * or a hang-up), and then that the daemon still serves a well-behaved client
+ * connected before the attack, and a new one.
+ *
+ * Raw connections speak the framing by hand (proto/frame.h); requests are packed
+ * with the codec (proto/wire.h) when they are well-formed protobuf, and with the
+ * small protobuf writer below when they must be something the codec refuses to
+ * produce (ndim 33, a NUL inside a name, unknown fields, a missing body).
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fixture.h"
+#include "frame.h"
+#include "wire.h"
+
+/* Long enough for a loaded (or sanitized) daemon; short enough that a hang fails fast. */
+#define REPLY_TIMEOUT_MS 5000
+#define HELLO_ID 1
+/* Most fds one test sendmsg() carries. */
+#define MAX_SEND_FDS 32
+
+/* ---- time and process helpers -------------------------------------------------------- */
+
+static void sleep_ms(int ms)
+{
+        struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
+        nanosleep(&ts, NULL);
+}
+
+static int64_t mono_ms(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* CPU time (user + system) the daemon has used, in clock ticks. */
+static long daemon_cpu_ticks(void)
+{
+        char path[64], buf[1024], *p;
+        unsigned long utime = 0, stime = 0;
+        FILE *f;
+        size_t n;
+
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)fx.pid);
+        f = fopen(path, "re");
+        ck_assert_msg(f, "open %s: %s", path, strerror(errno));
+        n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        /* fields after the command name, which may hold spaces: state is field 3 */
+        p = strrchr(buf, ')');
+        ck_assert_ptr_nonnull(p);
+        ck_assert_int_eq(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
+                                &utime, &stime),
+                         2);
+        return (long)(utime + stime);
+}
+
+/* ---- a minimal protobuf writer, for payloads the codec will not produce -------------- */
+
+struct pb {
+        uint8_t *b;
+        size_t n, cap;
+};
+
+static void pb_init(struct pb *p)
+{
+        p->cap = 256;
+        p->n = 0;
+        p->b = malloc(p->cap);
+        ck_assert_ptr_nonnull(p->b);
+}
+
+static void pb_done(struct pb *p)
+{
+        free(p->b);
+        p->b = NULL;
+        p->n = p->cap = 0;
+}
+
+static void pb_raw(struct pb *p, const void *data, size_t len)
+{
+        if (p->n + len > p->cap) {
+                while (p->n + len > p->cap)
+                        p->cap *= 2;
+                p->b = realloc(p->b, p->cap);
+                ck_assert_ptr_nonnull(p->b);
+        }
+        if (len)
+                memcpy(p->b + p->n, data, len);
+        p->n += len;
+}
+
+static void pb_varint(struct pb *p, uint64_t v)
+{
+        uint8_t tmp[10];
+        size_t n = 0;
+
+        do {
+                tmp[n] = (uint8_t)(v & 0x7f);
+                v >>= 7;
+                if (v)
+                        tmp[n] |= 0x80;
+                n++;
+        } while (v);
+        pb_raw(p, tmp, n);
+}
+
+/* A varint field (uint32/uint64/int32/int64/bool/enum); negative values as 10-byte varints. */
+static void pb_uint(struct pb *p, unsigned field, uint64_t v)
+{
+        pb_varint(p, (uint64_t)field << 3 | 0);
+        pb_varint(p, v);
+}
+
+static void pb_bytes(struct pb *p, unsigned field, const void *data, size_t len)
+{
+        pb_varint(p, (uint64_t)field << 3 | 2);
+        pb_varint(p, len);
+        pb_raw(p, data, len);
+}
+
+static void pb_msg(struct pb *p, unsigned field, const struct pb *sub)
+{
+        pb_bytes(p, field, sub->b, sub->n);
+}
+
+static void pb_packed_i64(struct pb *p, unsigned field, const int64_t *v, size_t n)
+{
+        struct pb sub;
+
+        pb_init(&sub);
+        for (size_t i = 0; i < n; i++)
+                pb_varint(&sub, (uint64_t)v[i]);
+        pb_msg(p, field, &sub);
+        pb_done(&sub);
+}
+
+/* What a publish request describes, with room for every way of getting it wrong. */
+struct tspec {
+        uint8_t name[512];
+        size_t name_len;
+        uint32_t code, bits, lanes;
+        size_t ndim, nstrides;
+        int64_t shape[40], strides[40];
+        uint64_t byte_offset;
+        int32_t device_type;
+        uint64_t flags;
+        uint32_t storage;
+        uint64_t segment, offset, length;
+};
+
+static void tspec_name(struct tspec *t, const void *name, size_t len)
+{
+        ck_assert_uint_le(len, sizeof(t->name));
+        memcpy(t->name, name, len);
+        t->name_len = len;
+}
+
+/* A valid descriptor: float32[bytes / 4], compact, at offset 0 of a memfd segment. */
+static void tspec_init(struct tspec *t, const char *name, uint64_t bytes)
+{
+        memset(t, 0, sizeof(*t));
+        tspec_name(t, name, strlen(name));
+        t->code = kDLFloat;
+        t->bits = 32;
+        t->lanes = 1;
+        t->ndim = t->nstrides = 1;
+        t->shape[0] = (int64_t)(bytes / 4);
+        t->strides[0] = 1;
+        t->device_type = kDLCPU;
+        t->storage = WIRE_STORAGE_MEMFD;
+        t->length = bytes;
+}
+
+/* Request { id, publish { tensor { ... }, persist, token } } */
+static void pb_publish(struct pb *p, uint64_t id, const struct tspec *t)
+{
+        struct pb tensor, dtype, device, publish;
+
+        pb_init(&tensor);
+        pb_init(&dtype);
+        pb_init(&device);
+        pb_init(&publish);
+        pb_uint(&dtype, 1, t->code);
+        pb_uint(&dtype, 2, t->bits);
+        pb_uint(&dtype, 3, t->lanes);
+        pb_uint(&device, 1, (uint64_t)(int64_t)t->device_type);
+        pb_uint(&device, 2, 0);
+        pb_bytes(&tensor, 1, t->name, t->name_len);
+        pb_msg(&tensor, 3, &dtype);
+        if (t->ndim)
+                pb_packed_i64(&tensor, 4, t->shape, t->ndim);
+        if (t->nstrides)
+                pb_packed_i64(&tensor, 5, t->strides, t->nstrides);
+        pb_uint(&tensor, 6, t->byte_offset);
+        pb_msg(&tensor, 7, &device);
+        pb_uint(&tensor, 8, t->flags);
+        pb_uint(&tensor, 9, t->storage);
+        pb_uint(&tensor, 10, t->segment);
+        pb_uint(&tensor, 11, t->offset);
+        pb_uint(&tensor, 12, t->length);
+        pb_msg(&publish, 1, &tensor);
+        pb_uint(p, 1, id);
+        pb_msg(p, 3, &publish);
+        pb_done(&tensor);
+        pb_done(&dtype);
+        pb_done(&device);
+        pb_done(&publish);
+}
+
+/* Request { id, <field> { name } } for the requests whose body is one bytes field 1. */
+static void pb_named(struct pb *p, uint64_t id, unsigned body_field, const void *name, size_t len)
+{
+        struct pb body;
+
+        pb_init(&body);
+        pb_bytes(&body, 1, name, len);
+        pb_uint(p, 1, id);
+        pb_msg(p, body_field, &body);
+        pb_done(&body);
+}
+
+/* Request field numbers of the bodies used above. */
+enum {
+        PB_REQ_HELLO = 2,
+        PB_REQ_PUBLISH = 3,
+        PB_REQ_ACQUIRE = 4,
+        PB_REQ_LIST = 7,
+        PB_REQ_STAT = 8,
+        PB_REQ_WATCH = 9,
+        PB_REQ_PING = 15,
+};
+
+/* ---- framing and requests ------------------------------------------------------------ */
+
+/* Sends bytes with fds on the first byte. Returns 0 or -errno (the daemon may have hung up). */
+static int send_raw(int fd, const void *buf, size_t len, const int *fds, unsigned nfds)
+{
+        union {
+                struct cmsghdr align;
+                char buf[CMSG_SPACE(sizeof(int) * MAX_SEND_FDS)];
+        } cbuf;
+        struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+        size_t off = 0;
+
+        ck_assert_uint_le(nfds, MAX_SEND_FDS);
+        if (nfds) {
+                memset(&cbuf, 0, sizeof(cbuf));
+                msg.msg_control = cbuf.buf;
+                msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+                struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+                cm->cmsg_level = SOL_SOCKET;
+                cm->cmsg_type = SCM_RIGHTS;
+                cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+                memcpy(CMSG_DATA(cm), fds, sizeof(int) * nfds);
+        }
+        while (off < len) {
+                ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return -errno;
+                }
+                off += (size_t)n;
+                iov.iov_base = (uint8_t *)buf + off;
+                iov.iov_len = len - off;
+                msg.msg_control = NULL;
+                msg.msg_controllen = 0;
+        }
+        return 0;
+}
+
+/* A frame whose header announces `announced` fds while nfds travel with it. */
+static int send_frame_ex(int fd, const void *payload, uint32_t len, unsigned announced,
+                         const int *fds, unsigned nfds)
+{
+        uint8_t *buf = malloc(FRAME_HEADER_SIZE + (size_t)len);
+        int r;
+
+        ck_assert_ptr_nonnull(buf);
+        frame_header_put(buf, len, announced);
+        if (len)
+                memcpy(buf + FRAME_HEADER_SIZE, payload, len);
+        r = send_raw(fd, buf, FRAME_HEADER_SIZE + (size_t)len, fds, nfds);
+        free(buf);
+        return r;
+}
+
+static void send_frame(int fd, const void *payload, uint32_t len, const int *fds, unsigned nfds)
+{
+        int r = send_frame_ex(fd, payload, len, nfds, fds, nfds);
+        ck_assert_msg(r == 0, "send: %s", strerror(-r));
+}
+
+static void send_pb(int fd, const struct pb *p, int attach_fd)
+{
+        send_frame(fd, p->b, (uint32_t)p->n, &attach_fd, attach_fd >= 0 ? 1 : 0);
+}
+
+/* Packs req with the codec; attach_fd (borrowed, -1 for none) rides on the frame. */
+static void send_request(int fd, const struct wire_request *req, int attach_fd)
+{
+        size_t size;
+        uint8_t *buf;
+
+        ck_assert_int_eq(wire_request_size(req, &size), 0);
+        buf = malloc(size ? size : 1);
+        ck_assert_ptr_nonnull(buf);
+        ck_assert_uint_eq(wire_request_pack(req, buf), size);
+        send_frame(fd, buf, (uint32_t)size, &attach_fd, attach_fd >= 0 ? 1 : 0);
+        free(buf);
+}
+
+/*
+ * Reads exactly len bytes before the deadline, collecting any fds into fds[]
+ * (up to *nfds; extras are closed). Returns len, the bytes read before EOF,
+ * -ETIMEDOUT or -errno (ECONNRESET).
+ */
+static ssize_t read_exact(int fd, uint8_t *buf, size_t len, int64_t deadline, int *fds,
+                          unsigned *nfds, unsigned maxfds)
+{
+        size_t off = 0;
+
+        while (off < len) {
+                union {
+                        struct cmsghdr align;
+                        char buf[CMSG_SPACE(sizeof(int) * 64)];
+                } cbuf;
+                struct iovec iov = {.iov_base = buf + off, .iov_len = len - off};
+                struct msghdr msg = {.msg_iov = &iov,
+                                     .msg_iovlen = 1,
+                                     .msg_control = cbuf.buf,
+                                     .msg_controllen = sizeof(cbuf.buf)};
+                struct pollfd pfd = {.fd = fd, .events = POLLIN};
+                int64_t left = deadline - mono_ms();
+                ssize_t n;
+                int r;
+
+                if (left < 0)
+                        left = 0;
+                r = poll(&pfd, 1, (int)left);
+                if (r < 0 && errno == EINTR)
+                        continue;
+                if (r == 0)
+                        return -ETIMEDOUT;
+                n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+                if (n < 0) {
+                        if (errno == EINTR || errno == EAGAIN)
+                                continue;
+                        return -errno;
+                }
+                for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+                        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+                                continue;
+                        unsigned k = (unsigned)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+                        for (unsigned i = 0; i < k; i++) {
+                                int got;
+                                memcpy(&got, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+                                if (*nfds < maxfds)
+                                        fds[(*nfds)++] = got;
+                                else
+                                        close(got);
+                        }
+                }
+                if (n == 0)
+                        return (ssize_t)off;
+                off += (size_t)n;
+        }
+        return (ssize_t)off;
+}
+
+/*
+ * Reads one reply frame and decodes it. Returns 1 with *rep filled (list entries
+ * already freed), 0 at a clean EOF, -ECONNRESET, -ETIMEDOUT, or -EPROTO for a
+ * truncated or undecodable frame. An fd that came with the reply goes to
+ * *ret_fd when given (else -1 there), and is closed otherwise.
+ */
+static int read_reply_fd(int fd, struct wire_reply *rep, int timeout_ms, int *ret_fd)
+{
+        int64_t deadline = mono_ms() + timeout_ms;
+        uint8_t hdr[FRAME_HEADER_SIZE], *payload;
+        int fds[4];
+        unsigned nfds = 0, announced;
+        uint32_t len;
+        char err[DLX_ERROR_MAX + 1];
+        ssize_t n;
+        int r;
+
+        if (ret_fd)
+                *ret_fd = -1;
+        memset(rep, 0, sizeof(*rep));
+        n = read_exact(fd, hdr, sizeof(hdr), deadline, fds, &nfds, 4);
+        if (n == 0 && nfds == 0)
+                return 0;
+        if (n < 0 && n != -ETIMEDOUT && nfds == 0)
+                return (int)n;
+        if (n != (ssize_t)sizeof(hdr)) {
+                r = n == -ETIMEDOUT ? -ETIMEDOUT : -EPROTO;
+                goto out_fds;
+        }
+        r = frame_header_get(hdr, &len, &announced);
+        ck_assert_msg(r == 0, "the daemon sent a bad frame header: %s", strerror(-r));
+        payload = malloc(len ? len : 1);
+        ck_assert_ptr_nonnull(payload);
+        n = read_exact(fd, payload, len, deadline, fds, &nfds, 4);
+        if (n != (ssize_t)len) {
+                free(payload);
+                r = n == -ETIMEDOUT ? -ETIMEDOUT : -EPROTO;
+                goto out_fds;
+        }
+        ck_assert_msg(announced == nfds, "reply announces %u fds, %u came", announced, nfds);
+        r = wire_reply_decode(payload, len, rep, err, sizeof(err));
+        free(payload);
+        ck_assert_msg(r == 0, "the daemon sent an undecodable reply: %s", err);
+        wire_reply_done(rep);
+        if (ret_fd && nfds) {
+                *ret_fd = fds[0];
+                fds[0] = -1;
+        }
+        r = 1;
+out_fds:
+        for (unsigned i = 0; i < nfds; i++)
+                if (fds[i] >= 0)
+                        close(fds[i]);
+        return r;
+}
+
+static int read_reply(int fd, struct wire_reply *rep, int timeout_ms)
+{
+        return read_reply_fd(fd, rep, timeout_ms, NULL);
+}
+
+/* One reply with this id, status OK and body type; fails the test otherwise. */
+static void expect_ok(int fd, uint64_t id, enum wire_reply_type type, struct wire_reply *ret,
+                      int *ret_fd)
+{
+        struct wire_reply rep;
+        int r = read_reply_fd(fd, &rep, REPLY_TIMEOUT_MS, ret_fd);
+
+        ck_assert_msg(r == 1, "request %llu: no reply (%s)", (unsigned long long)id,
+                      r == 0 ? "EOF" : strerror(-r));
+        ck_assert_msg(rep.id == id && rep.status == WIRE_OK && rep.type == type,
+                      "request %llu: expected an OK reply of type %d, got id %llu status %d "
+                      "type %d: %s",
+                      (unsigned long long)id, (int)type, (unsigned long long)rep.id, rep.status,
+                      (int)rep.type, rep.error);
+        if (ret)
+                *ret = rep;
+}
+
+/* One status-only reply with this id and status, with a non-empty message; returns it. */
+static void expect_error_msg(int fd, uint64_t id, enum wire_status status, char *ret_msg,
+                             size_t msgsz)
+{
+        struct wire_reply rep;
+        int r = read_reply(fd, &rep, REPLY_TIMEOUT_MS);
+
+        ck_assert_msg(r == 1, "request %llu: expected status %d, got no reply (%s)",
+                      (unsigned long long)id, (int)status, r == 0 ? "EOF" : strerror(-r));
+        ck_assert_msg(rep.id == id && rep.status == (int)status && rep.type == WIRE_REP_NONE,
+                      "request %llu: expected status %d, got id %llu status %d type %d: '%s'",
+                      (unsigned long long)id, (int)status, (unsigned long long)rep.id, rep.status,
+                      (int)rep.type, rep.error);
+        ck_assert_msg(rep.error[0] != '\0', "request %llu: status %d without a message",
+                      (unsigned long long)id, rep.status);
+        if (ret_msg)
+                snprintf(ret_msg, msgsz, "%s", rep.error);
+}
+
+static void expect_error(int fd, uint64_t id, enum wire_status status)
+{
+        expect_error_msg(fd, id, status, NULL, 0);
+}
+
+/* The daemon hung up on this client without sending anything (more). */
+static void expect_closed(int fd)
+{
+        struct wire_reply rep;
+        int r = read_reply(fd, &rep, REPLY_TIMEOUT_MS);
+
+        ck_assert_msg(r == 0 || r == -ECONNRESET,
+                      "expected the daemon to hang up, got %s (id %llu status %d '%s')",
+                      r == 1 ? "a reply" : strerror(-r), (unsigned long long)rep.id, rep.status,
+                      rep.error);
+}
+
+static void ping(int fd, uint64_t id)
+{
+        struct wire_request req = {.id = id, .type = WIRE_REQ_PING};
+        struct wire_reply rep;
+
+        req.ping.nonce = id * 7919 + 1;
+        send_request(fd, &req, -1);
+        expect_ok(fd, id, WIRE_REP_PONG, &rep, NULL);
+        ck_assert_uint_eq(rep.pong.nonce, id * 7919 + 1);
+}
+
+static void send_hello(int fd, uint64_t id, uint32_t major, int attach_fd)
+{
+        struct wire_request req = {.id = id, .type = WIRE_REQ_HELLO};
+
+        req.hello.major = major;
+        req.hello.minor = DLX_PROTO_MINOR;
+        req.hello.pid = (int32_t)getpid();
+        snprintf(req.hello.client_name, sizeof(req.hello.client_name), "badinput");
+        send_request(fd, &req, attach_fd);
+}
+
+static void hello(int fd)
+{
+        struct wire_reply rep;
+
+        send_hello(fd, HELLO_ID, DLX_PROTO_MAJOR, -1);
+        expect_ok(fd, HELLO_ID, WIRE_REP_HELLO, &rep, NULL);
+        ck_assert_uint_eq(rep.hello.major, DLX_PROTO_MAJOR);
+}
+
+static int raw_hello(void)
+{
+        int fd = fx_raw_connect(&fx);
+        hello(fd);
+        return fd;
+}
+
+/* A memfd of size bytes with the given seals (0: unsealed). */
+static int make_memfd(uint64_t size, int seals)
+{
+        int fd = memfd_create("badinput", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(ftruncate(fd, (off_t)size), 0);
+        if (seals)
+                ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, seals), 0);
+        return fd;
+}
+
+static int sealed_memfd(uint64_t size)
+{
+        return make_memfd(size, F_SEAL_SHRINK | F_SEAL_GROW);
+}
+
+/* Publishes t with attach_fd (borrowed; -1: none) and expects status (OK: a publish reply). */
+static void publish_expect(int fd, uint64_t id, const struct tspec *t, int attach_fd,
+                           enum wire_status status)
+{
+        struct pb p;
+
+        pb_init(&p);
+        pb_publish(&p, id, t);
+        send_pb(fd, &p, attach_fd);
+        pb_done(&p);
+        if (status == WIRE_OK)
+                expect_ok(fd, id, WIRE_REP_PUBLISH, NULL, NULL);
+        else
+                expect_error(fd, id, status);
+}
+
+/* Same, attaching a fresh sealed memfd of memfd_size bytes. */
+static void publish_memfd_expect(int fd, uint64_t id, const struct tspec *t, uint64_t memfd_size,
+                                 enum wire_status status)
+{
+        int mfd = sealed_memfd(memfd_size);
+        publish_expect(fd, id, t, mfd, status);
+        close(mfd);
+}
+
+/* Allocates a daemon segment over a raw connection; returns its id. */
+static uint64_t raw_alloc(int fd, uint64_t id, uint64_t size)
+{
+        struct wire_request req = {.id = id, .type = WIRE_REQ_ALLOC};
+        struct wire_reply rep;
+        int seg_fd;
+
+        req.alloc.size = size;
+        send_request(fd, &req, -1);
+        expect_ok(fd, id, WIRE_REP_ALLOC, &rep, &seg_fd);
+        ck_assert_msg(seg_fd >= 0, "alloc reply without its fd");
+        close(seg_fd);
+        ck_assert_uint_eq(rep.alloc.size, size);
+        return rep.alloc.segment;
+}
+
+/* ---- the well-behaved side ----------------------------------------------------------- */
+
+static int serial;
+
+/*
+ * The daemon still serves: the client connected before the attack pings, allocates,
+ * publishes and acquires its own data back, and a brand-new client reads it too.
+ */
+static void assert_daemon_serves(dlx_client *good)
+{
+        int64_t shape[1] = {257};
+        DLTensor proto = {.device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLFloat, 32, 1}};
+        DLManagedTensorVersioned *t, *got[2];
+        dlx_client *newcomer;
+        char name[64];
+        uint64_t version = 0;
+        int n = ++serial;
+
+        proto.shape = shape;
+        ck_assert_msg(dlx_ping(good) == 0, "ping from the good client: %s", dlx_last_error());
+        ck_assert_int_eq(dlx_alloc(good, &proto, &t), 0);
+        float *data = (float *)((uint8_t *)t->dl_tensor.data + t->dl_tensor.byte_offset);
+        for (int i = 0; i < 257; i++)
+                data[i] = (float)i * 0.5f + (float)n;
+        snprintf(name, sizeof(name), "badinput/survivor/%d", n);
+        ck_assert_msg(dlx_publish(good, name, t, NULL, &version) == 0, "publish: %s",
+                      dlx_last_error());
+        ck_assert_uint_ge(version, 1);
+
+        newcomer = fx_connect(&fx, "newcomer");
+        ck_assert_msg(dlx_acquire(good, name, NULL, &got[0]) == 0, "acquire: %s", dlx_last_error());
+        ck_assert_msg(dlx_acquire(newcomer, name, NULL, &got[1]) == 0, "acquire: %s",
+                      dlx_last_error());
+        for (int k = 0; k < 2; k++) {
+                const DLTensor *d = &got[k]->dl_tensor;
+                const float *v = (const float *)((const uint8_t *)d->data + d->byte_offset);
+                ck_assert_int_eq(d->ndim, 1);
+                ck_assert_int_eq(d->shape[0], 257);
+                ck_assert_int_eq(d->dtype.code, kDLFloat);
+                ck_assert_int_eq(d->dtype.bits, 32);
+                for (int i = 0; i < 257; i++)
+                        ck_assert_msg(v[i] == (float)i * 0.5f + (float)n, "element %d is %f", i,
+                                      (double)v[i]);
+                got[k]->deleter(got[k]);
+        }
+        ck_assert_int_eq(dlx_ping(newcomer), 0);
+        dlx_close(newcomer);
+        ck_assert_int_eq(dlx_unpublish(good, name), 0);
+        ck_assert_int_eq(dlx_ping(good), 0);
+}
+
+static dlx_client *attack_begin(void)
+{
+        return fx_connect(&fx, "good");
+}
+
+/* After the attack (every raw socket closed): still serving, and no fd left behind. */
+static void attack_end(dlx_client *good)
+{
+        int fds;
+
+        assert_daemon_serves(good);
+        dlx_close(good);
+        fds = wait_daemon_fds(&fx, fx.daemon_fds, 5000);
+        ck_assert_msg(fds == fx.daemon_fds, "dlxd holds %d fds after the attack, %d before", fds,
+                      fx.daemon_fds);
+}
+
+/* ---- framing ------------------------------------------------------------------------- */
+
+START_TEST(test_truncated_frame_then_close)
+{
+        dlx_client *good = attack_begin();
+        uint8_t hdr[FRAME_HEADER_SIZE], junk[10] = {0};
+        int fd = raw_hello(), mfd;
+
+        /* a header promising 100 bytes, 10 of them, and the writer goes away */
+        frame_header_put(hdr, 100, 0);
+        ck_assert_int_eq(send_raw(fd, hdr, sizeof(hdr), NULL, 0), 0);
+        ck_assert_int_eq(send_raw(fd, junk, sizeof(junk), NULL, 0), 0);
+        ck_assert_int_eq(shutdown(fd, SHUT_WR), 0);
+        expect_closed(fd);
+        close(fd);
+
+        /* the same with an fd announced and attached: it must not stay open in the daemon */
+        fd = raw_hello();
+        mfd = sealed_memfd(4096);
+        frame_header_put(hdr, 100, 1);
+        ck_assert_int_eq(send_raw(fd, hdr, sizeof(hdr), &mfd, 1), 0);
+        close(mfd);
+        ck_assert_int_eq(shutdown(fd, SHUT_WR), 0);
+        expect_closed(fd);
+        close(fd);
+
+        /* and without waiting for anything: an abrupt close mid-header */
+        fd = raw_hello();
+        ck_assert_int_eq(send_raw(fd, hdr, 3, NULL, 0), 0);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_oversized_length)
+{
+        static const uint32_t lengths[] = {DLX_MAX_FRAME + 1, 0x7fffffffu, 0xffffffffu};
+        dlx_client *good = attack_begin();
+
+        for (size_t i = 0; i < sizeof(lengths) / sizeof(lengths[0]); i++) {
+                uint8_t hdr[FRAME_HEADER_SIZE];
+                int fd = raw_hello();
+
+                frame_header_put(hdr, lengths[i], 0);
+                ck_assert_int_eq(send_raw(fd, hdr, sizeof(hdr), NULL, 0), 0);
+                expect_error(fd, 0, WIRE_TOO_BIG);
+                expect_closed(fd);
+                close(fd);
+        }
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_max_frame_of_garbage)
+{
+        dlx_client *good = attack_begin();
+        uint8_t *junk = malloc(DLX_MAX_FRAME);
+        int fd = raw_hello();
+
+        /* the largest frame allowed, all of it undecodable: read whole, then refused */
+        ck_assert_ptr_nonnull(junk);
+        memset(junk, 0xff, DLX_MAX_FRAME);
+        send_frame(fd, junk, DLX_MAX_FRAME, NULL, 0);
+        free(junk);
+        expect_error(fd, 0, WIRE_PROTOCOL);
+        expect_closed(fd);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_reserved_header_bytes)
+{
+        static const uint8_t reserved[][2] = {{0, 1}, {0x80, 0}, {0xff, 0xff}};
+        dlx_client *good = attack_begin();
+
+        for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++) {
+                struct wire_request req = {.id = 2, .type = WIRE_REQ_PING};
+                uint8_t frame[64];
+                size_t size;
+                int fd = raw_hello();
+
+                /* an otherwise perfect ping */
+                ck_assert_int_eq(wire_request_size(&req, &size), 0);
+                ck_assert_uint_le(size, sizeof(frame) - FRAME_HEADER_SIZE);
+                wire_request_pack(&req, frame + FRAME_HEADER_SIZE);
+                frame_header_put(frame, (uint32_t)size, 0);
+                frame[6] = reserved[i][0];
+                frame[7] = reserved[i][1];
+                ck_assert_int_eq(send_raw(fd, frame, FRAME_HEADER_SIZE + size, NULL, 0), 0);
+                expect_error(fd, 0, WIRE_PROTOCOL);
+                expect_closed(fd);
+                close(fd);
+        }
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_zero_length_frame)
+{
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+
+        /* an empty payload is a valid empty Request: id 0, which is never allowed */
+        send_frame(fd, NULL, 0, NULL, 0);
+        expect_error(fd, 0, WIRE_PROTOCOL);
+        expect_closed(fd);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_garbage_payload)
+{
+        static const uint8_t garbage[][12] = {
+                /* a tag varint that never ends */
+                {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff},
+                /* field 1 with wire type 7, which does not exist */
+                {0x0f, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b},
+                /* field 3 (publish) claiming 100 bytes of a 12-byte payload */
+                {0x08, 0x05, 0x1a, 0x64, 0x0a, 0x02, 0x61, 0x62, 0x10, 0x01, 0x18, 0x01},
+        };
+        dlx_client *good = attack_begin();
+
+        for (size_t i = 0; i < sizeof(garbage) / sizeof(garbage[0]); i++) {
+                int fd = raw_hello();
+
+                send_frame(fd, garbage[i], sizeof(garbage[i]), NULL, 0);
+                expect_error(fd, 0, WIRE_PROTOCOL);
+                expect_closed(fd);
+                close(fd);
+        }
+        /* before hello too */
+        int fd = fx_raw_connect(&fx);
+        send_frame(fd, garbage[0], sizeof(garbage[0]), NULL, 0);
+        expect_error(fd, 0, WIRE_PROTOCOL);
+        expect_closed(fd);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_unknown_request_type)
+{
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+        struct pb p;
+
+        /* a Request with an id and no body: valid protobuf, no request type */
+        pb_init(&p);
+        pb_uint(&p, 1, 7);
+        send_pb(fd, &p, -1);
+        pb_done(&p);
+        expect_error(fd, 7, WIRE_INVALID);
+        ping(fd, 8);
+
+        /* a body field this daemon does not know (a future request type) */
+        pb_init(&p);
+        pb_uint(&p, 1, 9);
+        pb_bytes(&p, 99, "\x08\x01", 2);
+        send_pb(fd, &p, -1);
+        pb_done(&p);
+        expect_error(fd, 9, WIRE_INVALID);
+        ping(fd, 10);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_unknown_fields_ignored)
+{
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+        struct wire_reply rep;
+        struct pb p, body;
+
+        /* fields are only ever added: a ping carrying fields from the future is still a ping */
+        pb_init(&p);
+        pb_init(&body);
+        pb_uint(&body, 1, 4242);
+        pb_uint(&body, 77, 1);
+        pb_bytes(&body, 78, "future", 6);
+        pb_uint(&p, 1, 3);
+        pb_msg(&p, PB_REQ_PING, &body);
+        pb_uint(&p, 1000, 5);
+        send_pb(fd, &p, -1);
+        pb_done(&p);
+        pb_done(&body);
+        expect_ok(fd, 3, WIRE_REP_PONG, &rep, NULL);
+        ck_assert_uint_eq(rep.pong.nonce, 4242);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_unknown_request_type_before_hello)
+{
+        dlx_client *good = attack_begin();
+        int fd = fx_raw_connect(&fx);
+        struct pb p;
+
+        pb_init(&p);
+        pb_uint(&p, 1, 7);
+        send_pb(fd, &p, -1);
+        pb_done(&p);
+        expect_error(fd, 7, WIRE_INVALID);
+        expect_closed(fd);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_request_id_zero)
+{
+        dlx_client *good = attack_begin();
+        struct wire_request req = {.id = 0, .type = WIRE_REQ_PING};
+        int fd = raw_hello();
+
+        send_request(fd, &req, -1);
+        expect_error(fd, 0, WIRE_PROTOCOL);
+        expect_closed(fd);
+        close(fd);
+
+        /* a hello with id 0 never greets */
+        fd = fx_raw_connect(&fx);
+        send_hello(fd, 0, DLX_PROTO_MAJOR, -1);
+        expect_error(fd, 0, WIRE_PROTOCOL);
+        expect_closed(fd);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_request_before_hello)
+{
+        dlx_client *good = attack_begin();
+        struct wire_request req = {.id = 5, .type = WIRE_REQ_ACQUIRE};
+        char msg[DLX_ERROR_MAX + 1];
+        struct tspec t;
+        int fd, mfd;
+
+        fd = fx_raw_connect(&fx);
+        snprintf(req.acquire.name, sizeof(req.acquire.name), "badinput/early");
+        send_request(fd, &req, -1);
+        expect_error_msg(fd, 5, WIRE_PROTOCOL, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "hello"), "message '%s' does not mention hello", msg);
+        expect_closed(fd);
+        close(fd);
+
+        /* a release, which would be silent on success */
+        fd = fx_raw_connect(&fx);
+        req = (struct wire_request){.id = 6, .type = WIRE_REQ_RELEASE};
+        req.release.lease = 1;
+        send_request(fd, &req, -1);
+        expect_error(fd, 6, WIRE_PROTOCOL);
+        expect_closed(fd);
+        close(fd);
+
+        /* a publish with its memfd: refused, and the fd closed in the daemon */
+        fd = fx_raw_connect(&fx);
+        mfd = sealed_memfd(4096);
+        tspec_init(&t, "badinput/early", 4096);
+        publish_expect(fd, 7, &t, mfd, WIRE_PROTOCOL);
+        close(mfd);
+        expect_closed(fd);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_hello_unknown_major)
+{
+        static const uint32_t majors[] = {99, 0, 2, 0xffffffffu};
+        dlx_client *good = attack_begin();
+
+        for (size_t i = 0; i < sizeof(majors) / sizeof(majors[0]); i++) {
+                char msg[DLX_ERROR_MAX + 1], want[32];
+                int fd = fx_raw_connect(&fx);
+
+                send_hello(fd, HELLO_ID, majors[i], -1);
+                expect_error_msg(fd, HELLO_ID, WIRE_VERSION, msg, sizeof(msg));
+                snprintf(want, sizeof(want), "version %u.", majors[i]);
+                ck_assert_msg(strstr(msg, want), "message '%s' does not name version %s", msg,
+                              want);
+                expect_closed(fd);
+                close(fd);
+        }
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_hello_twice)
+{
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+
+        send_hello(fd, 2, DLX_PROTO_MAJOR, -1);
+        expect_error(fd, 2, WIRE_PROTOCOL);
+        expect_closed(fd);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_hello_bad_client_name)
+{
+        static const char *const names[] = {
+                "bad\x01name", "bad\xffname", "a\0b",
+                "0123456789012345678901234567890123456789012345678901234567890123X", /* 65 */
+        };
+        static const size_t lens[] = {8, 8, 3, 65};
+        dlx_client *good = attack_begin();
+
+        for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+                int fd = fx_raw_connect(&fx);
+                struct pb p, body;
+
+                pb_init(&p);
+                pb_init(&body);
+                pb_uint(&body, 1, DLX_PROTO_MAJOR);
+                pb_uint(&body, 2, DLX_PROTO_MINOR);
+                pb_bytes(&body, 3, names[i], lens[i]);
+                pb_uint(&body, 4, (uint64_t)getpid());
+                pb_uint(&p, 1, HELLO_ID);
+                pb_msg(&p, PB_REQ_HELLO, &body);
+                send_pb(fd, &p, -1);
+                pb_done(&p);
+                pb_done(&body);
+                expect_error(fd, HELLO_ID, WIRE_INVALID);
+                expect_closed(fd);
+                close(fd);
+        }
+        attack_end(good);
+}
+END_TEST
+
+/* ---- file descriptors ---------------------------------------------------------------- */
+
+START_TEST(test_fd_on_ping)
+{
+        dlx_client *good = attack_begin();
+        struct wire_request req = {.id = 2, .type = WIRE_REQ_PING};
+        int fd = raw_hello(), mfd = sealed_memfd(4096);
+
+        send_request(fd, &req, mfd);
+        close(mfd);
+        expect_error(fd, 2, WIRE_PROTOCOL);
+        expect_closed(fd);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_fd_on_hello)
+{
+        dlx_client *good = attack_begin();
+        int fd = fx_raw_connect(&fx), pfd[2];
+
+        ck_assert_int_eq(pipe2(pfd, O_CLOEXEC), 0);
+        send_hello(fd, HELLO_ID, DLX_PROTO_MAJOR, pfd[0]);
+        close(pfd[0]);
+        close(pfd[1]);
+        expect_error(fd, HELLO_ID, WIRE_PROTOCOL);
+        expect_closed(fd);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_two_fds_on_publish)
+{
+        dlx_client *good = attack_begin();
+        int fd = raw_hello(), mfds[2] = {sealed_memfd(4096), sealed_memfd(4096)};
+        struct tspec t;
+        struct pb p;
+
+        tspec_init(&t, "badinput/two", 4096);
+        pb_init(&p);
+        pb_publish(&p, 2, &t);
+        send_frame(fd, p.b, (uint32_t)p.n, mfds, 2);
+        pb_done(&p);
+        close(mfds[0]);
+        close(mfds[1]);
+        expect_error(fd, 2, WIRE_PROTOCOL);
+        expect_closed(fd);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_too_many_fds_in_header)
+{
+        dlx_client *good = attack_begin();
+        struct wire_request req = {.id = 2, .type = WIRE_REQ_PING};
+        uint8_t payload[64];
+        size_t size;
+        int fd, mfds[DLX_MAX_FDS_PER_FRAME + 1];
+
+        ck_assert_int_eq(wire_request_size(&req, &size), 0);
+        wire_request_pack(&req, payload);
+
+        /* announced but not sent */
+        fd = raw_hello();
+        ck_assert_int_eq(
+                send_frame_ex(fd, payload, (uint32_t)size, DLX_MAX_FDS_PER_FRAME + 1, NULL, 0), 0);
+        expect_error(fd, 0, WIRE_TOO_BIG);
+        expect_closed(fd);
+        close(fd);
+
+        /* announced and sent: the daemon must close all of them */
+        fd = raw_hello();
+        for (int i = 0; i <= DLX_MAX_FDS_PER_FRAME; i++)
+                mfds[i] = sealed_memfd(4096);
+        send_frame(fd, payload, (uint32_t)size, mfds, DLX_MAX_FDS_PER_FRAME + 1);
+        for (int i = 0; i <= DLX_MAX_FDS_PER_FRAME; i++)
+                close(mfds[i]);
+        expect_error(fd, 0, WIRE_TOO_BIG);
+        expect_closed(fd);
+        close(fd);
+
+        /* 65535 announced */
+        fd = raw_hello();
+        ck_assert_int_eq(send_frame_ex(fd, payload, (uint32_t)size, 0xffff, NULL, 0), 0);
+        expect_error(fd, 0, WIRE_TOO_BIG);
+        expect_closed(fd);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_announced_fd_missing)
+{
+        dlx_client *good = attack_begin();
+        struct wire_request req = {.id = 2, .type = WIRE_REQ_PING};
+        uint8_t payload[64];
+        size_t size;
+        int fd = raw_hello();
+
+        ck_assert_int_eq(wire_request_size(&req, &size), 0);
+        wire_request_pack(&req, payload);
+        ck_assert_int_eq(send_frame_ex(fd, payload, (uint32_t)size, 1, NULL, 0), 0);
+        expect_error(fd, 0, WIRE_PROTOCOL);
+        expect_closed(fd);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+/* Sends `rounds` one-byte messages carrying `per` fds each, without any frame. */
+static void fd_flood(int fd, int rounds, unsigned per)
+{
+        int fds[MAX_SEND_FDS], pfd[2];
+        uint8_t byte = 0;
+
+        ck_assert_int_eq(pipe2(pfd, O_CLOEXEC), 0);
+        for (unsigned i = 0; i < per; i++)
+                fds[i] = i % 2 ? pfd[1] : pfd[0];
+        for (int i = 0; i < rounds; i++) {
+                /* the daemon may hang up halfway: later sends then fail, which is fine */
+                if (send_raw(fd, &byte, 1, fds, per) < 0)
+                        break;
+        }
+        close(pfd[0]);
+        close(pfd[1]);
+}
+
+START_TEST(test_fd_flood_in_one_message)
+{
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+
+        /* 200 fds in 10 messages of 20: more than one receive can hold */
+        fd_flood(fd, 10, 20);
+        expect_closed(fd);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_fd_flood_over_messages)
+{
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+
+        /* 200 fds in 25 messages of 8: each fits, the queue does not */
+        fd_flood(fd, 25, 8);
+        expect_closed(fd);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_unannounced_fd)
+{
+        dlx_client *good = attack_begin();
+        struct wire_request req = {.id = 2, .type = WIRE_REQ_PING};
+        uint8_t payload[64];
+        size_t size;
+        int fd = raw_hello(), mfd = sealed_memfd(4096);
+
+        /*
+         * An fd riding on a frame that announces none waits in the receive queue
+         * (fds may arrive ahead of the frame that claims them); it must be closed
+         * when the connection ends.
+         */
+        ck_assert_int_eq(wire_request_size(&req, &size), 0);
+        wire_request_pack(&req, payload);
+        ck_assert_int_eq(send_frame_ex(fd, payload, (uint32_t)size, 0, &mfd, 1), 0);
+        close(mfd);
+        expect_ok(fd, 2, WIRE_REP_PONG, NULL, NULL);
+        ping(fd, 3);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+/* ---- publish: what the fd is --------------------------------------------------------- */
+
+START_TEST(test_publish_wrong_fd_kinds)
+{
+        dlx_client *good = attack_begin();
+        int fd = raw_hello(), pfd[2], sfd[2], dfd, wfd, mfd;
+        char path[64];
+        struct tspec t;
+        FILE *tmp;
+
+        tspec_init(&t, "badinput/kinds", 4096);
+
+        ck_assert_int_eq(pipe2(pfd, O_CLOEXEC), 0);
+        publish_expect(fd, 2, &t, pfd[0], WIRE_BAD_FD);
+        publish_expect(fd, 3, &t, pfd[1], WIRE_BAD_FD);
+        close(pfd[0]);
+        close(pfd[1]);
+
+        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sfd), 0);
+        publish_expect(fd, 4, &t, sfd[0], WIRE_BAD_FD);
+        close(sfd[0]);
+        close(sfd[1]);
+
+        dfd = open("/tmp", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        ck_assert_int_ge(dfd, 0);
+        publish_expect(fd, 5, &t, dfd, WIRE_BAD_FD);
+        close(dfd);
+
+        /* a regular file of the right size that cannot carry seals */
+        tmp = tmpfile();
+        ck_assert_ptr_nonnull(tmp);
+        ck_assert_int_eq(ftruncate(fileno(tmp), 4096), 0);
+        publish_expect(fd, 6, &t, fileno(tmp), WIRE_BAD_FD);
+        fclose(tmp);
+
+        /* /dev/null: a character device */
+        dfd = open("/dev/null", O_RDWR | O_CLOEXEC);
+        ck_assert_int_ge(dfd, 0);
+        publish_expect(fd, 7, &t, dfd, WIRE_BAD_FD);
+        close(dfd);
+
+        /* a sealed memfd reopened write-only: the daemon could never map it */
+        mfd = sealed_memfd(4096);
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", mfd);
+        wfd = open(path, O_WRONLY | O_CLOEXEC);
+        ck_assert_int_ge(wfd, 0);
+        publish_expect(fd, 8, &t, wfd, WIRE_BAD_FD);
+        close(wfd);
+
+        /* the same memfd as it is: accepted, the connection is fine throughout */
+        publish_expect(fd, 9, &t, mfd, WIRE_OK);
+        close(mfd);
+        ping(fd, 10);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_publish_unsealed_memfd)
+{
+        dlx_client *good = attack_begin();
+        int fd = raw_hello(), mfd;
+        struct tspec t;
+
+        tspec_init(&t, "badinput/unsealed", 4096);
+        mfd = make_memfd(4096, 0);
+        publish_expect(fd, 2, &t, mfd, WIRE_BAD_FD);
+        close(mfd);
+        /* half the seals are not enough either way */
+        mfd = make_memfd(4096, F_SEAL_SHRINK);
+        publish_expect(fd, 3, &t, mfd, WIRE_BAD_FD);
+        close(mfd);
+        mfd = make_memfd(4096, F_SEAL_GROW);
+        publish_expect(fd, 4, &t, mfd, WIRE_BAD_FD);
+        close(mfd);
+        /* a memfd created without MFD_ALLOW_SEALING is sealed against sealing only */
+        mfd = memfd_create("badinput-nosealing", MFD_CLOEXEC);
+        ck_assert_int_ge(mfd, 0);
+        ck_assert_int_eq(ftruncate(mfd, 4096), 0);
+        publish_expect(fd, 5, &t, mfd, WIRE_BAD_FD);
+        close(mfd);
+        /* sealed but empty */
+        t.shape[0] = 0;
+        t.length = 0;
+        mfd = sealed_memfd(0);
+        publish_expect(fd, 6, &t, mfd, WIRE_BAD_FD);
+        close(mfd);
+        ping(fd, 7);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+/* ---- publish: the descriptor against its segment ------------------------------------- */
+
+START_TEST(test_publish_memfd_too_short)
+{
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+        struct tspec t;
+
+        /* length beyond the memfd */
+        tspec_init(&t, "badinput/short", 8192);
+        publish_memfd_expect(fd, 2, &t, 4096, WIRE_INVALID);
+        /* offset beyond the memfd */
+        tspec_init(&t, "badinput/short", 4);
+        t.offset = 4097;
+        publish_memfd_expect(fd, 3, &t, 4096, WIRE_INVALID);
+        /* offset + length just past the end */
+        tspec_init(&t, "badinput/short", 200);
+        t.offset = 3900;
+        publish_memfd_expect(fd, 4, &t, 4096, WIRE_INVALID);
+        /* offset + length wrapping around 2^64 */
+        tspec_init(&t, "badinput/short", 16);
+        t.offset = 64;
+        t.length = UINT64_MAX - 32;
+        publish_memfd_expect(fd, 5, &t, 4096, WIRE_INVALID);
+        /* exactly fitting: accepted */
+        tspec_init(&t, "badinput/short", 196);
+        t.offset = 3900;
+        publish_memfd_expect(fd, 6, &t, 4096, WIRE_OK);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_publish_extent_past_segment)
+{
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+        struct tspec t;
+
+        /* strides twice the element count */
+        tspec_init(&t, "badinput/extent", 4096);
+        t.strides[0] = 2;
+        publish_memfd_expect(fd, 2, &t, 4096, WIRE_INVALID);
+        /* byte_offset pushes the one element past the region */
+        tspec_init(&t, "badinput/extent", 4);
+        t.byte_offset = 4096;
+        t.length = 4096;
+        publish_memfd_expect(fd, 3, &t, 4096, WIRE_INVALID);
+        /* two dims, 64 KiB of elements in a 4 KiB memfd */
+        tspec_init(&t, "badinput/extent", 4096);
+        t.ndim = t.nstrides = 2;
+        t.shape[0] = 128;
+        t.shape[1] = 128;
+        t.strides[0] = 128;
+        t.strides[1] = 1;
+        publish_memfd_expect(fd, 4, &t, 4096, WIRE_INVALID);
+        /* a huge stride on a dimension of 2 */
+        tspec_init(&t, "badinput/extent", 8);
+        t.shape[0] = 2;
+        t.strides[0] = 1 << 20;
+        publish_memfd_expect(fd, 5, &t, 4096, WIRE_INVALID);
+        /* a negative stride reaching before the start of the segment */
+        tspec_init(&t, "badinput/extent", 16);
+        t.strides[0] = -1;
+        publish_memfd_expect(fd, 6, &t, 4096, WIRE_INVALID);
+        /* a complex dtype whose 16-byte elements overrun a region sized for float32 */
+        tspec_init(&t, "badinput/extent", 4096);
+        t.code = kDLComplex;
+        t.bits = 128;
+        publish_memfd_expect(fd, 7, &t, 4096, WIRE_INVALID);
+        /* a sub-byte packed dtype with non-compact strides */
+        tspec_init(&t, "badinput/extent", 4096);
+        t.code = kDLInt;
+        t.bits = 4;
+        t.shape[0] = 16;
+        t.strides[0] = 2;
+        publish_memfd_expect(fd, 8, &t, 4096, WIRE_INVALID);
+        /* the same negative stride starting from the end: accepted */
+        tspec_init(&t, "badinput/extent", 4);
+        t.shape[0] = 4;
+        t.strides[0] = -1;
+        t.offset = 12;
+        publish_memfd_expect(fd, 9, &t, 4096, WIRE_OK);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_publish_ndim_33)
+{
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+        struct tspec t;
+
+        tspec_init(&t, "badinput/ndim", 4);
+        t.ndim = t.nstrides = DLX_MAX_NDIM + 1;
+        for (size_t i = 0; i < t.ndim; i++) {
+                t.shape[i] = 1;
+                t.strides[i] = 1;
+        }
+        publish_memfd_expect(fd, 2, &t, 4096, WIRE_INVALID);
+        t.ndim = t.nstrides = 40;
+        publish_memfd_expect(fd, 3, &t, 4096, WIRE_INVALID);
+        /* 32 is fine */
+        t.ndim = t.nstrides = DLX_MAX_NDIM;
+        publish_memfd_expect(fd, 4, &t, 4096, WIRE_OK);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_publish_negative_dimension)
+{
+        static const int64_t dims[] = {-1, -2, INT64_MIN};
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+        struct tspec t;
+
+        for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++) {
+                tspec_init(&t, "badinput/negative", 4096);
+                t.ndim = t.nstrides = 2;
+                t.shape[0] = dims[i];
+                t.shape[1] = 4;
+                t.strides[0] = 4;
+                t.strides[1] = 1;
+                publish_memfd_expect(fd, 2 + i, &t, 4096, WIRE_INVALID);
+        }
+        ping(fd, 10);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_publish_strides_count_mismatch)
+{
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+        struct tspec t;
+
+        tspec_init(&t, "badinput/strides", 64);
+        t.ndim = 2;
+        t.shape[0] = 4;
+        t.shape[1] = 4;
+        t.strides[0] = 4;
+        t.strides[1] = 1;
+        t.nstrides = 0;
+        publish_memfd_expect(fd, 2, &t, 4096, WIRE_INVALID);
+        t.nstrides = 1;
+        publish_memfd_expect(fd, 3, &t, 4096, WIRE_INVALID);
+        t.nstrides = 3;
+        t.strides[2] = 1;
+        publish_memfd_expect(fd, 4, &t, 4096, WIRE_INVALID);
+        /* strides without any shape */
+        t.ndim = 0;
+        t.nstrides = 1;
+        publish_memfd_expect(fd, 5, &t, 4096, WIRE_INVALID);
+        ping(fd, 6);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_publish_overflow)
+{
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+        struct tspec t;
+
+        /* byte_offset near 2^64: does not fit in the 63 bits an extent has */
+        tspec_init(&t, "badinput/overflow", 4);
+        t.byte_offset = UINT64_MAX - 3;
+        publish_memfd_expect(fd, 2, &t, 4096, WIRE_TOO_BIG);
+        /* byte_offset that fits, but the extent after it does not */
+        tspec_init(&t, "badinput/overflow", 8);
+        t.shape[0] = 2;
+        t.byte_offset = (uint64_t)INT64_MAX - 1;
+        publish_memfd_expect(fd, 3, &t, 4096, WIRE_TOO_BIG);
+        /* an element count past 2^63 */
+        tspec_init(&t, "badinput/overflow", 4096);
+        t.ndim = t.nstrides = 2;
+        t.shape[0] = INT64_MAX;
+        t.shape[1] = 4;
+        t.strides[0] = 4;
+        t.strides[1] = 1;
+        publish_memfd_expect(fd, 4, &t, 4096, WIRE_TOO_BIG);
+        /* a stride times its dimension past 2^63 */
+        tspec_init(&t, "badinput/overflow", 8);
+        t.shape[0] = 2;
+        t.strides[0] = INT64_MAX / 2;
+        publish_memfd_expect(fd, 5, &t, 4096, WIRE_TOO_BIG);
+        /* a large byte_offset that fits in 63 bits but not in the segment */
+        tspec_init(&t, "badinput/overflow", 4);
+        t.byte_offset = UINT64_C(1) << 62;
+        publish_memfd_expect(fd, 6, &t, 4096, WIRE_INVALID);
+        ping(fd, 7);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+/* ---- names --------------------------------------------------------------------------- */
+
+struct bad_name {
+        const char *name;
+        size_t len;
+};
+
+/* clang-format off */
+#define BAD(s) {(s), sizeof(s) - 1}
+/* clang-format on */
+
+static const struct bad_name bad_names[] = {
+        BAD(""),
+        BAD("a//b"),
+        BAD("/a"),
+        BAD("a/"),
+        BAD("a/../b"),
+        BAD("a/./b"),
+        BAD("."),
+        BAD(".."),
+        BAD("/"),
+        BAD("\x01"),
+        BAD("a\x1f"
+            "b"),
+        BAD("a\x7f"),
+        BAD("tab\tname"),
+        BAD("line\nbreak"),
+        BAD("\xff"),
+        BAD("a\xc3"),            /* truncated sequence */
+        BAD("\xc0\xaf"),         /* overlong '/' */
+        BAD("\xed\xa0\x80"),     /* a UTF-16 surrogate */
+        BAD("\xf4\x90\x80\x80"), /* past U+10FFFF */
+        BAD("\xc2\x85"),         /* C1 control NEL */
+        BAD("a\0b"),             /* embedded NUL */
+        BAD("\0"),
+};
+
+/* A name of n bytes of 'x'. */
+static void long_name(char *buf, size_t n)
+{
+        memset(buf, 'x', n);
+        buf[n] = '\0';
+}
+
+START_TEST(test_publish_bad_names)
+{
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+        char name[DLX_NAME_MAX + 2];
+        uint64_t id = 2;
+        struct tspec t;
+
+        for (size_t i = 0; i < sizeof(bad_names) / sizeof(bad_names[0]); i++) {
+                tspec_init(&t, "x", 4096);
+                tspec_name(&t, bad_names[i].name, bad_names[i].len);
+                publish_memfd_expect(fd, id++, &t, 4096, WIRE_INVALID);
+        }
+        long_name(name, DLX_NAME_MAX + 1);
+        tspec_init(&t, name, 4096);
+        publish_memfd_expect(fd, id++, &t, 4096, WIRE_INVALID);
+        /* 255 bytes is the longest name */
+        long_name(name, DLX_NAME_MAX);
+        tspec_init(&t, name, 4096);
+        publish_memfd_expect(fd, id++, &t, 4096, WIRE_OK);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_acquire_stat_bad_names)
+{
+        static const unsigned bodies[] = {PB_REQ_ACQUIRE, PB_REQ_STAT};
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+        char name[DLX_NAME_MAX + 2];
+        uint64_t id = 2;
+        struct pb p;
+
+        long_name(name, DLX_NAME_MAX + 1);
+        for (size_t b = 0; b < 2; b++) {
+                for (size_t i = 0; i <= sizeof(bad_names) / sizeof(bad_names[0]); i++) {
+                        bool last = i == sizeof(bad_names) / sizeof(bad_names[0]);
+                        pb_init(&p);
+                        pb_named(&p, id, bodies[b], last ? name : bad_names[i].name,
+                                 last ? strlen(name) : bad_names[i].len);
+                        send_pb(fd, &p, -1);
+                        pb_done(&p);
+                        expect_error(fd, id++, WIRE_INVALID);
+                }
+        }
+        ping(fd, id);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_bad_prefixes)
+{
+        static const struct bad_name prefixes[] = {BAD("\x01"), BAD("\xff"), BAD("a\0b"),
+                                                   BAD("\xc2\x9f")};
+        static const unsigned bodies[] = {PB_REQ_LIST, PB_REQ_WATCH};
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+        char name[DLX_NAME_MAX + 2];
+        uint64_t id = 2;
+        struct pb p;
+
+        long_name(name, DLX_NAME_MAX + 1);
+        for (size_t b = 0; b < 2; b++) {
+                for (size_t i = 0; i <= sizeof(prefixes) / sizeof(prefixes[0]); i++) {
+                        bool last = i == sizeof(prefixes) / sizeof(prefixes[0]);
+                        pb_init(&p);
+                        pb_named(&p, id, bodies[b], last ? name : prefixes[i].name,
+                                 last ? strlen(name) : prefixes[i].len);
+                        send_pb(fd, &p, -1);
+                        pb_done(&p);
+                        expect_error(fd, id++, WIRE_INVALID);
+                }
+        }
+        ping(fd, id);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+/* ---- dtype, storage, device, segment ------------------------------------------------- */
+
+START_TEST(test_publish_bad_dtype)
+{
+        static const uint32_t dtypes[][3] = {
+                {200, 32, 1},             /* unknown code */
+                {kDLFloat, 7, 1},         /* float of 7 bits */
+                {kDLFloat, 8, 1},         /* float of 8 bits: not a float8 code */
+                {kDLBfloat, 32, 1},       /* bfloat is 16 bits */
+                {kDLComplex, 16, 1},      /* complex of 16 bits */
+                {kDLBool, 16, 1},         /* bool of 16 bits */
+                {kDLInt, 0, 1},           /* zero bits */
+                {kDLFloat, 32, 0},        /* zero lanes */
+                {kDLOpaqueHandle, 64, 1}, /* a pointer means nothing elsewhere */
+                {300, 32, 1},             /* code out of the wire range */
+                {kDLFloat, 256, 1},       /* bits out of the wire range */
+                {kDLFloat, 32, 70000},    /* lanes out of the wire range */
+        };
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+        struct tspec t;
+
+        for (size_t i = 0; i < sizeof(dtypes) / sizeof(dtypes[0]); i++) {
+                tspec_init(&t, "badinput/dtype", 4096);
+                t.code = dtypes[i][0];
+                t.bits = dtypes[i][1];
+                t.lanes = dtypes[i][2];
+                publish_memfd_expect(fd, 2 + i, &t, 4096, WIRE_INVALID);
+        }
+        ping(fd, 100);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_publish_unknown_storage)
+{
+        static const uint32_t kinds[] = {99, WIRE_STORAGE_UNSPECIFIED, 2, 0x7fffffff};
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+        struct tspec t;
+
+        for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+                tspec_init(&t, "badinput/storage", 4096);
+                t.storage = kinds[i];
+                /* with its fd attached, which must be closed */
+                publish_memfd_expect(fd, 2 + 2 * i, &t, 4096, WIRE_NOT_SUPPORTED);
+                /* and without */
+                publish_expect(fd, 3 + 2 * i, &t, -1, WIRE_NOT_SUPPORTED);
+        }
+        ping(fd, 100);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_publish_device_not_cpu)
+{
+        static const int32_t devices[] = {kDLCUDA, kDLCUDAHost, kDLROCM, -1, 1000};
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+        struct tspec t;
+
+        for (size_t i = 0; i < sizeof(devices) / sizeof(devices[0]); i++) {
+                tspec_init(&t, "badinput/device", 4096);
+                t.device_type = devices[i];
+                publish_memfd_expect(fd, 2 + i, &t, 4096, WIRE_INVALID);
+        }
+        ping(fd, 100);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_publish_foreign_segment)
+{
+        dlx_client *good = attack_begin();
+        int owner = raw_hello(), thief = raw_hello();
+        uint64_t seg = raw_alloc(owner, 2, 4096);
+        struct tspec t;
+
+        tspec_init(&t, "badinput/segment", 4096);
+        /* no fd and no segment */
+        publish_expect(thief, 2, &t, -1, WIRE_BAD_FD);
+        /* a segment that does not exist */
+        t.segment = 12345;
+        publish_expect(thief, 3, &t, -1, WIRE_BAD_FD);
+        t.segment = UINT64_MAX;
+        publish_expect(thief, 4, &t, -1, WIRE_BAD_FD);
+        /* another session's allocation */
+        t.segment = seg;
+        publish_expect(thief, 5, &t, -1, WIRE_BAD_FD);
+        /* the owner may */
+        publish_expect(owner, 3, &t, -1, WIRE_OK);
+        ping(thief, 6);
+        close(thief);
+        close(owner);
+        attack_end(good);
+}
+END_TEST
+
+/* ---- leases, segments, watches ------------------------------------------------------- */
+
+static void send_release(int fd, uint64_t id, uint64_t lease)
+{
+        struct wire_request req = {.id = id, .type = WIRE_REQ_RELEASE};
+
+        req.release.lease = lease;
+        send_request(fd, &req, -1);
+}
+
+START_TEST(test_release_bad_leases)
+{
+        dlx_client *good = attack_begin();
+        int owner = raw_hello(), other = raw_hello();
+        struct wire_request req = {.id = 4, .type = WIRE_REQ_ACQUIRE};
+        struct wire_reply rep;
+        uint64_t seg, lease;
+        struct tspec t;
+
+        /* a lease that never existed */
+        send_release(other, 2, 987654321);
+        expect_error(other, 2, WIRE_NOT_FOUND);
+        send_release(other, 3, 0);
+        expect_error(other, 3, WIRE_NOT_FOUND);
+
+        /* owner takes a real lease */
+        seg = raw_alloc(owner, 2, 4096);
+        tspec_init(&t, "badinput/lease", 4096);
+        t.segment = seg;
+        publish_expect(owner, 3, &t, -1, WIRE_OK);
+        snprintf(req.acquire.name, sizeof(req.acquire.name), "badinput/lease");
+        send_request(owner, &req, -1);
+        expect_ok(owner, 4, WIRE_REP_ACQUIRE, &rep, NULL);
+        lease = rep.acquire.lease;
+
+        /* someone else's lease */
+        send_release(other, 4, lease);
+        expect_error(other, 4, WIRE_NOT_FOUND);
+
+        /* the owner's release is silent: the next reply is the pong */
+        send_release(owner, 5, lease);
+        ping(owner, 6);
+        /* and the second one is an error */
+        send_release(owner, 7, lease);
+        expect_error(owner, 7, WIRE_NOT_FOUND);
+        ping(owner, 8);
+        ping(other, 5);
+        close(other);
+        close(owner);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_alloc_bad_sizes)
+{
+        static const uint64_t sizes[] = {0, DLX_MAX_SEGMENT + 1, UINT64_MAX, UINT64_C(1) << 63};
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+
+        for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+                struct wire_request req = {.id = 2 + i, .type = WIRE_REQ_ALLOC};
+                req.alloc.size = sizes[i];
+                send_request(fd, &req, -1);
+                expect_error(fd, 2 + i, WIRE_INVALID);
+        }
+        ping(fd, 100);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_free_unwatch_unknown)
+{
+        dlx_client *good = attack_begin();
+        int owner = raw_hello(), other = raw_hello();
+        struct wire_request req;
+        struct wire_reply rep;
+        uint64_t seg = raw_alloc(owner, 2, 4096);
+
+        req = (struct wire_request){.id = 2, .type = WIRE_REQ_FREE};
+        req.free.segment = 424242;
+        send_request(other, &req, -1);
+        expect_error(other, 2, WIRE_NOT_FOUND);
+        /* another session's segment */
+        req = (struct wire_request){.id = 3, .type = WIRE_REQ_FREE};
+        req.free.segment = seg;
+        send_request(other, &req, -1);
+        expect_error(other, 3, WIRE_NOT_FOUND);
+        req = (struct wire_request){.id = 4, .type = WIRE_REQ_UNWATCH};
+        req.unwatch.watch = 31337;
+        send_request(other, &req, -1);
+        expect_error(other, 4, WIRE_NOT_FOUND);
+        /* the owner frees it once, and only once */
+        req = (struct wire_request){.id = 3, .type = WIRE_REQ_FREE};
+        req.free.segment = seg;
+        send_request(owner, &req, -1);
+        expect_ok(owner, 3, WIRE_REP_NONE, NULL, NULL);
+        /* its last reference gone, the segment is destroyed and the owner told */
+        expect_ok(owner, 0, WIRE_REP_EVENT, &rep, NULL);
+        ck_assert_int_eq(rep.event.kind, WIRE_EVENT_SEGMENT_GONE);
+        ck_assert_uint_eq(rep.event.segment, seg);
+        req.id = 4;
+        send_request(owner, &req, -1);
+        expect_error(owner, 4, WIRE_NOT_FOUND);
+        ping(owner, 5);
+        ping(other, 5);
+        close(other);
+        close(owner);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_watch_flood)
+{
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+        uint64_t id = 2;
+
+        /* 256 watches per session, then LIMIT */
+        for (int i = 0; i < 256; i++, id++) {
+                struct wire_request req = {.id = id, .type = WIRE_REQ_WATCH};
+                snprintf(req.watch.prefix, sizeof(req.watch.prefix), "badinput/w%d", i);
+                send_request(fd, &req, -1);
+                expect_ok(fd, id, WIRE_REP_WATCH, NULL, NULL);
+        }
+        for (int i = 0; i < 10; i++, id++) {
+                struct wire_request req = {.id = id, .type = WIRE_REQ_WATCH};
+                send_request(fd, &req, -1);
+                expect_error(fd, id, WIRE_LIMIT);
+        }
+        ping(fd, id);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_acquire_extreme_timeouts)
+{
+        static const int64_t forever[] = {INT64_MAX, INT64_MIN, -1};
+        dlx_client *good = attack_begin();
+        struct wire_request req = {.type = WIRE_REQ_ACQUIRE};
+        int fd = raw_hello(), mfd = sealed_memfd(4096);
+        struct tspec t;
+
+        /* every one of these waits, without a reply, for a name nobody publishes */
+        snprintf(req.acquire.name, sizeof(req.acquire.name), "badinput/never");
+        for (size_t i = 0; i < sizeof(forever) / sizeof(forever[0]); i++) {
+                req.id = 2 + i;
+                req.acquire.timeout_ms = forever[i];
+                send_request(fd, &req, -1);
+        }
+        /* an impossible version of a name that exists, without waiting */
+        tspec_init(&t, "badinput/exists", 4096);
+        publish_expect(fd, 9, &t, mfd, WIRE_OK);
+        close(mfd);
+        req.id = 10;
+        req.acquire.timeout_ms = 0;
+        req.acquire.min_version = UINT64_MAX;
+        snprintf(req.acquire.name, sizeof(req.acquire.name), "badinput/exists");
+        send_request(fd, &req, -1);
+        expect_error(fd, 10, WIRE_NOT_FOUND);
+        /* and with a 1 ms timeout: the timer fires */
+        req.id = 11;
+        req.acquire.timeout_ms = 1;
+        send_request(fd, &req, -1);
+        expect_error(fd, 11, WIRE_TIMEOUT);
+        ping(fd, 12);
+        /* the peer leaves with its waiters (one with a timer) pending */
+        req.id = 13;
+        req.acquire.timeout_ms = 60000;
+        send_request(fd, &req, -1);
+        ping(fd, 14);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+/* ---- floods and slow peers ----------------------------------------------------------- */
+
+#define FLOOD_REQUESTS 10000
+
+START_TEST(test_acquire_flood)
+{
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+        const uint64_t base = 100;
+        uint8_t *buf;
+        size_t size, frame, off = 0;
+        struct wire_request req = {.type = WIRE_REQ_ACQUIRE};
+        struct wire_reply rep;
+
+        /* 10k acquires waiting forever on a name nobody has published, in one stream */
+        snprintf(req.acquire.name, sizeof(req.acquire.name), "badinput/flood/missing");
+        req.acquire.timeout_ms = -1;
+        req.id = base + FLOOD_REQUESTS;
+        ck_assert_int_eq(wire_request_size(&req, &size), 0);
+        buf = malloc((FRAME_HEADER_SIZE + size) * FLOOD_REQUESTS);
+        ck_assert_ptr_nonnull(buf);
+        for (uint64_t i = 1; i <= FLOOD_REQUESTS; i++) {
+                req.id = base + i;
+                ck_assert_int_eq(wire_request_size(&req, &frame), 0);
+                frame_header_put(buf + off, (uint32_t)frame, 0);
+                ck_assert_uint_eq(wire_request_pack(&req, buf + off + FRAME_HEADER_SIZE), frame);
+                off += FRAME_HEADER_SIZE + frame;
+        }
+        ck_assert_int_eq(send_raw(fd, buf, off, NULL, 0), 0);
+        free(buf);
+
+        /* the first DLX_MAX_INFLIGHT wait silently; every later one is refused, in order */
+        for (uint64_t i = DLX_MAX_INFLIGHT + 1; i <= FLOOD_REQUESTS; i++)
+                expect_error(fd, base + i, WIRE_LIMIT);
+        ping(fd, 2);
+
+        /* publishing the name satisfies exactly the waiting ones, in order */
+        DLManagedTensorVersioned *t;
+        int64_t shape[1] = {4};
+        DLTensor proto = {.device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLFloat, 32, 1}};
+        proto.shape = shape;
+        ck_assert_int_eq(dlx_alloc(good, &proto, &t), 0);
+        ck_assert_int_eq(dlx_publish(good, "badinput/flood/missing", t, NULL, NULL), 0);
+        for (uint64_t i = 1; i <= DLX_MAX_INFLIGHT; i++) {
+                expect_ok(fd, base + i, WIRE_REP_ACQUIRE, &rep, NULL);
+                ck_assert_str_eq(rep.acquire.tensor.name, "badinput/flood/missing");
+        }
+        ping(fd, 3);
+        close(fd);
+        ck_assert_int_eq(fx_wait_leases(good, 0, 5000), 0);
+        ck_assert_int_eq(dlx_unpublish(good, "badinput/flood/missing"), 0);
+        attack_end(good);
+}
+END_TEST
+
+START_TEST(test_slow_partial_frame)
+{
+        dlx_client *good = attack_begin();
+        struct wire_request req = {.id = HELLO_ID, .type = WIRE_REQ_HELLO};
+        uint8_t frame[256];
+        struct wire_reply rep;
+        size_t size;
+        int fd = fx_raw_connect(&fx);
+
+        req.hello.major = DLX_PROTO_MAJOR;
+        snprintf(req.hello.client_name, sizeof(req.hello.client_name), "slowpoke");
+        ck_assert_int_eq(wire_request_size(&req, &size), 0);
+        frame_header_put(frame, (uint32_t)size, 0);
+        wire_request_pack(&req, frame + FRAME_HEADER_SIZE);
+
+        /* half a header, then the rest of the world carries on */
+        ck_assert_int_eq(send_raw(fd, frame, 3, NULL, 0), 0);
+        assert_daemon_serves(good);
+        /* a byte at a time, the good client interleaved */
+        for (size_t i = 3; i < FRAME_HEADER_SIZE + size; i++) {
+                ck_assert_int_eq(send_raw(fd, frame + i, 1, NULL, 0), 0);
+                ck_assert_int_eq(dlx_ping(good), 0);
+                sleep_ms(2);
+                /* nothing may come back before the frame is whole */
+                if (i + 1 < FRAME_HEADER_SIZE + size)
+                        ck_assert_int_eq(read_reply(fd, &rep, 0), -ETIMEDOUT);
+        }
+        expect_ok(fd, HELLO_ID, WIRE_REP_HELLO, NULL, NULL);
+
+        /* a ping split exactly at the header/payload boundary, with a pause there */
+        req = (struct wire_request){.id = 2, .type = WIRE_REQ_PING};
+        ck_assert_int_eq(wire_request_size(&req, &size), 0);
+        frame_header_put(frame, (uint32_t)size, 0);
+        wire_request_pack(&req, frame + FRAME_HEADER_SIZE);
+        ck_assert_int_eq(send_raw(fd, frame, FRAME_HEADER_SIZE, NULL, 0), 0);
+        assert_daemon_serves(good);
+        ck_assert_int_eq(send_raw(fd, frame + FRAME_HEADER_SIZE, size, NULL, 0), 0);
+        expect_ok(fd, 2, WIRE_REP_PONG, NULL, NULL);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+/* Names long enough that a list page of them is big. */
+#define HOG_NAMES 64
+
+START_TEST(test_peer_not_reading)
+{
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+        uint64_t seg = raw_alloc(fd, 2, 4096), id = 100;
+        struct wire_request list = {.type = WIRE_REQ_LIST};
+        struct dlx_stats st;
+        struct tspec t;
+        uint8_t frame[128];
+        size_t size;
+        long sent = 0;
+        char name[DLX_NAME_MAX + 1];
+
+        /* 64 names of 250 bytes: every list reply is some 20 KiB */
+        for (int i = 0; i < HOG_NAMES; i++) {
+                memset(name, 'h', 250);
+                snprintf(name, sizeof(name), "badinput/hog/%02d/", i);
+                name[strlen(name)] = 'h';
+                name[250] = '\0';
+                tspec_init(&t, name, 4);
+                t.segment = seg;
+                publish_expect(fd, 3 + (uint64_t)i, &t, -1, WIRE_OK);
+        }
+        ck_assert_int_eq(fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK), 0);
+
+        /* ask for lists and never read them, until the daemon stops taking requests */
+        snprintf(list.list.prefix, sizeof(list.list.prefix), "badinput/hog/");
+        for (;;) {
+                list.id = id++;
+                ck_assert_int_eq(wire_request_size(&list, &size), 0);
+                frame_header_put(frame, (uint32_t)size, 0);
+                wire_request_pack(&list, frame + FRAME_HEADER_SIZE);
+                ssize_t n = send(fd, frame, FRAME_HEADER_SIZE + size, MSG_NOSIGNAL);
+                if (n < 0 && errno == EAGAIN) {
+                        struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+                        if (poll(&pfd, 1, 1000) == 0)
+                                break; /* the daemon no longer reads this peer */
+                        id--;
+                        continue;
+                }
+                if (n < 0)
+                        break; /* hung up on */
+                /* a frame is small enough to go whole into a socket with any room */
+                ck_assert_int_eq(n, (ssize_t)(FRAME_HEADER_SIZE + size));
+                ck_assert_msg(++sent < 5000,
+                              "the daemon kept queueing replies for a peer that reads none: "
+                              "%ld list replies",
+                              sent);
+        }
+        /* several MiB at least, whatever the exact size of a reply */
+        ck_assert_int_gt(sent, 400);
+
+        /*
+         * Given up on, the peer is disconnected: its session (and its 64 names)
+         * go without its help, and the daemon does not spin on it meanwhile.
+         */
+        long ticks = sysconf(_SC_CLK_TCK), cpu0 = daemon_cpu_ticks();
+        int64_t start = mono_ms(), deadline = start + 5000;
+        do {
+                sleep_ms(50);
+                ck_assert_int_eq(dlx_stats(good, &st), 0);
+        } while (st.clients != 1 && mono_ms() < deadline);
+        long used = daemon_cpu_ticks() - cpu0;
+        int64_t waited = mono_ms() - start;
+        ck_assert_msg(st.clients == 1 && st.names == 0,
+                      "a peer that stopped reading its replies is still connected %lld ms after "
+                      "overrunning its output queue (%u clients, %llu names); meanwhile dlxd "
+                      "used %ld ms of CPU",
+                      (long long)waited, st.clients, (unsigned long long)st.names,
+                      used * 1000 / ticks);
+        ck_assert_msg(used * 1000 / ticks < waited / 2 + 100,
+                      "dlxd used %ld ms of CPU in %lld ms while a peer was not reading",
+                      used * 1000 / ticks, (long long)waited);
+
+        /* what it gets when it does read: replies, then the hang-up */
+        ck_assert_int_eq(fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK), 0);
+        for (;;) {
+                struct wire_reply rep;
+                int r = read_reply(fd, &rep, REPLY_TIMEOUT_MS);
+                if (r != 1) {
+                        ck_assert_msg(r == 0 || r == -ECONNRESET || r == -EPROTO,
+                                      "after its replies, the peer gets %s", strerror(-r));
+                        break;
+                }
+                ck_assert_int_eq(rep.status, WIRE_OK);
+        }
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+/* ---- the client limit (its own daemon) ----------------------------------------------- */
+
+START_TEST(test_client_limit)
+{
+        static const char *const args[] = {"--max-clients", "2", NULL};
+        dlx_client *good;
+        int fd, extra;
+
+        dlxd_start(&fx, args);
+        good = fx_connect(&fx, "good");
+        fd = raw_hello();
+        /* a third: refused with LIMIT, addressed to nobody, and hung up on */
+        extra = fx_raw_connect(&fx);
+        expect_error(extra, 0, WIRE_LIMIT);
+        expect_closed(extra);
+        close(extra);
+        ping(fd, 2);
+        ck_assert_int_eq(dlx_ping(good), 0);
+        /* the slot comes back once a client leaves */
+        close(fd);
+        int64_t deadline = mono_ms() + 5000;
+        struct dlx_stats st;
+        do {
+                ck_assert_int_eq(dlx_stats(good, &st), 0);
+                if (st.clients == 1)
+                        break;
+                sleep_ms(10);
+        } while (mono_ms() < deadline);
+        ck_assert_uint_eq(st.clients, 1);
+        assert_daemon_serves(good);
+        dlx_close(good);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/* Connections to try against a daemon started with this many fds allowed. */
+#define FD_LIMIT 48
+#define FD_FLOOD_CONNS 64
+
+START_TEST(test_daemon_out_of_fds)
+{
+        struct rlimit saved, low;
+        int conns[FD_FLOOD_CONNS];
+        bool answered[FD_FLOOD_CONNS] = {false};
+        int nanswered = 0, nwaiting = 0;
+        dlx_client *good;
+
+        /* a daemon that may only open FD_LIMIT fds: a connection flood exhausts it */
+        ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &saved), 0);
+        low = saved;
+        low.rlim_cur = FD_LIMIT;
+        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+        dlxd_start(&fx, NULL);
+        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &saved), 0);
+        good = fx_connect(&fx, "good");
+
+        for (int i = 0; i < FD_FLOOD_CONNS; i++) {
+                conns[i] = fx_raw_connect(&fx);
+                send_hello(conns[i], HELLO_ID, DLX_PROTO_MAJOR, -1);
+        }
+        /* those the daemon could accept are greeted; the others wait in the backlog */
+        for (int i = 0; i < FD_FLOOD_CONNS; i++) {
+                struct wire_reply rep;
+                int r = read_reply(conns[i], &rep, i < FD_LIMIT / 2 ? REPLY_TIMEOUT_MS : 300);
+                if (r == 1) {
+                        ck_assert_int_eq(rep.status, WIRE_OK);
+                        ck_assert_int_eq(rep.type, WIRE_REP_HELLO);
+                        answered[i] = true;
+                        nanswered++;
+                } else {
+                        ck_assert_int_eq(r, -ETIMEDOUT);
+                }
+        }
+        ck_assert_int_ge(nanswered, FD_LIMIT / 2);
+        ck_assert_int_lt(nanswered, FD_FLOOD_CONNS);
+        ck_assert_int_eq(dlx_ping(good), 0);
+
+        /* out of fds, the daemon backs off rather than spinning on accept */
+        long ticks = sysconf(_SC_CLK_TCK), cpu0 = daemon_cpu_ticks();
+        sleep_ms(1000);
+        long used = daemon_cpu_ticks() - cpu0;
+        ck_assert_msg(used * 4 < ticks, "dlxd used %ld ms of CPU in 1 s out of fds",
+                      used * 1000 / ticks);
+
+        /* the greeted ones leave: every waiting connection is then served */
+        for (int i = 0; i < FD_FLOOD_CONNS; i++) {
+                if (answered[i]) {
+                        close(conns[i]);
+                        conns[i] = -1;
+                }
+        }
+        for (int i = 0; i < FD_FLOOD_CONNS; i++) {
+                if (conns[i] < 0)
+                        continue;
+                nwaiting++;
+                expect_ok(conns[i], HELLO_ID, WIRE_REP_HELLO, NULL, NULL);
+                ping(conns[i], 2);
+                close(conns[i]);
+        }
+        ck_assert_int_eq(nanswered + nwaiting, FD_FLOOD_CONNS);
+        assert_daemon_serves(good);
+        dlx_close(good);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+Suite *badinput_suite(void)
+{
+        Suite *s = suite_create("badinput");
+        TCase *frames = tcase_create("frames");
+        TCase *fds = tcase_create("fds");
+        TCase *publish = tcase_create("publish");
+        TCase *requests = tcase_create("requests");
+        TCase *floods = tcase_create("floods");
+        TCase *limits = tcase_create("limits");
+
+        tcase_add_checked_fixture(frames, fx_setup, fx_teardown);
+        tcase_add_test(frames, test_truncated_frame_then_close);
+        tcase_add_test(frames, test_oversized_length);
+        tcase_add_test(frames, test_max_frame_of_garbage);
+        tcase_add_test(frames, test_reserved_header_bytes);
+        tcase_add_test(frames, test_zero_length_frame);
+        tcase_add_test(frames, test_garbage_payload);
+        tcase_add_test(frames, test_unknown_request_type);
+        tcase_add_test(frames, test_unknown_fields_ignored);
+        tcase_add_test(frames, test_unknown_request_type_before_hello);
+        tcase_add_test(frames, test_request_id_zero);
+        tcase_add_test(frames, test_request_before_hello);
+        tcase_add_test(frames, test_hello_unknown_major);
+        tcase_add_test(frames, test_hello_twice);
+        tcase_add_test(frames, test_hello_bad_client_name);
+        suite_add_tcase(s, frames);
+
+        tcase_add_checked_fixture(fds, fx_setup, fx_teardown);
+        tcase_add_test(fds, test_fd_on_ping);
+        tcase_add_test(fds, test_fd_on_hello);
+        tcase_add_test(fds, test_two_fds_on_publish);
+        tcase_add_test(fds, test_too_many_fds_in_header);
+        tcase_add_test(fds, test_announced_fd_missing);
+        tcase_add_test(fds, test_fd_flood_in_one_message);
+        tcase_add_test(fds, test_fd_flood_over_messages);
+        tcase_add_test(fds, test_unannounced_fd);
+        tcase_add_test(fds, test_publish_wrong_fd_kinds);
+        tcase_add_test(fds, test_publish_unsealed_memfd);
+        suite_add_tcase(s, fds);
+
+        tcase_add_checked_fixture(publish, fx_setup, fx_teardown);
+        tcase_add_test(publish, test_publish_memfd_too_short);
+        tcase_add_test(publish, test_publish_extent_past_segment);
+        tcase_add_test(publish, test_publish_ndim_33);
+        tcase_add_test(publish, test_publish_negative_dimension);
+        tcase_add_test(publish, test_publish_strides_count_mismatch);
+        tcase_add_test(publish, test_publish_overflow);
+        tcase_add_test(publish, test_publish_bad_names);
+        tcase_add_test(publish, test_publish_bad_dtype);
+        tcase_add_test(publish, test_publish_unknown_storage);
+        tcase_add_test(publish, test_publish_device_not_cpu);
+        tcase_add_test(publish, test_publish_foreign_segment);
+        suite_add_tcase(s, publish);
+
+        tcase_add_checked_fixture(requests, fx_setup, fx_teardown);
+        tcase_add_test(requests, test_acquire_stat_bad_names);
+        tcase_add_test(requests, test_bad_prefixes);
+        tcase_add_test(requests, test_release_bad_leases);
+        tcase_add_test(requests, test_alloc_bad_sizes);
+        tcase_add_test(requests, test_free_unwatch_unknown);
+        tcase_add_test(requests, test_watch_flood);
+        tcase_add_test(requests, test_acquire_extreme_timeouts);
+        suite_add_tcase(s, requests);
+
+        tcase_add_checked_fixture(floods, fx_setup, fx_teardown);
+        tcase_add_test(floods, test_acquire_flood);
+        tcase_add_test(floods, test_slow_partial_frame);
+        tcase_add_test(floods, test_peer_not_reading);
+        suite_add_tcase(s, floods);
+
+        /* starts its own daemon with a client limit */
+        tcase_add_test(limits, test_client_limit);
+        tcase_add_test(limits, test_daemon_out_of_fds);
+        suite_add_tcase(s, limits);
+        return s;
+}
