@@ -728,7 +728,9 @@ int dlx_next_event(dlx_client *c, struct dlx_event *ret_event, int64_t timeout_m
                         err = pump(c, 0);
                         if (!c->ev_head) {
                                 pthread_mutex_unlock(&c->lock);
-                                return err < 0 && err != -ETIMEDOUT ? err : -EAGAIN;
+                                if (err < 0 && err != -ETIMEDOUT)
+                                        return dlx__fail(err, "%s", dlx_strerror(err));
+                                return dlx__fail(-EAGAIN, "no event pending");
                         }
                         break;
                 }

@@ -26,10 +26,10 @@ int dlx_tensor_wrap(DLManagedTensorVersioned *tensor, dlx_tensor **ret_handle)
                 return dlx__fail(-EINVAL, "NULL argument");
         }
         if (tensor->version.major != DLX_DLPACK_MAJOR) {
+                unsigned major = tensor->version.major;
                 if (tensor->deleter)
                         tensor->deleter(tensor);
-                return dlx__fail(-ENOTSUP, "DLPack major version %u",
-                                 (unsigned)tensor->version.major);
+                return dlx__fail(-ENOTSUP, "DLPack major version %u", major);
         }
         h = malloc(sizeof(*h));
         if (!h) {
@@ -66,33 +66,48 @@ const DLTensor *dlx_tensor_dltensor(const dlx_tensor *h)
 
 /* ---- the table's slots ------------------------------------------------------------------ */
 
-static dlx_client *default_client;
+/*
+ * Every open client, oldest first: the allocator uses the one set with
+ * dlx_set_default_client(), else the oldest still open.
+ */
+static dlx_client *live_head, *live_tail;
+static dlx_client *pinned;
 static pthread_mutex_t default_lock = PTHREAD_MUTEX_INITIALIZER;
-static bool default_pinned; /* set explicitly: not replaced by later connects */
 
 void dlx_set_default_client(dlx_client *c)
 {
         pthread_mutex_lock(&default_lock);
-        default_client = c;
-        default_pinned = c != NULL;
+        pinned = c;
         pthread_mutex_unlock(&default_lock);
 }
 
 void dlx__default_client_connected(dlx_client *c)
 {
         pthread_mutex_lock(&default_lock);
-        if (!default_client)
-                default_client = c;
+        c->live_prev = live_tail;
+        c->live_next = NULL;
+        if (live_tail)
+                live_tail->live_next = c;
+        else
+                live_head = c;
+        live_tail = c;
         pthread_mutex_unlock(&default_lock);
 }
 
 void dlx__default_client_closing(dlx_client *c)
 {
         pthread_mutex_lock(&default_lock);
-        if (default_client == c) {
-                default_client = NULL;
-                default_pinned = false;
-        }
+        if (pinned == c)
+                pinned = NULL;
+        if (c->live_prev)
+                c->live_prev->live_next = c->live_next;
+        else if (live_head == c)
+                live_head = c->live_next;
+        if (c->live_next)
+                c->live_next->live_prev = c->live_prev;
+        else if (live_tail == c)
+                live_tail = c->live_prev;
+        c->live_prev = c->live_next = NULL;
         pthread_mutex_unlock(&default_lock);
 }
 
@@ -103,7 +118,7 @@ static int allocator(DLTensor *prototype, DLManagedTensorVersioned **out, void *
         int err;
 
         pthread_mutex_lock(&default_lock);
-        c = default_client;
+        c = pinned ? pinned : live_head;
         if (c)
                 dlx__client_ref(c);
         pthread_mutex_unlock(&default_lock);

@@ -79,7 +79,7 @@ struct dlx_client {
         /* --- under lock --- */
         bool reading;
         bool closed;
-        int broken; /* 0, or -errno once the connection failed */
+        int broken;                         /* 0, or -errno once the connection failed */
         char broken_why[DLX_ERROR_MAX + 1]; /* the daemon's reason, when it gave one */
         uint64_t next_id;
         uint64_t next_token;
@@ -93,6 +93,9 @@ struct dlx_client {
         unsigned nidle;
         struct arena_seg *arena;
         unsigned arena_grown; /* segments the allocator asked for so far */
+
+        /* --- under exchange.c's lock: the process's open clients --- */
+        struct dlx_client *live_prev, *live_next;
 
         /* --- set at connect, read-only after --- */
         struct frame_reader reader; /* touched only by the reader thread */

@@ -216,8 +216,10 @@ int dlx_alloc(dlx_client *c, const DLTensor *proto, DLManagedTensorVersioned **r
         a->map = m;
         a->offset = off;
         a->bytes = bytes;
-        memcpy(a->dims, proto->shape, (size_t)proto->ndim * sizeof(int64_t));
-        layout_compact_strides(proto->ndim, proto->shape, a->dims + proto->ndim);
+        if (proto->ndim) {
+                memcpy(a->dims, proto->shape, (size_t)proto->ndim * sizeof(int64_t));
+                layout_compact_strides(proto->ndim, proto->shape, a->dims + proto->ndim);
+        }
         a->mt.version.major = DLX_DLPACK_MAJOR;
         a->mt.version.minor = DLX_DLPACK_MINOR;
         a->mt.manager_ctx = a;
@@ -303,9 +305,9 @@ int dlx_publish(dlx_client *c, const char *name, DLManagedTensorVersioned *tenso
                 return dlx__fail(-EINVAL, "NULL argument");
         }
         if (tensor->version.major != DLX_DLPACK_MAJOR) {
+                unsigned major = tensor->version.major;
                 delete_tensor(tensor);
-                return dlx__fail(-ENOTSUP, "DLPack major version %u is not supported",
-                                 (unsigned)tensor->version.major);
+                return dlx__fail(-ENOTSUP, "DLPack major version %u is not supported", major);
         }
         if (opts)
                 o = *opts;

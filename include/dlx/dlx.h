@@ -317,7 +317,7 @@ const DLTensor *dlx_tensor_dltensor(const dlx_tensor *handle);
 /*
  * libdlx's exchange-API table (DLPack >= 1.2), valid for the whole process:
  *  - managed_tensor_allocator: shared memory from dlx_alloc() on the client set
- *    with dlx_set_default_client() (else the first one connected in this process)
+ *    with dlx_set_default_client() (else the oldest one open in this process)
  *  - managed_tensor_from_py_object_no_sync: a new owning DLManagedTensorVersioned
  *    that keeps the dlx_tensor handle alive until its deleter runs
  *  - managed_tensor_to_py_object_no_sync: wraps (steals) a tensor into a new handle
@@ -326,7 +326,10 @@ const DLTensor *dlx_tensor_dltensor(const dlx_tensor *handle);
  */
 const DLPackExchangeAPI *dlx_exchange_api(void);
 
-/* The client the exchange-API allocator uses; NULL restores the default. Borrowed. */
+/*
+ * The client the exchange-API allocator uses (borrowed; it reverts when that
+ * client closes). NULL restores the default: the oldest client still open.
+ */
 void dlx_set_default_client(dlx_client *client);
 
 #pragma GCC visibility pop
