@@ -61,14 +61,20 @@ static int fail(int err, const char *what)
         return EXIT_FAILURE;
 }
 
-static int connect_or_fail(dlx_client **ret)
+static dlx_client *client;
+
+/* Connects on first use, after a command has checked its arguments; exits 1 on failure. */
+static dlx_client *ctl_client(void)
 {
         struct dlx_connect_options o = {.socket_path = socket_path, .client_name = "dlxctl"};
-        int err = dlx_connect(&o, ret);
+        int err;
 
+        if (client)
+                return client;
+        err = dlx_connect(&o, &client);
         if (err < 0)
-                return fail(err, "cannot connect to dlxd");
-        return 0;
+                exit(fail(err, "cannot connect to dlxd"));
+        return client;
 }
 
 /* ---- formatting ---------------------------------------------------------------------- */
@@ -95,14 +101,17 @@ static void json_dims(const int64_t *dims, int32_t ndim)
         putchar(']');
 }
 
-/* Names are printable UTF-8; only quotes and backslashes need escaping. */
+/* Names are printable UTF-8, but paths may hold anything: escape what JSON requires. */
 static void json_str(const char *s)
 {
         putchar('"');
         for (; *s; s++) {
                 if (*s == '"' || *s == '\\')
-                        putchar('\\');
-                putchar(*s);
+                        printf("\\%c", *s);
+                else if ((unsigned char)*s < 0x20)
+                        printf("\\u%04x", (unsigned)(unsigned char)*s);
+                else
+                        putchar(*s);
         }
         putchar('"');
 }
@@ -147,9 +156,6 @@ static int list_one(void *ctx, const struct dlx_info *in)
                 printf("%s", l->count ? ",\n " : "");
                 print_info_json(in);
         } else {
-                if (l->count == 0)
-                        printf("%-32s %8s %-14s %-20s %12s %6s %s\n", "NAME", "VERSION", "DTYPE",
-                               "SHAPE", "BYTES", "LEASES", "FLAGS");
                 layout_dtype_name(in->dtype, dt, sizeof(dt));
                 dims_str(in->shape, in->ndim, shape, sizeof(shape));
                 printf("%-32s %8" PRIu64 " %-14s %-20s %12" PRIu64 " %6u %s%s%s\n", in->name,
@@ -161,7 +167,7 @@ static int list_one(void *ctx, const struct dlx_info *in)
         return 0;
 }
 
-static int cmd_list(dlx_client *c, int argc, char **argv)
+static int cmd_list(int argc, char **argv)
 {
         struct list_ctx l = {0};
         int n;
@@ -170,8 +176,12 @@ static int cmd_list(dlx_client *c, int argc, char **argv)
                 fprintf(stderr, "dlxctl: list takes at most one PREFIX\n");
                 return EXIT_USAGE;
         }
+        dlx_client *c = ctl_client();
         if (json)
                 printf("[");
+        else
+                printf("%-32s %8s %-14s %-20s %12s %6s %s\n", "NAME", "VERSION", "DTYPE", "SHAPE",
+                       "BYTES", "LEASES", "FLAGS");
         n = dlx_list(c, argc == 2 ? argv[1] : "", list_one, &l);
         if (json)
                 printf("]\n");
@@ -180,7 +190,7 @@ static int cmd_list(dlx_client *c, int argc, char **argv)
         return 0;
 }
 
-static int cmd_stat(dlx_client *c, int argc, char **argv)
+static int cmd_stat(int argc, char **argv)
 {
         struct dlx_info in;
         char dt[48], shape[512], strides[512];
@@ -190,7 +200,7 @@ static int cmd_stat(dlx_client *c, int argc, char **argv)
                 fprintf(stderr, "dlxctl: stat takes one NAME\n");
                 return EXIT_USAGE;
         }
-        err = dlx_stat(c, argv[1], &in);
+        err = dlx_stat(ctl_client(), argv[1], &in);
         if (err < 0)
                 return fail(err, argv[1]);
         if (json) {
@@ -244,7 +254,7 @@ static int read_full(int fd, void *buf, uint64_t len)
         return 0;
 }
 
-static int cmd_put(dlx_client *c, int argc, char **argv)
+static int cmd_put(int argc, char **argv)
 {
         struct dlx_publish_options o = {.persist = true, .copy = DLX_COPY_NEVER};
         struct npy_info info;
@@ -277,7 +287,7 @@ static int cmd_put(dlx_client *c, int argc, char **argv)
         proto.dtype = info.dtype;
         proto.shape = info.shape;
         /* read straight into shared memory: the publish then copies nothing */
-        err = dlx_alloc(c, &proto, &t);
+        err = dlx_alloc(ctl_client(), &proto, &t);
         if (err < 0) {
                 close(fd);
                 return fail(err, "alloc");
@@ -293,12 +303,14 @@ static int cmd_put(dlx_client *c, int argc, char **argv)
         npy_to_native(t->dl_tensor.data, &info);
         if (info.fortran_order)
                 npy_strides(&info, t->dl_tensor.strides);
-        err = dlx_publish(c, argv[1], t, &o, &version);
+        err = dlx_publish(ctl_client(), argv[1], t, &o, &version);
         if (err < 0)
                 return fail(err, argv[1]);
-        if (json)
-                printf("{\"name\":\"%s\",\"version\":%" PRIu64 "}\n", argv[1], version);
-        else
+        if (json) {
+                printf("{\"name\":");
+                json_str(argv[1]);
+                printf(",\"version\":%" PRIu64 "}\n", version);
+        } else
                 printf("%s v%" PRIu64 "\n", argv[1], version);
         return 0;
 }
@@ -316,7 +328,7 @@ static int parse_ms(const char *s, int64_t *ret)
         return 0;
 }
 
-static int cmd_get(dlx_client *c, int argc, char **argv)
+static int cmd_get(int argc, char **argv)
 {
         struct dlx_acquire_options o = {0};
         DLManagedTensorVersioned *t;
@@ -327,7 +339,7 @@ static int cmd_get(dlx_client *c, int argc, char **argv)
 
         for (int i = 1; i < argc; i++) {
                 if (strcmp(argv[i], "--timeout") == 0 && i + 1 < argc) {
-                        if (parse_ms(argv[++i], &o.timeout_ms) < 0) {
+                        if (parse_ms(argv[++i], &o.timeout_ms) < 0 || o.timeout_ms < 0) {
                                 fprintf(stderr, "dlxctl: bad --timeout '%s'\n", argv[i]);
                                 return EXIT_USAGE;
                         }
@@ -344,7 +356,7 @@ static int cmd_get(dlx_client *c, int argc, char **argv)
                 fprintf(stderr, "dlxctl: get takes NAME FILE.npy [--timeout MS]\n");
                 return EXIT_USAGE;
         }
-        err = dlx_acquire(c, name, &o, &t);
+        err = dlx_acquire(ctl_client(), name, &o, &t);
         if (err < 0)
                 return fail(err, name);
         dlx_tensor_info(t, NULL, &version, NULL);
@@ -365,13 +377,17 @@ static int cmd_get(dlx_client *c, int argc, char **argv)
                 unlink(path);
                 return EXIT_FAILURE;
         }
-        if (json)
-                printf("{\"name\":\"%s\",\"version\":%" PRIu64 ",\"file\":\"%s\"}\n", name, version,
-                       path);
+        if (json) {
+                printf("{\"name\":");
+                json_str(name);
+                printf(",\"version\":%" PRIu64 ",\"file\":", version);
+                json_str(path);
+                printf("}\n");
+        }
         return 0;
 }
 
-static int cmd_rm(dlx_client *c, int argc, char **argv)
+static int cmd_rm(int argc, char **argv)
 {
         int err;
 
@@ -379,7 +395,7 @@ static int cmd_rm(dlx_client *c, int argc, char **argv)
                 fprintf(stderr, "dlxctl: rm takes one NAME\n");
                 return EXIT_USAGE;
         }
-        err = dlx_unpublish(c, argv[1]);
+        err = dlx_unpublish(ctl_client(), argv[1]);
         if (err < 0)
                 return fail(err, argv[1]);
         return 0;
@@ -387,13 +403,20 @@ static int cmd_rm(dlx_client *c, int argc, char **argv)
 
 static volatile sig_atomic_t stop;
 
+static int64_t mono_ms(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 static void on_stop(int sig)
 {
         (void)sig;
         stop = 1;
 }
 
-static int cmd_watch(dlx_client *c, int argc, char **argv)
+static int cmd_watch(int argc, char **argv)
 {
         static const char *const kinds[] = {"?", "published", "replaced", "unpublished"};
         const char *prefix = "";
@@ -409,7 +432,7 @@ static int cmd_watch(dlx_client *c, int argc, char **argv)
                                 return EXIT_USAGE;
                         }
                 } else if (strcmp(argv[i], "--timeout") == 0 && i + 1 < argc) {
-                        if (parse_ms(argv[++i], &timeout) < 0) {
+                        if (parse_ms(argv[++i], &timeout) < 0 || timeout < 0) {
                                 fprintf(stderr, "dlxctl: bad --timeout '%s'\n", argv[i]);
                                 return EXIT_USAGE;
                         }
@@ -421,21 +444,24 @@ static int cmd_watch(dlx_client *c, int argc, char **argv)
                         return EXIT_USAGE;
                 }
         }
+        dlx_client *c = ctl_client();
         sigaction(SIGINT, &sa, NULL);
         sigaction(SIGTERM, &sa, NULL);
         err = dlx_watch(c, prefix, &id);
         if (err < 0)
                 return fail(err, "watch");
         setvbuf(stdout, NULL, _IOLBF, 0);
+        int64_t deadline = timeout >= 0 ? mono_ms() + timeout : INT64_MAX;
         while (!stop && (count < 0 || seen < count)) {
                 struct dlx_event ev;
+                int64_t left = deadline - mono_ms();
+
+                if (left < 0)
+                        break;
                 /* wake up now and then to notice a signal */
-                err = dlx_next_event(c, &ev, timeout >= 0 && timeout < 200 ? timeout : 200);
-                if (err == -ETIMEDOUT) {
-                        if (timeout >= 0 && (timeout -= 200) < 0)
-                                break;
+                err = dlx_next_event(c, &ev, left < 200 ? left : 200);
+                if (err == -ETIMEDOUT || err == -EAGAIN)
                         continue;
-                }
                 if (err < 0)
                         return fail(err, "watch");
                 seen++;
@@ -451,7 +477,7 @@ static int cmd_watch(dlx_client *c, int argc, char **argv)
         return 0;
 }
 
-static int cmd_stats(dlx_client *c, int argc, char **argv)
+static int cmd_stats(int argc, char **argv)
 {
         struct dlx_stats s;
         int err;
@@ -461,7 +487,7 @@ static int cmd_stats(dlx_client *c, int argc, char **argv)
                 fprintf(stderr, "dlxctl: stats takes no argument\n");
                 return EXIT_USAGE;
         }
-        err = dlx_stats(c, &s);
+        err = dlx_stats(ctl_client(), &s);
         if (err < 0)
                 return fail(err, "stats");
         if (json) {
@@ -472,7 +498,7 @@ static int cmd_stats(dlx_client *c, int argc, char **argv)
                        ",\"server\":\"%s\"}\n",
                        s.names, s.versions, s.leases, s.segments, s.bytes, s.max_bytes, s.clients,
                        s.max_clients, s.watchers, s.uptime_ms, s.requests, s.publishes, s.acquires,
-                       dlx_server_version(c));
+                       dlx_server_version(ctl_client()));
                 return 0;
         }
         printf("server:    %s\n"
@@ -485,9 +511,9 @@ static int cmd_stats(dlx_client *c, int argc, char **argv)
                "clients:   %u of %u\n"
                "watchers:  %u\n"
                "requests:  %" PRIu64 " (publishes %" PRIu64 ", acquires %" PRIu64 ")\n",
-               dlx_server_version(c), (double)s.uptime_ms / 1000.0, s.names, s.versions, s.leases,
-               s.segments, s.bytes, s.max_bytes ? "a limit" : "no limit", s.clients, s.max_clients,
-               s.watchers, s.requests, s.publishes, s.acquires);
+               dlx_server_version(ctl_client()), (double)s.uptime_ms / 1000.0, s.names, s.versions,
+               s.leases, s.segments, s.bytes, s.max_bytes ? "a limit" : "no limit", s.clients,
+               s.max_clients, s.watchers, s.requests, s.publishes, s.acquires);
         if (s.max_bytes)
                 printf("max bytes: %" PRIu64 "\n", s.max_bytes);
         return 0;
@@ -505,14 +531,13 @@ int main(int argc, char **argv)
         /* argument counts include the command itself; checked before connecting */
         static const struct {
                 const char *name;
-                int (*fn)(dlx_client *c, int argc, char **argv);
+                int (*fn)(int argc, char **argv);
                 int min_args, max_args;
         } cmds[] = {
                 {"list", cmd_list, 1, 2},   {"ls", cmd_list, 1, 2},     {"stat", cmd_stat, 2, 2},
                 {"put", cmd_put, 3, 4},     {"get", cmd_get, 3, 5},     {"rm", cmd_rm, 2, 2},
                 {"watch", cmd_watch, 1, 6}, {"stats", cmd_stats, 1, 1},
         };
-        dlx_client *c;
         int opt, rc;
 
         /* "+": stop at the command, whose own options follow it */
@@ -549,10 +574,8 @@ int main(int argc, char **argv)
                         usage(stderr);
                         return EXIT_USAGE;
                 }
-                if (connect_or_fail(&c) != 0)
-                        return EXIT_FAILURE;
-                rc = cmds[i].fn(c, argc - optind, argv + optind);
-                dlx_close(c);
+                rc = cmds[i].fn(argc - optind, argv + optind);
+                dlx_close(client);
                 return rc;
         }
         fprintf(stderr, "dlxctl: unknown command '%s'\n", argv[optind]);
