@@ -1,0 +1,195 @@
+/* SPDX-License-Identifier: MIT */
+#include "cudadrv.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Devices whose primary context this process has retained (never released: it lives as long
+ * as the process, as the runtime's does). */
+#define MAX_DEVICES 64
+
+static struct dlx_cuda_driver loaded;
+static const struct dlx_cuda_driver *installed;
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static int load_error; /* 0 or -ENODEV */
+static char load_why[200];
+
+static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUcontext primary[MAX_DEVICES];
+
+typedef CUresult (*get_proc_fn)(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                CUdriverProcAddressQueryResult *status);
+
+/* One entry point: by cuGetProcAddress when the driver has it (the right ABI version for the
+ * cuda.h we built against), else by its versioned symbol name. */
+static int resolve(void *lib, get_proc_fn get_proc, const char *name, const char *symbol,
+                   void **ret)
+{
+        void *fn = NULL;
+
+        if (get_proc) {
+                CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+                if (get_proc(name, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &status) !=
+                            CUDA_SUCCESS ||
+                    status != CU_GET_PROC_ADDRESS_SUCCESS)
+                        fn = NULL;
+        }
+        if (!fn)
+                fn = dlsym(lib, symbol);
+        if (!fn) {
+                snprintf(load_why, sizeof(load_why), "the CUDA driver lacks %s", name);
+                return -ENODEV;
+        }
+        *ret = fn;
+        return 0;
+}
+
+static void load(void)
+{
+        void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        get_proc_fn get_proc;
+        CUresult r;
+
+        if (!lib) {
+                const char *e = dlerror();
+                snprintf(load_why, sizeof(load_why), "no CUDA driver (%s)",
+                         e ? e : "libcuda.so.1 not found");
+                load_error = -ENODEV;
+                return;
+        }
+        get_proc = (get_proc_fn)dlsym(lib, "cuGetProcAddress_v2");
+
+#define RESOLVE(field, name, symbol)                                                               \
+        do {                                                                                       \
+                void *fn_;                                                                         \
+                if (resolve(lib, get_proc, name, symbol, &fn_) < 0) {                              \
+                        load_error = -ENODEV;                                                      \
+                        return;                                                                    \
+                }                                                                                  \
+                memcpy(&loaded.field, &fn_, sizeof(fn_));                                          \
+        } while (0)
+
+        RESOLVE(Init, "cuInit", "cuInit");
+        RESOLVE(GetErrorString, "cuGetErrorString", "cuGetErrorString");
+        RESOLVE(DeviceGet, "cuDeviceGet", "cuDeviceGet");
+        RESOLVE(DeviceGetCount, "cuDeviceGetCount", "cuDeviceGetCount");
+        RESOLVE(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain");
+        RESOLVE(CtxPushCurrent, "cuCtxPushCurrent", "cuCtxPushCurrent_v2");
+        RESOLVE(CtxPopCurrent, "cuCtxPopCurrent", "cuCtxPopCurrent_v2");
+        RESOLVE(PointerGetAttribute, "cuPointerGetAttribute", "cuPointerGetAttribute");
+        RESOLVE(MemGetAddressRange, "cuMemGetAddressRange", "cuMemGetAddressRange_v2");
+        RESOLVE(IpcGetMemHandle, "cuIpcGetMemHandle", "cuIpcGetMemHandle");
+        RESOLVE(IpcOpenMemHandle, "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2");
+        RESOLVE(IpcCloseMemHandle, "cuIpcCloseMemHandle", "cuIpcCloseMemHandle");
+        RESOLVE(IpcGetEventHandle, "cuIpcGetEventHandle", "cuIpcGetEventHandle");
+        RESOLVE(IpcOpenEventHandle, "cuIpcOpenEventHandle", "cuIpcOpenEventHandle");
+        RESOLVE(EventCreate, "cuEventCreate", "cuEventCreate");
+        RESOLVE(EventDestroy, "cuEventDestroy", "cuEventDestroy_v2");
+        RESOLVE(EventRecord, "cuEventRecord", "cuEventRecord");
+        RESOLVE(EventQuery, "cuEventQuery", "cuEventQuery");
+        RESOLVE(StreamWaitEvent, "cuStreamWaitEvent", "cuStreamWaitEvent");
+        RESOLVE(MemGetAllocationGranularity, "cuMemGetAllocationGranularity",
+                "cuMemGetAllocationGranularity");
+        RESOLVE(MemCreate, "cuMemCreate", "cuMemCreate");
+        RESOLVE(MemRelease, "cuMemRelease", "cuMemRelease");
+        RESOLVE(MemExportToShareableHandle, "cuMemExportToShareableHandle",
+                "cuMemExportToShareableHandle");
+        RESOLVE(MemImportFromShareableHandle, "cuMemImportFromShareableHandle",
+                "cuMemImportFromShareableHandle");
+        RESOLVE(MemAddressReserve, "cuMemAddressReserve", "cuMemAddressReserve");
+        RESOLVE(MemAddressFree, "cuMemAddressFree", "cuMemAddressFree");
+        RESOLVE(MemMap, "cuMemMap", "cuMemMap");
+        RESOLVE(MemUnmap, "cuMemUnmap", "cuMemUnmap");
+        RESOLVE(MemSetAccess, "cuMemSetAccess", "cuMemSetAccess");
+        RESOLVE(MemHostRegister, "cuMemHostRegister", "cuMemHostRegister_v2");
+        RESOLVE(MemHostUnregister, "cuMemHostUnregister", "cuMemHostUnregister");
+#undef RESOLVE
+
+        r = loaded.Init(0);
+        if (r != CUDA_SUCCESS) {
+                const char *s = NULL;
+                loaded.GetErrorString(r, &s);
+                snprintf(load_why, sizeof(load_why), "cuInit failed: %s", s ? s : "unknown error");
+                load_error = -ENODEV;
+        }
+}
+
+int dlx__cuda(const struct dlx_cuda_driver **ret)
+{
+        if (__atomic_load_n(&installed, __ATOMIC_ACQUIRE)) {
+                *ret = installed;
+                return 0;
+        }
+        pthread_once(&load_once, load);
+        if (load_error)
+                return dlx__fail(load_error, "%s", load_why);
+        *ret = &loaded;
+        return 0;
+}
+
+void dlx__cuda_install(const struct dlx_cuda_driver *driver)
+{
+        pthread_mutex_lock(&ctx_lock);
+        memset(primary, 0, sizeof(primary));
+        pthread_mutex_unlock(&ctx_lock);
+        __atomic_store_n(&installed, driver, __ATOMIC_RELEASE);
+}
+
+int dlx__cuda_fail(const struct dlx_cuda_driver *cu, CUresult r, const char *what)
+{
+        const char *s = NULL;
+
+        if (cu->GetErrorString(r, &s) != CUDA_SUCCESS || !s)
+                s = "unknown CUDA error";
+        switch (r) {
+        case CUDA_ERROR_OUT_OF_MEMORY:
+                return dlx__fail(-ENOMEM, "%s: %s", what, s);
+        case CUDA_ERROR_INVALID_VALUE:
+        case CUDA_ERROR_INVALID_HANDLE:
+                return dlx__fail(-EINVAL, "%s: %s", what, s);
+        case CUDA_ERROR_NOT_SUPPORTED:
+                return dlx__fail(-ENOTSUP, "%s: %s", what, s);
+        case CUDA_ERROR_INVALID_DEVICE:
+        case CUDA_ERROR_NO_DEVICE:
+                return dlx__fail(-ENODEV, "%s: %s", what, s);
+        default:
+                return dlx__fail(-EIO, "%s: %s", what, s);
+        }
+}
+
+int dlx__cuda_enter(const struct dlx_cuda_driver *cu, int device)
+{
+        CUcontext ctx;
+        CUresult r;
+
+        if (device < 0 || device >= MAX_DEVICES)
+                return dlx__fail(-ENODEV, "CUDA device %d is out of range", device);
+        pthread_mutex_lock(&ctx_lock);
+        ctx = primary[device];
+        if (!ctx) {
+                CUdevice dev;
+                r = cu->DeviceGet(&dev, device);
+                if (r == CUDA_SUCCESS)
+                        r = cu->DevicePrimaryCtxRetain(&ctx, dev);
+                if (r != CUDA_SUCCESS) {
+                        pthread_mutex_unlock(&ctx_lock);
+                        return dlx__cuda_fail(cu, r, "CUDA device");
+                }
+                primary[device] = ctx;
+        }
+        pthread_mutex_unlock(&ctx_lock);
+        r = cu->CtxPushCurrent(ctx);
+        if (r != CUDA_SUCCESS)
+                return dlx__cuda_fail(cu, r, "cuCtxPushCurrent");
+        return 0;
+}
+
+void dlx__cuda_leave(const struct dlx_cuda_driver *cu)
+{
+        CUcontext ignored;
+
+        cu->CtxPopCurrent(&ignored);
+}
