@@ -134,6 +134,8 @@ static void send_event(struct session *s, enum wire_event_kind kind, uint64_t wa
         rep.event.version = version;
         rep.event.token = token;
         rep.event.segment = segment;
+        rep.event.events = NULL;
+        rep.event.nevents = 0;
         session_send(s, &rep, -1);
 }
 
@@ -233,6 +235,8 @@ static void version_describe(const struct version *v, struct wire_tensor *t)
         t->segment = v->seg->id;
         t->offset = v->offset;
         t->length = v->length;
+        t->has_ipc_handle = false;
+        t->has_event = false;
 }
 
 static void entry_info(const struct entry *e, struct wire_info *info)

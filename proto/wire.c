@@ -60,6 +60,12 @@ const char *wire_storage_name(uint32_t storage)
         switch (storage) {
         case WIRE_STORAGE_MEMFD:
                 return "memfd";
+        case WIRE_STORAGE_CUDA_IPC:
+                return "cuda-ipc";
+        case WIRE_STORAGE_CUDA_VMM:
+                return "cuda-vmm";
+        case WIRE_STORAGE_CUDA_HOST:
+                return "cuda-host";
         default:
                 return "unknown";
         }
@@ -116,6 +122,24 @@ static ProtobufCBinaryData give_bytes(const char *s)
         return b;
 }
 
+/* A CUDA handle field: absent, or exactly DLX_CUDA_HANDLE bytes. */
+static int take_handle(uint8_t *dst, bool *ret_has, ProtobufCBinaryData src)
+{
+        *ret_has = src.len != 0;
+        if (src.len == 0)
+                return 0;
+        if (src.len != DLX_CUDA_HANDLE)
+                return -EINVAL;
+        memcpy(dst, src.data, DLX_CUDA_HANDLE);
+        return 0;
+}
+
+static ProtobufCBinaryData give_handle(const uint8_t *src, bool has)
+{
+        ProtobufCBinaryData b = {.len = has ? DLX_CUDA_HANDLE : 0, .data = (uint8_t *)src};
+        return b;
+}
+
 /* Strings we emit must be terminated within their buffers. */
 static bool bounded(const char *s, size_t cap)
 {
@@ -157,6 +181,8 @@ static int tensor_to_pb(const struct wire_tensor *src, struct tensor_pb *pb)
         pb->t.segment = src->segment;
         pb->t.offset = src->offset;
         pb->t.length = src->length;
+        pb->t.ipc_handle = give_handle(src->ipc_handle, src->has_ipc_handle);
+        pb->t.event = give_handle(src->event, src->has_event);
         return 0;
 }
 
@@ -219,6 +245,9 @@ static int tensor_from_pb(const Dlxp__Tensor *src, struct wire_tensor *dst, char
         dst->segment = src->segment;
         dst->offset = src->offset;
         dst->length = src->length;
+        if (take_handle(dst->ipc_handle, &dst->has_ipc_handle, src->ipc_handle) < 0 ||
+            take_handle(dst->event, &dst->has_event, src->event) < 0)
+                return fail(err, errsz, -EINVAL, "a CUDA handle must be %d bytes", DLX_CUDA_HANDLE);
         return 0;
 }
 
@@ -325,6 +354,8 @@ static int request_to_pb(const struct wire_request *q, struct request_pb *s)
                 s->publish.tensor = &s->tensor.t;
                 s->publish.persist = q->publish.persist;
                 s->publish.token = q->publish.token;
+                s->publish.hold = q->publish.hold;
+                s->publish.segment_size = q->publish.segment_size;
                 r->body_case = DLXP__REQUEST__BODY_PUBLISH;
                 r->publish = &s->publish;
                 return 0;
@@ -341,6 +372,7 @@ static int request_to_pb(const struct wire_request *q, struct request_pb *s)
         case WIRE_REQ_RELEASE:
                 dlxp__release__init(&s->release);
                 s->release.lease = q->release.lease;
+                s->release.event = give_handle(q->release.event, q->release.has_event);
                 r->body_case = DLXP__REQUEST__BODY_RELEASE;
                 r->release = &s->release;
                 return 0;
@@ -469,6 +501,8 @@ static int request_from_pb(const Dlxp__Request *r, struct wire_request *q, char 
                         return e;
                 q->publish.persist = r->publish->persist;
                 q->publish.token = r->publish->token;
+                q->publish.hold = r->publish->hold;
+                q->publish.segment_size = r->publish->segment_size;
                 return tensor_valid(&q->publish.tensor, err, errsz);
         }
         case DLXP__REQUEST__BODY_ACQUIRE:
@@ -483,6 +517,9 @@ static int request_from_pb(const Dlxp__Request *r, struct wire_request *q, char 
         case DLXP__REQUEST__BODY_RELEASE:
                 q->type = WIRE_REQ_RELEASE;
                 q->release.lease = r->release->lease;
+                if (take_handle(q->release.event, &q->release.has_event, r->release->event) < 0)
+                        return fail(err, errsz, -EINVAL, "a CUDA event handle must be %d bytes",
+                                    DLX_CUDA_HANDLE);
                 return 0;
         case DLXP__REQUEST__BODY_UNPUBLISH:
                 q->type = WIRE_REQ_UNPUBLISH;
@@ -581,6 +618,8 @@ struct reply_pb {
         };
         Dlxp__Info info;
         struct tensor_pb tensor;
+        /* RELEASED events: one binary per consumer event, allocated */
+        ProtobufCBinaryData *events;
         /* list replies: one of each per entry, allocated */
         Dlxp__Info *infos;
         Dlxp__Info **info_ptrs;
@@ -589,6 +628,7 @@ struct reply_pb {
 
 static void reply_pb_done(struct reply_pb *s)
 {
+        free(s->events);
         free(s->infos);
         free(s->info_ptrs);
         free(s->tensors);
@@ -598,6 +638,7 @@ static int reply_to_pb(const struct wire_reply *p, struct reply_pb *s)
 {
         Dlxp__Reply *r = &s->r;
 
+        s->events = NULL;
         s->infos = NULL;
         s->info_ptrs = NULL;
         s->tensors = NULL;
@@ -720,6 +761,17 @@ static int reply_to_pb(const struct wire_reply *p, struct reply_pb *s)
                 s->event.version = p->event.version;
                 s->event.token = p->event.token;
                 s->event.segment = p->event.segment;
+                if (p->event.nevents > DLX_MAX_RELEASE_EVENTS)
+                        return -EINVAL;
+                if (p->event.nevents) {
+                        s->events = calloc(p->event.nevents, sizeof(*s->events));
+                        if (!s->events)
+                                return -ENOMEM;
+                        for (uint32_t i = 0; i < p->event.nevents; i++)
+                                s->events[i] = give_handle(p->event.events[i], true);
+                        s->event.n_events = p->event.nevents;
+                        s->event.events = s->events;
+                }
                 r->body_case = DLXP__REPLY__BODY_EVENT;
                 r->event = &s->event;
                 return 0;
@@ -843,8 +895,25 @@ static int reply_from_pb(const Dlxp__Reply *r, struct wire_reply *p, char *err, 
                 p->event.version = r->event->version;
                 p->event.token = r->event->token;
                 p->event.segment = r->event->segment;
+                p->event.events = NULL;
+                p->event.nevents = 0;
                 if (take_bytes(p->event.name, sizeof(p->event.name), r->event->name) < 0)
                         return fail(err, errsz, -EINVAL, "bad event name");
+                if (r->event->n_events > DLX_MAX_RELEASE_EVENTS)
+                        return fail(err, errsz, -EINVAL, "too many release events");
+                if (r->event->n_events) {
+                        p->event.events = calloc(r->event->n_events, DLX_CUDA_HANDLE);
+                        if (!p->event.events)
+                                return fail(err, errsz, -ENOMEM, "out of memory");
+                }
+                for (size_t i = 0; i < r->event->n_events; i++) {
+                        bool has;
+                        if (take_handle(p->event.events[i], &has, r->event->events[i]) < 0 || !has)
+                                return fail(err, errsz, -EINVAL,
+                                            "a CUDA event handle must be %d bytes",
+                                            DLX_CUDA_HANDLE);
+                        p->event.nevents++;
+                }
                 return 0;
         default:
                 return fail(err, errsz, -EINVAL, "unknown reply type");
@@ -881,5 +950,9 @@ void wire_reply_done(struct wire_reply *rep)
                 free(rep->list.entries);
                 rep->list.entries = NULL;
                 rep->list.count = 0;
+        } else if (rep->type == WIRE_REP_EVENT) {
+                free(rep->event.events);
+                rep->event.events = NULL;
+                rep->event.nevents = 0;
         }
 }

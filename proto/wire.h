@@ -45,8 +45,11 @@ enum wire_status wire_errno_status(int err);
 enum wire_storage {
         WIRE_STORAGE_UNSPECIFIED = 0,
         WIRE_STORAGE_MEMFD = 1,
+        WIRE_STORAGE_CUDA_IPC = 2,
+        WIRE_STORAGE_CUDA_VMM = 3,
+        WIRE_STORAGE_CUDA_HOST = 4,
 };
-/* Short name of a storage kind ("memfd"), "unknown" for others. */
+/* Short name of a storage kind ("memfd", "cuda-ipc", "cuda-vmm", "cuda-host"), else "unknown". */
 const char *wire_storage_name(uint32_t storage);
 
 struct wire_tensor {
@@ -64,6 +67,10 @@ struct wire_tensor {
         uint64_t segment;
         uint64_t offset;
         uint64_t length;
+        bool has_ipc_handle;
+        bool has_event;
+        uint8_t ipc_handle[DLX_CUDA_HANDLE];
+        uint8_t event[DLX_CUDA_HANDLE];
 };
 
 struct wire_info {
@@ -114,6 +121,8 @@ struct wire_request {
                         struct wire_tensor tensor;
                         bool persist;
                         uint64_t token;
+                        bool hold;
+                        uint64_t segment_size;
                 } publish;
                 struct {
                         char name[DLX_NAME_MAX + 1];
@@ -122,6 +131,8 @@ struct wire_request {
                 } acquire;
                 struct {
                         uint64_t lease;
+                        bool has_event;
+                        uint8_t event[DLX_CUDA_HANDLE];
                 } release;
                 struct {
                         char name[DLX_NAME_MAX + 1];
@@ -229,6 +240,9 @@ struct wire_reply {
                         uint64_t version;
                         uint64_t token;
                         uint64_t segment;
+                        /* RELEASED: consumers' release events; see wire_reply_done() */
+                        uint8_t (*events)[DLX_CUDA_HANDLE];
+                        uint32_t nevents;
                 } event;
         };
 };
