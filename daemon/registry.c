@@ -40,7 +40,12 @@ struct version {
         uint32_t leases;
         pid_t producer_pid;
         bool persist;
+        bool has_event;
         char producer_name[DLX_CLIENT_NAME_MAX + 1];
+        uint8_t event[DLX_CUDA_HANDLE]; /* the producer's, recorded at publish */
+        /* consumers' release events, distinct, for the producer to wait on */
+        uint8_t (*rel_events)[DLX_CUDA_HANDLE];
+        uint32_t nrel_events;
         int64_t dims[]; /* shape[ndim], then strides[ndim] */
 };
 
@@ -122,8 +127,9 @@ static void reply_init(struct wire_reply *rep, uint64_t id, enum wire_reply_type
         rep->type = type;
 }
 
-static void send_event(struct session *s, enum wire_event_kind kind, uint64_t watch,
-                       const char *name, uint64_t version, uint64_t token, uint64_t segment)
+static void send_event_with(struct session *s, enum wire_event_kind kind, uint64_t watch,
+                            const char *name, uint64_t version, uint64_t token, uint64_t segment,
+                            uint8_t (*events)[DLX_CUDA_HANDLE], uint32_t nevents)
 {
         struct wire_reply rep;
 
@@ -134,9 +140,15 @@ static void send_event(struct session *s, enum wire_event_kind kind, uint64_t wa
         rep.event.version = version;
         rep.event.token = token;
         rep.event.segment = segment;
-        rep.event.events = NULL;
-        rep.event.nevents = 0;
+        rep.event.events = events;
+        rep.event.nevents = nevents;
         session_send(s, &rep, -1);
+}
+
+static void send_event(struct session *s, enum wire_event_kind kind, uint64_t watch,
+                       const char *name, uint64_t version, uint64_t token, uint64_t segment)
+{
+        send_event_with(s, kind, watch, name, version, token, segment, NULL, 0);
 }
 
 static void notify_watchers(struct registry *reg, enum wire_event_kind kind, struct entry *e,
@@ -194,10 +206,11 @@ static void version_destroy(struct registry *reg, struct version *v)
 
         if (v->producer) {
                 if (v->token)
-                        send_event(v->producer, WIRE_EVENT_RELEASED, 0, e->name, v->version,
-                                   v->token, v->seg->id);
+                        send_event_with(v->producer, WIRE_EVENT_RELEASED, 0, e->name, v->version,
+                                        v->token, v->seg->id, v->rel_events, v->nrel_events);
                 list_remove(&v->plink);
         }
+        free(v->rel_events);
         list_remove(&v->link);
         segment_unref(reg->store, v->seg);
         reg->nversions--;
@@ -235,8 +248,12 @@ static void version_describe(const struct version *v, struct wire_tensor *t)
         t->segment = v->seg->id;
         t->offset = v->offset;
         t->length = v->length;
-        t->has_ipc_handle = false;
-        t->has_event = false;
+        t->has_ipc_handle = v->seg->kind == WIRE_STORAGE_CUDA_IPC;
+        if (t->has_ipc_handle)
+                memcpy(t->ipc_handle, v->seg->ipc_handle, DLX_CUDA_HANDLE);
+        t->has_event = v->has_event;
+        if (v->has_event)
+                memcpy(t->event, v->event, DLX_CUDA_HANDLE);
 }
 
 static void entry_info(const struct entry *e, struct wire_info *info)
@@ -314,13 +331,14 @@ static void grant(struct session *s, uint64_t req_id, struct version *v)
         int fd = -1;
 
         l = calloc(1, sizeof(*l));
-        k = known_add(s, seg);
-        if (!l || !k) {
+        /* an IPC handle travels in the descriptor itself: no fd to track */
+        k = seg->fd >= 0 ? known_add(s, seg) : NULL;
+        if (!l || (seg->fd >= 0 && !k)) {
                 free(l);
                 session_fail(s, req_id, -ENOMEM, "out of memory");
                 return;
         }
-        if (writable ? !k->rw : !(k->ro || k->rw)) {
+        if (k && (writable ? !k->rw : !(k->ro || k->rw))) {
                 fd = segment_fd(seg, writable);
                 if (fd < 0) {
                         free(l);
@@ -343,12 +361,33 @@ static void grant(struct session *s, uint64_t req_id, struct version *v)
         rep.acquire.lease = l->id;
         rep.acquire.segment_size = seg->size;
         rep.acquire.writable = writable;
-        if (session_send(s, &rep, fd) == 0 && fd >= 0) {
+        if (session_send(s, &rep, fd) == 0 && k && fd >= 0) {
                 if (writable)
                         k->rw = true;
                 else
                         k->ro = true;
         }
+}
+
+/* Keeps a consumer's release event for the producer: distinct handles, up to a bound. */
+static void version_add_release_event(struct version *v, const uint8_t event[DLX_CUDA_HANDLE])
+{
+        uint8_t(*grown)[DLX_CUDA_HANDLE];
+
+        for (uint32_t i = 0; i < v->nrel_events; i++)
+                if (memcmp(v->rel_events[i], event, DLX_CUDA_HANDLE) == 0)
+                        return; /* a consumer's pooled event again: its later record covers both */
+        if (v->nrel_events >= DLX_MAX_RELEASE_EVENTS) {
+                log_warn("%s v%llu: over %d distinct release events; the producer will not wait "
+                         "for the rest",
+                         v->entry->name, (unsigned long long)v->version, DLX_MAX_RELEASE_EVENTS);
+                return;
+        }
+        grown = realloc(v->rel_events, (v->nrel_events + 1) * sizeof(*grown));
+        if (!grown)
+                return;
+        v->rel_events = grown;
+        memcpy(v->rel_events[v->nrel_events++], event, DLX_CUDA_HANDLE);
 }
 
 static void lease_drop(struct session *s, struct lease *l)
@@ -569,6 +608,130 @@ static int check_extent(const struct wire_tensor *t, const struct segment *seg, 
         return 0;
 }
 
+/* The device each storage kind lives on. */
+static int32_t storage_device(uint32_t storage)
+{
+        switch (storage) {
+        case WIRE_STORAGE_MEMFD:
+                return kDLCPU;
+        case WIRE_STORAGE_CUDA_HOST:
+                return kDLCUDAHost;
+        case WIRE_STORAGE_CUDA_IPC:
+        case WIRE_STORAGE_CUDA_VMM:
+                return kDLCUDA;
+        default:
+                return -1;
+        }
+}
+
+/* Whether a segment of kind may carry a tensor published as storage. */
+static bool kind_fits(uint32_t kind, uint32_t storage)
+{
+        if (storage == WIRE_STORAGE_CUDA_HOST)
+                return kind == WIRE_STORAGE_MEMFD || kind == WIRE_STORAGE_CUDA_HOST;
+        return kind == storage;
+}
+
+/*
+ * The segment a publish refers to, with one reference: an attached fd
+ * (adopted, and held for this session if asked), an IPC handle, or a
+ * segment this session holds. fd is consumed on every path.
+ */
+static int publish_segment(struct session *s, const struct wire_request *req, int fd,
+                           struct segment **ret, char *why, size_t whysz)
+{
+        struct registry *reg = s->reg;
+        const struct wire_tensor *t = &req->publish.tensor;
+        const char *reason = NULL;
+        struct segment *seg;
+        struct hold *h;
+        int err;
+
+        if (storage_device(t->storage) < 0) {
+                if (fd >= 0)
+                        close(fd);
+                snprintf(why, whysz, "storage kind %u is not supported", t->storage);
+                return -ENOTSUP;
+        }
+        if (t->device_type != storage_device(t->storage)) {
+                if (fd >= 0)
+                        close(fd);
+                snprintf(why, whysz, "a %s tensor cannot be on device type %d",
+                         wire_storage_name(t->storage), t->device_type);
+                return -EINVAL;
+        }
+        if (t->has_event && t->storage == WIRE_STORAGE_MEMFD) {
+                if (fd >= 0)
+                        close(fd);
+                snprintf(why, whysz, "a CPU tensor carries no CUDA event");
+                return -EINVAL;
+        }
+
+        if (t->storage == WIRE_STORAGE_CUDA_IPC) {
+                if (fd >= 0) {
+                        close(fd);
+                        snprintf(why, whysz, "a cuda-ipc tensor travels as a handle, not an fd");
+                        return -EINVAL;
+                }
+                if (!t->has_ipc_handle) {
+                        snprintf(why, whysz, "a cuda-ipc tensor needs its memory handle");
+                        return -EINVAL;
+                }
+                if (req->publish.persist) {
+                        snprintf(why, whysz,
+                                 "legacy CUDA IPC memory dies with its producer and cannot "
+                                 "persist; allocate it with dlx_alloc (cuda-vmm) instead");
+                        return -ENOTSUP;
+                }
+                err = store_ipc(reg->store, t->ipc_handle, req->publish.segment_size, s->uid, ret);
+                if (err < 0)
+                        snprintf(why, whysz, "bad allocation size %llu",
+                                 (unsigned long long)req->publish.segment_size);
+                return err;
+        }
+
+        if (fd < 0) {
+                h = hold_find(s, t->segment);
+                if (!h || !kind_fits(h->seg->kind, t->storage)) {
+                        snprintf(why, whysz,
+                                 "no fd attached and segment %llu is not a %s segment held by "
+                                 "this session",
+                                 (unsigned long long)t->segment, wire_storage_name(t->storage));
+                        return -EBADF;
+                }
+                segment_ref(h->seg);
+                *ret = h->seg;
+                return 0;
+        }
+
+        err = store_adopt(reg->store, fd, t->storage, req->publish.segment_size, s->uid, &seg,
+                          &reason);
+        if (err == -ENOSPC) {
+                snprintf(why, whysz, "shared-bytes limit of %llu reached",
+                         (unsigned long long)reg->store->max_bytes);
+                return err;
+        }
+        if (err < 0) {
+                snprintf(why, whysz, "%s", reason ? reason : strerror(-err));
+                return err;
+        }
+        if (req->publish.hold) {
+                h = calloc(1, sizeof(*h));
+                if (!h) {
+                        segment_unref(reg->store, seg);
+                        snprintf(why, whysz, "out of memory");
+                        return -ENOMEM;
+                }
+                /* one reference for the hold, one for the caller */
+                h->seg = seg;
+                seg->holder = s;
+                segment_ref(seg);
+                avl_insert(&s->held, &h->node, &seg->id, cmp_hold);
+        }
+        *ret = seg;
+        return 0;
+}
+
 void registry_publish(struct session *s, const struct wire_request *req, int fd)
 {
         struct registry *reg = s->reg;
@@ -577,23 +740,10 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
         struct entry *e;
         struct version *v;
         struct wire_reply rep;
-        const char *reason = NULL;
         char why[320];
         bool replaced;
         int err;
 
-        if (t->storage != WIRE_STORAGE_MEMFD) {
-                if (fd >= 0)
-                        close(fd);
-                session_fail(s, req->id, -ENOTSUP, "storage kind %u is not supported", t->storage);
-                return;
-        }
-        if (t->device_type != kDLCPU) {
-                if (fd >= 0)
-                        close(fd);
-                session_fail(s, req->id, -EINVAL, "a memfd tensor must be on device kDLCPU");
-                return;
-        }
         e = entry_find(reg, t->name);
         if (e && e->current && !may_write(s, e)) {
                 if (fd >= 0)
@@ -602,29 +752,10 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
                              (unsigned)e->owner);
                 return;
         }
-
-        if (fd >= 0) {
-                err = store_adopt(reg->store, fd, s->uid, &seg, &reason);
-                if (err < 0) {
-                        if (err == -ENOSPC)
-                                session_fail(s, req->id, err, "shared-bytes limit of %llu reached",
-                                             (unsigned long long)reg->store->max_bytes);
-                        else
-                                session_fail(s, req->id, err, "publish '%s': %s", t->name,
-                                             reason ? reason : strerror(-err));
-                        return;
-                }
-        } else {
-                struct hold *h = hold_find(s, t->segment);
-                if (!h) {
-                        session_fail(s, req->id, -EBADF,
-                                     "publish '%s': no fd attached and segment %llu is not "
-                                     "allocated by this session",
-                                     t->name, (unsigned long long)t->segment);
-                        return;
-                }
-                seg = h->seg;
-                segment_ref(seg);
+        err = publish_segment(s, req, fd, &seg, why, sizeof(why));
+        if (err < 0) {
+                session_fail(s, req->id, err, "publish '%s': %s", t->name, why);
+                return;
         }
 
         err = check_extent(t, seg, why, sizeof(why));
@@ -661,6 +792,9 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
         v->storage = t->storage;
         v->producer_pid = s->pid;
         v->persist = req->publish.persist;
+        v->has_event = t->has_event;
+        if (t->has_event)
+                memcpy(v->event, t->event, DLX_CUDA_HANDLE);
         snprintf(v->producer_name, sizeof(v->producer_name), "%s", s->name);
         memcpy(v->dims, t->shape, (size_t)t->ndim * sizeof(int64_t));
         memcpy(v->dims + t->ndim, t->strides, (size_t)t->ndim * sizeof(int64_t));
@@ -748,6 +882,8 @@ void registry_release(struct session *s, const struct wire_request *req)
                              (unsigned long long)req->release.lease);
                 return;
         }
+        if (req->release.has_event)
+                version_add_release_event(avl_entry(n, struct lease, node)->v, req->release.event);
         lease_drop(s, avl_entry(n, struct lease, node));
 }
 

@@ -5,12 +5,14 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "wire_limits.h"
 #include "log.h"
+#include "wire.h"
 
 #define REQUIRED_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
 
@@ -42,8 +44,10 @@ static void segment_destroy(struct store *st, struct segment *seg)
                         list_remove(&k->link);
         }
         avl_remove(&st->segments, &seg->node);
-        st->bytes -= seg->size;
-        close(seg->fd);
+        if (seg->fd >= 0) {
+                st->bytes -= seg->size;
+                close(seg->fd);
+        }
         if (seg->fd_ro >= 0)
                 close(seg->fd_ro);
         log_debug("segment %llu destroyed (%llu bytes)", (unsigned long long)seg->id,
@@ -61,14 +65,15 @@ void store_done(struct store *st)
         }
 }
 
-static int insert(struct store *st, int fd, uint64_t size, uid_t uid, bool write_sealed,
-                  struct segment **ret)
+static int insert(struct store *st, int fd, uint32_t kind, uint64_t size, uid_t uid,
+                  bool write_sealed, struct segment **ret)
 {
         struct segment *seg = calloc(1, sizeof(*seg));
 
         if (!seg)
                 return -ENOMEM;
         seg->id = st->next_id++;
+        seg->kind = kind;
         seg->fd = fd;
         seg->fd_ro = -1;
         seg->size = size;
@@ -77,7 +82,8 @@ static int insert(struct store *st, int fd, uint64_t size, uid_t uid, bool write
         seg->refs = 1;
         list_init(&seg->known);
         avl_insert(&st->segments, &seg->node, &seg->id, cmp_id);
-        st->bytes += size;
+        if (fd >= 0)
+                st->bytes += size;
         *ret = seg;
         return 0;
 }
@@ -108,13 +114,36 @@ int store_alloc(struct store *st, uint64_t size, uid_t uid, struct segment **ret
                 close(fd);
                 return err;
         }
-        err = insert(st, fd, size, uid, false, ret);
+        err = insert(st, fd, WIRE_STORAGE_MEMFD, size, uid, false, ret);
         if (err < 0)
                 close(fd);
         return err;
 }
 
-int store_adopt(struct store *st, int fd, uid_t uid, struct segment **ret, const char **ret_why)
+/* A CUDA VMM export: not something we can look into, but not an obvious impostor either. */
+static int adopt_vmm(struct store *st, int fd, const struct stat *sb, uint64_t declared_size,
+                     uid_t uid, struct segment **ret, const char **ret_why)
+{
+        int err;
+
+        if (S_ISREG(sb->st_mode) || S_ISDIR(sb->st_mode) || S_ISFIFO(sb->st_mode) ||
+            S_ISSOCK(sb->st_mode)) {
+                *ret_why = "a cuda-vmm fd must be a CUDA export, not a file, pipe or socket";
+                close(fd);
+                return -EBADF;
+        }
+        err = room_for(st, declared_size);
+        if (err == -EINVAL)
+                *ret_why = "a cuda-vmm segment needs a size of 1 byte to 1 TiB";
+        if (err == 0)
+                err = insert(st, fd, WIRE_STORAGE_CUDA_VMM, declared_size, uid, false, ret);
+        if (err < 0)
+                close(fd);
+        return err;
+}
+
+int store_adopt(struct store *st, int fd, uint32_t kind, uint64_t declared_size, uid_t uid,
+                struct segment **ret, const char **ret_why)
 {
         struct stat sb;
         int seals, err, mode;
@@ -125,6 +154,13 @@ int store_adopt(struct store *st, int fd, uid_t uid, struct segment **ret, const
                 return err;
         }
         *ret_why = NULL;
+        if (kind == WIRE_STORAGE_CUDA_VMM)
+                return adopt_vmm(st, fd, &sb, declared_size, uid, ret, ret_why);
+        if (kind != WIRE_STORAGE_MEMFD && kind != WIRE_STORAGE_CUDA_HOST) {
+                *ret_why = "this storage kind takes no fd";
+                close(fd);
+                return -EINVAL;
+        }
         if (!S_ISREG(sb.st_mode)) {
                 *ret_why = "the fd is not a memfd (not a regular file)";
         } else if ((seals = fcntl(fd, F_GET_SEALS)) < 0) {
@@ -141,7 +177,7 @@ int store_adopt(struct store *st, int fd, uid_t uid, struct segment **ret, const
                         close(fd);
                         return err == -EINVAL ? -EBADF : err;
                 }
-                err = insert(st, fd, (uint64_t)sb.st_size, uid,
+                err = insert(st, fd, kind, (uint64_t)sb.st_size, uid,
                              (seals & F_SEAL_WRITE) || (mode & O_ACCMODE) == O_RDONLY, ret);
                 if (err < 0)
                         close(fd);
@@ -149,6 +185,19 @@ int store_adopt(struct store *st, int fd, uid_t uid, struct segment **ret, const
         }
         close(fd);
         return -EBADF;
+}
+
+int store_ipc(struct store *st, const uint8_t handle[DLX_CUDA_HANDLE], uint64_t size, uid_t uid,
+              struct segment **ret)
+{
+        int err;
+
+        if (size == 0 || size > DLX_MAX_SEGMENT)
+                return -EINVAL;
+        err = insert(st, -1, WIRE_STORAGE_CUDA_IPC, size, uid, false, ret);
+        if (err == 0)
+                memcpy((*ret)->ipc_handle, handle, DLX_CUDA_HANDLE);
+        return err;
 }
 
 struct segment *store_find(struct store *st, uint64_t id)
@@ -172,7 +221,7 @@ int segment_fd(struct segment *seg, bool writable)
 {
         char path[64];
 
-        if (writable || seg->write_sealed)
+        if (seg->fd < 0 || seg->kind == WIRE_STORAGE_CUDA_VMM || writable || seg->write_sealed)
                 return seg->fd;
         if (seg->fd_ro < 0) {
                 /*

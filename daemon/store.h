@@ -13,20 +13,23 @@
 
 #include "avl.h"
 #include "list.h"
+#include "wire_limits.h"
 
 struct session;
 
 struct segment {
         struct avl_node node; /* in store.segments, by id */
         uint64_t id;
-        int fd;    /* as created or received */
-        int fd_ro; /* read-only reopen for read-only consumers, -1 until first needed */
+        uint32_t kind; /* enum wire_storage: how consumers reach the memory */
+        int fd;        /* as created or received; -1 for a CUDA IPC handle */
+        int fd_ro;     /* read-only reopen for read-only consumers, -1 until first needed */
         uint64_t size;
-        uid_t uid;              /* who created or sent it */
-        struct session *holder; /* session holding it as an allocation, or NULL */
-        bool write_sealed;      /* F_SEAL_WRITE: no writable mapping is possible */
-        unsigned refs;          /* versions using it, plus one while held */
-        struct list known;      /* struct known records: sessions that hold its fd */
+        uid_t uid;                           /* who created or sent it */
+        struct session *holder;              /* session holding it as an allocation, or NULL */
+        bool write_sealed;                   /* F_SEAL_WRITE: no writable mapping is possible */
+        unsigned refs;                       /* versions using it, plus one while held */
+        struct list known;                   /* struct known records: sessions that hold its fd */
+        uint8_t ipc_handle[DLX_CUDA_HANDLE]; /* CUDA IPC: the allocation's handle */
 };
 
 struct store {
@@ -49,11 +52,23 @@ void store_done(struct store *st);
 int store_alloc(struct store *st, uint64_t size, uid_t uid, struct segment **ret);
 
 /*
- * Adopts a received fd; consumed on every path. It must be a memfd sealed
- * against shrinking and growing. Returns 0 with *ret (one reference), -EBADF
- * with a reason in *ret_why, -ENOSPC or -errno.
+ * Adopts a received fd as a segment of the given kind; consumed on every
+ * path. A memfd kind (memfd, cuda-host) must be a memfd sealed against
+ * shrinking and growing, and is measured with fstat. A CUDA VMM fd cannot be
+ * inspected without a driver: it must merely not be a file, directory, pipe
+ * or socket, and declared_size is its size. Returns 0 with *ret (one
+ * reference), -EBADF or -EINVAL with a reason in *ret_why, -ENOSPC or -errno.
  */
-int store_adopt(struct store *st, int fd, uid_t uid, struct segment **ret, const char **ret_why);
+int store_adopt(struct store *st, int fd, uint32_t kind, uint64_t declared_size, uid_t uid,
+                struct segment **ret, const char **ret_why);
+
+/*
+ * A segment that is only a CUDA IPC handle of a producer's allocation of
+ * size bytes: no fd, and no bytes charged (the producer's process holds the
+ * memory). Returns 0 with *ret (one reference), -EINVAL or -ENOMEM.
+ */
+int store_ipc(struct store *st, const uint8_t handle[DLX_CUDA_HANDLE], uint64_t size, uid_t uid,
+              struct segment **ret);
 
 struct segment *store_find(struct store *st, uint64_t id);
 
@@ -61,7 +76,10 @@ void segment_ref(struct segment *seg);
 /* Drops a reference; the last one closes the fds and tells every holder of its fd. */
 void segment_unref(struct store *st, struct segment *seg);
 
-/* The fd to hand a consumer: the original when writable, else a read-only one. -errno on failure.
+/*
+ * The fd to hand a consumer: for memfds the original when writable, else a
+ * read-only one; a VMM fd as it is (its access is set when mapped); -1 for an
+ * IPC handle. -errno on failure.
  */
 int segment_fd(struct segment *seg, bool writable);
 

@@ -1636,7 +1636,7 @@ END_TEST
 
 START_TEST(test_publish_unknown_storage)
 {
-        static const uint32_t kinds[] = {99, WIRE_STORAGE_UNSPECIFIED, 2, 0x7fffffff};
+        static const uint32_t kinds[] = {99, WIRE_STORAGE_UNSPECIFIED, 5, 0x7fffffff};
         dlx_client *good = attack_begin();
         int fd = raw_hello();
         struct tspec t;
