@@ -106,6 +106,9 @@ static void load(void)
         RESOLVE(MemSetAccess, "cuMemSetAccess", "cuMemSetAccess");
         RESOLVE(MemHostRegister, "cuMemHostRegister", "cuMemHostRegister_v2");
         RESOLVE(MemHostUnregister, "cuMemHostUnregister", "cuMemHostUnregister");
+        RESOLVE(MemcpyAsync, "cuMemcpyAsync", "cuMemcpyAsync");
+        RESOLVE(MemcpyDtoH, "cuMemcpyDtoH", "cuMemcpyDtoH_v2");
+        RESOLVE(MemcpyHtoD, "cuMemcpyHtoD", "cuMemcpyHtoD_v2");
 #undef RESOLVE
 
         r = loaded.Init(0);

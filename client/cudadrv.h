@@ -56,6 +56,9 @@ struct dlx_cuda_driver {
                                  size_t count);
         CUresult (*MemHostRegister)(void *p, size_t size, unsigned int flags);
         CUresult (*MemHostUnregister)(void *p);
+        CUresult (*MemcpyAsync)(CUdeviceptr dst, CUdeviceptr src, size_t size, CUstream stream);
+        CUresult (*MemcpyDtoH)(void *dst, CUdeviceptr src, size_t size);
+        CUresult (*MemcpyHtoD)(CUdeviceptr dst, const void *src, size_t size);
 };
 
 /*
