@@ -220,3 +220,31 @@ int dlx_ping(dlx_client *c)
         req.ping.nonce = 0x646c78;
         return simple_call(c, &req);
 }
+
+int dlx_set_stream(dlx_client *c, int device_id, void *stream)
+{
+        dlx__clear_error();
+        if (!c || device_id < 0 || device_id >= DLX_GPU_MAX_DEVICES)
+                return dlx__fail(-EINVAL, "NULL client or device %d out of range", device_id);
+#ifndef DLX_HAVE_CUDA
+        (void)stream;
+        return dlx__fail(-ENOTSUP, "libdlx was built without CUDA");
+#else
+        pthread_mutex_lock(&c->lock);
+        c->streams[device_id] = stream;
+        pthread_mutex_unlock(&c->lock);
+        return 0;
+#endif
+}
+
+void *dlx_get_stream(dlx_client *c, int device_id)
+{
+        void *s;
+
+        if (!c || device_id < 0 || device_id >= DLX_GPU_MAX_DEVICES)
+                return NULL;
+        pthread_mutex_lock(&c->lock);
+        s = c->streams[device_id];
+        pthread_mutex_unlock(&c->lock);
+        return s;
+}

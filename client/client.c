@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gpu.h"
 #include "internal.h"
 #include "sockpath.h"
 #include "wire_limits.h"
@@ -118,6 +119,9 @@ void dlx__client_unref(dlx_client *c)
         if (__atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL) != 0)
                 return;
         dlx__maps_final(c);
+        dlx__gpu_final(c);
+        for (int i = 0; i < RELEASED_KEPT; i++)
+                free(c->released[i].events);
         frame_reader_done(&c->reader);
         pthread_mutex_destroy(&c->lock);
         pthread_mutex_destroy(&c->send_lock);
@@ -255,6 +259,26 @@ static int cmp_token(const void *key, const struct avl_node *n)
         return avl_cmp_u64(*(const uint64_t *)key, avl_entry(n, struct held, node)->token);
 }
 
+/* Keeps what dlx_wait_released() needs of a RELEASED notice, in a ring. */
+static void remember_released(dlx_client *c, const struct wire_reply *rep, int device)
+{
+        struct released *r = &c->released[c->released_next++ % RELEASED_KEPT];
+
+        free(r->events);
+        memset(r, 0, sizeof(*r));
+        snprintf(r->name, sizeof(r->name), "%s", rep->event.name);
+        r->version = rep->event.version;
+        r->device = device;
+        if (rep->event.nevents) {
+                r->events = malloc((size_t)rep->event.nevents * DLX_CUDA_HANDLE);
+                if (r->events) {
+                        memcpy(r->events, rep->event.events,
+                               (size_t)rep->event.nevents * DLX_CUDA_HANDLE);
+                        r->nevents = rep->event.nevents;
+                }
+        }
+}
+
 static void on_event(dlx_client *c, const struct wire_reply *rep)
 {
         struct avl_node *n;
@@ -270,8 +294,15 @@ static void on_event(dlx_client *c, const struct wire_reply *rep)
                 if (n) {
                         struct held *h = avl_entry(n, struct held, node);
                         avl_remove(&c->held, n);
+                        remember_released(c, rep, h->has_gpu ? h->gpu.device : -1);
+                        /* reuse of the memory waits, on the GPU, for every reader */
+                        if (h->has_gpu)
+                                dlx__gpu_released(c, &h->gpu, rep->event.events,
+                                                  rep->event.nevents);
                         h->next_deleter = c->deleters;
                         c->deleters = h;
+                } else {
+                        remember_released(c, rep, -1);
                 }
                 break;
         case WIRE_EVENT_SEGMENT_GONE:
@@ -293,7 +324,10 @@ static void resolve_segment(dlx_client *c, struct pending *p)
         int fd = p->fd, err = 0;
 
         p->fd = -1;
-        if (rep->status == WIRE_OK && rep->type == WIRE_REP_ACQUIRE) {
+        if (rep->status == WIRE_OK && rep->type == WIRE_REP_ACQUIRE &&
+            rep->acquire.tensor.storage == WIRE_STORAGE_CUDA_IPC) {
+                /* an IPC handle travels in the descriptor: no segment to map */
+        } else if (rep->status == WIRE_OK && rep->type == WIRE_REP_ACQUIRE) {
                 err = dlx__map_get(c, rep->acquire.tensor.segment, rep->acquire.segment_size, fd,
                                    rep->acquire.writable, &p->map);
                 fd = -1;
@@ -757,4 +791,76 @@ int dlx_next_event(dlx_client *c, struct dlx_event *ret_event, int64_t timeout_m
         *ret_event = n->ev;
         free(n);
         return 0;
+}
+
+/* ---- waiting for readers ------------------------------------------------------------------ */
+
+static struct released *find_released(dlx_client *c, const char *name, uint64_t version)
+{
+        for (int i = 0; i < RELEASED_KEPT; i++) {
+                struct released *r = &c->released[i];
+                if (r->version == version && strcmp(r->name, name) == 0)
+                        return r;
+        }
+        return NULL;
+}
+
+/* A tensor of ours under name that may be this version (its publish reply may not be in). */
+static bool still_held(dlx_client *c, const char *name, uint64_t version)
+{
+        for (struct avl_node *n = avl_first(&c->held); n; n = avl_next(n)) {
+                struct held *h = avl_entry(n, struct held, node);
+                if ((h->version == version || h->version == 0) && strcmp(h->name, name) == 0)
+                        return true;
+        }
+        return false;
+}
+
+int dlx_wait_released(dlx_client *c, const char *name, uint64_t version, void *stream,
+                      int64_t timeout_ms)
+{
+        int64_t deadline = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
+        struct released *r;
+        int err = 0;
+
+        dlx__clear_error();
+        if (!c || !name || version == 0)
+                return dlx__fail(-EINVAL, "NULL client or name, or version 0");
+        pthread_mutex_lock(&c->lock);
+        while (!(r = find_released(c, name, version))) {
+                int64_t left = -1;
+
+                if (!still_held(c, name, version)) {
+                        pthread_mutex_unlock(&c->lock);
+                        return dlx__fail(-ENOENT,
+                                         "'%s' v%llu is not a version this client published, "
+                                         "or was released long ago",
+                                         name, (unsigned long long)version);
+                }
+                if (timeout_ms == 0) {
+                        err = -ETIMEDOUT;
+                } else if (timeout_ms > 0 && (left = deadline - now_ms()) <= 0) {
+                        err = -ETIMEDOUT;
+                }
+                if (err == 0) {
+                        err = pump(c, left);
+                        if (err == -ETIMEDOUT && timeout_ms < 0)
+                                err = 0;
+                }
+                if (err == -ETIMEDOUT && timeout_ms >= 0 && now_ms() < deadline)
+                        err = 0;
+                if (err < 0) {
+                        pthread_mutex_unlock(&c->lock);
+                        if (err == -ETIMEDOUT)
+                                return dlx__fail(err, "'%s' v%llu still has readers", name,
+                                                 (unsigned long long)version);
+                        return dlx__fail(err, "%s", dlx_strerror(err));
+                }
+        }
+        if (r->device >= 0)
+                err = dlx__gpu_wait_events(c, r->device,
+                                           stream ? stream : dlx__gpu_stream(c, r->device),
+                                           r->events, r->nevents);
+        pthread_mutex_unlock(&c->lock);
+        return err;
 }

@@ -201,12 +201,19 @@ static int dltensor_view(void *object, DLTensor *out)
 
 static int current_work_stream(DLDeviceType device_type, int32_t device_id, void **out)
 {
-        (void)device_type;
-        (void)device_id;
+        dlx_client *c;
+
         if (!out)
                 return -1;
-        /* CPU work is synchronous: no stream. CUDA streams come with the CUDA backend. */
         *out = NULL;
+        /* CPU work is synchronous; a CUDA device's stream is the default client's */
+        if (device_type != kDLCUDA && device_type != kDLCUDAManaged)
+                return 0;
+        pthread_mutex_lock(&default_lock);
+        c = pinned ? pinned : live_head;
+        if (c)
+                *out = dlx_get_stream(c, device_id);
+        pthread_mutex_unlock(&default_lock);
         return 0;
 }
 

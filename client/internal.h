@@ -42,6 +42,7 @@ struct seg_map {
         uint64_t forget_id; /* a Forget in flight: keep mapped until its reply */
         struct seg_map *idle_prev, *idle_next; /* idle LRU while refs == 0 */
         struct arena_seg *arena;               /* set while this client's allocator uses it */
+        bool host_registered;                  /* pinned with the CUDA driver (cuda-host) */
 };
 
 /* A reply being waited for by one caller. */
@@ -61,13 +62,43 @@ struct event_node {
         struct dlx_event ev;
 };
 
+/* What a CUDA publish keeps with its held tensor until RELEASED (gpu.c). */
+struct gpu_pub {
+        int device;
+        void *stream;            /* the producer's stream at publish */
+        struct gpu_event *event; /* recorded at publish, back to the pool at RELEASED */
+};
+
+/* What a CUDA acquire keeps with its tensor until release (gpu.c). */
+struct gpu_acq {
+        int device;
+        void *stream;        /* the consumer's stream: release is recorded on it */
+        struct gpu_ipc *ipc; /* the opened IPC allocation, one reference */
+};
+
 /* A tensor this client published zero-copy, kept until the daemon says RELEASED. */
 struct held {
         struct avl_node node; /* in client.held, by token */
         uint64_t token;
+        uint64_t version; /* once the publish reply is in; 0 before */
         DLManagedTensorVersioned *tensor;
         struct held *next_deleter; /* while queued to run */
+        bool has_gpu;
+        struct gpu_pub gpu;
+        char name[DLX_NAME_MAX + 1];
 };
+
+/* A version of ours that was RELEASED, remembered for dlx_wait_released(). */
+struct released {
+        char name[DLX_NAME_MAX + 1];
+        uint64_t version;
+        int device; /* -1: not a CUDA tensor */
+        uint32_t nevents;
+        uint8_t (*events)[DLX_CUDA_HANDLE];
+};
+
+#define RELEASED_KEPT 64
+#define DLX_GPU_MAX_DEVICES 64
 
 struct dlx_client {
         int fd;
@@ -92,7 +123,11 @@ struct dlx_client {
         struct seg_map *idle_head, *idle_tail; /* least recently used first */
         unsigned nidle;
         struct arena_seg *arena;
-        unsigned arena_grown; /* segments the allocator asked for so far */
+        unsigned arena_grown;                    /* segments the allocator asked for so far */
+        struct released released[RELEASED_KEPT]; /* ring, for dlx_wait_released() */
+        unsigned released_next;
+        struct gpu_state *gpu;              /* CUDA pools, created on first use */
+        void *streams[DLX_GPU_MAX_DEVICES]; /* current stream per CUDA device */
 
         /* --- under exchange.c's lock: the process's open clients --- */
         struct dlx_client *live_prev, *live_next;

@@ -21,6 +21,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "gpu.h"
 #include "internal.h"
 
 /* Idle mappings kept for quick re-acquire. */
@@ -79,6 +80,7 @@ static void idle_remove(dlx_client *c, struct seg_map *m)
 static void map_destroy(dlx_client *c, struct seg_map *m)
 {
         idle_remove(c, m);
+        dlx__gpu_unregister_host(m);
         avl_remove(&c->maps, &m->node);
         if (m->ro)
                 munmap(m->ro, m->size);

@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "gpu.h"
 #include "internal.h"
 #include "layout.h"
 
@@ -15,7 +16,9 @@
 struct acquired {
         DLManagedTensorVersioned mt;
         dlx_client *c;
-        struct seg_map *map;
+        struct seg_map *map; /* NULL for CUDA IPC tensors */
+        bool has_gpu;
+        struct gpu_acq gpu;
         uint64_t lease;
         uint64_t version;
         uint32_t storage;
@@ -55,30 +58,65 @@ static void acquired_deleter(DLManagedTensorVersioned *t)
 
         req.release.lease = a->lease;
         pthread_mutex_lock(&c->lock);
+        /* the reader's stream records when it is done, for the producer to wait on */
+        if (a->has_gpu)
+                dlx__gpu_release(c, &a->gpu, &req);
         /* release before the mapping can be forgotten: the daemon sees them in this order */
         if (!c->closed && !c->broken)
                 dlx__send(c, &req, -1);
-        dlx__map_unref(c, a->map);
+        if (a->map)
+                dlx__map_unref(c, a->map);
         pthread_mutex_unlock(&c->lock);
         free(a);
         dlx__client_unref(c);
 }
 
-static int build_acquired(dlx_client *c, struct pending *p, DLManagedTensorVersioned **ret)
+static int build_acquired(dlx_client *c, struct pending *p, void *stream,
+                          DLManagedTensorVersioned **ret)
 {
         const struct wire_tensor *t = &p->rep.acquire.tensor;
         struct seg_map *m = p->map;
+        struct gpu_acq gpu = {0};
         struct acquired *a;
-        uint8_t *base;
+        uint8_t *data;
+        int err;
 
-        base = p->rep.acquire.writable ? m->rw : (m->ro ? m->ro : m->rw);
-        if (!base || t->offset > m->size || t->length > m->size - t->offset)
-                return dlx__fail(-EPROTO, "the daemon described '%s' outside its segment", t->name);
+        if (t->storage == WIRE_STORAGE_CUDA_IPC) {
+                if (!stream)
+                        stream = dlx__gpu_stream(c, t->device_id);
+                pthread_mutex_lock(&c->lock);
+                err = dlx__gpu_acquire(c, t, stream, &gpu, (void **)&data);
+                pthread_mutex_unlock(&c->lock);
+                if (err < 0)
+                        return err;
+        } else {
+                uint8_t *base = p->rep.acquire.writable ? m->rw : (m->ro ? m->ro : m->rw);
+                if (!base || t->offset > m->size || t->length > m->size - t->offset)
+                        return dlx__fail(-EPROTO, "the daemon described '%s' outside its segment",
+                                         t->name);
+                if (t->storage == WIRE_STORAGE_CUDA_HOST) {
+                        pthread_mutex_lock(&c->lock);
+                        err = dlx__gpu_register_host(c, m);
+                        pthread_mutex_unlock(&c->lock);
+                        if (err < 0)
+                                return err;
+                }
+                data = base + t->offset;
+        }
         a = calloc(1, sizeof(*a) + 2 * (size_t)t->ndim * sizeof(int64_t));
-        if (!a)
+        if (!a) {
+                if (gpu.ipc) {
+                        struct wire_request ignored = {.type = WIRE_REQ_RELEASE};
+                        pthread_mutex_lock(&c->lock);
+                        dlx__gpu_release(c, &gpu, &ignored);
+                        pthread_mutex_unlock(&c->lock);
+                }
                 return dlx__fail(-ENOMEM, "out of memory");
+        }
         a->c = c;
         a->map = m;
+        a->has_gpu = gpu.ipc != NULL;
+        a->gpu = gpu;
         a->lease = p->rep.acquire.lease;
         a->version = t->version;
         a->storage = t->storage;
@@ -94,7 +132,7 @@ static int build_acquired(dlx_client *c, struct pending *p, DLManagedTensorVersi
                       (DLPACK_FLAG_BITMASK_READ_ONLY | DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED);
         if (!p->rep.acquire.writable)
                 a->mt.flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
-        a->mt.dl_tensor.data = base + t->offset;
+        a->mt.dl_tensor.data = data;
         a->mt.dl_tensor.device.device_type = (DLDeviceType)t->device_type;
         a->mt.dl_tensor.device.device_id = t->device_id;
         a->mt.dl_tensor.ndim = t->ndim;
@@ -130,11 +168,13 @@ int dlx_acquire(dlx_client *c, const char *name, const struct dlx_acquire_option
         err = dlx__call(c, &req, -1, &p);
         if (err == 0 && p.rep.type != WIRE_REP_ACQUIRE)
                 err = dlx__fail(-EPROTO, "the daemon answered acquire with something else");
-        if (err == 0 && p.rep.acquire.tensor.storage != WIRE_STORAGE_MEMFD)
+        if (err == 0 && p.rep.acquire.tensor.storage != WIRE_STORAGE_MEMFD &&
+            p.rep.acquire.tensor.storage != WIRE_STORAGE_CUDA_HOST &&
+            p.rep.acquire.tensor.storage != WIRE_STORAGE_CUDA_IPC)
                 err = dlx__fail(-ENOTSUP, "'%s' is shared as %s, which this build cannot map", name,
                                 wire_storage_name(p.rep.acquire.tensor.storage));
         if (err == 0)
-                err = build_acquired(c, &p, ret_tensor);
+                err = build_acquired(c, &p, opts ? opts->stream : NULL, ret_tensor);
         if (err < 0 && p.rep.status == WIRE_OK && p.rep.type == WIRE_REP_ACQUIRE) {
                 /* granted but unusable here: give the lease back */
                 struct wire_request rel = {.type = WIRE_REQ_RELEASE};
@@ -316,9 +356,17 @@ int dlx_publish(dlx_client *c, const char *name, DLManagedTensorVersioned *tenso
                 err = dlx__fail(-EINVAL, "bad name '%s': %s", name, why);
                 goto out_delete;
         }
-        if (t->device.device_type != kDLCPU) {
+        if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost &&
+            t->device.device_type != kDLCUDA) {
                 err = dlx__fail(-ENOTSUP, "publish '%s': device type %d is not supported", name,
                                 (int)t->device.device_type);
+                goto out_delete;
+        }
+        if (t->device.device_type == kDLCUDA && o.copy == DLX_COPY_ALWAYS) {
+                err = dlx__fail(-ENOTSUP,
+                                "publish '%s': copying a CUDA tensor is not supported; publish "
+                                "it zero-copy (DLX_COPY_IF_NEEDED or DLX_COPY_NEVER)",
+                                name);
                 goto out_delete;
         }
         if (t->ndim < 0 || t->ndim > DLX_MAX_NDIM || (t->ndim && !t->shape) ||
@@ -348,32 +396,47 @@ int dlx_publish(dlx_client *c, const char *name, DLManagedTensorVersioned *tenso
                         layout_compact_strides(t->ndim, t->shape, w->strides);
         }
         w->byte_offset = t->byte_offset;
-        w->device_type = kDLCPU;
-        w->device_id = 0;
+        w->device_type = t->device.device_type;
+        w->device_id = t->device.device_type == kDLCPU ? 0 : t->device.device_id;
         w->flags = (o.writable ? 0 : DLPACK_FLAG_BITMASK_READ_ONLY) |
                    (tensor->flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED);
-        w->storage = WIRE_STORAGE_MEMFD;
+        w->storage =
+                t->device.device_type == kDLCUDAHost ? WIRE_STORAGE_CUDA_HOST : WIRE_STORAGE_MEMFD;
         w->length = hi > 0 ? (uint64_t)hi : 0;
         req.publish.persist = o.persist;
 
         pthread_mutex_lock(&c->lock);
-        /* any tensor whose bytes lie in our allocator's memory goes as is */
-        if (o.copy != DLX_COPY_ALWAYS && t->data)
+        /* any host tensor whose bytes lie in our allocator's memory goes as is */
+        if (o.copy != DLX_COPY_ALWAYS && t->data && t->device.device_type != kDLCUDA)
                 map = dlx__arena_find(c, t->data, lo, hi);
-        bool zero_copy = map != NULL;
+        /* device memory always goes as is, through its allocation's IPC handle */
+        bool zero_copy = map != NULL || t->device.device_type == kDLCUDA;
         if (zero_copy) {
-                w->offset = (uint64_t)((const uint8_t *)t->data - map->rw);
                 h = calloc(1, sizeof(*h));
                 if (!h) {
                         pthread_mutex_unlock(&c->lock);
                         err = dlx__fail(-ENOMEM, "out of memory");
                         goto out_delete;
                 }
+                if (map) {
+                        w->offset = (uint64_t)((const uint8_t *)t->data - map->rw);
+                        w->segment = map->id;
+                } else {
+                        void *stream =
+                                o.stream ? o.stream : dlx__gpu_stream(c, t->device.device_id);
+                        err = dlx__gpu_publish(c, t, stream, &req, &h->gpu);
+                        if (err < 0) {
+                                pthread_mutex_unlock(&c->lock);
+                                free(h);
+                                goto out_delete; /* the detail is recorded already */
+                        }
+                        h->has_gpu = true;
+                }
                 /* registered before the request: RELEASED may follow the reply at once */
                 h->token = c->next_token++;
                 h->tensor = tensor;
+                snprintf(h->name, sizeof(h->name), "%s", name);
                 avl_insert(&c->held, &h->node, &h->token, cmp_token);
-                w->segment = map->id;
                 req.publish.token = h->token;
         }
         pthread_mutex_unlock(&c->lock);
@@ -405,6 +468,13 @@ int dlx_publish(dlx_client *c, const char *name, DLManagedTensorVersioned *tenso
                 err = dlx__fail(-EPROTO, "the daemon answered publish with something else");
         if (err == 0 && ret_version)
                 *ret_version = p.rep.publish.version;
+        if (err == 0 && h) {
+                pthread_mutex_lock(&c->lock);
+                /* unless it is already released (and h gone), note its version */
+                if (avl_find(&c->held, &req.publish.token, cmp_token) == &h->node)
+                        h->version = p.rep.publish.version;
+                pthread_mutex_unlock(&c->lock);
+        }
         dlx__pending_done(c, &p);
         if (err == 0 || !h)
                 return err;
@@ -412,6 +482,8 @@ int dlx_publish(dlx_client *c, const char *name, DLManagedTensorVersioned *tenso
         /* the daemon refused a zero-copy publish: the tensor is ours to delete */
         pthread_mutex_lock(&c->lock);
         avl_remove(&c->held, &h->node);
+        if (h->has_gpu)
+                dlx__gpu_publish_undo(c, &h->gpu);
         pthread_mutex_unlock(&c->lock);
         free(h);
 out_delete:

@@ -1118,8 +1118,18 @@ START_TEST(test_rejected_layouts)
 
         /* a device dlx cannot share */
         o = owned_new(DT(kDLFloat, 32, 1), 1, shape, NULL, 0, 0, 8, 0);
+        o->mt.dl_tensor.device.device_type = kDLOpenCL;
+        refuse(c, o, -ENOTSUP, "kDLOpenCL");
+        /* CUDA memory on a host without a driver (or a build without CUDA): a clear refusal */
+        o = owned_new(DT(kDLFloat, 32, 1), 1, shape, NULL, 0, 0, 8, 0);
         o->mt.dl_tensor.device.device_type = kDLCUDA;
-        refuse(c, o, -ENOTSUP, "kDLCUDA");
+        deleter_runs = 0;
+        {
+                int err = dlx_publish(c, "dt/refused", &o->mt, NULL, NULL);
+                ck_assert_msg(err == -ENODEV || err == -ENOTSUP, "kDLCUDA: publish gave %d", err);
+                ck_assert_msg(strstr(dlx_last_error(), "CUDA"), "kDLCUDA: '%s'", dlx_last_error());
+                ck_assert_int_eq(deleter_runs, 1);
+        }
         o = owned_new(DT(kDLFloat, 32, 1), 1, shape, NULL, 0, 0, 8, 0);
         o->mt.dl_tensor.device = (DLDevice){kDLCUDA, 1};
         deleter_runs = 0;

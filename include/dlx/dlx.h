@@ -108,7 +108,7 @@ struct dlx_publish_options {
         /* Consumers may write through their mapping. Default (false): read-only. */
         bool writable;
         enum dlx_copy copy;
-        /* Producer work stream for device tensors (CUDA); NULL for CPU tensors. */
+        /* Producer work stream (CUstream) for CUDA tensors; NULL: dlx_set_stream()'s. */
         void *stream;
 };
 
@@ -176,7 +176,7 @@ struct dlx_acquire_options {
         int64_t timeout_ms;
         /* Only a version >= this one will do; 0: any. */
         uint64_t min_version;
-        /* Consumer work stream for device tensors (CUDA); NULL for CPU tensors. */
+        /* Consumer work stream (CUstream) for CUDA tensors; NULL: dlx_set_stream()'s. */
         void *stream;
 };
 
@@ -195,9 +195,36 @@ struct dlx_acquire_options {
 int dlx_acquire(dlx_client *client, const char *name, const struct dlx_acquire_options *opts,
                 DLManagedTensorVersioned **ret_tensor);
 
-/* The name, version and sharing path ("memfd") of a tensor dlx_acquire() returned. */
+/*
+ * The name, version and sharing path of a tensor dlx_acquire() returned:
+ * "memfd", "cuda-ipc", "cuda-vmm" or "cuda-host".
+ */
 int dlx_tensor_info(const DLManagedTensorVersioned *tensor, const char **ret_name,
                     uint64_t *ret_version, const char **ret_storage);
+
+/* ---- CUDA ordering ----------------------------------------------------------------------- */
+
+/*
+ * The CUDA stream (a CUstream, borrowed) this client orders on for device_id
+ * when publish or acquire options name none; NULL (the default) is the legacy
+ * default stream. libdlx's exchange API reports it as current_work_stream.
+ * Returns 0, -EINVAL (device out of range) or -ENOTSUP (built without CUDA).
+ */
+int dlx_set_stream(dlx_client *client, int device_id, void *stream);
+/* The stream set for device_id, or NULL. */
+void *dlx_get_stream(dlx_client *client, int device_id);
+
+/*
+ * Double buffering without device syncs: waits until every lease of version
+ * of name (published by this client) is released, then makes stream (NULL:
+ * the current stream of the tensor's device) wait, on the GPU, for the work
+ * each reader recorded before releasing. CPU tensors need only the host wait.
+ * timeout_ms as for acquire (0: do not wait, < 0: no limit).
+ * Returns 0, -ETIMEDOUT, -ENOENT (not a version this client published, or one
+ * released too long ago to remember: 64 are kept) or -EINVAL.
+ */
+int dlx_wait_released(dlx_client *client, const char *name, uint64_t version, void *stream,
+                      int64_t timeout_ms);
 
 /* ---- inspecting ------------------------------------------------------------------------ */
 

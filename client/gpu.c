@@ -1,0 +1,482 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * CUDA sharing by legacy IPC handles, ordered by interprocess events.
+ *
+ * Producer: a tensor's allocation base is exported once as an IPC handle
+ * (with the tensor's offset into it) and an event from the client's pool is
+ * recorded on the producer's stream. The event goes back to the pool only
+ * when the version is RELEASED, that is after every lease that could wait on
+ * it has gone, and the producer's stream then waits for each reader's
+ * release event before the tensor's deleter runs.
+ *
+ * Consumer: each handle is opened once per process (CUDA refuses a second
+ * open) and shared by every tensor in it; the consumer's stream waits on the
+ * producer's event, and on release an event recorded on that stream tells
+ * the producer when the reader is done. An allocation whose last tensor is
+ * released is closed only once the reader's work on it has completed.
+ */
+#include "gpu.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cudadrv.h"
+
+#define GPU_MAX_DEVICES 64
+/* Release events each client cycles through per device. */
+#define RELEASE_RING 64
+/* Opened foreign events kept per process. */
+#define MAX_OPENED_EVENTS 4096
+
+struct gpu_event {
+        struct gpu_event *next;
+        CUevent ev;
+        CUipcEventHandle handle;
+};
+
+struct gpu_state {
+        struct gpu_event *pool[GPU_MAX_DEVICES]; /* free publish events */
+        struct gpu_event ring[GPU_MAX_DEVICES][RELEASE_RING];
+        unsigned ring_next[GPU_MAX_DEVICES];
+};
+
+/* An IPC allocation opened in this process. */
+struct gpu_ipc {
+        struct avl_node node;
+        uint8_t key[DLX_CUDA_HANDLE];
+        CUdeviceptr base;
+        int device;
+        unsigned refs;
+        CUevent done; /* while closing: the last reader's release event */
+        struct gpu_ipc *next_closing;
+};
+
+struct opened_event {
+        struct avl_node node;
+        uint8_t key[DLX_CUDA_HANDLE];
+        CUevent ev;
+};
+
+/* CUDA allows one open per handle per process: the caches are the process's. */
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct avl_tree ipc_cache;
+static struct avl_tree event_cache;
+static struct gpu_ipc *closing;
+
+static int cmp_key(const void *key, const uint8_t *node_key)
+{
+        return memcmp(key, node_key, DLX_CUDA_HANDLE);
+}
+
+static int cmp_ipc(const void *key, const struct avl_node *n)
+{
+        return cmp_key(key, avl_entry(n, struct gpu_ipc, node)->key);
+}
+
+static int cmp_event(const void *key, const struct avl_node *n)
+{
+        return cmp_key(key, avl_entry(n, struct opened_event, node)->key);
+}
+
+static int device_ok(int device)
+{
+        if (device < 0 || device >= GPU_MAX_DEVICES)
+                return dlx__fail(-ENODEV, "CUDA device %d is out of range", device);
+        return 0;
+}
+
+static struct gpu_state *state(dlx_client *c)
+{
+        if (!c->gpu)
+                c->gpu = calloc(1, sizeof(*c->gpu));
+        return c->gpu;
+}
+
+void *dlx__gpu_stream(dlx_client *c, int device)
+{
+        return device >= 0 && device < GPU_MAX_DEVICES ? c->streams[device] : NULL;
+}
+
+/* Closes IPC allocations whose last reader's work is done. cache_lock held. */
+static void sweep_closing(const struct dlx_cuda_driver *cu)
+{
+        for (struct gpu_ipc **pp = &closing; *pp;) {
+                struct gpu_ipc *m = *pp;
+                if (m->done && cu->EventQuery(m->done) == CUDA_ERROR_NOT_READY) {
+                        pp = &m->next_closing;
+                        continue;
+                }
+                *pp = m->next_closing;
+                cu->IpcCloseMemHandle(m->base);
+                free(m);
+        }
+}
+
+/* An event another process exported, opened once and kept. cache_lock held. */
+static int open_event(const struct dlx_cuda_driver *cu, const uint8_t key[DLX_CUDA_HANDLE],
+                      CUevent *ret)
+{
+        struct avl_node *n = avl_find(&event_cache, key, cmp_event);
+        struct opened_event *o;
+        CUipcEventHandle h;
+        CUresult r;
+
+        if (n) {
+                *ret = avl_entry(n, struct opened_event, node)->ev;
+                return 0;
+        }
+        if (event_cache.count >= MAX_OPENED_EVENTS) {
+                /* a wait already enqueued on an event survives its destruction */
+                o = avl_entry(avl_first(&event_cache), struct opened_event, node);
+                avl_remove(&event_cache, &o->node);
+                cu->EventDestroy(o->ev);
+                free(o);
+        }
+        o = calloc(1, sizeof(*o));
+        if (!o)
+                return dlx__fail(-ENOMEM, "out of memory");
+        memcpy(h.reserved, key, DLX_CUDA_HANDLE);
+        r = cu->IpcOpenEventHandle(&o->ev, h);
+        if (r != CUDA_SUCCESS) {
+                free(o);
+                return dlx__cuda_fail(cu, r, "cuIpcOpenEventHandle");
+        }
+        memcpy(o->key, key, DLX_CUDA_HANDLE);
+        avl_insert(&event_cache, &o->node, o->key, cmp_event);
+        *ret = o->ev;
+        return 0;
+}
+
+int dlx__gpu_wait_events(dlx_client *c, int device, void *stream,
+                         uint8_t (*events)[DLX_CUDA_HANDLE], uint32_t nevents)
+{
+        const struct dlx_cuda_driver *cu;
+        int err;
+
+        (void)c;
+        if (nevents == 0)
+                return 0;
+        err = device_ok(device);
+        if (err == 0)
+                err = dlx__cuda(&cu);
+        if (err == 0)
+                err = dlx__cuda_enter(cu, device);
+        if (err < 0)
+                return err;
+        pthread_mutex_lock(&cache_lock);
+        for (uint32_t i = 0; i < nevents && err == 0; i++) {
+                CUevent ev;
+                CUresult r;
+                err = open_event(cu, events[i], &ev);
+                if (err == 0 && (r = cu->StreamWaitEvent(stream, ev, 0)) != CUDA_SUCCESS)
+                        err = dlx__cuda_fail(cu, r, "cuStreamWaitEvent");
+        }
+        pthread_mutex_unlock(&cache_lock);
+        dlx__cuda_leave(cu);
+        return err;
+}
+
+/* ---- producer ------------------------------------------------------------------------- */
+
+static int take_event(const struct dlx_cuda_driver *cu, struct gpu_state *g, int device,
+                      struct gpu_event **ret)
+{
+        struct gpu_event *e = g->pool[device];
+        CUresult r;
+
+        if (e) {
+                g->pool[device] = e->next;
+                *ret = e;
+                return 0;
+        }
+        e = calloc(1, sizeof(*e));
+        if (!e)
+                return dlx__fail(-ENOMEM, "out of memory");
+        r = cu->EventCreate(&e->ev, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS);
+        if (r == CUDA_SUCCESS) {
+                r = cu->IpcGetEventHandle(&e->handle, e->ev);
+                if (r != CUDA_SUCCESS)
+                        cu->EventDestroy(e->ev);
+        }
+        if (r != CUDA_SUCCESS) {
+                free(e);
+                return dlx__cuda_fail(cu, r, "interprocess event");
+        }
+        *ret = e;
+        return 0;
+}
+
+int dlx__gpu_publish(dlx_client *c, const DLTensor *t, void *stream, struct wire_request *req,
+                     struct gpu_pub *ret)
+{
+        struct wire_tensor *w = &req->publish.tensor;
+        const struct dlx_cuda_driver *cu;
+        int device = t->device.device_id;
+        struct gpu_state *g = state(c);
+        CUdeviceptr base, data = (CUdeviceptr)(uintptr_t)t->data;
+        CUipcMemHandle h;
+        struct gpu_event *e = NULL;
+        size_t size;
+        CUresult r;
+        int err;
+
+        if (!g)
+                return dlx__fail(-ENOMEM, "out of memory");
+        err = device_ok(device);
+        if (err == 0)
+                err = dlx__cuda(&cu);
+        if (err == 0)
+                err = dlx__cuda_enter(cu, device);
+        if (err < 0)
+                return err;
+        r = cu->MemGetAddressRange(&base, &size, data);
+        if (r != CUDA_SUCCESS) {
+                err = dlx__cuda_fail(cu, r, "the tensor's data is not CUDA device memory");
+                goto out;
+        }
+        r = cu->IpcGetMemHandle(&h, base);
+        if (r != CUDA_SUCCESS) {
+                err = dlx__cuda_fail(cu, r,
+                                     "cuIpcGetMemHandle (memory from cuMemCreate "
+                                     "or a pool cannot be shared by legacy IPC)");
+                goto out;
+        }
+        err = take_event(cu, g, device, &e);
+        if (err < 0)
+                goto out;
+        r = cu->EventRecord(e->ev, stream);
+        if (r != CUDA_SUCCESS) {
+                e->next = g->pool[device];
+                g->pool[device] = e;
+                err = dlx__cuda_fail(cu, r, "cuEventRecord");
+                goto out;
+        }
+        w->storage = WIRE_STORAGE_CUDA_IPC;
+        w->has_ipc_handle = true;
+        memcpy(w->ipc_handle, h.reserved, DLX_CUDA_HANDLE);
+        w->offset = data - base;
+        w->has_event = true;
+        memcpy(w->event, e->handle.reserved, DLX_CUDA_HANDLE);
+        req->publish.segment_size = size;
+        ret->device = device;
+        ret->stream = stream;
+        ret->event = e;
+out:
+        dlx__cuda_leave(cu);
+        return err;
+}
+
+void dlx__gpu_publish_undo(dlx_client *c, struct gpu_pub *pub)
+{
+        if (pub->event && c->gpu) {
+                pub->event->next = c->gpu->pool[pub->device];
+                c->gpu->pool[pub->device] = pub->event;
+        }
+        pub->event = NULL;
+}
+
+void dlx__gpu_released(dlx_client *c, struct gpu_pub *pub, uint8_t (*events)[DLX_CUDA_HANDLE],
+                       uint32_t nevents)
+{
+        int err = dlx__gpu_wait_events(c, pub->device, pub->stream, events, nevents);
+
+        if (err < 0)
+                dlx__log(c, DLX_LOG_WARNING,
+                         "cannot order the producer's stream after its readers: %s",
+                         dlx_last_error());
+        dlx__gpu_publish_undo(c, pub);
+}
+
+/* ---- consumer ------------------------------------------------------------------------- */
+
+int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, void *stream, struct gpu_acq *ret,
+                     void **ret_data)
+{
+        const struct dlx_cuda_driver *cu;
+        int device = t->device_id;
+        struct avl_node *n;
+        struct gpu_ipc *m = NULL;
+        int err;
+
+        (void)c;
+        if (!t->has_ipc_handle)
+                return dlx__fail(-EPROTO, "a cuda-ipc tensor without its handle");
+        err = device_ok(device);
+        if (err == 0)
+                err = dlx__cuda(&cu);
+        if (err == 0)
+                err = dlx__cuda_enter(cu, device);
+        if (err < 0)
+                return err;
+        pthread_mutex_lock(&cache_lock);
+        sweep_closing(cu);
+        n = avl_find(&ipc_cache, t->ipc_handle, cmp_ipc);
+        if (n) {
+                m = avl_entry(n, struct gpu_ipc, node);
+                m->refs++;
+        } else {
+                CUipcMemHandle h;
+                CUresult r;
+
+                m = calloc(1, sizeof(*m));
+                if (!m) {
+                        err = dlx__fail(-ENOMEM, "out of memory");
+                        goto out;
+                }
+                memcpy(h.reserved, t->ipc_handle, DLX_CUDA_HANDLE);
+                r = cu->IpcOpenMemHandle(&m->base, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+                if (r != CUDA_SUCCESS) {
+                        free(m);
+                        m = NULL;
+                        err = dlx__cuda_fail(cu, r, "cuIpcOpenMemHandle");
+                        goto out;
+                }
+                memcpy(m->key, t->ipc_handle, DLX_CUDA_HANDLE);
+                m->device = device;
+                m->refs = 1;
+                avl_insert(&ipc_cache, &m->node, m->key, cmp_ipc);
+        }
+        if (t->has_event) {
+                CUevent ev;
+                CUresult r;
+                err = open_event(cu, t->event, &ev);
+                if (err == 0 && (r = cu->StreamWaitEvent(stream, ev, 0)) != CUDA_SUCCESS)
+                        err = dlx__cuda_fail(cu, r, "cuStreamWaitEvent");
+                if (err < 0) {
+                        m->refs--;
+                        if (m->refs == 0) {
+                                avl_remove(&ipc_cache, &m->node);
+                                cu->IpcCloseMemHandle(m->base);
+                                free(m);
+                        }
+                        goto out;
+                }
+        }
+        ret->device = device;
+        ret->stream = stream;
+        ret->ipc = m;
+        *ret_data = (void *)(uintptr_t)(m->base + t->offset);
+out:
+        pthread_mutex_unlock(&cache_lock);
+        dlx__cuda_leave(cu);
+        return err;
+}
+
+void dlx__gpu_release(dlx_client *c, struct gpu_acq *acq, struct wire_request *req)
+{
+        const struct dlx_cuda_driver *cu;
+        struct gpu_state *g = state(c);
+        struct gpu_event *e = NULL;
+        struct gpu_ipc *m = acq->ipc;
+
+        if (dlx__cuda(&cu) < 0 || dlx__cuda_enter(cu, acq->device) < 0)
+                return;
+        if (g) {
+                unsigned i = g->ring_next[acq->device]++ % RELEASE_RING;
+                e = &g->ring[acq->device][i];
+                if (!e->ev &&
+                    (cu->EventCreate(&e->ev, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS) !=
+                             CUDA_SUCCESS ||
+                     cu->IpcGetEventHandle(&e->handle, e->ev) != CUDA_SUCCESS)) {
+                        if (e->ev)
+                                cu->EventDestroy(e->ev);
+                        e->ev = NULL;
+                }
+                if (e->ev && cu->EventRecord(e->ev, acq->stream) == CUDA_SUCCESS) {
+                        req->release.has_event = true;
+                        memcpy(req->release.event, e->handle.reserved, DLX_CUDA_HANDLE);
+                } else {
+                        e = NULL;
+                }
+        }
+        if (!req->release.has_event)
+                dlx__log(c, DLX_LOG_WARNING,
+                         "no release event recorded: the producer cannot wait for this reader");
+        pthread_mutex_lock(&cache_lock);
+        if (m && --m->refs == 0) {
+                avl_remove(&ipc_cache, &m->node);
+                /* close once the reader's queued work is done, never under it */
+                m->done = e ? e->ev : NULL;
+                m->next_closing = closing;
+                closing = m;
+        }
+        sweep_closing(cu);
+        pthread_mutex_unlock(&cache_lock);
+        acq->ipc = NULL;
+        dlx__cuda_leave(cu);
+}
+
+int dlx__gpu_register_host(dlx_client *c, struct seg_map *m)
+{
+        const struct dlx_cuda_driver *cu;
+        CUresult r;
+        int err;
+
+        (void)c;
+        if (m->host_registered)
+                return 0;
+        err = dlx__cuda(&cu);
+        if (err < 0)
+                return err;
+        /* register the whole mapping, whichever view this tensor uses */
+        if (m->ro) {
+                r = cu->MemHostRegister(m->ro, m->size, CU_MEMHOSTREGISTER_PORTABLE);
+                if (r != CUDA_SUCCESS)
+                        return dlx__cuda_fail(cu, r, "cuMemHostRegister");
+        }
+        if (m->rw) {
+                r = cu->MemHostRegister(m->rw, m->size, CU_MEMHOSTREGISTER_PORTABLE);
+                if (r != CUDA_SUCCESS) {
+                        if (m->ro)
+                                cu->MemHostUnregister(m->ro);
+                        return dlx__cuda_fail(cu, r, "cuMemHostRegister");
+                }
+        }
+        m->host_registered = true;
+        return 0;
+}
+
+void dlx__gpu_unregister_host(struct seg_map *m)
+{
+        const struct dlx_cuda_driver *cu;
+
+        if (!m->host_registered || dlx__cuda(&cu) < 0)
+                return;
+        if (m->ro)
+                cu->MemHostUnregister(m->ro);
+        if (m->rw)
+                cu->MemHostUnregister(m->rw);
+        m->host_registered = false;
+}
+
+void dlx__gpu_final(dlx_client *c)
+{
+        const struct dlx_cuda_driver *cu;
+        struct gpu_state *g = c->gpu;
+
+        if (!g)
+                return;
+        if (dlx__cuda(&cu) == 0) {
+                for (int d = 0; d < GPU_MAX_DEVICES; d++) {
+                        bool any = g->pool[d] != NULL;
+                        for (int i = 0; i < RELEASE_RING; i++)
+                                any |= g->ring[d][i].ev != NULL;
+                        if (!any || dlx__cuda_enter(cu, d) < 0)
+                                continue;
+                        while (g->pool[d]) {
+                                struct gpu_event *e = g->pool[d];
+                                g->pool[d] = e->next;
+                                cu->EventDestroy(e->ev);
+                                free(e);
+                        }
+                        for (int i = 0; i < RELEASE_RING; i++)
+                                if (g->ring[d][i].ev)
+                                        cu->EventDestroy(g->ring[d][i].ev);
+                        dlx__cuda_leave(cu);
+                }
+        }
+        free(g);
+        c->gpu = NULL;
+}

@@ -1,0 +1,113 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libdlx's CUDA backend: sharing device memory through legacy IPC handles,
+ * ordering with interprocess events on the producer's and consumer's work
+ * streams. Everything here runs with client->lock held unless it says
+ * otherwise, and enters the device's primary context only around driver
+ * calls. Without -Dcuda, every entry point answers -ENOTSUP.
+ */
+#ifndef DLX_CLIENT_GPU_H
+#define DLX_CLIENT_GPU_H
+
+#include <errno.h>
+
+#include "internal.h"
+
+#ifdef DLX_HAVE_CUDA
+
+/*
+ * Describes a kDLCUDA tensor for publishing: its allocation's IPC handle and
+ * the offset into it, and an event recorded on stream (the options', else
+ * the client's current one). Fills req's tensor storage fields and *ret.
+ * Returns 0 or -errno (-ENODEV without a driver).
+ */
+DLX_HIDDEN int dlx__gpu_publish(dlx_client *c, const DLTensor *t, void *stream,
+                                struct wire_request *req, struct gpu_pub *ret);
+/* The publish failed: give back what dlx__gpu_publish() took. */
+DLX_HIDDEN void dlx__gpu_publish_undo(dlx_client *c, struct gpu_pub *pub);
+/*
+ * The version is gone: make the producer's stream wait for every reader's
+ * release event, then recycle the publish event.
+ */
+DLX_HIDDEN void dlx__gpu_released(dlx_client *c, struct gpu_pub *pub,
+                                  uint8_t (*events)[DLX_CUDA_HANDLE], uint32_t nevents);
+
+/*
+ * Opens what an acquire reply describes (the IPC allocation, cached per
+ * process) and makes stream wait for the producer's event. *ret_data is the
+ * device pointer of the tensor's data.
+ */
+DLX_HIDDEN int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, void *stream,
+                                struct gpu_acq *ret, void **ret_data);
+/* Records the consumer's release event into req (when it can) and drops the IPC reference. */
+DLX_HIDDEN void dlx__gpu_release(dlx_client *c, struct gpu_acq *acq, struct wire_request *req);
+
+/* Makes stream wait for events (release events a RELEASED notice carried). */
+DLX_HIDDEN int dlx__gpu_wait_events(dlx_client *c, int device, void *stream,
+                                    uint8_t (*events)[DLX_CUDA_HANDLE], uint32_t nevents);
+
+/* Pins a mapped segment with the driver (once) for cuda-host tensors. */
+DLX_HIDDEN int dlx__gpu_register_host(dlx_client *c, struct seg_map *m);
+/* Unpins it before it is unmapped. */
+DLX_HIDDEN void dlx__gpu_unregister_host(struct seg_map *m);
+
+/* The client's current stream for a device (NULL: the legacy default stream). */
+DLX_HIDDEN void *dlx__gpu_stream(dlx_client *c, int device);
+
+/* Frees the backend's caches and pools (the client's last reference went). */
+DLX_HIDDEN void dlx__gpu_final(dlx_client *c);
+
+#else
+
+static inline int dlx__gpu_publish(dlx_client *c, const DLTensor *t, void *stream,
+                                   struct wire_request *req, struct gpu_pub *ret)
+{
+        (void)c, (void)t, (void)stream, (void)req, (void)ret;
+        return dlx__fail(-ENOTSUP, "libdlx was built without CUDA");
+}
+static inline void dlx__gpu_publish_undo(dlx_client *c, struct gpu_pub *pub)
+{
+        (void)c, (void)pub;
+}
+static inline void dlx__gpu_released(dlx_client *c, struct gpu_pub *pub,
+                                     uint8_t (*events)[DLX_CUDA_HANDLE], uint32_t nevents)
+{
+        (void)c, (void)pub, (void)events, (void)nevents;
+}
+static inline int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, void *stream,
+                                   struct gpu_acq *ret, void **ret_data)
+{
+        (void)c, (void)t, (void)stream, (void)ret, (void)ret_data;
+        return dlx__fail(-ENOTSUP, "libdlx was built without CUDA");
+}
+static inline void dlx__gpu_release(dlx_client *c, struct gpu_acq *acq, struct wire_request *req)
+{
+        (void)c, (void)acq, (void)req;
+}
+static inline int dlx__gpu_wait_events(dlx_client *c, int device, void *stream,
+                                       uint8_t (*events)[DLX_CUDA_HANDLE], uint32_t nevents)
+{
+        (void)c, (void)device, (void)stream, (void)events, (void)nevents;
+        return 0;
+}
+static inline int dlx__gpu_register_host(dlx_client *c, struct seg_map *m)
+{
+        (void)c, (void)m;
+        return dlx__fail(-ENOTSUP, "libdlx was built without CUDA: cuda-host tensors need it");
+}
+static inline void dlx__gpu_unregister_host(struct seg_map *m)
+{
+        (void)m;
+}
+static inline void *dlx__gpu_stream(dlx_client *c, int device)
+{
+        (void)c, (void)device;
+        return NULL;
+}
+static inline void dlx__gpu_final(dlx_client *c)
+{
+        (void)c;
+}
+
+#endif /* DLX_HAVE_CUDA */
+#endif /* DLX_CLIENT_GPU_H */
