@@ -328,15 +328,14 @@ static void resolve_segment(dlx_client *c, struct pending *p)
             rep->acquire.tensor.storage == WIRE_STORAGE_CUDA_IPC) {
                 /* an IPC handle travels in the descriptor: no segment to map */
         } else if (rep->status == WIRE_OK && rep->type == WIRE_REP_ACQUIRE) {
-                err = dlx__map_get(c, rep->acquire.tensor.segment, rep->acquire.segment_size, fd,
-                                   rep->acquire.writable, &p->map);
+                const struct wire_tensor *t = &rep->acquire.tensor;
+                err = dlx__map_get(c, t->segment, t->storage, t->device_id,
+                                   rep->acquire.segment_size, fd, rep->acquire.writable, &p->map);
                 fd = -1;
-        } else if (rep->status == WIRE_OK && rep->type == WIRE_REP_ALLOC) {
-                if (fd < 0)
-                        err = -EPROTO;
-                else
-                        err = dlx__map_get(c, rep->alloc.segment, rep->alloc.size, fd, true,
-                                           &p->map);
+        } else if (rep->status == WIRE_OK && rep->type == WIRE_REP_ALLOC && fd >= 0) {
+                /* a memfd the daemon made; a VMM segment of ours comes back without one */
+                err = dlx__map_get(c, rep->alloc.segment, WIRE_STORAGE_MEMFD, 0, rep->alloc.size,
+                                   fd, true, &p->map);
                 fd = -1;
         }
         if (fd >= 0)

@@ -90,6 +90,7 @@ static void load(void)
         RESOLVE(EventDestroy, "cuEventDestroy", "cuEventDestroy_v2");
         RESOLVE(EventRecord, "cuEventRecord", "cuEventRecord");
         RESOLVE(EventQuery, "cuEventQuery", "cuEventQuery");
+        RESOLVE(EventSynchronize, "cuEventSynchronize", "cuEventSynchronize");
         RESOLVE(StreamWaitEvent, "cuStreamWaitEvent", "cuStreamWaitEvent");
         RESOLVE(MemGetAllocationGranularity, "cuMemGetAllocationGranularity",
                 "cuMemGetAllocationGranularity");

@@ -34,6 +34,7 @@ struct dlx_cuda_driver {
         CUresult (*EventDestroy)(CUevent event);
         CUresult (*EventRecord)(CUevent event, CUstream stream);
         CUresult (*EventQuery)(CUevent event);
+        CUresult (*EventSynchronize)(CUevent event);
         CUresult (*StreamWaitEvent)(CUstream stream, CUevent event, unsigned int flags);
         CUresult (*MemGetAllocationGranularity)(size_t *granularity,
                                                 const CUmemAllocationProp *prop,

@@ -21,6 +21,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cudadrv.h"
 
@@ -208,15 +209,14 @@ static int take_event(const struct dlx_cuda_driver *cu, struct gpu_state *g, int
         return 0;
 }
 
-int dlx__gpu_publish(dlx_client *c, const DLTensor *t, void *stream, struct wire_request *req,
-                     struct gpu_pub *ret)
+int dlx__gpu_publish(dlx_client *c, const DLTensor *t, struct seg_map *vmm, void *stream,
+                     struct wire_request *req, struct gpu_pub *ret)
 {
         struct wire_tensor *w = &req->publish.tensor;
         const struct dlx_cuda_driver *cu;
         int device = t->device.device_id;
         struct gpu_state *g = state(c);
         CUdeviceptr base, data = (CUdeviceptr)(uintptr_t)t->data;
-        CUipcMemHandle h;
         struct gpu_event *e = NULL;
         size_t size;
         CUresult r;
@@ -225,23 +225,41 @@ int dlx__gpu_publish(dlx_client *c, const DLTensor *t, void *stream, struct wire
         if (!g)
                 return dlx__fail(-ENOMEM, "out of memory");
         err = device_ok(device);
+        if (err == 0 && vmm && vmm->device != device)
+                err = dlx__fail(-EINVAL, "the tensor says device %d, its memory is on %d", device,
+                                vmm->device);
         if (err == 0)
                 err = dlx__cuda(&cu);
         if (err == 0)
                 err = dlx__cuda_enter(cu, device);
         if (err < 0)
                 return err;
-        r = cu->MemGetAddressRange(&base, &size, data);
-        if (r != CUDA_SUCCESS) {
-                err = dlx__cuda_fail(cu, r, "the tensor's data is not CUDA device memory");
-                goto out;
-        }
-        r = cu->IpcGetMemHandle(&h, base);
-        if (r != CUDA_SUCCESS) {
-                err = dlx__cuda_fail(cu, r,
-                                     "cuIpcGetMemHandle (memory from cuMemCreate "
-                                     "or a pool cannot be shared by legacy IPC)");
-                goto out;
+        if (vmm) {
+                /* our allocator's memory: the segment the daemon already holds */
+                w->storage = WIRE_STORAGE_CUDA_VMM;
+                w->segment = vmm->id;
+                w->offset = data - (CUdeviceptr)(uintptr_t)vmm->rw;
+        } else {
+                CUipcMemHandle h;
+
+                r = cu->MemGetAddressRange(&base, &size, data);
+                if (r != CUDA_SUCCESS) {
+                        err = dlx__cuda_fail(cu, r, "the tensor's data is not CUDA device memory");
+                        goto out;
+                }
+                r = cu->IpcGetMemHandle(&h, base);
+                if (r != CUDA_SUCCESS) {
+                        err = dlx__cuda_fail(cu, r,
+                                             "cuIpcGetMemHandle (memory from cuMemCreate or a "
+                                             "pool cannot be shared by legacy IPC: allocate it "
+                                             "with dlx_alloc)");
+                        goto out;
+                }
+                w->storage = WIRE_STORAGE_CUDA_IPC;
+                w->has_ipc_handle = true;
+                memcpy(w->ipc_handle, h.reserved, DLX_CUDA_HANDLE);
+                w->offset = data - base;
+                req->publish.segment_size = size;
         }
         err = take_event(cu, g, device, &e);
         if (err < 0)
@@ -253,13 +271,8 @@ int dlx__gpu_publish(dlx_client *c, const DLTensor *t, void *stream, struct wire
                 err = dlx__cuda_fail(cu, r, "cuEventRecord");
                 goto out;
         }
-        w->storage = WIRE_STORAGE_CUDA_IPC;
-        w->has_ipc_handle = true;
-        memcpy(w->ipc_handle, h.reserved, DLX_CUDA_HANDLE);
-        w->offset = data - base;
         w->has_event = true;
         memcpy(w->event, e->handle.reserved, DLX_CUDA_HANDLE);
-        req->publish.segment_size = size;
         ret->device = device;
         ret->stream = stream;
         ret->event = e;
@@ -291,18 +304,62 @@ void dlx__gpu_released(dlx_client *c, struct gpu_pub *pub, uint8_t (*events)[DLX
 
 /* ---- consumer ------------------------------------------------------------------------- */
 
-int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, void *stream, struct gpu_acq *ret,
-                     void **ret_data)
+/* Opens (or finds) an IPC allocation, one reference. cache_lock held. */
+static int ipc_open(const struct dlx_cuda_driver *cu, const struct wire_tensor *t,
+                    struct gpu_ipc **ret)
+{
+        struct avl_node *n = avl_find(&ipc_cache, t->ipc_handle, cmp_ipc);
+        struct gpu_ipc *m;
+        CUipcMemHandle h;
+        CUresult r;
+
+        if (n) {
+                m = avl_entry(n, struct gpu_ipc, node);
+                m->refs++;
+                *ret = m;
+                return 0;
+        }
+        m = calloc(1, sizeof(*m));
+        if (!m)
+                return dlx__fail(-ENOMEM, "out of memory");
+        memcpy(h.reserved, t->ipc_handle, DLX_CUDA_HANDLE);
+        r = cu->IpcOpenMemHandle(&m->base, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+        if (r != CUDA_SUCCESS) {
+                free(m);
+                return dlx__cuda_fail(cu, r, "cuIpcOpenMemHandle");
+        }
+        memcpy(m->key, t->ipc_handle, DLX_CUDA_HANDLE);
+        m->device = t->device_id;
+        m->refs = 1;
+        avl_insert(&ipc_cache, &m->node, m->key, cmp_ipc);
+        *ret = m;
+        return 0;
+}
+
+static void ipc_unref_now(const struct dlx_cuda_driver *cu, struct gpu_ipc *m)
+{
+        if (--m->refs > 0)
+                return;
+        avl_remove(&ipc_cache, &m->node);
+        cu->IpcCloseMemHandle(m->base);
+        free(m);
+}
+
+int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, struct seg_map *vmm, void *stream,
+                     struct gpu_acq *ret, void **ret_data)
 {
         const struct dlx_cuda_driver *cu;
         int device = t->device_id;
-        struct avl_node *n;
         struct gpu_ipc *m = NULL;
+        CUdeviceptr base;
         int err;
 
         (void)c;
-        if (!t->has_ipc_handle)
+        if (t->storage == WIRE_STORAGE_CUDA_IPC && !t->has_ipc_handle)
                 return dlx__fail(-EPROTO, "a cuda-ipc tensor without its handle");
+        if (t->storage == WIRE_STORAGE_CUDA_VMM && (!vmm || vmm->device != device))
+                return dlx__fail(-EPROTO, "a cuda-vmm tensor without its mapping on device %d",
+                                 device);
         err = device_ok(device);
         if (err == 0)
                 err = dlx__cuda(&cu);
@@ -312,31 +369,15 @@ int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, void *stream, s
                 return err;
         pthread_mutex_lock(&cache_lock);
         sweep_closing(cu);
-        n = avl_find(&ipc_cache, t->ipc_handle, cmp_ipc);
-        if (n) {
-                m = avl_entry(n, struct gpu_ipc, node);
-                m->refs++;
+        if (vmm) {
+                base = (CUdeviceptr)(uintptr_t)(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY && vmm->ro
+                                                        ? vmm->ro
+                                                        : (vmm->rw ? vmm->rw : vmm->ro));
         } else {
-                CUipcMemHandle h;
-                CUresult r;
-
-                m = calloc(1, sizeof(*m));
-                if (!m) {
-                        err = dlx__fail(-ENOMEM, "out of memory");
+                err = ipc_open(cu, t, &m);
+                if (err < 0)
                         goto out;
-                }
-                memcpy(h.reserved, t->ipc_handle, DLX_CUDA_HANDLE);
-                r = cu->IpcOpenMemHandle(&m->base, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
-                if (r != CUDA_SUCCESS) {
-                        free(m);
-                        m = NULL;
-                        err = dlx__cuda_fail(cu, r, "cuIpcOpenMemHandle");
-                        goto out;
-                }
-                memcpy(m->key, t->ipc_handle, DLX_CUDA_HANDLE);
-                m->device = device;
-                m->refs = 1;
-                avl_insert(&ipc_cache, &m->node, m->key, cmp_ipc);
+                base = m->base;
         }
         if (t->has_event) {
                 CUevent ev;
@@ -345,19 +386,16 @@ int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, void *stream, s
                 if (err == 0 && (r = cu->StreamWaitEvent(stream, ev, 0)) != CUDA_SUCCESS)
                         err = dlx__cuda_fail(cu, r, "cuStreamWaitEvent");
                 if (err < 0) {
-                        m->refs--;
-                        if (m->refs == 0) {
-                                avl_remove(&ipc_cache, &m->node);
-                                cu->IpcCloseMemHandle(m->base);
-                                free(m);
-                        }
+                        if (m)
+                                ipc_unref_now(cu, m);
                         goto out;
                 }
         }
         ret->device = device;
         ret->stream = stream;
         ret->ipc = m;
-        *ret_data = (void *)(uintptr_t)(m->base + t->offset);
+        ret->vmm = vmm;
+        *ret_data = (void *)(uintptr_t)(base + t->offset);
 out:
         pthread_mutex_unlock(&cache_lock);
         dlx__cuda_leave(cu);
@@ -394,6 +432,8 @@ void dlx__gpu_release(dlx_client *c, struct gpu_acq *acq, struct wire_request *r
         if (!req->release.has_event)
                 dlx__log(c, DLX_LOG_WARNING,
                          "no release event recorded: the producer cannot wait for this reader");
+        if (acq->vmm && e)
+                acq->vmm->last_reader = e->ev; /* unmapping waits for it */
         pthread_mutex_lock(&cache_lock);
         if (m && --m->refs == 0) {
                 avl_remove(&ipc_cache, &m->node);
@@ -405,6 +445,171 @@ void dlx__gpu_release(dlx_client *c, struct gpu_acq *acq, struct wire_request *r
         sweep_closing(cu);
         pthread_mutex_unlock(&cache_lock);
         acq->ipc = NULL;
+        acq->vmm = NULL;
+        dlx__cuda_leave(cu);
+}
+
+/* ---- VMM ------------------------------------------------------------------------------- */
+
+static void vmm_prop(CUmemAllocationProp *prop, int device)
+{
+        memset(prop, 0, sizeof(*prop));
+        prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop->location.id = device;
+}
+
+/* Reserves, maps and grants access to a VMM handle; returns the address in *ret. */
+static int vmm_map(const struct dlx_cuda_driver *cu, CUmemGenericAllocationHandle h, uint64_t size,
+                   int device, bool writable, CUdeviceptr *ret)
+{
+        CUmemAccessDesc access = {
+                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = device},
+                .flags = writable ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                                  : CU_MEM_ACCESS_FLAGS_PROT_READ,
+        };
+        CUdeviceptr ptr;
+        CUresult r;
+
+        r = cu->MemAddressReserve(&ptr, size, 0, 0, 0);
+        if (r != CUDA_SUCCESS)
+                return dlx__cuda_fail(cu, r, "cuMemAddressReserve");
+        r = cu->MemMap(ptr, size, 0, h, 0);
+        if (r != CUDA_SUCCESS) {
+                cu->MemAddressFree(ptr, size);
+                return dlx__cuda_fail(cu, r, "cuMemMap");
+        }
+        r = cu->MemSetAccess(ptr, size, &access, 1);
+        if (r != CUDA_SUCCESS) {
+                cu->MemUnmap(ptr, size);
+                cu->MemAddressFree(ptr, size);
+                return dlx__cuda_fail(cu, r, "cuMemSetAccess");
+        }
+        *ret = ptr;
+        return 0;
+}
+
+int dlx__gpu_vmm_create(dlx_client *c, int device, uint64_t size, struct dlx_gpu_vmm *ret)
+{
+        const struct dlx_cuda_driver *cu;
+        CUmemAllocationProp prop;
+        CUmemGenericAllocationHandle h;
+        size_t gran = 0;
+        CUdeviceptr ptr;
+        CUresult r;
+        int fd = -1, err;
+
+        (void)c;
+        err = device_ok(device);
+        if (err == 0)
+                err = dlx__cuda(&cu);
+        if (err == 0)
+                err = dlx__cuda_enter(cu, device);
+        if (err < 0)
+                return err;
+        vmm_prop(&prop, device);
+        r = cu->MemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+        if (r != CUDA_SUCCESS || gran == 0) {
+                err = dlx__cuda_fail(cu, r ? r : CUDA_ERROR_NOT_SUPPORTED,
+                                     "cuMemGetAllocationGranularity");
+                goto out;
+        }
+        size = (size + gran - 1) / gran * gran;
+        r = cu->MemCreate(&h, size, &prop, 0);
+        if (r != CUDA_SUCCESS) {
+                err = dlx__cuda_fail(cu, r, "cuMemCreate (POSIX fd shareable)");
+                goto out;
+        }
+        r = cu->MemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        if (r != CUDA_SUCCESS) {
+                cu->MemRelease(h);
+                err = dlx__cuda_fail(cu, r, "cuMemExportToShareableHandle");
+                goto out;
+        }
+        err = vmm_map(cu, h, size, device, true, &ptr);
+        if (err < 0) {
+                close(fd);
+                cu->MemRelease(h);
+                goto out;
+        }
+        ret->fd = fd;
+        ret->handle = h;
+        ret->ptr = ptr;
+        ret->size = size;
+        ret->device = device;
+out:
+        dlx__cuda_leave(cu);
+        return err;
+}
+
+void dlx__gpu_vmm_destroy(struct dlx_gpu_vmm *v)
+{
+        const struct dlx_cuda_driver *cu;
+
+        if (dlx__cuda(&cu) < 0 || dlx__cuda_enter(cu, v->device) < 0)
+                return;
+        cu->MemUnmap(v->ptr, v->size);
+        cu->MemAddressFree(v->ptr, v->size);
+        cu->MemRelease(v->handle);
+        dlx__cuda_leave(cu);
+}
+
+int dlx__gpu_vmm_map(struct seg_map *m, int fd, bool writable)
+{
+        const struct dlx_cuda_driver *cu;
+        CUdeviceptr ptr;
+        CUresult r;
+        int err;
+
+        err = device_ok(m->device);
+        if (err == 0)
+                err = dlx__cuda(&cu);
+        if (err == 0)
+                err = dlx__cuda_enter(cu, m->device);
+        if (err < 0)
+                return err;
+        if (!m->vmm_handle) {
+                CUmemGenericAllocationHandle h;
+                r = cu->MemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
+                                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+                if (r != CUDA_SUCCESS) {
+                        err = dlx__cuda_fail(cu, r, "cuMemImportFromShareableHandle");
+                        goto out;
+                }
+                m->vmm_handle = h;
+        }
+        err = vmm_map(cu, m->vmm_handle, m->size, m->device, writable, &ptr);
+        if (err == 0) {
+                if (writable)
+                        m->rw = (uint8_t *)(uintptr_t)ptr;
+                else
+                        m->ro = (uint8_t *)(uintptr_t)ptr;
+        }
+out:
+        dlx__cuda_leave(cu);
+        return err;
+}
+
+void dlx__gpu_vmm_unmap(struct seg_map *m)
+{
+        const struct dlx_cuda_driver *cu;
+
+        if (dlx__cuda(&cu) < 0 || dlx__cuda_enter(cu, m->device) < 0)
+                return;
+        /* the last reader's queued work must not find its memory gone */
+        if (m->last_reader)
+                cu->EventSynchronize(m->last_reader);
+        if (m->ro) {
+                cu->MemUnmap((CUdeviceptr)(uintptr_t)m->ro, m->size);
+                cu->MemAddressFree((CUdeviceptr)(uintptr_t)m->ro, m->size);
+        }
+        if (m->rw) {
+                cu->MemUnmap((CUdeviceptr)(uintptr_t)m->rw, m->size);
+                cu->MemAddressFree((CUdeviceptr)(uintptr_t)m->rw, m->size);
+        }
+        if (m->vmm_handle)
+                cu->MemRelease(m->vmm_handle);
         dlx__cuda_leave(cu);
 }
 

@@ -13,7 +13,30 @@
 
 #include "internal.h"
 
+/* A VMM allocation of ours: exported fd, handle, and its mapping on this side. */
+struct dlx_gpu_vmm {
+        int fd;
+        uint64_t handle;
+        uint64_t ptr;
+        uint64_t size;
+        int device;
+};
+
 #ifdef DLX_HAVE_CUDA
+
+/*
+ * Creates a shareable VMM allocation of at least size bytes on device (rounded
+ * to the driver's granularity), mapped read-write here, with its POSIX fd
+ * exported. Lock not needed.
+ */
+DLX_HIDDEN int dlx__gpu_vmm_create(dlx_client *c, int device, uint64_t size,
+                                   struct dlx_gpu_vmm *ret);
+/* Undoes dlx__gpu_vmm_create() (the fd is the caller's to close). */
+DLX_HIDDEN void dlx__gpu_vmm_destroy(struct dlx_gpu_vmm *v);
+/* Imports a received VMM fd (borrowed) into m and maps it with the access asked for. */
+DLX_HIDDEN int dlx__gpu_vmm_map(struct seg_map *m, int fd, bool writable);
+/* Unmaps and releases m's VMM memory, once its last reader's work is done. */
+DLX_HIDDEN void dlx__gpu_vmm_unmap(struct seg_map *m);
 
 /*
  * Describes a kDLCUDA tensor for publishing: its allocation's IPC handle and
@@ -21,7 +44,7 @@
  * the client's current one). Fills req's tensor storage fields and *ret.
  * Returns 0 or -errno (-ENODEV without a driver).
  */
-DLX_HIDDEN int dlx__gpu_publish(dlx_client *c, const DLTensor *t, void *stream,
+DLX_HIDDEN int dlx__gpu_publish(dlx_client *c, const DLTensor *t, struct seg_map *vmm, void *stream,
                                 struct wire_request *req, struct gpu_pub *ret);
 /* The publish failed: give back what dlx__gpu_publish() took. */
 DLX_HIDDEN void dlx__gpu_publish_undo(dlx_client *c, struct gpu_pub *pub);
@@ -37,8 +60,8 @@ DLX_HIDDEN void dlx__gpu_released(dlx_client *c, struct gpu_pub *pub,
  * process) and makes stream wait for the producer's event. *ret_data is the
  * device pointer of the tensor's data.
  */
-DLX_HIDDEN int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, void *stream,
-                                struct gpu_acq *ret, void **ret_data);
+DLX_HIDDEN int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, struct seg_map *vmm,
+                                void *stream, struct gpu_acq *ret, void **ret_data);
 /* Records the consumer's release event into req (when it can) and drops the IPC reference. */
 DLX_HIDDEN void dlx__gpu_release(dlx_client *c, struct gpu_acq *acq, struct wire_request *req);
 
@@ -59,10 +82,29 @@ DLX_HIDDEN void dlx__gpu_final(dlx_client *c);
 
 #else
 
-static inline int dlx__gpu_publish(dlx_client *c, const DLTensor *t, void *stream,
-                                   struct wire_request *req, struct gpu_pub *ret)
+static inline int dlx__gpu_vmm_create(dlx_client *c, int device, uint64_t size,
+                                      struct dlx_gpu_vmm *ret)
 {
-        (void)c, (void)t, (void)stream, (void)req, (void)ret;
+        (void)c, (void)device, (void)size, (void)ret;
+        return dlx__fail(-ENOTSUP, "libdlx was built without CUDA");
+}
+static inline void dlx__gpu_vmm_destroy(struct dlx_gpu_vmm *v)
+{
+        (void)v;
+}
+static inline int dlx__gpu_vmm_map(struct seg_map *m, int fd, bool writable)
+{
+        (void)m, (void)fd, (void)writable;
+        return dlx__fail(-ENOTSUP, "libdlx was built without CUDA");
+}
+static inline void dlx__gpu_vmm_unmap(struct seg_map *m)
+{
+        (void)m;
+}
+static inline int dlx__gpu_publish(dlx_client *c, const DLTensor *t, struct seg_map *vmm,
+                                   void *stream, struct wire_request *req, struct gpu_pub *ret)
+{
+        (void)c, (void)t, (void)vmm, (void)stream, (void)req, (void)ret;
         return dlx__fail(-ENOTSUP, "libdlx was built without CUDA");
 }
 static inline void dlx__gpu_publish_undo(dlx_client *c, struct gpu_pub *pub)
@@ -74,10 +116,10 @@ static inline void dlx__gpu_released(dlx_client *c, struct gpu_pub *pub,
 {
         (void)c, (void)pub, (void)events, (void)nevents;
 }
-static inline int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, void *stream,
-                                   struct gpu_acq *ret, void **ret_data)
+static inline int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, struct seg_map *vmm,
+                                   void *stream, struct gpu_acq *ret, void **ret_data)
 {
-        (void)c, (void)t, (void)stream, (void)ret, (void)ret_data;
+        (void)c, (void)t, (void)vmm, (void)stream, (void)ret, (void)ret_data;
         return dlx__fail(-ENOTSUP, "libdlx was built without CUDA");
 }
 static inline void dlx__gpu_release(dlx_client *c, struct gpu_acq *acq, struct wire_request *req)

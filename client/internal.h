@@ -43,6 +43,10 @@ struct seg_map {
         struct seg_map *idle_prev, *idle_next; /* idle LRU while refs == 0 */
         struct arena_seg *arena;               /* set while this client's allocator uses it */
         bool host_registered;                  /* pinned with the CUDA driver (cuda-host) */
+        uint32_t kind;                         /* enum wire_storage of the segment */
+        int device;                            /* cuda-vmm: the device it is mapped on */
+        uint64_t vmm_handle;                   /* cuda-vmm: the imported or created handle */
+        void *last_reader;                     /* cuda-vmm: event of the last release */
 };
 
 /* A reply being waited for by one caller. */
@@ -73,7 +77,8 @@ struct gpu_pub {
 struct gpu_acq {
         int device;
         void *stream;        /* the consumer's stream: release is recorded on it */
-        struct gpu_ipc *ipc; /* the opened IPC allocation, one reference */
+        struct gpu_ipc *ipc; /* the opened IPC allocation, one reference; NULL for VMM */
+        struct seg_map *vmm; /* the VMM mapping (its reference is the tensor's) */
 };
 
 /* A tensor this client published zero-copy, kept until the daemon says RELEASED. */
@@ -171,8 +176,8 @@ DLX_HIDDEN struct seg_map *dlx__map_find(dlx_client *c, uint64_t id);
  * needed mode is missing, else revives the cached one. Takes one reference.
  * Lock held. Returns 0 or -errno.
  */
-DLX_HIDDEN int dlx__map_get(dlx_client *c, uint64_t id, uint64_t size, int fd, bool writable,
-                            struct seg_map **ret);
+DLX_HIDDEN int dlx__map_get(dlx_client *c, uint64_t id, uint32_t kind, int device, uint64_t size,
+                            int fd, bool writable, struct seg_map **ret);
 DLX_HIDDEN void dlx__map_unref(dlx_client *c, struct seg_map *m);
 DLX_HIDDEN void dlx__map_gone(dlx_client *c, uint64_t id);
 DLX_HIDDEN void dlx__map_forgotten(dlx_client *c, uint64_t forget_id);
@@ -183,15 +188,16 @@ DLX_HIDDEN void dlx__maps_final(dlx_client *c);
 
 /* The allocator. alloc takes the lock itself (it may ask the daemon for a segment);
  * free is called with the lock held. Each chunk holds one reference on its map. */
-DLX_HIDDEN int dlx__arena_alloc(dlx_client *c, uint64_t bytes, struct seg_map **ret_map,
-                                uint64_t *ret_offset);
+DLX_HIDDEN int dlx__arena_alloc(dlx_client *c, uint32_t kind, int device, uint64_t bytes,
+                                struct seg_map **ret_map, uint64_t *ret_offset);
 DLX_HIDDEN void dlx__arena_free(dlx_client *c, struct seg_map *m, uint64_t offset, uint64_t bytes);
 /*
  * The allocator segment holding the bytes [data + lo, data + hi) and data
  * itself, or NULL: memory any tensor (a dlx_alloc() result or a framework view
  * of one) can be published from without a copy. Lock held.
  */
-DLX_HIDDEN struct seg_map *dlx__arena_find(dlx_client *c, const void *data, int64_t lo, int64_t hi);
+DLX_HIDDEN struct seg_map *dlx__arena_find(dlx_client *c, uint32_t kind, const void *data,
+                                           int64_t lo, int64_t hi);
 
 /* ---- tensor.c ---- */
 DLX_HIDDEN void dlx__info_from_wire(const struct wire_info *w, struct dlx_info *info);

@@ -45,6 +45,8 @@ struct arena_range {
 struct arena_seg {
         struct arena_seg *next;
         struct seg_map *map;
+        uint32_t kind; /* memfd, cuda-host (a pinned memfd) or cuda-vmm */
+        int device;
         uint64_t size;
         uint64_t used;
         struct arena_range *free; /* sorted by offset, coalesced */
@@ -80,17 +82,24 @@ static void idle_remove(dlx_client *c, struct seg_map *m)
 static void map_destroy(dlx_client *c, struct seg_map *m)
 {
         idle_remove(c, m);
-        dlx__gpu_unregister_host(m);
         avl_remove(&c->maps, &m->node);
-        if (m->ro)
-                munmap(m->ro, m->size);
-        if (m->rw)
-                munmap(m->rw, m->size);
+        if (m->kind == WIRE_STORAGE_CUDA_VMM) {
+                dlx__gpu_vmm_unmap(m);
+        } else {
+                dlx__gpu_unregister_host(m);
+                if (m->ro)
+                        munmap(m->ro, m->size);
+                if (m->rw)
+                        munmap(m->rw, m->size);
+        }
         free(m);
 }
 
 static int map_mode(struct seg_map *m, int fd, bool writable)
 {
+        if (m->kind == WIRE_STORAGE_CUDA_VMM)
+                return dlx__gpu_vmm_map(m, fd, writable);
+
         void *p = mmap(NULL, m->size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd,
                        0);
 
@@ -103,8 +112,8 @@ static int map_mode(struct seg_map *m, int fd, bool writable)
         return 0;
 }
 
-int dlx__map_get(dlx_client *c, uint64_t id, uint64_t size, int fd, bool writable,
-                 struct seg_map **ret)
+int dlx__map_get(dlx_client *c, uint64_t id, uint32_t kind, int device, uint64_t size, int fd,
+                 bool writable, struct seg_map **ret)
 {
         struct seg_map *m = dlx__map_find(c, id);
         bool have;
@@ -124,7 +133,14 @@ int dlx__map_get(dlx_client *c, uint64_t id, uint64_t size, int fd, bool writabl
                 }
                 m->id = id;
                 m->size = size;
+                /* a cuda-host segment is a memfd like any other until a tensor pins it */
+                m->kind = kind == WIRE_STORAGE_CUDA_VMM ? kind : WIRE_STORAGE_MEMFD;
+                m->device = device;
                 avl_insert(&c->maps, &m->node, &m->id, cmp_map);
+        } else if ((m->kind == WIRE_STORAGE_CUDA_VMM) != (kind == WIRE_STORAGE_CUDA_VMM)) {
+                if (fd >= 0)
+                        close(fd);
+                return -EPROTO; /* one segment cannot be both host and device memory */
         }
         have = writable ? m->rw != NULL : (m->ro || m->rw);
         if (fd >= 0) {
@@ -266,13 +282,91 @@ static uint64_t carve(struct arena_seg *a, uint64_t n)
         return UINT64_MAX;
 }
 
-int dlx__arena_alloc(dlx_client *c, uint64_t bytes, struct seg_map **ret_map, uint64_t *ret_offset)
+/*
+ * A new segment for the allocator, with one reference: from the daemon (a
+ * memfd, pinned with the driver for cuda-host), or a VMM allocation of ours
+ * registered with the daemon by its exported fd.
+ */
+static int arena_segment(dlx_client *c, uint32_t kind, int device, uint64_t size,
+                         struct seg_map **ret)
+{
+        struct wire_request req = {.type = WIRE_REQ_ALLOC};
+        struct dlx_gpu_vmm v;
+        struct seg_map *m;
+        struct pending p;
+        int err;
+
+        if (kind != WIRE_STORAGE_CUDA_VMM) {
+                req.alloc.size = size;
+                err = dlx__call(c, &req, -1, &p);
+                if (err == 0 && (!p.map || !p.map->rw || p.rep.type != WIRE_REP_ALLOC))
+                        err = dlx__fail(-EPROTO, "alloc reply without a usable segment");
+                m = p.map;
+                p.map = NULL;
+                if (err == 0 && kind == WIRE_STORAGE_CUDA_HOST) {
+                        pthread_mutex_lock(&c->lock);
+                        err = dlx__gpu_register_host(c, m);
+                        pthread_mutex_unlock(&c->lock);
+                        if (err < 0) {
+                                struct wire_request fr = {.type = WIRE_REQ_FREE};
+                                fr.free.segment = m->id;
+                                pthread_mutex_lock(&c->lock);
+                                dlx__send(c, &fr, -1);
+                                dlx__map_unref(c, m);
+                                pthread_mutex_unlock(&c->lock);
+                        }
+                }
+                dlx__pending_done(c, &p);
+                if (err == 0)
+                        *ret = m;
+                return err;
+        }
+
+        err = dlx__gpu_vmm_create(c, device, size, &v);
+        if (err < 0)
+                return err;
+        req.alloc.size = v.size;
+        req.alloc.storage = WIRE_STORAGE_CUDA_VMM;
+        err = dlx__call(c, &req, v.fd, &p);
+        close(v.fd);
+        if (err == 0 && p.rep.type != WIRE_REP_ALLOC)
+                err = dlx__fail(-EPROTO, "alloc reply without a segment");
+        m = err == 0 ? calloc(1, sizeof(*m)) : NULL;
+        if (err == 0 && !m)
+                err = dlx__fail(-ENOMEM, "out of memory");
+        if (err == 0) {
+                m->id = p.rep.alloc.segment;
+                m->size = v.size;
+                m->kind = WIRE_STORAGE_CUDA_VMM;
+                m->device = device;
+                m->vmm_handle = v.handle;
+                m->rw = (uint8_t *)(uintptr_t)v.ptr;
+                m->refs = 1;
+                pthread_mutex_lock(&c->lock);
+                if (avl_insert(&c->maps, &m->node, &m->id, cmp_map)) {
+                        free(m);
+                        m = NULL;
+                        err = dlx__fail(-EPROTO, "the daemon reused segment id %llu",
+                                        (unsigned long long)p.rep.alloc.segment);
+                }
+                pthread_mutex_unlock(&c->lock);
+        }
+        dlx__pending_done(c, &p);
+        if (err < 0) {
+                dlx__gpu_vmm_destroy(&v);
+                return err;
+        }
+        *ret = m;
+        return 0;
+}
+
+int dlx__arena_alloc(dlx_client *c, uint32_t kind, int device, uint64_t bytes,
+                     struct seg_map **ret_map, uint64_t *ret_offset)
 {
         uint64_t n = round_up(bytes ? bytes : 1, ARENA_ALIGN), off;
-        struct wire_request req = {.type = WIRE_REQ_ALLOC};
         struct arena_seg *a;
         struct arena_range *r;
-        struct pending p;
+        struct seg_map *m = NULL;
         int err;
 
         if (bytes > DLX_MAX_SEGMENT)
@@ -280,6 +374,8 @@ int dlx__arena_alloc(dlx_client *c, uint64_t bytes, struct seg_map **ret_map, ui
                                  (unsigned long long)bytes);
         pthread_mutex_lock(&c->lock);
         for (a = c->arena; a; a = a->next) {
+                if (a->kind != kind || a->device != device)
+                        continue;
                 off = carve(a, n);
                 if (off != UINT64_MAX) {
                         a->map->refs++;
@@ -289,54 +385,58 @@ int dlx__arena_alloc(dlx_client *c, uint64_t bytes, struct seg_map **ret_map, ui
                         return 0;
                 }
         }
-        pthread_mutex_unlock(&c->lock);
-
-        pthread_mutex_lock(&c->lock);
         uint64_t want = ARENA_SEGMENT_MIN << (c->arena_grown < 8 ? c->arena_grown : 8);
         if (want > ARENA_SEGMENT_MAX)
                 want = ARENA_SEGMENT_MAX;
         c->arena_grown++;
         pthread_mutex_unlock(&c->lock);
-        req.alloc.size = n > want ? round_up(n, ARENA_ROUND) : want;
-        err = dlx__call(c, &req, -1, &p);
-        if (err == 0 && (!p.map || !p.map->rw || p.rep.type != WIRE_REP_ALLOC))
-                err = dlx__fail(-EPROTO, "alloc reply without a usable segment");
-        a = err == 0 ? calloc(1, sizeof(*a)) : NULL;
-        r = a ? calloc(1, sizeof(*r)) : NULL;
-        if (!r) {
-                free(a);
-                if (err == 0)
-                        err = dlx__fail(-ENOMEM, "out of memory");
-                dlx__pending_done(c, &p);
+
+        err = arena_segment(c, kind, device, n > want ? round_up(n, ARENA_ROUND) : want, &m);
+        if (err < 0)
                 return err;
-        }
+        a = calloc(1, sizeof(*a));
+        r = a ? calloc(1, sizeof(*r)) : NULL;
         pthread_mutex_lock(&c->lock);
-        a->map = p.map; /* the reply's reference becomes the allocator's */
-        p.map = NULL;
-        a->size = p.rep.alloc.size;
-        a->map->arena = a;
+        if (!r) {
+                struct wire_request fr = {.type = WIRE_REQ_FREE};
+                free(a);
+                fr.free.segment = m->id;
+                dlx__send(c, &fr, -1);
+                dlx__map_unref(c, m);
+                pthread_mutex_unlock(&c->lock);
+                return dlx__fail(-ENOMEM, "out of memory");
+        }
+        a->map = m; /* the segment's reference becomes the allocator's */
+        a->size = m->size;
+        a->kind = kind;
+        a->device = device;
+        m->arena = a;
         r->off = 0;
         r->len = a->size;
         a->free = r;
         off = carve(a, n);
-        a->map->refs++;
+        m->refs++;
         a->next = c->arena;
         c->arena = a;
-        *ret_map = a->map;
+        *ret_map = m;
         *ret_offset = off;
         pthread_mutex_unlock(&c->lock);
-        dlx__pending_done(c, &p);
         return 0;
 }
 
-struct seg_map *dlx__arena_find(dlx_client *c, const void *data, int64_t lo, int64_t hi)
+struct seg_map *dlx__arena_find(dlx_client *c, uint32_t kind, const void *data, int64_t lo,
+                                int64_t hi)
 {
         uintptr_t p = (uintptr_t)data;
+        bool device = kind == WIRE_STORAGE_CUDA_VMM;
 
         for (struct arena_seg *a = c->arena; a; a = a->next) {
                 uintptr_t base = (uintptr_t)a->map->rw;
                 uint64_t off;
 
+                /* host tensors may come from either host arena; device ones from VMM only */
+                if ((a->kind == WIRE_STORAGE_CUDA_VMM) != device)
+                        continue;
                 if (p < base || p - base > a->size)
                         continue;
                 off = p - base;

@@ -81,11 +81,14 @@ static int build_acquired(dlx_client *c, struct pending *p, void *stream,
         uint8_t *data;
         int err;
 
-        if (t->storage == WIRE_STORAGE_CUDA_IPC) {
+        if (t->storage == WIRE_STORAGE_CUDA_IPC || t->storage == WIRE_STORAGE_CUDA_VMM) {
                 if (!stream)
                         stream = dlx__gpu_stream(c, t->device_id);
+                if (m && (t->offset > m->size || t->length > m->size - t->offset))
+                        return dlx__fail(-EPROTO, "the daemon described '%s' outside its segment",
+                                         t->name);
                 pthread_mutex_lock(&c->lock);
-                err = dlx__gpu_acquire(c, t, stream, &gpu, (void **)&data);
+                err = dlx__gpu_acquire(c, t, m, stream, &gpu, (void **)&data);
                 pthread_mutex_unlock(&c->lock);
                 if (err < 0)
                         return err;
@@ -105,7 +108,7 @@ static int build_acquired(dlx_client *c, struct pending *p, void *stream,
         }
         a = calloc(1, sizeof(*a) + 2 * (size_t)t->ndim * sizeof(int64_t));
         if (!a) {
-                if (gpu.ipc) {
+                if (gpu.ipc || gpu.vmm) {
                         struct wire_request ignored = {.type = WIRE_REQ_RELEASE};
                         pthread_mutex_lock(&c->lock);
                         dlx__gpu_release(c, &gpu, &ignored);
@@ -115,7 +118,7 @@ static int build_acquired(dlx_client *c, struct pending *p, void *stream,
         }
         a->c = c;
         a->map = m;
-        a->has_gpu = gpu.ipc != NULL;
+        a->has_gpu = gpu.ipc != NULL || gpu.vmm != NULL;
         a->gpu = gpu;
         a->lease = p->rep.acquire.lease;
         a->version = t->version;
@@ -170,7 +173,8 @@ int dlx_acquire(dlx_client *c, const char *name, const struct dlx_acquire_option
                 err = dlx__fail(-EPROTO, "the daemon answered acquire with something else");
         if (err == 0 && p.rep.acquire.tensor.storage != WIRE_STORAGE_MEMFD &&
             p.rep.acquire.tensor.storage != WIRE_STORAGE_CUDA_HOST &&
-            p.rep.acquire.tensor.storage != WIRE_STORAGE_CUDA_IPC)
+            p.rep.acquire.tensor.storage != WIRE_STORAGE_CUDA_IPC &&
+            p.rep.acquire.tensor.storage != WIRE_STORAGE_CUDA_VMM)
                 err = dlx__fail(-ENOTSUP, "'%s' is shared as %s, which this build cannot map", name,
                                 wire_storage_name(p.rep.acquire.tensor.storage));
         if (err == 0)
@@ -229,9 +233,22 @@ int dlx_alloc(dlx_client *c, const DLTensor *proto, DLManagedTensorVersioned **r
         dlx__clear_error();
         if (!c || !proto || !ret_tensor)
                 return dlx__fail(-EINVAL, "NULL argument");
-        if (proto->device.device_type != kDLCPU)
+        uint32_t kind;
+        switch (proto->device.device_type) {
+        case kDLCPU:
+                kind = WIRE_STORAGE_MEMFD;
+                break;
+        case kDLCUDAHost:
+                kind = WIRE_STORAGE_CUDA_HOST; /* a memfd pinned with the driver */
+                break;
+        case kDLCUDA:
+                kind = WIRE_STORAGE_CUDA_VMM; /* device memory exported as a POSIX fd */
+                break;
+        default:
                 return dlx__fail(-ENOTSUP, "dlx_alloc: device type %d is not supported",
                                  (int)proto->device.device_type);
+        }
+        int device = proto->device.device_type == kDLCPU ? 0 : proto->device.device_id;
         if (proto->ndim < 0 || proto->ndim > DLX_MAX_NDIM || (proto->ndim && !proto->shape))
                 return dlx__fail(-EINVAL, "dlx_alloc: bad ndim %d or NULL shape", (int)proto->ndim);
         if (layout_dtype_check(proto->dtype, &why) < 0)
@@ -247,7 +264,7 @@ int dlx_alloc(dlx_client *c, const DLTensor *proto, DLManagedTensorVersioned **r
         a = calloc(1, sizeof(*a) + 2 * (size_t)proto->ndim * sizeof(int64_t));
         if (!a)
                 return dlx__fail(-ENOMEM, "out of memory");
-        err = dlx__arena_alloc(c, bytes, &m, &off);
+        err = dlx__arena_alloc(c, kind, device, bytes, &m, &off);
         if (err < 0) {
                 free(a);
                 return err;
@@ -266,8 +283,8 @@ int dlx_alloc(dlx_client *c, const DLTensor *proto, DLManagedTensorVersioned **r
         a->mt.deleter = allocated_deleter;
         a->mt.flags = 0;
         a->mt.dl_tensor.data = m->rw + off;
-        a->mt.dl_tensor.device.device_type = kDLCPU;
-        a->mt.dl_tensor.device.device_id = 0;
+        a->mt.dl_tensor.device.device_type = proto->device.device_type;
+        a->mt.dl_tensor.device.device_id = device;
         a->mt.dl_tensor.ndim = proto->ndim;
         a->mt.dl_tensor.dtype = proto->dtype;
         a->mt.dl_tensor.shape = proto->ndim ? a->dims : NULL;
@@ -406,11 +423,13 @@ int dlx_publish(dlx_client *c, const char *name, DLManagedTensorVersioned *tenso
         req.publish.persist = o.persist;
 
         pthread_mutex_lock(&c->lock);
-        /* any host tensor whose bytes lie in our allocator's memory goes as is */
-        if (o.copy != DLX_COPY_ALWAYS && t->data && t->device.device_type != kDLCUDA)
-                map = dlx__arena_find(c, t->data, lo, hi);
-        /* device memory always goes as is, through its allocation's IPC handle */
-        bool zero_copy = map != NULL || t->device.device_type == kDLCUDA;
+        bool cuda = t->device.device_type == kDLCUDA;
+        /* any tensor whose bytes lie in our allocator's memory goes as is */
+        if (o.copy != DLX_COPY_ALWAYS && t->data)
+                map = dlx__arena_find(c, cuda ? WIRE_STORAGE_CUDA_VMM : WIRE_STORAGE_MEMFD, t->data,
+                                      lo, hi);
+        /* other device memory goes as is too, through its allocation's IPC handle */
+        bool zero_copy = map != NULL || cuda;
         if (zero_copy) {
                 h = calloc(1, sizeof(*h));
                 if (!h) {
@@ -418,13 +437,13 @@ int dlx_publish(dlx_client *c, const char *name, DLManagedTensorVersioned *tenso
                         err = dlx__fail(-ENOMEM, "out of memory");
                         goto out_delete;
                 }
-                if (map) {
+                if (!cuda) {
                         w->offset = (uint64_t)((const uint8_t *)t->data - map->rw);
                         w->segment = map->id;
                 } else {
                         void *stream =
                                 o.stream ? o.stream : dlx__gpu_stream(c, t->device.device_id);
-                        err = dlx__gpu_publish(c, t, stream, &req, &h->gpu);
+                        err = dlx__gpu_publish(c, t, map, stream, &req, &h->gpu);
                         if (err < 0) {
                                 pthread_mutex_unlock(&c->lock);
                                 free(h);

@@ -72,7 +72,7 @@ enum dispatch_result dispatch_frame(struct session *s, struct frame *f)
                 session_fail(s, req.id, -EPROTO, "%s before hello", wire_request_name(req.type));
                 return DISPATCH_CLOSE;
         }
-        if (f->nfds > (req.type == WIRE_REQ_PUBLISH ? 1u : 0u)) {
+        if (f->nfds > (req.type == WIRE_REQ_PUBLISH || req.type == WIRE_REQ_ALLOC ? 1u : 0u)) {
                 frame_close_fds(f);
                 session_fail(s, req.id, -EPROTO, "%u fds attached to a %s request", f->nfds,
                              wire_request_name(req.type));
@@ -111,7 +111,7 @@ enum dispatch_result dispatch_frame(struct session *s, struct frame *f)
                 registry_unwatch(s, &req);
                 break;
         case WIRE_REQ_ALLOC:
-                registry_alloc(s, &req);
+                registry_alloc(s, &req, fd);
                 break;
         case WIRE_REQ_FREE:
                 registry_free(s, &req);

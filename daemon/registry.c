@@ -1026,16 +1026,30 @@ void registry_unwatch(struct session *s, const struct wire_request *req)
         session_fail(s, req->id, -ENOENT, "no watch %llu", (unsigned long long)req->unwatch.watch);
 }
 
-void registry_alloc(struct session *s, const struct wire_request *req)
+void registry_alloc(struct session *s, const struct wire_request *req, int fd)
 {
         struct registry *reg = s->reg;
+        uint32_t storage = req->alloc.storage;
+        const char *reason = NULL;
         struct segment *seg;
         struct wire_reply rep;
         struct hold *h;
         struct known *k;
         int err;
 
-        err = store_alloc(reg->store, req->alloc.size, s->uid, &seg);
+        if (fd >= 0 ? storage != WIRE_STORAGE_CUDA_VMM
+                    : storage != WIRE_STORAGE_UNSPECIFIED && storage != WIRE_STORAGE_MEMFD) {
+                if (fd >= 0)
+                        close(fd);
+                session_fail(s, req->id, -EINVAL,
+                             "alloc: the daemon creates memfd segments; only a cuda-vmm "
+                             "segment comes with its fd");
+                return;
+        }
+        if (fd >= 0)
+                err = store_adopt(reg->store, fd, storage, req->alloc.size, s->uid, &seg, &reason);
+        else
+                err = store_alloc(reg->store, req->alloc.size, s->uid, &seg);
         if (err < 0) {
                 if (err == -ENOSPC)
                         session_fail(s, req->id, err,
@@ -1044,7 +1058,8 @@ void registry_alloc(struct session *s, const struct wire_request *req)
                                      (unsigned long long)reg->store->max_bytes);
                 else
                         session_fail(s, req->id, err, "alloc of %llu bytes: %s",
-                                     (unsigned long long)req->alloc.size, strerror(-err));
+                                     (unsigned long long)req->alloc.size,
+                                     reason ? reason : strerror(-err));
                 return;
         }
         h = calloc(1, sizeof(*h));
@@ -1061,7 +1076,8 @@ void registry_alloc(struct session *s, const struct wire_request *req)
         reply_init(&rep, req->id, WIRE_REP_ALLOC);
         rep.alloc.segment = seg->id;
         rep.alloc.size = seg->size;
-        if (session_send(s, &rep, seg->fd) == 0)
+        /* a segment the client brought needs no fd back: it holds one already */
+        if (session_send(s, &rep, fd >= 0 ? -1 : seg->fd) == 0)
                 k->rw = true;
 }
 

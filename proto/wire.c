@@ -420,6 +420,7 @@ static int request_to_pb(const struct wire_request *q, struct request_pb *s)
         case WIRE_REQ_ALLOC:
                 dlxp__alloc__init(&s->alloc);
                 s->alloc.size = q->alloc.size;
+                s->alloc.storage = (Dlxp__Storage)q->alloc.storage;
                 r->body_case = DLXP__REQUEST__BODY_ALLOC;
                 r->alloc = &s->alloc;
                 return 0;
@@ -560,6 +561,7 @@ static int request_from_pb(const Dlxp__Request *r, struct wire_request *q, char 
         case DLXP__REQUEST__BODY_ALLOC:
                 q->type = WIRE_REQ_ALLOC;
                 q->alloc.size = r->alloc->size;
+                q->alloc.storage = (uint32_t)r->alloc->storage;
                 return 0;
         case DLXP__REQUEST__BODY_FREE:
                 q->type = WIRE_REQ_FREE;

@@ -150,6 +150,7 @@ struct wire_request {
                 } unwatch;
                 struct {
                         uint64_t size;
+                        uint32_t storage; /* 0 or MEMFD: the daemon creates it; CUDA_VMM: fd */
                 } alloc;
                 struct {
                         uint64_t segment;

@@ -1151,9 +1151,17 @@ START_TEST(test_rejected_layouts)
         ck_assert_int_eq(deleter_runs, 2);
 
         DLManagedTensorVersioned *t = NULL;
-        DLTensor proto = {.device = {kDLCUDA, 0}, .ndim = 1, .dtype = DT(kDLFloat, 32, 1)};
+        DLTensor proto = {.device = {kDLOpenCL, 0}, .ndim = 1, .dtype = DT(kDLFloat, 32, 1)};
         proto.shape = shape;
         ck_assert_int_eq(dlx_alloc(c, &proto, &t), -ENOTSUP);
+        /* CUDA memory without a driver (or a build without CUDA): refused clearly */
+        proto.device.device_type = kDLCUDA;
+        {
+                int err = dlx_alloc(c, &proto, &t);
+                ck_assert_msg(err == -ENODEV || err == -ENOTSUP, "dlx_alloc(kDLCUDA) gave %d",
+                              err);
+                ck_assert_ptr_null(t);
+        }
         proto.device.device_type = kDLCPU;
         proto.ndim = DLX_MAX_NDIM + 1;
         ck_assert_int_eq(dlx_alloc(c, &proto, &t), -EINVAL);

@@ -487,7 +487,7 @@ static const struct sent *alloc(struct client *c, uint64_t size)
 
         req_init(&req, WIRE_REQ_ALLOC);
         req.alloc.size = size;
-        registry_alloc(c->s, &req);
+        registry_alloc(c->s, &req, -1);
         return reply_for(c, req.id);
 }
 
