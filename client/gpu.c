@@ -51,6 +51,7 @@ struct gpu_ipc {
         int device;
         unsigned refs;
         CUevent done; /* while closing: the last reader's release event */
+        bool own;     /* exported by this process: never opened, never closed */
         struct gpu_ipc *next_closing;
 };
 
@@ -65,6 +66,56 @@ static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct avl_tree ipc_cache;
 static struct avl_tree event_cache;
 static struct gpu_ipc *closing;
+
+/*
+ * What this process exported itself: a process cannot open its own IPC
+ * handles, so a client acquiring what it (or another client in the process)
+ * published uses the original pointer or event instead.
+ */
+struct exported {
+        struct avl_node node;
+        uint8_t key[DLX_CUDA_HANDLE];
+        CUdeviceptr base; /* a memory handle's allocation, or 0 */
+        CUevent ev;       /* an event handle's event, or NULL */
+};
+static struct avl_tree exported;
+
+static int cmp_exported(const void *key, const struct avl_node *n)
+{
+        return memcmp(key, avl_entry(n, struct exported, node)->key, DLX_CUDA_HANDLE);
+}
+
+/* Remembers one of our handles (idempotent). cache_lock held. */
+static void export_note(const uint8_t key[DLX_CUDA_HANDLE], CUdeviceptr base, CUevent ev)
+{
+        struct exported *x;
+
+        if (avl_find(&exported, key, cmp_exported))
+                return;
+        x = calloc(1, sizeof(*x));
+        if (!x)
+                return; /* an own acquire will then fail clearly in the driver */
+        memcpy(x->key, key, DLX_CUDA_HANDLE);
+        x->base = base;
+        x->ev = ev;
+        avl_insert(&exported, &x->node, x->key, cmp_exported);
+}
+
+static void export_forget_event(const uint8_t key[DLX_CUDA_HANDLE])
+{
+        struct avl_node *n = avl_find(&exported, key, cmp_exported);
+
+        if (n) {
+                avl_remove(&exported, n);
+                free(avl_entry(n, struct exported, node));
+        }
+}
+
+static struct exported *export_find(const uint8_t key[DLX_CUDA_HANDLE])
+{
+        struct avl_node *n = avl_find(&exported, key, cmp_exported);
+        return n ? avl_entry(n, struct exported, node) : NULL;
+}
 
 static int cmp_key(const void *key, const uint8_t *node_key)
 {
@@ -110,7 +161,8 @@ static void sweep_closing(const struct dlx_cuda_driver *cu)
                         continue;
                 }
                 *pp = m->next_closing;
-                cu->IpcCloseMemHandle(m->base);
+                if (!m->own)
+                        cu->IpcCloseMemHandle(m->base);
                 free(m);
         }
 }
@@ -126,6 +178,11 @@ static int open_event(const struct dlx_cuda_driver *cu, const uint8_t key[DLX_CU
 
         if (n) {
                 *ret = avl_entry(n, struct opened_event, node)->ev;
+                return 0;
+        }
+        struct exported *x = export_find(key);
+        if (x && x->ev) {
+                *ret = x->ev; /* our own event: wait on it directly */
                 return 0;
         }
         if (event_cache.count >= MAX_OPENED_EVENTS) {
@@ -205,6 +262,9 @@ static int take_event(const struct dlx_cuda_driver *cu, struct gpu_state *g, int
                 free(e);
                 return dlx__cuda_fail(cu, r, "interprocess event");
         }
+        pthread_mutex_lock(&cache_lock);
+        export_note((const uint8_t *)e->handle.reserved, 0, e->ev);
+        pthread_mutex_unlock(&cache_lock);
         *ret = e;
         return 0;
 }
@@ -260,6 +320,9 @@ int dlx__gpu_publish(dlx_client *c, const DLTensor *t, struct seg_map *vmm, void
                 memcpy(w->ipc_handle, h.reserved, DLX_CUDA_HANDLE);
                 w->offset = data - base;
                 req->publish.segment_size = size;
+                pthread_mutex_lock(&cache_lock);
+                export_note(w->ipc_handle, base, NULL);
+                pthread_mutex_unlock(&cache_lock);
         }
         err = take_event(cu, g, device, &e);
         if (err < 0)
@@ -322,11 +385,17 @@ static int ipc_open(const struct dlx_cuda_driver *cu, const struct wire_tensor *
         m = calloc(1, sizeof(*m));
         if (!m)
                 return dlx__fail(-ENOMEM, "out of memory");
-        memcpy(h.reserved, t->ipc_handle, DLX_CUDA_HANDLE);
-        r = cu->IpcOpenMemHandle(&m->base, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
-        if (r != CUDA_SUCCESS) {
-                free(m);
-                return dlx__cuda_fail(cu, r, "cuIpcOpenMemHandle");
+        struct exported *x = export_find(t->ipc_handle);
+        if (x && x->base) {
+                m->base = x->base; /* our own allocation: nothing to open */
+                m->own = true;
+        } else {
+                memcpy(h.reserved, t->ipc_handle, DLX_CUDA_HANDLE);
+                r = cu->IpcOpenMemHandle(&m->base, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+                if (r != CUDA_SUCCESS) {
+                        free(m);
+                        return dlx__cuda_fail(cu, r, "cuIpcOpenMemHandle");
+                }
         }
         memcpy(m->key, t->ipc_handle, DLX_CUDA_HANDLE);
         m->device = t->device_id;
@@ -341,7 +410,8 @@ static void ipc_unref_now(const struct dlx_cuda_driver *cu, struct gpu_ipc *m)
         if (--m->refs > 0)
                 return;
         avl_remove(&ipc_cache, &m->node);
-        cu->IpcCloseMemHandle(m->base);
+        if (!m->own)
+                cu->IpcCloseMemHandle(m->base);
         free(m);
 }
 
@@ -414,6 +484,7 @@ void dlx__gpu_release(dlx_client *c, struct gpu_acq *acq, struct wire_request *r
         if (g) {
                 unsigned i = g->ring_next[acq->device]++ % RELEASE_RING;
                 e = &g->ring[acq->device][i];
+                bool fresh = !e->ev;
                 if (!e->ev &&
                     (cu->EventCreate(&e->ev, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS) !=
                              CUDA_SUCCESS ||
@@ -421,6 +492,11 @@ void dlx__gpu_release(dlx_client *c, struct gpu_acq *acq, struct wire_request *r
                         if (e->ev)
                                 cu->EventDestroy(e->ev);
                         e->ev = NULL;
+                }
+                if (fresh && e->ev) {
+                        pthread_mutex_lock(&cache_lock);
+                        export_note((const uint8_t *)e->handle.reserved, 0, e->ev);
+                        pthread_mutex_unlock(&cache_lock);
                 }
                 if (e->ev && cu->EventRecord(e->ev, acq->stream) == CUDA_SUCCESS) {
                         req->release.has_event = true;
@@ -623,37 +699,46 @@ int dlx__gpu_register_host(dlx_client *c, struct seg_map *m)
         if (m->host_registered)
                 return 0;
         err = dlx__cuda(&cu);
+        if (err == 0)
+                err = dlx__cuda_enter(cu, m->device);
         if (err < 0)
                 return err;
-        /* register the whole mapping, whichever view this tensor uses */
+        /* the whole mapping, whichever view a tensor uses; portable: pinned for every context */
         if (m->ro) {
-                r = cu->MemHostRegister(m->ro, m->size, CU_MEMHOSTREGISTER_PORTABLE);
-                if (r != CUDA_SUCCESS)
-                        return dlx__cuda_fail(cu, r, "cuMemHostRegister");
+                r = cu->MemHostRegister(m->ro, m->size,
+                                        CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_READ_ONLY);
+                if (r != CUDA_SUCCESS) {
+                        err = dlx__cuda_fail(cu, r, "cuMemHostRegister");
+                        goto out;
+                }
         }
         if (m->rw) {
                 r = cu->MemHostRegister(m->rw, m->size, CU_MEMHOSTREGISTER_PORTABLE);
                 if (r != CUDA_SUCCESS) {
                         if (m->ro)
                                 cu->MemHostUnregister(m->ro);
-                        return dlx__cuda_fail(cu, r, "cuMemHostRegister");
+                        err = dlx__cuda_fail(cu, r, "cuMemHostRegister");
+                        goto out;
                 }
         }
         m->host_registered = true;
-        return 0;
+out:
+        dlx__cuda_leave(cu);
+        return err;
 }
 
 void dlx__gpu_unregister_host(struct seg_map *m)
 {
         const struct dlx_cuda_driver *cu;
 
-        if (!m->host_registered || dlx__cuda(&cu) < 0)
+        if (!m->host_registered || dlx__cuda(&cu) < 0 || dlx__cuda_enter(cu, m->device) < 0)
                 return;
         if (m->ro)
                 cu->MemHostUnregister(m->ro);
         if (m->rw)
                 cu->MemHostUnregister(m->rw);
         m->host_registered = false;
+        dlx__cuda_leave(cu);
 }
 
 void dlx__gpu_final(dlx_client *c)
@@ -670,15 +755,21 @@ void dlx__gpu_final(dlx_client *c)
                                 any |= g->ring[d][i].ev != NULL;
                         if (!any || dlx__cuda_enter(cu, d) < 0)
                                 continue;
+                        pthread_mutex_lock(&cache_lock);
                         while (g->pool[d]) {
                                 struct gpu_event *e = g->pool[d];
                                 g->pool[d] = e->next;
+                                export_forget_event((const uint8_t *)e->handle.reserved);
                                 cu->EventDestroy(e->ev);
                                 free(e);
                         }
-                        for (int i = 0; i < RELEASE_RING; i++)
-                                if (g->ring[d][i].ev)
-                                        cu->EventDestroy(g->ring[d][i].ev);
+                        for (int i = 0; i < RELEASE_RING; i++) {
+                                if (!g->ring[d][i].ev)
+                                        continue;
+                                export_forget_event((const uint8_t *)g->ring[d][i].handle.reserved);
+                                cu->EventDestroy(g->ring[d][i].ev);
+                        }
+                        pthread_mutex_unlock(&cache_lock);
                         dlx__cuda_leave(cu);
                 }
         }
