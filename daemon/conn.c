@@ -21,6 +21,8 @@
 #define CONN_READS_PER_WAKEUP 16
 /* Frames coalesced into one sendmsg. */
 #define CONN_IOV_MAX 64
+/* Descriptors one peer may leave unread in its output queue. */
+#define CONN_MAX_QUEUED_FDS 64
 
 struct outbuf {
         struct list link;
@@ -33,10 +35,12 @@ struct outbuf {
 static void conn_flush(struct conn *c);
 static void on_poll(uv_poll_t *h, int status, int events);
 
-static void outbuf_free(struct outbuf *b)
+static void outbuf_free(struct conn *c, struct outbuf *b)
 {
-        if (b->fd >= 0)
+        if (b->fd >= 0) {
                 close(b->fd);
+                c->queued_fds--;
+        }
         free(b);
 }
 
@@ -45,7 +49,7 @@ static void on_closed(uv_handle_t *h)
         struct conn *c = h->data;
         struct list *pos, *tmp;
 
-        list_for_each_safe(pos, tmp, &c->outq) outbuf_free(list_entry(pos, struct outbuf, link));
+        list_for_each_safe(pos, tmp, &c->outq) outbuf_free(c, list_entry(pos, struct outbuf, link));
         frame_reader_done(&c->reader);
         close(c->fd);
         free(c);
@@ -99,18 +103,37 @@ static int conn_send(void *ctx, const struct wire_reply *rep, int fd)
                 conn_doom(c);
                 return -ENOBUFS;
         }
+        if (fd >= 0 && c->queued_fds >= CONN_MAX_QUEUED_FDS) {
+                log_notice("session %llu pid %d uid %u: %d descriptors unread, disconnected",
+                           (unsigned long long)c->session->id, (int)c->session->pid,
+                           (unsigned)c->session->uid, CONN_MAX_QUEUED_FDS);
+                c->close_pending = true;
+                conn_doom(c);
+                return -ENOBUFS;
+        }
         b = malloc(sizeof(*b) + FRAME_HEADER_SIZE + size);
-        if (!b)
-                return -ENOMEM;
-        b->fd = -1;
-        if (fd >= 0) {
-                b->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-                if (b->fd < 0) {
-                        err = -errno;
+        if (b) {
+                b->fd = -1;
+                if (fd >= 0 && (b->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0) {
                         free(b);
-                        return err;
+                        b = NULL;
                 }
         }
+        if (!b) {
+                /*
+                 * A reply we cannot queue must not leave the peer waiting forever
+                 * (nor with a lease it never heard of): end the session instead.
+                 */
+                err = errno ? -errno : -ENOMEM;
+                log_warn("session %llu pid %d uid %u: cannot queue a reply (%s), disconnected",
+                         (unsigned long long)c->session->id, (int)c->session->pid,
+                         (unsigned)c->session->uid, strerror(-err));
+                c->close_pending = true;
+                conn_doom(c);
+                return err;
+        }
+        if (b->fd >= 0)
+                c->queued_fds++;
         frame_header_put(b->data, (uint32_t)size, fd >= 0 ? 1 : 0);
         wire_reply_pack(rep, b->data + FRAME_HEADER_SIZE);
         b->len = FRAME_HEADER_SIZE + size;
@@ -189,12 +212,13 @@ static void conn_flush(struct conn *c)
                                 if (b->fd >= 0) {
                                         close(b->fd);
                                         b->fd = -1;
+                                        c->queued_fds--;
                                 }
                                 break;
                         }
                         n -= (ssize_t)left;
                         list_remove(&b->link);
-                        outbuf_free(b);
+                        outbuf_free(c, b);
                 }
         }
         if (c->closing)
@@ -257,12 +281,17 @@ static void on_poll(uv_poll_t *h, int status, int events)
 
                 if (n == -EAGAIN || n == -EWOULDBLOCK)
                         break;
-                if (n <= 0) {
+                if (n == 0) {
+                        /* the peer is done sending: answer what it asked, then close */
+                        c->close_pending = true;
+                        break;
+                }
+                if (n < 0) {
                         if (n == -EMFILE)
                                 log_notice("session %llu pid %d uid %u: dropped: too many fds",
                                            (unsigned long long)c->session->id, (int)c->session->pid,
                                            (unsigned)c->session->uid);
-                        else if (n < 0 && n != -ECONNRESET)
+                        else if (n != -ECONNRESET)
                                 log_info("session %llu: read failed: %s",
                                          (unsigned long long)c->session->id, strerror((int)-n));
                         conn_close(c);

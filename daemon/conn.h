@@ -27,6 +27,7 @@ struct conn {
         struct frame_reader reader;
         struct list outq; /* struct outbuf */
         size_t outq_bytes;
+        unsigned queued_fds; /* descriptors waiting in outq */
         bool dispatching;   /* replies are coalesced until the batch ends */
         bool close_pending; /* close once the output queue is sent */
         bool closing;
