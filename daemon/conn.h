@@ -28,8 +28,8 @@ struct conn {
         struct list outq; /* struct outbuf */
         size_t outq_bytes;
         unsigned queued_fds; /* descriptors waiting in outq */
-        bool dispatching;   /* replies are coalesced until the batch ends */
-        bool close_pending; /* close once the output queue is sent */
+        bool dispatching;    /* replies are coalesced until the batch ends */
+        bool close_pending;  /* close once the output queue is sent */
         bool closing;
         struct list link;      /* in server.conns */
         struct list doom_link; /* in server.doomed while a close is scheduled */

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -184,6 +185,12 @@ int main(int argc, char **argv)
         }
 
         signal(SIGPIPE, SIG_IGN);
+        /* every segment and client costs a descriptor: take all the hard limit allows */
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+                rl.rlim_cur = rl.rlim_max;
+                setrlimit(RLIMIT_NOFILE, &rl);
+        }
         memset(&d, 0, sizeof(d));
         uv_loop_init(&d.loop);
         store_init(&d.store, max_bytes);

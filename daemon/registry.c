@@ -45,7 +45,9 @@ struct version {
         uint8_t event[DLX_CUDA_HANDLE]; /* the producer's, recorded at publish */
         /* consumers' release events, distinct, for the producer to wait on */
         uint8_t (*rel_events)[DLX_CUDA_HANDLE];
+        uint64_t *rel_owners; /* the session each came from */
         uint32_t nrel_events;
+        bool rel_overflow_logged;
         int64_t dims[]; /* shape[ndim], then strides[ndim] */
 };
 
@@ -211,6 +213,7 @@ static void version_destroy(struct registry *reg, struct version *v)
                 list_remove(&v->plink);
         }
         free(v->rel_events);
+        free(v->rel_owners);
         list_remove(&v->link);
         segment_unref(reg->store, v->seg);
         reg->nversions--;
@@ -369,24 +372,42 @@ static void grant(struct session *s, uint64_t req_id, struct version *v)
         }
 }
 
-/* Keeps a consumer's release event for the producer: distinct handles, up to a bound. */
-static void version_add_release_event(struct version *v, const uint8_t event[DLX_CUDA_HANDLE])
+/*
+ * Keeps a consumer's release event for the producer: distinct handles, at
+ * most DLX_MAX_RELEASE_EVENTS_PER_SESSION from any one session so that no
+ * consumer can crowd the others out, and DLX_MAX_RELEASE_EVENTS in all.
+ */
+static void version_add_release_event(struct version *v, const struct session *s,
+                                      const uint8_t event[DLX_CUDA_HANDLE])
 {
         uint8_t(*grown)[DLX_CUDA_HANDLE];
+        uint64_t *owners;
+        unsigned mine = 0;
 
-        for (uint32_t i = 0; i < v->nrel_events; i++)
+        for (uint32_t i = 0; i < v->nrel_events; i++) {
                 if (memcmp(v->rel_events[i], event, DLX_CUDA_HANDLE) == 0)
                         return; /* a consumer's pooled event again: its later record covers both */
-        if (v->nrel_events >= DLX_MAX_RELEASE_EVENTS) {
-                log_warn("%s v%llu: over %d distinct release events; the producer will not wait "
-                         "for the rest",
-                         v->entry->name, (unsigned long long)v->version, DLX_MAX_RELEASE_EVENTS);
+                mine += v->rel_owners[i] == s->id;
+        }
+        if (mine >= DLX_MAX_RELEASE_EVENTS_PER_SESSION ||
+            v->nrel_events >= DLX_MAX_RELEASE_EVENTS) {
+                if (!v->rel_overflow_logged)
+                        log_warn("%s v%llu: session %llu: release events over the limit; the "
+                                 "producer will not wait for some readers",
+                                 v->entry->name, (unsigned long long)v->version,
+                                 (unsigned long long)s->id);
+                v->rel_overflow_logged = true;
                 return;
         }
         grown = realloc(v->rel_events, (v->nrel_events + 1) * sizeof(*grown));
         if (!grown)
                 return;
         v->rel_events = grown;
+        owners = realloc(v->rel_owners, (v->nrel_events + 1) * sizeof(*owners));
+        if (!owners)
+                return;
+        v->rel_owners = owners;
+        v->rel_owners[v->nrel_events] = s->id;
         memcpy(v->rel_events[v->nrel_events++], event, DLX_CUDA_HANDLE);
 }
 
@@ -715,20 +736,25 @@ static int publish_segment(struct session *s, const struct wire_request *req, in
                 snprintf(why, whysz, "%s", reason ? reason : strerror(-err));
                 return err;
         }
-        if (req->publish.hold) {
-                h = calloc(1, sizeof(*h));
-                if (!h) {
-                        segment_unref(reg->store, seg);
-                        snprintf(why, whysz, "out of memory");
-                        return -ENOMEM;
-                }
-                /* one reference for the hold, one for the caller */
-                h->seg = seg;
-                seg->holder = s;
-                segment_ref(seg);
-                avl_insert(&s->held, &h->node, &seg->id, cmp_hold);
-        }
         *ret = seg;
+        return 0;
+}
+
+/* Keeps an adopted segment for this session's later publishes (after every check passed). */
+static int hold_segment(struct session *s, struct segment *seg)
+{
+        struct hold *h;
+
+        if (s->nheld >= DLX_MAX_HELD_SEGMENTS)
+                return -EAGAIN;
+        h = calloc(1, sizeof(*h));
+        if (!h)
+                return -ENOMEM;
+        h->seg = seg;
+        seg->holder = s;
+        segment_ref(seg);
+        avl_insert(&s->held, &h->node, &seg->id, cmp_hold);
+        s->nheld++;
         return 0;
 }
 
@@ -759,6 +785,12 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
         }
 
         err = check_extent(t, seg, why, sizeof(why));
+        if (err == 0 && fd >= 0 && req->publish.hold) {
+                err = hold_segment(s, seg);
+                if (err < 0)
+                        snprintf(why, sizeof(why), "cannot hold the segment: %s",
+                                 err == -EAGAIN ? "too many held segments" : strerror(-err));
+        }
         if (err < 0) {
                 segment_unref(reg->store, seg);
                 session_fail(s, req->id, err, "%s", why);
@@ -883,7 +915,8 @@ void registry_release(struct session *s, const struct wire_request *req)
                 return;
         }
         if (req->release.has_event)
-                version_add_release_event(avl_entry(n, struct lease, node)->v, req->release.event);
+                version_add_release_event(avl_entry(n, struct lease, node)->v, s,
+                                          req->release.event);
         lease_drop(s, avl_entry(n, struct lease, node));
 }
 
@@ -1033,7 +1066,6 @@ void registry_alloc(struct session *s, const struct wire_request *req, int fd)
         const char *reason = NULL;
         struct segment *seg;
         struct wire_reply rep;
-        struct hold *h;
         struct known *k;
         int err;
 
@@ -1062,17 +1094,16 @@ void registry_alloc(struct session *s, const struct wire_request *req, int fd)
                                      reason ? reason : strerror(-err));
                 return;
         }
-        h = calloc(1, sizeof(*h));
-        k = h ? known_add(s, seg) : NULL;
-        if (!k) {
-                free(h);
-                segment_unref(reg->store, seg);
-                session_fail(s, req->id, -ENOMEM, "out of memory");
+        k = known_add(s, seg);
+        err = k ? hold_segment(s, seg) : -ENOMEM;
+        /* the hold took its own reference: the creation's goes either way */
+        segment_unref(reg->store, seg);
+        if (err < 0) {
+                session_fail(s, req->id, err, "alloc: %s",
+                             err == -EAGAIN ? "this session holds too many segments"
+                                            : "out of memory");
                 return;
         }
-        h->seg = seg;
-        seg->holder = s;
-        avl_insert(&s->held, &h->node, &seg->id, cmp_hold);
         reply_init(&rep, req->id, WIRE_REP_ALLOC);
         rep.alloc.segment = seg->id;
         rep.alloc.size = seg->size;
@@ -1094,6 +1125,7 @@ void registry_free(struct session *s, const struct wire_request *req)
         }
         seg = h->seg;
         avl_remove(&s->held, &h->node);
+        s->nheld--;
         free(h);
         seg->holder = NULL;
         reply_init(&rep, req->id, WIRE_REP_NONE);

@@ -109,7 +109,13 @@ int store_alloc(struct store *st, uint64_t size, uid_t uid, struct segment **ret
         fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
         if (fd < 0)
                 return -errno;
-        if (ftruncate(fd, (off_t)size) < 0 || fcntl(fd, F_ADD_SEALS, REQUIRED_SEALS) < 0) {
+        /*
+         * Mode 0400: a consumer handed the read-only reopen cannot turn it
+         * writable again through /proc/self/fd (only root could). Writable
+         * versions travel on this original fd, which the mode does not affect.
+         */
+        if (fchmod(fd, 0400) < 0 || ftruncate(fd, (off_t)size) < 0 ||
+            fcntl(fd, F_ADD_SEALS, REQUIRED_SEALS) < 0) {
                 err = -errno;
                 close(fd);
                 return err;
@@ -177,6 +183,8 @@ int store_adopt(struct store *st, int fd, uint32_t kind, uint64_t declared_size,
                         close(fd);
                         return err == -EINVAL ? -EBADF : err;
                 }
+                /* as for our own memfds; not ours to change when another uid made it */
+                (void)fchmod(fd, 0400);
                 err = insert(st, fd, kind, (uint64_t)sb.st_size, uid,
                              (seals & F_SEAL_WRITE) || (mode & O_ACCMODE) == O_RDONLY, ret);
                 if (err < 0)

@@ -28,10 +28,14 @@
 /* Entries in one list reply, at most and by default. */
 #define DLX_LIST_PAGE_MAX 512
 #define DLX_LIST_PAGE_DEFAULT 256
+/* Segments one session may hold for publishing by id (each pins a daemon fd). */
+#define DLX_MAX_HELD_SEGMENTS 256
 /* Bytes of a CUDA IPC memory or event handle. */
 #define DLX_CUDA_HANDLE 64
 /* Distinct consumer release events one version keeps for its producer to wait on. */
-#define DLX_MAX_RELEASE_EVENTS 1024
+#define DLX_MAX_RELEASE_EVENTS 4096
+/* ... and from one session (a client cycles through 64 per device). */
+#define DLX_MAX_RELEASE_EVENTS_PER_SESSION 64
 /* Largest single shared segment (alloc or published memfd): 1 TiB. */
 #define DLX_MAX_SEGMENT (UINT64_C(1) << 40)
 

@@ -2118,11 +2118,10 @@ START_TEST(test_daemon_out_of_fds)
 
         /* a daemon that may only open FD_LIMIT fds: a connection flood exhausts it */
         ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &saved), 0);
-        low = saved;
-        low.rlim_cur = FD_LIMIT;
-        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
         dlxd_start(&fx, NULL);
-        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &saved), 0);
+        /* dlxd raises its soft limit to the hard one at start: cap both, from outside */
+        low.rlim_cur = low.rlim_max = FD_LIMIT;
+        ck_assert_int_eq(prlimit(fx.pid, RLIMIT_NOFILE, &low, NULL), 0);
         good = fx_connect(&fx, "good");
 
         for (int i = 0; i < FD_FLOOD_CONNS; i++) {
