@@ -129,7 +129,9 @@ struct dlx_publish_options {
  *             "." or ".." component), bad dtype, ndim over 32, negative shape
  *   -EACCES   the name is owned by another user
  *   -EXDEV    DLX_COPY_NEVER and the memory did not come from dlx_alloc()
- *   -ENOTSUP  a device dlx cannot share (only kDLCPU in this build)
+ *   -ENOTSUP  a device dlx cannot share (kDLCPU, kDLCUDAHost and kDLCUDA are), or
+ *             DLX_COPY_ALWAYS for a CUDA tensor
+ *   -ENODEV   a CUDA tensor and no CUDA driver (or device)
  *   -ENOSPC   the daemon's shared-bytes limit is reached
  *   -EOVERFLOW the layout's extent does not fit in 63 bits
  */
@@ -162,9 +164,12 @@ int dlx_unpublish(dlx_client *client, const char *name);
 /*
  * Allocates a compact row-major tensor in shared memory, to fill in place and
  * publish without a copy. Only prototype's dtype, ndim, shape and device are
- * read (device must be kDLCPU). The result is writable, owned by the caller,
- * and 64-byte aligned; its deleter returns the memory.
- * Returns 0 with *ret_tensor, or -EINVAL, -ENOTSUP (device), -ENOSPC, -ENOMEM.
+ * read: kDLCPU (a memfd segment), kDLCUDAHost (the same, pinned with the CUDA
+ * driver) or kDLCUDA (a CUDA VMM allocation exported as a POSIX fd, on
+ * device_id). The result is writable, owned by the caller, and 64-byte
+ * aligned; its deleter returns the memory.
+ * Returns 0 with *ret_tensor, or -EINVAL, -ENOTSUP (device), -ENODEV (no CUDA
+ * driver), -ENOSPC, -ENOMEM.
  */
 int dlx_alloc(dlx_client *client, const DLTensor *prototype, DLManagedTensorVersioned **ret_tensor);
 
