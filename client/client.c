@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -118,6 +120,10 @@ void dlx__client_unref(dlx_client *c)
 {
         if (__atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL) != 0)
                 return;
+        if (c->efd >= 0)
+                close(c->efd);
+        if (c->pfd >= 0)
+                close(c->pfd);
         dlx__maps_final(c);
         dlx__gpu_final(c);
         for (int i = 0; i < RELEASED_KEPT; i++)
@@ -203,12 +209,6 @@ static int send_locked(dlx_client *c, struct wire_request *req, int fd)
         pthread_mutex_unlock(&c->send_lock);
         if (buf != stackbuf)
                 free(buf);
-        if (err == -ECONNRESET && !c->reading) {
-                /* the daemon may have said why it hung up (a client limit, say) */
-                pump(c, 0);
-                if (c->broken && c->broken != -ECONNRESET)
-                        return c->broken;
-        }
         if (err < 0 && !c->broken)
                 c->broken = err;
         return err;
@@ -233,10 +233,22 @@ static struct pending *pending_take(dlx_client *c, uint64_t id)
         return NULL;
 }
 
+/* Watch events kept for dlx_next_event() before new ones are dropped. */
+#define MAX_QUEUED_EVENTS 65536
+
 static void queue_event(dlx_client *c, const struct wire_reply *rep)
 {
-        struct event_node *n = calloc(1, sizeof(*n));
+        struct event_node *n;
 
+        if (c->nevents >= MAX_QUEUED_EVENTS) {
+                if (!c->events_dropped)
+                        dlx__log(c, DLX_LOG_WARNING,
+                                 "%d watch events unread: dropping new ones until some are read",
+                                 MAX_QUEUED_EVENTS);
+                c->events_dropped = true;
+                return;
+        }
+        n = calloc(1, sizeof(*n));
         if (!n) {
                 dlx__log(c, DLX_LOG_WARNING, "out of memory: watch event on '%s' dropped",
                          rep->event.name);
@@ -251,7 +263,11 @@ static void queue_event(dlx_client *c, const struct wire_reply *rep)
         else
                 c->ev_head = n;
         c->ev_tail = n;
-        c->nevents++;
+        /* dlx_fd() polls readable while events wait, whoever read them off the socket */
+        if (c->nevents++ == 0) {
+                uint64_t one = 1;
+                (void)!write(c->efd, &one, sizeof(one));
+        }
 }
 
 static int cmp_token(const void *key, const struct avl_node *n)
@@ -322,6 +338,7 @@ static void resolve_segment(dlx_client *c, struct pending *p)
 {
         struct wire_reply *rep = &p->rep;
         int fd = p->fd, err = 0;
+        bool had_fd = fd >= 0;
 
         p->fd = -1;
         if (rep->status == WIRE_OK && rep->type == WIRE_REP_ACQUIRE &&
@@ -340,6 +357,15 @@ static void resolve_segment(dlx_client *c, struct pending *p)
         }
         if (fd >= 0)
                 close(fd);
+        if (err < 0 && had_fd && rep->type == WIRE_REP_ACQUIRE) {
+                /* the daemon counts the fd as delivered: make it send one again next time */
+                struct wire_request fr = {.type = WIRE_REQ_FORGET};
+                struct seg_map *m = dlx__map_find(c, rep->acquire.tensor.segment);
+                fr.forget.segment = rep->acquire.tensor.segment;
+                dlx__send(c, &fr, -1);
+                if (m)
+                        m->forgotten = true;
+        }
         if (err < 0) {
                 p->err = err;
                 dlx__fail(err, "cannot map segment: %s", dlx_strerror(err));
@@ -444,6 +470,8 @@ static int pump(dlx_client *c, int64_t timeout_ms)
 
         if (c->broken)
                 return c->broken;
+        if (c->closed)
+                return -ECONNRESET;
         if (c->reading) {
                 if (timeout_ms < 0) {
                         pthread_cond_wait(&c->cond, &c->lock);
@@ -529,7 +557,7 @@ void dlx__run_deleters(dlx_client *c)
         }
 }
 
-int dlx__call(dlx_client *c, struct wire_request *req, int fd, struct pending *p)
+static int call(dlx_client *c, struct wire_request *req, int fd, struct pending *p)
 {
         int err;
 
@@ -537,6 +565,14 @@ int dlx__call(dlx_client *c, struct wire_request *req, int fd, struct pending *p
         p->fd = -1;
         pthread_mutex_lock(&c->lock);
         err = send_locked(c, req, fd);
+        if (err == -ECONNRESET && !c->reading && !c->closed && !c->broken_why[0]) {
+                /* the daemon may have said why it hung up (a client limit, say) */
+                c->broken = 0;
+                pump(c, 0);
+                if (!c->broken)
+                        c->broken = err;
+                err = c->broken;
+        }
         if (err < 0) {
                 pthread_mutex_unlock(&c->lock);
                 if (c->broken_why[0])
@@ -565,6 +601,17 @@ int dlx__call(dlx_client *c, struct wire_request *req, int fd, struct pending *p
         if (p->rep.status != WIRE_OK)
                 return dlx__fail(-wire_status_errno(p->rep.status), "%s", p->rep.error);
         return 0;
+}
+
+int dlx__call(dlx_client *c, struct wire_request *req, int fd, struct pending *p)
+{
+        int err;
+
+        /* a dlx_close() racing this call must not free the client under it */
+        dlx__client_ref(c);
+        err = call(c, req, fd, p);
+        dlx__client_unref(c);
+        return err;
 }
 
 void dlx__pending_done(dlx_client *c, struct pending *p)
@@ -628,6 +675,8 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
         c->next_id = 1;
         c->next_token = 1;
         c->fd = -1;
+        c->efd = -1;
+        c->pfd = -1;
         avl_init(&c->held);
         avl_init(&c->maps);
         pthread_mutex_init(&c->lock, NULL);
@@ -649,6 +698,19 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
                 err = -errno;
                 dlx__client_unref(c);
                 return dlx__fail(err, "socket: %s", strerror(-err));
+        }
+        /* dlx_fd(): one descriptor readable when the socket is, or events wait in the queue */
+        c->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        c->pfd = epoll_create1(EPOLL_CLOEXEC);
+        if (c->efd < 0 || c->pfd < 0 ||
+            epoll_ctl(c->pfd, EPOLL_CTL_ADD, c->fd,
+                      &(struct epoll_event){.events = EPOLLIN, .data.fd = c->fd}) < 0 ||
+            epoll_ctl(c->pfd, EPOLL_CTL_ADD, c->efd,
+                      &(struct epoll_event){.events = EPOLLIN, .data.fd = c->efd}) < 0) {
+                err = -errno;
+                close(c->fd);
+                dlx__client_unref(c);
+                return dlx__fail(err, "epoll/eventfd: %s", strerror(-err));
         }
         if (connect(c->fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
                 err = -errno;
@@ -702,6 +764,7 @@ void dlx_close(dlx_client *c)
                 free(ev);
         }
         c->ev_tail = NULL;
+        pthread_cond_broadcast(&c->cond);
         while (c->reading)
                 pthread_cond_wait(&c->cond, &c->lock);
         pthread_mutex_unlock(&c->lock);
@@ -722,7 +785,7 @@ const char *dlx_server_version(const dlx_client *c)
 
 int dlx_fd(const dlx_client *c)
 {
-        return c ? c->fd : -EINVAL;
+        return c ? c->pfd : -EINVAL;
 }
 
 int dlx_process_events(dlx_client *c)
@@ -785,7 +848,11 @@ int dlx_next_event(dlx_client *c, struct dlx_event *ret_event, int64_t timeout_m
         c->ev_head = n->next;
         if (!c->ev_head)
                 c->ev_tail = NULL;
-        c->nevents--;
+        if (--c->nevents == 0) {
+                uint64_t count;
+                (void)!read(c->efd, &count, sizeof(count));
+                c->events_dropped = false;
+        }
         pthread_mutex_unlock(&c->lock);
         *ret_event = n->ev;
         free(n);
@@ -837,7 +904,12 @@ int dlx_wait_released(dlx_client *c, const char *name, uint64_t version, void *s
                                          name, (unsigned long long)version);
                 }
                 if (timeout_ms == 0) {
-                        err = -ETIMEDOUT;
+                        /* no waiting, but a RELEASED already sent must still be read */
+                        err = c->reading ? -ETIMEDOUT : pump(c, 0);
+                        if (err == 0 && !find_released(c, name, version))
+                                err = -ETIMEDOUT;
+                        if (err == 0)
+                                continue;
                 } else if (timeout_ms > 0 && (left = deadline - now_ms()) <= 0) {
                         err = -ETIMEDOUT;
                 }

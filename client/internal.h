@@ -40,6 +40,7 @@ struct seg_map {
         unsigned refs;      /* tensors and arena using it */
         bool gone;          /* the daemon destroyed it: never Forget, unmap at refs 0 */
         uint64_t forget_id; /* a Forget in flight: keep mapped until its reply */
+        bool forgotten;     /* the daemon forgot it while we still used it */
         struct seg_map *idle_prev, *idle_next; /* idle LRU while refs == 0 */
         struct arena_seg *arena;               /* set while this client's allocator uses it */
         bool host_registered;                  /* pinned with the CUDA driver (cuda-host) */
@@ -107,6 +108,8 @@ struct released {
 
 struct dlx_client {
         int fd;
+        int efd;       /* eventfd: readable while watch events wait in the queue */
+        int pfd;       /* epoll of fd and efd: what dlx_fd() hands out */
         unsigned refs; /* the handle, plus every tensor it gave out; atomic */
         pthread_mutex_t lock;
         pthread_mutex_t send_lock;
@@ -122,6 +125,7 @@ struct dlx_client {
         struct pending *pending;
         struct event_node *ev_head, *ev_tail;
         unsigned nevents;
+        bool events_dropped;
         struct avl_tree held;
         struct held *deleters; /* tensors whose versions are gone: run unlocked */
         struct avl_tree maps;

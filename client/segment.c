@@ -144,6 +144,8 @@ int dlx__map_get(dlx_client *c, uint64_t id, uint32_t kind, int device, uint64_t
         }
         have = writable ? m->rw != NULL : (m->ro || m->rw);
         if (fd >= 0) {
+                /* the daemon sent it again: it counts us as holding the segment once more */
+                m->forgotten = false;
                 /* a read-only fd came: map it read-only even if a writable mapping exists */
                 if (!have || (!writable && !m->ro))
                         err = map_mode(m, fd, writable);
@@ -180,7 +182,8 @@ void dlx__map_unref(dlx_client *c, struct seg_map *m)
 {
         if (--m->refs > 0)
                 return;
-        if (m->gone || c->closed) {
+        if (m->gone || m->forgotten || c->closed) {
+                /* the daemon no longer counts us as holding it: keeping it would go stale */
                 map_destroy(c, m);
                 return;
         }
@@ -223,6 +226,8 @@ void dlx__map_forgotten(dlx_client *c, uint64_t forget_id)
                 m->forget_id = 0;
                 if (m->refs == 0)
                         map_destroy(c, m);
+                else
+                        m->forgotten = true; /* revived by a reply that crossed the Forget */
                 return;
         }
 }
@@ -437,13 +442,14 @@ struct seg_map *dlx__arena_find(dlx_client *c, uint32_t kind, const void *data, 
                 /* host tensors may come from either host arena; device ones from VMM only */
                 if ((a->kind == WIRE_STORAGE_CUDA_VMM) != device)
                         continue;
+                /* segments may sit back to back: one's end is the next one's start */
                 if (p < base || p - base > a->size)
                         continue;
                 off = p - base;
                 if (hi > lo && (lo < 0 ? (0 - (uint64_t)lo) > off : false))
-                        return NULL;
+                        continue;
                 if (hi > lo && hi > 0 && (uint64_t)hi > a->size - off)
-                        return NULL;
+                        continue;
                 return a->map;
         }
         return NULL;

@@ -257,9 +257,12 @@ int dlx_alloc(dlx_client *c, const DLTensor *proto, DLManagedTensorVersioned **r
         if (err < 0)
                 return dlx__fail(err, "dlx_alloc: %s",
                                  err == -EINVAL ? "negative dimension" : "size overflows");
+        /* the bit count can pass 64 bits before the byte count does: check in 128 */
+        if ((unsigned __int128)numel * proto->dtype.bits * proto->dtype.lanes >
+            (unsigned __int128)DLX_MAX_SEGMENT * 8)
+                return dlx__fail(-EOVERFLOW, "dlx_alloc: %llu elements are over the 1 TiB limit",
+                                 (unsigned long long)numel);
         bytes = layout_compact_bytes(proto->dtype, numel, 0);
-        if (numel && bytes / numel > 64)
-                return dlx__fail(-EOVERFLOW, "dlx_alloc: size overflows");
 
         a = calloc(1, sizeof(*a) + 2 * (size_t)proto->ndim * sizeof(int64_t));
         if (!a)

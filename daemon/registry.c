@@ -341,7 +341,8 @@ static void grant(struct session *s, uint64_t req_id, struct version *v)
                 session_fail(s, req_id, -ENOMEM, "out of memory");
                 return;
         }
-        if (k && (writable ? !k->rw : !(k->ro || k->rw))) {
+        /* a read-only tensor is mapped through the read-only fd, never inside a writable view */
+        if (k && (writable ? !k->rw : !(k->ro || (k->rw && seg->write_sealed)))) {
                 fd = segment_fd(seg, writable);
                 if (fd < 0) {
                         free(l);

@@ -57,7 +57,8 @@ typedef struct dlx_client dlx_client;
 #define DLX_LOG_INFO 6
 #define DLX_LOG_DEBUG 7
 
-/* Receives one message; msg is borrowed for the duration of the call. */
+/* Receives one message; msg is borrowed for the duration of the call. It runs with the
+ * client's lock held: it must not call into libdlx. */
 typedef void (*dlx_log_fn)(void *ctx, int level, const char *msg);
 
 struct dlx_connect_options {
@@ -84,7 +85,8 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
  * Disconnects. The daemon releases every lease this client held and unpublishes
  * its non-persistent tensors; deleters of tensors this client published run now.
  * Tensors acquired through it stay readable until their own deleters run.
- * NULL-safe.
+ * Calls still running in other threads fail with -ECONNRESET; no new call may
+ * start on the client once dlx_close() has been called. NULL-safe.
  */
 void dlx_close(dlx_client *client);
 
@@ -225,8 +227,9 @@ void *dlx_get_stream(dlx_client *client, int device_id);
  * the current stream of the tensor's device) wait, on the GPU, for the work
  * each reader recorded before releasing. CPU tensors need only the host wait.
  * timeout_ms as for acquire (0: do not wait, < 0: no limit).
- * Returns 0, -ETIMEDOUT, -ENOENT (not a version this client published, or one
- * released too long ago to remember: 64 are kept) or -EINVAL.
+ * Returns 0, -ETIMEDOUT, -ENOENT (not a version this client published zero-copy,
+ * or one released too long ago to remember: 64 are kept; a copied publish has
+ * no readers of the caller's memory to wait for) or -EINVAL.
  */
 int dlx_wait_released(dlx_client *client, const char *name, uint64_t version, void *stream,
                       int64_t timeout_ms);
@@ -310,7 +313,10 @@ int dlx_next_event(dlx_client *client, struct dlx_event *ret_event, int64_t time
 
 /*
  * For callers with their own event loop: a descriptor that polls readable
- * when the daemon has sent something. Borrowed; valid until dlx_close().
+ * while the daemon has sent something unread or watch events wait in the
+ * client's queue (any call may read them off the socket). When it polls
+ * readable, call dlx_process_events(), then dlx_next_event(.., 0) until
+ * -EAGAIN. Borrowed; valid until dlx_close().
  */
 int dlx_fd(const dlx_client *client);
 
