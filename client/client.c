@@ -368,7 +368,9 @@ static void resolve_segment(dlx_client *c, struct pending *p)
         }
         if (err < 0) {
                 p->err = err;
-                dlx__fail(err, "cannot map segment: %s", dlx_strerror(err));
+                /* recorded for the waiting thread: this may be another thread reading */
+                snprintf(p->why, sizeof(p->why), "cannot map segment: %s",
+                         *dlx_last_error() ? dlx_last_error() : dlx_strerror(err));
         }
 }
 
@@ -592,6 +594,8 @@ static int call(dlx_client *c, struct wire_request *req, int fd, struct pending 
                 }
         }
         pthread_mutex_unlock(&c->lock);
+        if (p->err < 0 && p->why[0])
+                return dlx__fail(p->err, "%s: %s", wire_request_name(req->type), p->why);
         if (p->err < 0 && c->broken_why[0])
                 return dlx__fail(p->err, "%s", c->broken_why);
         if (p->err < 0)
@@ -756,6 +760,8 @@ void dlx_close(dlx_client *c)
                 struct held *h = avl_entry(n, struct held, node);
                 next = avl_next(n);
                 avl_remove(&c->held, n);
+                if (h->has_gpu)
+                        dlx__gpu_publish_undo(c, &h->gpu);
                 h->next_deleter = c->deleters;
                 c->deleters = h;
         }

@@ -197,6 +197,11 @@ static int open_event(const struct dlx_cuda_driver *cu, const uint8_t key[DLX_CU
                 return dlx__fail(-ENOMEM, "out of memory");
         memcpy(h.reserved, key, DLX_CUDA_HANDLE);
         r = cu->IpcOpenEventHandle(&o->ev, h);
+        if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE) {
+                free(o);
+                /* what the driver says of a handle whose process has exited */
+                return dlx__fail(-ESRCH, "cuIpcOpenEventHandle: the event's process is gone");
+        }
         if (r != CUDA_SUCCESS) {
                 free(o);
                 return dlx__cuda_fail(cu, r, "cuIpcOpenEventHandle");
@@ -213,7 +218,6 @@ int dlx__gpu_wait_events(dlx_client *c, int device, void *stream,
         const struct dlx_cuda_driver *cu;
         int err;
 
-        (void)c;
         if (nevents == 0)
                 return 0;
         err = device_ok(device);
@@ -227,7 +231,16 @@ int dlx__gpu_wait_events(dlx_client *c, int device, void *stream,
         for (uint32_t i = 0; i < nevents && err == 0; i++) {
                 CUevent ev;
                 CUresult r;
+                /*
+                 * A reader that has exited cannot be waited for, and need not be:
+                 * its context, and the work queued in it, went with it.
+                 */
                 err = open_event(cu, events[i], &ev);
+                if (err == -ESRCH) {
+                        dlx__log(c, DLX_LOG_DEBUG, "a reader's release event is gone");
+                        err = 0;
+                        continue;
+                }
                 if (err == 0 && (r = cu->StreamWaitEvent(stream, ev, 0)) != CUDA_SUCCESS)
                         err = dlx__cuda_fail(cu, r, "cuStreamWaitEvent");
         }
@@ -304,7 +317,10 @@ int dlx__gpu_publish(dlx_client *c, const DLTensor *t, struct seg_map *vmm, void
 
                 r = cu->MemGetAddressRange(&base, &size, data);
                 if (r != CUDA_SUCCESS) {
-                        err = dlx__cuda_fail(cu, r, "the tensor's data is not CUDA device memory");
+                        const char *what = NULL;
+                        cu->GetErrorString(r, &what);
+                        err = dlx__fail(-EINVAL, "the tensor's data is not CUDA device memory (%s)",
+                                        what ? what : "unknown error");
                         goto out;
                 }
                 r = cu->IpcGetMemHandle(&h, base);
@@ -452,6 +468,8 @@ int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, struct seg_map 
         if (t->has_event) {
                 CUevent ev;
                 CUresult r;
+                /* never read before the producer's write: no event, no tensor (the daemon
+                 * drops the event of a producer that has gone) */
                 err = open_event(cu, t->event, &ev);
                 if (err == 0 && (r = cu->StreamWaitEvent(stream, ev, 0)) != CUDA_SUCCESS)
                         err = dlx__cuda_fail(cu, r, "cuStreamWaitEvent");
@@ -749,6 +767,19 @@ void dlx__gpu_final(dlx_client *c)
         if (!g)
                 return;
         if (dlx__cuda(&cu) == 0) {
+                /* allocations waiting on this client's release events: finish them now */
+                pthread_mutex_lock(&cache_lock);
+                for (struct gpu_ipc *m = closing; m; m = m->next_closing)
+                        if (m->done && dlx__cuda_enter(cu, m->device) == 0) {
+                                cu->EventSynchronize(m->done);
+                                m->done = NULL;
+                                dlx__cuda_leave(cu);
+                        }
+                if (closing && dlx__cuda_enter(cu, closing->device) == 0) {
+                        sweep_closing(cu);
+                        dlx__cuda_leave(cu);
+                }
+                pthread_mutex_unlock(&cache_lock);
                 for (int d = 0; d < GPU_MAX_DEVICES; d++) {
                         bool any = g->pool[d] != NULL;
                         for (int i = 0; i < RELEASE_RING; i++)

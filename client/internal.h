@@ -58,6 +58,7 @@ struct pending {
         int err;             /* transport failure, or a local failure while dispatching */
         int fd;              /* received with the reply, -1; consumed by dispatch for acquires */
         struct seg_map *map; /* acquire/alloc: the mapping, one reference taken */
+        char why[DLX_ERROR_MAX + 1]; /* detail of a local failure while dispatching */
         struct wire_reply rep;
 };
 

@@ -565,6 +565,8 @@ void registry_session_free(struct session *s)
 
                 list_remove(&v->plink);
                 v->producer = NULL;
+                /* the producer's event went with its process: nothing left to wait on */
+                v->has_event = false;
                 if (e->current == v && !v->persist) {
                         notify_watchers(reg, WIRE_EVENT_UNPUBLISHED, e, v->version);
                         entry_retire_current(reg, e);

@@ -132,9 +132,8 @@ static int adopt_vmm(struct store *st, int fd, const struct stat *sb, uint64_t d
 {
         int err;
 
-        if (S_ISREG(sb->st_mode) || S_ISDIR(sb->st_mode) || S_ISFIFO(sb->st_mode) ||
-            S_ISSOCK(sb->st_mode)) {
-                *ret_why = "a cuda-vmm fd must be a CUDA export, not a file, pipe or socket";
+        if (S_ISDIR(sb->st_mode) || S_ISFIFO(sb->st_mode) || S_ISSOCK(sb->st_mode)) {
+                *ret_why = "a cuda-vmm fd must be a CUDA export, not a directory, pipe or socket";
                 close(fd);
                 return -EBADF;
         }

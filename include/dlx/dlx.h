@@ -198,6 +198,8 @@ struct dlx_acquire_options {
  *   -ETIMEDOUT  waited timeout_ms for it
  *   -EINVAL     bad name
  *   -EAGAIN     too many acquires of this client waiting at once
+ *   -ENODEV     a CUDA tensor and no CUDA driver (or device)
+ *   -ESRCH      a CUDA tensor whose producer has exited but is still listed (retry)
  */
 int dlx_acquire(dlx_client *client, const char *name, const struct dlx_acquire_options *opts,
                 DLManagedTensorVersioned **ret_tensor);

@@ -1,0 +1,2492 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libdlx's CUDA backend against a double of the driver over host memory
+ * (tests/cuda-fake.h), with a real dlxd per test. Producers and consumers
+ * run in different processes: "device memory" is host memory in the fake, so
+ * bytes are read directly, and what the driver was asked to do is checked in
+ * the fake's call log, shared by every process forked after cuda_fake_init().
+ *
+ * Covered: legacy IPC sharing and its ordering events, the per-process
+ * handle cache and its deferred close, the release fence and
+ * dlx_wait_released(), the producer's event pool, a killed consumer, VMM
+ * allocations (read-only and writable imports, persistence), pinned host
+ * memory, running without a driver, the caller's context stack on every
+ * path (fault injection included), own-process publications and the
+ * exchange API's current stream.
+ *
+ * Processes. The parent forks its children before it touches CUDA or
+ * connects: a child inherits its parent's fake objects and libdlx's
+ * process-wide caches, which would let it pass for the exporter of what the
+ * parent published. Children report with exit status and stderr; parents
+ * and children talk over pipes (struct chan), never by sleeping.
+ *
+ * VMM exports travel through a keeper process (see keep_export): dlxd
+ * refuses the fake's memfd exports as cuda-vmm segments.
+ *
+ * DLX_CUDA_ONLY=<test> runs one test; DLX_TEST_CUDA_LOG=1 prints the
+ * driver log when a test passes its teardown.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <check.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <dlx/dlx.h>
+
+#include "cuda-fake.h"
+#include "cudadrv.h"
+#include "fixture.h"
+
+/* Streams are opaque to libdlx and the fake: any distinct values do. */
+#define P_STREAM ((CUstream)(uintptr_t)0x5000)  /* a producer's */
+#define C_STREAM ((CUstream)(uintptr_t)0xc000)  /* a consumer's, set with dlx_set_stream */
+#define C2_STREAM ((CUstream)(uintptr_t)0xc200) /* a consumer's, given in acquire options */
+#define W_STREAM ((CUstream)(uintptr_t)0x7000)  /* given to dlx_wait_released */
+#define W2_STREAM ((CUstream)(uintptr_t)0x7200)
+#define S(x) ((uint64_t)(uintptr_t)(x))
+
+#define TIMEOUT_MS 20000
+
+/* ---- state shared by the processes of one test ---------------------------------------------- */
+
+#define SLOTS 64
+
+struct shared_area {
+        int runs[SLOTS];         /* deleter runs per slot */
+        uint64_t run_log[SLOTS]; /* the log's length when that deleter last ran */
+        uint64_t producer_pid;   /* the producer of the test */
+        uint64_t publish_log;    /* the log's length before the producer published */
+};
+
+static struct shared_area *sh;
+
+/* ---- checking the caller's context stack around every libdlx call --------------------------- */
+
+static int ctx_bad; /* per process */
+
+/* The first failure whose message did not name the failed call (checked at a test's end). */
+static char unclear[512];
+
+static void ctx_check(int depth, CUcontext cur, const char *what, int line)
+{
+        if (cuda_fake_ctx_depth() == depth && cuda_fake_ctx_current() == cur)
+                return;
+        ctx_bad++;
+        fprintf(stderr,
+                "pid %d line %d: %s changed the caller's context stack: depth %d -> %d, "
+                "current %p -> %p\n",
+                (int)getpid(), line, what, depth, cuda_fake_ctx_depth(), (void *)cur,
+                (void *)cuda_fake_ctx_current());
+}
+
+/* A libdlx call with a result, checked to leave the context stack as it found it. */
+#define DLX(expr)                                                                                  \
+        __extension__({                                                                            \
+                int d_ = cuda_fake_ctx_depth();                                                    \
+                CUcontext c_ = cuda_fake_ctx_current();                                            \
+                __typeof__(expr) r_ = (expr);                                                      \
+                ctx_check(d_, c_, #expr, __LINE__);                                                \
+                r_;                                                                                \
+        })
+/* Same for a statement (deleters, dlx_close). */
+#define DLXV(stmt)                                                                                 \
+        do {                                                                                       \
+                int d_ = cuda_fake_ctx_depth();                                                    \
+                CUcontext c_ = cuda_fake_ctx_current();                                            \
+                stmt;                                                                              \
+                ctx_check(d_, c_, #stmt, __LINE__);                                                \
+        } while (0)
+
+/* ---- children ------------------------------------------------------------------------------- */
+
+/* In a child: report and fail (the parent sees a non-zero exit status). */
+#define CHECK(cond, ...)                                                                           \
+        do {                                                                                       \
+                if (!(cond)) {                                                                     \
+                        fprintf(stderr, "%s (pid %d) line %d: check failed: %s: ", __func__,       \
+                                (int)getpid(), __LINE__, #cond);                                   \
+                        fprintf(stderr, __VA_ARGS__);                                              \
+                        fputc('\n', stderr);                                                       \
+                        return 1;                                                                  \
+                }                                                                                  \
+        } while (0)
+
+/* Two pipes between a parent and one child: down (to the child) and up (to the parent). */
+struct chan {
+        int down[2];
+        int up[2];
+};
+
+static void chan_open(struct chan *ch)
+{
+        ck_assert_int_eq(pipe2(ch->down, O_CLOEXEC), 0);
+        ck_assert_int_eq(pipe2(ch->up, O_CLOEXEC), 0);
+}
+
+static void close_fd(int *fd)
+{
+        if (*fd >= 0)
+                close(*fd);
+        *fd = -1;
+}
+
+static void chan_parent(struct chan *ch)
+{
+        close_fd(&ch->down[0]);
+        close_fd(&ch->up[1]);
+}
+
+static void chan_child(struct chan *ch)
+{
+        close_fd(&ch->down[1]);
+        close_fd(&ch->up[0]);
+}
+
+static void chan_close(struct chan *ch)
+{
+        close_fd(&ch->down[0]);
+        close_fd(&ch->down[1]);
+        close_fd(&ch->up[0]);
+        close_fd(&ch->up[1]);
+}
+
+static int put64(int fd, uint64_t v)
+{
+        return write(fd, &v, sizeof(v)) == (ssize_t)sizeof(v) ? 0 : -1;
+}
+
+static int get64(int fd, uint64_t *v, int timeout_ms)
+{
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int r;
+
+        do
+                r = poll(&p, 1, timeout_ms);
+        while (r < 0 && errno == EINTR);
+        if (r != 1)
+                return -1;
+        return read(fd, v, sizeof(*v)) == (ssize_t)sizeof(*v) ? 0 : -1;
+}
+
+/* Parent side. */
+static void tell(struct chan *ch, uint64_t v)
+{
+        ck_assert_msg(put64(ch->down[1], v) == 0, "the child is gone (see its message above)");
+}
+
+static uint64_t hear(struct chan *ch)
+{
+        uint64_t v = 0;
+
+        ck_assert_msg(get64(ch->up[0], &v, TIMEOUT_MS) == 0,
+                      "no word from the child: it failed (see its message above) or hangs");
+        return v;
+}
+
+/* Child side: 0 or -1. */
+static int c_tell(struct chan *ch, uint64_t v)
+{
+        return put64(ch->up[1], v);
+}
+
+static int c_hear(struct chan *ch, uint64_t *v)
+{
+        return get64(ch->down[0], v, TIMEOUT_MS);
+}
+
+static void reap(pid_t pid, const char *who)
+{
+        int st = fx_wait(pid);
+
+        ck_assert_msg(st == 0, "%s (pid %d) failed with status %d (see its message above)", who,
+                      (int)pid, st);
+}
+
+static dlx_client *child_connect(const char *name)
+{
+        struct dlx_connect_options o = {.socket_path = fx.socket, .client_name = name};
+        dlx_client *c = NULL;
+        int err = dlx_connect(&o, &c);
+
+        if (err < 0) {
+                fprintf(stderr, "pid %d: connect: %s (%s)\n", (int)getpid(), dlx_strerror(err),
+                        dlx_last_error());
+                return NULL;
+        }
+        return c;
+}
+
+/* ---- the log -------------------------------------------------------------------------------- */
+
+/* What to look for: op, and each other field when set (stream when by_stream). */
+struct q {
+        enum cuda_fake_op op;
+        pid_t pid;
+        uint64_t event;
+        uint64_t ptr;
+        uint64_t size;
+        uint64_t aux;
+        bool by_aux;
+        bool by_stream;
+        uint64_t stream;
+        size_t from;
+        size_t to; /* 0: the end */
+};
+
+static bool log_at(long i, struct cuda_fake_entry *e)
+{
+        return i >= 0 && cuda_fake_log_entry((size_t)i, e);
+}
+
+static long qfind(struct q q)
+{
+        size_t n = cuda_fake_log_count();
+        struct cuda_fake_entry e;
+
+        if (q.to && q.to < n)
+                n = q.to;
+        for (size_t i = q.from; i < n; i++) {
+                if (!cuda_fake_log_entry(i, &e) || e.op != q.op)
+                        continue;
+                if ((q.pid && e.pid != q.pid) || (q.event && e.event != q.event) ||
+                    (q.ptr && e.ptr != q.ptr) || (q.size && e.size != q.size) ||
+                    (q.by_aux && e.aux != q.aux) || (q.by_stream && e.stream != q.stream))
+                        continue;
+                return (long)i;
+        }
+        return -1;
+}
+
+static int qcount(struct q q)
+{
+        int n = 0;
+        long i;
+
+        while ((i = qfind(q)) >= 0) {
+                n++;
+                q.from = (size_t)i + 1;
+        }
+        return n;
+}
+
+#define QFIND(...) qfind((struct q){__VA_ARGS__})
+#define QCOUNT(...) qcount((struct q){__VA_ARGS__})
+
+static size_t log_now(void)
+{
+        return cuda_fake_log_count();
+}
+
+/* For debugging a failure: DLX_TEST_CUDA_LOG=1 prints the log at teardown. */
+static void log_dump(void)
+{
+        struct cuda_fake_entry e;
+
+        for (size_t i = 0; i < cuda_fake_log_count(); i++)
+                if (cuda_fake_log_entry(i, &e))
+                        fprintf(stderr,
+                                "%5zu pid %-7d %-40s stream %#llx event %#llx ptr %#llx size "
+                                "%llu aux %#llx\n",
+                                i, (int)e.pid, cuda_fake_op_name(e.op),
+                                (unsigned long long)e.stream, (unsigned long long)e.event,
+                                (unsigned long long)e.ptr, (unsigned long long)e.size,
+                                (unsigned long long)e.aux);
+}
+
+/* The event a process recorded on stream at or after from (0 if none). */
+static uint64_t recorded_event(pid_t pid, CUstream stream, size_t from, size_t to)
+{
+        struct cuda_fake_entry e;
+        long i = QFIND(.op = CUDA_FAKE_EVENT_RECORD, .pid = pid, .by_stream = true,
+                       .stream = S(stream), .from = from, .to = to);
+
+        return log_at(i, &e) ? e.event : 0;
+}
+
+/* ---- leak counters -------------------------------------------------------------------------- */
+
+/*
+ * Every kind but opened foreign events, which libdlx keeps in a process-wide
+ * cache by design (gpu.c: MAX_OPENED_EVENTS).
+ */
+static const enum cuda_fake_kind leak_kinds[] = {
+        CUDA_FAKE_ALLOCATION,  CUDA_FAKE_IPC_MAPPING, CUDA_FAKE_MEM_HANDLE,   CUDA_FAKE_MAPPING,
+        CUDA_FAKE_RESERVATION, CUDA_FAKE_EVENT,       CUDA_FAKE_REGISTRATION,
+};
+static const char *const leak_names[] = {
+        "allocations",  "IPC mappings", "VMM handles",        "VMM mappings",
+        "reservations", "events",       "host registrations",
+};
+
+/* 0, or the first kind still alive (for a message). */
+static int live_kind(void)
+{
+        for (size_t i = 0; i < sizeof(leak_kinds) / sizeof(leak_kinds[0]); i++)
+                if (cuda_fake_live(leak_kinds[i]) != 0)
+                        return (int)i + 1;
+        return 0;
+}
+
+static void assert_nothing_live(const char *when)
+{
+        int k = live_kind();
+
+        ck_assert_msg(k == 0, "%s: %d %s still alive in the test process", when,
+                      k ? cuda_fake_live(leak_kinds[k - 1]) : 0, k ? leak_names[k - 1] : "");
+}
+
+#define CHECK_NOTHING_LIVE(when)                                                                   \
+        do {                                                                                       \
+                int k_ = live_kind();                                                              \
+                CHECK(k_ == 0, "%s: %d %s still alive", when,                                      \
+                      k_ ? cuda_fake_live(leak_kinds[k_ - 1]) : 0, k_ ? leak_names[k_ - 1] : "");  \
+        } while (0)
+
+/* ---- tensors over fake device memory -------------------------------------------------------- */
+
+static uint8_t pat(unsigned seed, size_t i)
+{
+        return (uint8_t)(i * 131u + seed * 29u + 7u);
+}
+
+static void fill(void *p, size_t n, unsigned seed)
+{
+        for (size_t i = 0; i < n; i++)
+                ((uint8_t *)p)[i] = pat(seed, i);
+}
+
+static bool same(const void *p, size_t n, unsigned seed)
+{
+        for (size_t i = 0; i < n; i++)
+                if (((const uint8_t *)p)[i] != pat(seed, i))
+                        return false;
+        return true;
+}
+
+struct dev_tensor {
+        DLManagedTensorVersioned mt;
+        int64_t shape[1];
+        int slot;
+        CUdeviceptr free_base; /* cuda_fake_free()d by the deleter when set */
+};
+
+static void dev_deleter(DLManagedTensorVersioned *t)
+{
+        struct dev_tensor *d = t->manager_ctx;
+
+        sh->run_log[d->slot] = log_now();
+        __atomic_add_fetch(&sh->runs[d->slot], 1, __ATOMIC_SEQ_CST);
+        if (d->free_base)
+                cuda_fake_free(d->free_base);
+        free(d);
+}
+
+/* A 1-D uint8 tensor of n bytes at data, counted in slot; not a dlx_alloc() tensor. */
+static DLManagedTensorVersioned *dev_tensor(DLDeviceType type, CUdeviceptr data, int64_t n,
+                                            int slot, CUdeviceptr free_base)
+{
+        struct dev_tensor *d = calloc(1, sizeof(*d));
+
+        if (!d)
+                return NULL;
+        d->slot = slot;
+        d->free_base = free_base;
+        d->shape[0] = n;
+        d->mt.version.major = 1;
+        d->mt.version.minor = 3;
+        d->mt.manager_ctx = d;
+        d->mt.deleter = dev_deleter;
+        d->mt.dl_tensor.data = (void *)(uintptr_t)data;
+        d->mt.dl_tensor.device.device_type = type;
+        d->mt.dl_tensor.device.device_id = 0;
+        d->mt.dl_tensor.ndim = 1;
+        d->mt.dl_tensor.dtype = (DLDataType){kDLUInt, 8, 1};
+        d->mt.dl_tensor.shape = d->shape;
+        return &d->mt;
+}
+
+static int runs(int slot)
+{
+        return __atomic_load_n(&sh->runs[slot], __ATOMIC_SEQ_CST);
+}
+
+/* Publishes a device tensor (parent side, asserting success). */
+static uint64_t publish_dev(dlx_client *c, const char *name, CUdeviceptr data, int64_t n, int slot,
+                            const struct dlx_publish_options *o)
+{
+        uint64_t version = 0;
+        int err = DLX(dlx_publish(c, name, dev_tensor(kDLCUDA, data, n, slot, 0), o, &version));
+
+        ck_assert_msg(err == 0, "publish %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
+        return version;
+}
+
+/* Unpublishes name and waits until version is released (parent side). */
+static void unpublish_wait(dlx_client *c, const char *name, uint64_t version)
+{
+        int err = DLX(dlx_unpublish(c, name));
+
+        ck_assert_msg(err == 0 || err == -ENOENT, "unpublish %s: %s", name, dlx_strerror(err));
+        err = DLX(dlx_wait_released(c, name, version, NULL, TIMEOUT_MS));
+        ck_assert_msg(err == 0, "wait_released %s v%llu: %s (%s)", name,
+                      (unsigned long long)version, dlx_strerror(err), dlx_last_error());
+}
+
+static DLManagedTensorVersioned *alloc_on(dlx_client *c, DLDeviceType type, int64_t n)
+{
+        int64_t shape[1] = {n};
+        DLTensor proto = {.device = {type, 0}, .ndim = 1, .dtype = {kDLUInt, 8, 1}, .shape = shape};
+        DLManagedTensorVersioned *t = NULL;
+        int err = DLX(dlx_alloc(c, &proto, &t));
+
+        if (err < 0) {
+                fprintf(stderr, "pid %d: dlx_alloc(device type %d): %s (%s)\n", (int)getpid(),
+                        (int)type, dlx_strerror(err), dlx_last_error());
+                return NULL;
+        }
+        return t;
+}
+
+static const char *storage_of(const DLManagedTensorVersioned *t)
+{
+        const char *s = NULL;
+
+        return dlx_tensor_info(t, NULL, NULL, &s) == 0 ? s : "(not acquired)";
+}
+
+static uint64_t version_of(const DLManagedTensorVersioned *t)
+{
+        uint64_t v = 0;
+
+        dlx_tensor_info(t, NULL, &v, NULL);
+        return v;
+}
+
+/* Pushes a context of our own, so that "unchanged" means more than an empty stack. */
+static void push_own_context(int device)
+{
+        ck_assert_int_eq(cuda_fake_driver()->CtxPushCurrent(cuda_fake_ctx(device)), CUDA_SUCCESS);
+}
+
+static void pop_own_context(void)
+{
+        CUcontext ctx = NULL;
+
+        ck_assert_int_eq(cuda_fake_driver()->CtxPopCurrent(&ctx), CUDA_SUCCESS);
+}
+
+/* ---- VMM exports the daemon accepts ---------------------------------------------------------- */
+
+/*
+ * The fake exports a VMM allocation as a memfd: a regular file, which dlxd
+ * refuses as a cuda-vmm segment (daemon/store.c adopt_vmm: "a cuda-vmm fd
+ * must be a CUDA export, not a file, pipe or socket"; the real driver's
+ * export is not a regular file). So the driver these tests install wraps
+ * the fake's export and import: the memfd is kept by a keeper process
+ * (forked with it, so it is there as soon as fork returns; until dlxd is
+ * gone) and what travels is an eventfd whose count names the keeper's pid
+ * and fd; the import opens the memfd again through /proc. libdlx sees an
+ * opaque fd either way, and a VMM segment survives its exporter as it does
+ * with the driver.
+ */
+static struct dlx_cuda_driver driver;
+
+static __attribute__((noreturn)) void keeper(int fd, pid_t dlxd)
+{
+        const struct timespec tick = {0, 10 * 1000 * 1000};
+
+        if (fd > 0)
+                close_range(0, (unsigned)fd - 1, 0);
+        close_range((unsigned)fd + 1, ~0U, 0);
+        while (kill(dlxd, 0) == 0)
+                nanosleep(&tick, NULL);
+        _exit(0);
+}
+
+static CUresult keep_export(void *shareable, CUmemGenericAllocationHandle h,
+                            CUmemAllocationHandleType type, unsigned long long flags)
+{
+        int fd = -1, e;
+        CUresult r;
+        pid_t k;
+
+        if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !shareable)
+                return cuda_fake_driver()->MemExportToShareableHandle(shareable, h, type, flags);
+        r = cuda_fake_driver()->MemExportToShareableHandle(&fd, h, type, flags);
+        if (r != CUDA_SUCCESS)
+                return r;
+        k = fork();
+        if (k == 0)
+                keeper(fd, fx.pid);
+        e = k > 0 ? eventfd(0, EFD_CLOEXEC) : -1;
+        if (e >= 0) {
+                uint64_t name = ((uint64_t)k << 32) | (uint32_t)fd;
+                if (write(e, &name, sizeof(name)) != (ssize_t)sizeof(name)) {
+                        close(e);
+                        e = -1;
+                }
+        }
+        close(fd);
+        if (e < 0) {
+                if (k > 0)
+                        kill(k, SIGKILL);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        *(int *)shareable = e;
+        return CUDA_SUCCESS;
+}
+
+static CUresult keep_import(CUmemGenericAllocationHandle *h, void *shareable,
+                            CUmemAllocationHandleType type)
+{
+        unsigned long long name = 0;
+        char path[64], line[128];
+        bool found = false;
+        CUresult r;
+        FILE *f;
+        int fd;
+
+        snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", (int)(uintptr_t)shareable);
+        f = type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ? fopen(path, "re") : NULL;
+        while (f && fgets(line, sizeof(line), f))
+                if (sscanf(line, "eventfd-count: %llx", &name) == 1)
+                        found = true;
+        if (f)
+                fclose(f);
+        if (!found)
+                return cuda_fake_driver()->MemImportFromShareableHandle(h, shareable, type);
+        snprintf(path, sizeof(path), "/proc/%llu/fd/%u", name >> 32, (unsigned)(uint32_t)name);
+        fd = open(path, O_RDWR | O_CLOEXEC);
+        if (fd < 0)
+                return CUDA_ERROR_INVALID_VALUE;
+        r = cuda_fake_driver()->MemImportFromShareableHandle(h, (void *)(uintptr_t)fd, type);
+        close(fd);
+        return r;
+}
+
+static const struct dlx_cuda_driver *test_driver(void)
+{
+        driver = *cuda_fake_driver();
+        driver.MemExportToShareableHandle = keep_export;
+        driver.MemImportFromShareableHandle = keep_import;
+        return &driver;
+}
+
+/* ---- the fixture ---------------------------------------------------------------------------- */
+
+static void cuda_setup(void)
+{
+        sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        ck_assert_ptr_ne(sh, MAP_FAILED);
+        /* before anything forks: dlxd and every child share the log from here */
+        ck_assert_int_eq(cuda_fake_init(), 0);
+        dlx__cuda_install(test_driver());
+        ctx_bad = 0;
+        unclear[0] = 0;
+        fx_setup();
+}
+
+static void cuda_teardown(void)
+{
+        const char *dump = getenv("DLX_TEST_CUDA_LOG");
+
+        if (dump && *dump == '1')
+                log_dump();
+        fx_teardown();
+        dlx__cuda_install(test_driver());
+        munmap(sh, sizeof(*sh));
+        sh = NULL;
+}
+
+/* =============================================================================================
+ * 1. Legacy IPC: a tensor inside an allocation, at an offset, with its own deleter.
+ */
+
+#define IPC_SIZE ((size_t)1 << 20)
+#define IPC_OFF 4096
+#define IPC_LEN 8192
+
+static int ipc_consumer(void *arg)
+{
+        struct chan *ch = arg;
+        struct dlx_acquire_options ao = {.stream = C2_STREAM};
+        DLManagedTensorVersioned *t = NULL, *t2 = NULL;
+        pid_t me = getpid(), producer;
+        struct cuda_fake_entry e;
+        size_t before, after;
+        uint64_t go, ev;
+        dlx_client *c;
+        long i;
+        int err;
+
+        chan_child(ch);
+        CHECK(c_hear(ch, &go) == 0, "no go from the producer");
+        producer = (pid_t)sh->producer_pid;
+        c = child_connect("ipc-consumer");
+        CHECK(c, "connect");
+        CHECK(DLX(dlx_set_stream(c, 0, C_STREAM)) == 0, "dlx_set_stream");
+        CHECK(dlx_get_stream(c, 0) == C_STREAM, "dlx_get_stream");
+
+        before = log_now();
+        err = DLX(dlx_acquire(c, "ipc/t", NULL, &t));
+        after = log_now();
+        CHECK(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(strcmp(storage_of(t), "cuda-ipc") == 0, "storage %s", storage_of(t));
+        CHECK(version_of(t) == 1, "version %llu", (unsigned long long)version_of(t));
+        CHECK(t->dl_tensor.device.device_type == kDLCUDA && t->dl_tensor.device.device_id == 0,
+              "device %d:%d", (int)t->dl_tensor.device.device_type,
+              (int)t->dl_tensor.device.device_id);
+        CHECK(t->dl_tensor.ndim == 1 && t->dl_tensor.shape[0] == IPC_LEN &&
+                      t->dl_tensor.dtype.code == kDLUInt && t->dl_tensor.dtype.bits == 8,
+              "shape or dtype differ");
+        CHECK(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY, "not read-only");
+
+        /* the allocation was opened here, and the data is its base plus the offset */
+        i = QFIND(.op = CUDA_FAKE_IPC_OPEN_MEM_HANDLE, .pid = me, .from = before, .to = after);
+        CHECK(log_at(i, &e), "no IpcOpenMemHandle in this process during acquire");
+        CHECK(e.aux == (uint64_t)producer, "opened a handle of pid %llu, not of the producer %d",
+              (unsigned long long)e.aux, (int)producer);
+        CHECK(e.size == IPC_SIZE, "opened %llu bytes, the allocation has %zu",
+              (unsigned long long)e.size, IPC_SIZE);
+        CHECK((uintptr_t)t->dl_tensor.data == e.ptr + IPC_OFF && t->dl_tensor.byte_offset == 0,
+              "data %p, opened base %#llx + offset %d", t->dl_tensor.data,
+              (unsigned long long)e.ptr, IPC_OFF);
+        CHECK(same(t->dl_tensor.data, IPC_LEN, 1), "the bytes differ");
+
+        /* the consumer's stream waits, before acquire returns, for what the producer recorded */
+        ev = recorded_event(producer, P_STREAM, sh->publish_log, 0);
+        CHECK(ev != 0, "the producer recorded no event on its stream at publish");
+        CHECK(CUDA_FAKE_EVENT_PID(ev) == producer, "the event is not the producer's");
+        i = QFIND(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = me, .event = ev, .by_stream = true,
+                  .stream = S(C_STREAM), .from = before, .to = after);
+        CHECK(i >= 0, "stream C did not wait on the producer's event %#llx before acquire returned",
+              (unsigned long long)ev);
+        CHECK(cuda_fake_waited(C_STREAM, ev), "cuda_fake_waited(C, event)");
+
+        /* the options' stream wins over the client's; the allocation is not opened again */
+        before = log_now();
+        err = DLX(dlx_acquire(c, "ipc/t", &ao, &t2));
+        after = log_now();
+        CHECK(err == 0, "second acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(t2->dl_tensor.data == t->dl_tensor.data, "a second mapping");
+        CHECK(QCOUNT(.op = CUDA_FAKE_IPC_OPEN_MEM_HANDLE, .pid = me) == 1,
+              "the allocation was opened %d times",
+              QCOUNT(.op = CUDA_FAKE_IPC_OPEN_MEM_HANDLE, .pid = me));
+        CHECK(QFIND(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = me, .event = ev, .by_stream = true,
+                    .stream = S(C2_STREAM), .from = before, .to = after) >= 0,
+              "the options' stream did not wait on the producer's event");
+        CHECK(QFIND(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = me, .by_stream = true,
+                    .stream = S(C_STREAM), .from = before, .to = after) < 0,
+              "the client's stream was used although the options named one");
+
+        DLXV(t2->deleter(t2));
+        DLXV(t->deleter(t));
+        /* the release events must outlive the producer's wait on them */
+        CHECK(c_tell(ch, 1) == 0, "tell");
+        CHECK(c_hear(ch, &go) == 0, "no end");
+        DLXV(dlx_close(c));
+        CHECK(ctx_bad == 0, "the context stack changed (above)");
+        CHECK_NOTHING_LIVE("consumer after close");
+        return 0;
+}
+
+START_TEST(ipc_publish_acquire)
+{
+        struct chan ch;
+        dlx_client *c;
+        CUdeviceptr base;
+        uint64_t version = 0;
+        pid_t pid;
+        int err;
+
+        chan_open(&ch);
+        pid = fx_spawn(ipc_consumer, &ch);
+        chan_parent(&ch);
+
+        c = fx_connect(&fx, "ipc-producer");
+        ck_assert_int_eq(DLX(dlx_set_stream(c, 0, P_STREAM)), 0);
+        base = cuda_fake_malloc(IPC_SIZE);
+        ck_assert(base != 0);
+        fill((void *)(uintptr_t)(base + IPC_OFF), IPC_LEN, 1);
+        sh->producer_pid = (uint64_t)getpid();
+        sh->publish_log = log_now();
+        err = DLX(dlx_publish(c, "ipc/t", dev_tensor(kDLCUDA, base + IPC_OFF, IPC_LEN, 0, 0), NULL,
+                              &version));
+        ck_assert_msg(err == 0, "publish: %s (%s)", dlx_strerror(err), dlx_last_error());
+        ck_assert_uint_eq(version, 1);
+        ck_assert_msg(QFIND(.op = CUDA_FAKE_IPC_GET_MEM_HANDLE, .pid = getpid(),
+                            .ptr = (uint64_t)base, .from = sh->publish_log) >= 0,
+                      "the handle exported is not the allocation's base");
+        ck_assert_msg(recorded_event(getpid(), P_STREAM, sh->publish_log, 0) != 0,
+                      "no event recorded on the producer's stream at publish");
+
+        tell(&ch, 1);
+        ck_assert_uint_eq(hear(&ch), 1);
+
+        ck_assert_int_eq(runs(0), 0); /* still published */
+        ck_assert_int_eq(DLX(dlx_unpublish(c, "ipc/t")), 0);
+        err = DLX(dlx_wait_released(c, "ipc/t", 1, NULL, TIMEOUT_MS));
+        ck_assert_msg(err == 0, "wait_released: %s (%s)", dlx_strerror(err), dlx_last_error());
+        ck_assert_int_eq(runs(0), 1);
+        /* both reader streams' release events ordered the publish stream before the deleter */
+        ck_assert_int_eq(QCOUNT(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = getpid(),
+                                .by_stream = true, .stream = S(P_STREAM), .to = sh->run_log[0]),
+                         2);
+        ck_assert_msg(cuda_fake_waited(P_STREAM, recorded_event(pid, C_STREAM, 0, 0)),
+                      "the publish stream did not wait on the release recorded on stream C");
+        ck_assert_msg(cuda_fake_waited(P_STREAM, recorded_event(pid, C2_STREAM, 0, 0)),
+                      "the publish stream did not wait on the release recorded on stream C2");
+        tell(&ch, 2);
+        reap(pid, "consumer");
+        DLXV(dlx_close(c));
+        ck_assert_int_eq(runs(0), 1);
+        ck_assert_int_eq(cuda_fake_free(base), CUDA_SUCCESS);
+        assert_nothing_live("producer after close");
+        ck_assert_int_eq(ctx_bad, 0);
+        chan_close(&ch);
+}
+END_TEST
+
+/* =============================================================================================
+ * 2. The handle cache: one open per allocation and process; the close waits for the last
+ *    reader's release event.
+ */
+
+#define CACHE_A_SIZE ((size_t)1 << 20)
+#define CACHE_B_SIZE ((size_t)64 << 10)
+#define CACHE_OFF_A1 0
+#define CACHE_OFF_B (64 << 10)
+#define CACHE_OFF_C (128 << 10)
+#define CACHE_OFF_A2 (192 << 10)
+#define CACHE_LEN 4096
+#define CACHE_BYTE_OFFSET 128
+
+/*
+ * The event the client's next release will record. A client cycles through
+ * a ring of release events: release the warm tensor until the recorded ids
+ * repeat, then the next one is known in advance (to hold it).
+ */
+static uint64_t next_release_event(dlx_client *c, const char *warm, size_t from)
+{
+        uint64_t ids[600];
+
+        for (int round = 0; round < 400; round++) {
+                DLManagedTensorVersioned *t = NULL;
+                int n = 0;
+                long i = (long)from - 1;
+                struct cuda_fake_entry e;
+
+                while (n < 600 && (i = QFIND(.op = CUDA_FAKE_EVENT_RECORD, .pid = getpid(),
+                                             .from = (size_t)(i + 1))) >= 0)
+                        if (log_at(i, &e))
+                                ids[n++] = e.event;
+                for (int r = 1; r < n; r++)
+                        if (ids[r] == ids[0])
+                                return ids[n % r];
+                if (DLX(dlx_acquire(c, warm, NULL, &t)) < 0)
+                        return 0;
+                DLXV(t->deleter(t));
+        }
+        return 0;
+}
+
+static int cache_consumer(void *arg)
+{
+        struct chan *ch = arg;
+        struct dlx_acquire_options v2 = {.min_version = 2, .timeout_ms = TIMEOUT_MS};
+        DLManagedTensorVersioned *a1, *b, *cc, *a2, *w;
+        struct cuda_fake_entry e;
+        pid_t me = getpid();
+        size_t start, mark, unheld;
+        uint64_t go, ev, base;
+        dlx_client *c;
+        long i, close_at;
+        int err;
+
+        chan_child(ch);
+        CHECK(c_hear(ch, &go) == 0, "no go");
+        c = child_connect("cache-consumer");
+        CHECK(c, "connect");
+        CHECK(DLX(dlx_set_stream(c, 0, C_STREAM)) == 0, "set stream");
+        start = log_now();
+        err = DLX(dlx_acquire(c, "cache/a", NULL, &a1));
+        CHECK(err == 0, "acquire a: %s (%s)", dlx_strerror(err), dlx_last_error());
+        err = DLX(dlx_acquire(c, "cache/b", NULL, &b));
+        CHECK(err == 0, "acquire b: %s (%s)", dlx_strerror(err), dlx_last_error());
+        err = DLX(dlx_acquire(c, "cache/c", NULL, &cc));
+        CHECK(err == 0, "acquire c: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(QCOUNT(.op = CUDA_FAKE_IPC_OPEN_MEM_HANDLE, .pid = me, .size = CACHE_A_SIZE) == 1,
+              "allocation A opened %d times for three names",
+              QCOUNT(.op = CUDA_FAKE_IPC_OPEN_MEM_HANDLE, .pid = me, .size = CACHE_A_SIZE));
+        i = QFIND(.op = CUDA_FAKE_IPC_OPEN_MEM_HANDLE, .pid = me, .size = CACHE_A_SIZE);
+        CHECK(log_at(i, &e), "no open of A");
+        base = e.ptr;
+        CHECK((uintptr_t)a1->dl_tensor.data == base + CACHE_OFF_A1, "a: data %p, base %#llx",
+              a1->dl_tensor.data, (unsigned long long)base);
+        CHECK((uintptr_t)b->dl_tensor.data == base + CACHE_OFF_B, "b: data %p, base %#llx",
+              b->dl_tensor.data, (unsigned long long)base);
+        CHECK((uintptr_t)cc->dl_tensor.data == base + CACHE_OFF_C &&
+                      cc->dl_tensor.byte_offset == CACHE_BYTE_OFFSET,
+              "c: data %p byte_offset %llu, base %#llx", cc->dl_tensor.data,
+              (unsigned long long)cc->dl_tensor.byte_offset, (unsigned long long)base);
+        CHECK(same(a1->dl_tensor.data, CACHE_LEN, 11), "a's bytes");
+        CHECK(same(b->dl_tensor.data, CACHE_LEN, 12), "b's bytes");
+        CHECK(same((uint8_t *)cc->dl_tensor.data + CACHE_BYTE_OFFSET, CACHE_LEN, 13), "c's bytes");
+
+        CHECK(c_tell(ch, 1) == 0, "tell");
+        CHECK(c_hear(ch, &go) == 0, "no v2");
+        err = DLX(dlx_acquire(c, "cache/a", &v2, &a2));
+        CHECK(err == 0, "acquire a v2: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(version_of(a2) == 2, "version %llu", (unsigned long long)version_of(a2));
+        CHECK((uintptr_t)a2->dl_tensor.data == base + CACHE_OFF_A2, "a v2: data %p, base %#llx",
+              a2->dl_tensor.data, (unsigned long long)base);
+        CHECK(same(a2->dl_tensor.data, CACHE_LEN, 14), "a v2's bytes");
+        CHECK(QCOUNT(.op = CUDA_FAKE_IPC_OPEN_MEM_HANDLE, .pid = me, .size = CACHE_A_SIZE) == 1,
+              "allocation A opened again for a new version");
+
+        /* releasing all but one keeps the allocation open */
+        DLXV(a1->deleter(a1));
+        DLXV(b->deleter(b));
+        DLXV(cc->deleter(cc));
+        CHECK(QCOUNT(.op = CUDA_FAKE_IPC_CLOSE_MEM_HANDLE, .pid = me, .ptr = base) == 0,
+              "A closed while a tensor in it is held");
+        CHECK(cuda_fake_live(CUDA_FAKE_IPC_MAPPING) == 1, "%d IPC mappings",
+              cuda_fake_live(CUDA_FAKE_IPC_MAPPING));
+
+        /* the last release: its event is held, so the close must wait */
+        ev = next_release_event(c, "cache/warm", start);
+        CHECK(ev != 0, "cannot tell which event the next release records");
+        CHECK(cuda_fake_event_hold(ev, true) == 0, "hold");
+        mark = log_now();
+        DLXV(a2->deleter(a2));
+        CHECK(QFIND(.op = CUDA_FAKE_EVENT_RECORD, .pid = me, .event = ev, .by_stream = true,
+                    .stream = S(C_STREAM), .from = mark) >= 0,
+              "the last release did not record event %#llx on the consumer's stream",
+              (unsigned long long)ev);
+        CHECK(QCOUNT(.op = CUDA_FAKE_IPC_CLOSE_MEM_HANDLE, .pid = me, .ptr = base) == 0,
+              "A closed while the reader's release event is still pending");
+        CHECK(cuda_fake_live(CUDA_FAKE_IPC_MAPPING) == 1, "A unmapped under pending work");
+        /* more traffic while it is pending changes nothing */
+        err = DLX(dlx_acquire(c, "cache/warm", NULL, &w));
+        CHECK(err == 0, "acquire warm: %s", dlx_strerror(err));
+        DLXV(w->deleter(w));
+        CHECK(QCOUNT(.op = CUDA_FAKE_IPC_CLOSE_MEM_HANDLE, .pid = me, .ptr = base) == 0,
+              "A closed while the reader's release event is still pending");
+
+        /* completed: the next call that sweeps closes it, once */
+        unheld = log_now();
+        CHECK(cuda_fake_event_hold(ev, false) == 0, "unhold");
+        err = DLX(dlx_acquire(c, "cache/warm", NULL, &w));
+        CHECK(err == 0, "acquire warm: %s", dlx_strerror(err));
+        DLXV(w->deleter(w));
+        close_at = QFIND(.op = CUDA_FAKE_IPC_CLOSE_MEM_HANDLE, .pid = me, .ptr = base);
+        CHECK(close_at >= 0, "A never closed after its release event completed");
+        CHECK((size_t)close_at > unheld, "A closed before the release event completed");
+        CHECK(QCOUNT(.op = CUDA_FAKE_IPC_CLOSE_MEM_HANDLE, .pid = me, .ptr = base) == 1,
+              "A closed %d times",
+              QCOUNT(.op = CUDA_FAKE_IPC_CLOSE_MEM_HANDLE, .pid = me, .ptr = base));
+        CHECK(cuda_fake_live(CUDA_FAKE_IPC_MAPPING) == 0, "%d IPC mappings left",
+              cuda_fake_live(CUDA_FAKE_IPC_MAPPING));
+        CHECK(c_tell(ch, 2) == 0, "tell");
+        /* keep the release events alive until the producer has waited on them */
+        CHECK(c_hear(ch, &go) == 0, "no end");
+        DLXV(dlx_close(c));
+        CHECK(ctx_bad == 0, "the context stack changed (above)");
+        CHECK_NOTHING_LIVE("consumer after close");
+        return 0;
+}
+
+/* Publishes the cache test's tensors (A: a, b, c; B: warm). */
+static void cache_publish(dlx_client *c, CUdeviceptr a, CUdeviceptr b)
+{
+        DLManagedTensorVersioned *t;
+
+        fill((void *)(uintptr_t)(a + CACHE_OFF_A1), CACHE_LEN, 11);
+        fill((void *)(uintptr_t)(a + CACHE_OFF_B), CACHE_LEN, 12);
+        fill((void *)(uintptr_t)(a + CACHE_OFF_C + CACHE_BYTE_OFFSET), CACHE_LEN, 13);
+        fill((void *)(uintptr_t)b, CACHE_LEN, 15);
+        publish_dev(c, "cache/a", a + CACHE_OFF_A1, CACHE_LEN, 0, NULL);
+        publish_dev(c, "cache/b", a + CACHE_OFF_B, CACHE_LEN, 1, NULL);
+        t = dev_tensor(kDLCUDA, a + CACHE_OFF_C, CACHE_LEN, 2, 0);
+        t->dl_tensor.byte_offset = CACHE_BYTE_OFFSET;
+        ck_assert_int_eq(DLX(dlx_publish(c, "cache/c", t, NULL, NULL)), 0);
+        publish_dev(c, "cache/warm", b, CACHE_LEN, 3, NULL);
+}
+
+START_TEST(ipc_handle_cache)
+{
+        struct chan ch;
+        dlx_client *c;
+        CUdeviceptr a, b;
+        pid_t pid;
+
+        chan_open(&ch);
+        pid = fx_spawn(cache_consumer, &ch);
+        chan_parent(&ch);
+        c = fx_connect(&fx, "cache-producer");
+        ck_assert_int_eq(DLX(dlx_set_stream(c, 0, P_STREAM)), 0);
+        a = cuda_fake_malloc(CACHE_A_SIZE);
+        b = cuda_fake_malloc(CACHE_B_SIZE);
+        ck_assert(a && b);
+        cache_publish(c, a, b);
+        tell(&ch, 1);
+        ck_assert_uint_eq(hear(&ch), 1);
+        fill((void *)(uintptr_t)(a + CACHE_OFF_A2), CACHE_LEN, 14);
+        ck_assert_uint_eq(publish_dev(c, "cache/a", a + CACHE_OFF_A2, CACHE_LEN, 4, NULL), 2);
+        tell(&ch, 2);
+        ck_assert_uint_eq(hear(&ch), 2);
+        unpublish_wait(c, "cache/a", 1);
+        unpublish_wait(c, "cache/a", 2);
+        unpublish_wait(c, "cache/b", 1);
+        unpublish_wait(c, "cache/c", 1);
+        unpublish_wait(c, "cache/warm", 1);
+        tell(&ch, 3);
+        reap(pid, "consumer");
+
+        DLXV(dlx_close(c));
+        for (int s = 0; s <= 4; s++)
+                ck_assert_msg(runs(s) == 1, "deleter %d ran %d times", s, runs(s));
+        ck_assert_int_eq(cuda_fake_free(a), CUDA_SUCCESS);
+        ck_assert_int_eq(cuda_fake_free(b), CUDA_SUCCESS);
+        assert_nothing_live("producer after close");
+        ck_assert_int_eq(ctx_bad, 0);
+        chan_close(&ch);
+}
+END_TEST
+
+/*
+ * 2b. An allocation whose close was deferred behind a pending release event
+ *     is closed by the time the client is: closing is the last chance.
+ */
+static int deferred_consumer(void *arg)
+{
+        struct chan *ch = arg;
+        DLManagedTensorVersioned *t;
+        struct cuda_fake_entry e;
+        pid_t me = getpid();
+        size_t start;
+        uint64_t go, ev;
+        dlx_client *c;
+        int err;
+
+        chan_child(ch);
+        CHECK(c_hear(ch, &go) == 0, "no go");
+        c = child_connect("deferred-consumer");
+        CHECK(c, "connect");
+        start = log_now();
+        err = DLX(dlx_acquire(c, "cache/a", NULL, &t));
+        CHECK(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
+        ev = next_release_event(c, "cache/warm", start);
+        CHECK(ev != 0, "cannot tell which event the next release records");
+        CHECK(cuda_fake_event_hold(ev, true) == 0, "hold");
+        DLXV(t->deleter(t));
+        CHECK(log_at(QFIND(.op = CUDA_FAKE_IPC_OPEN_MEM_HANDLE, .pid = me, .size = CACHE_A_SIZE),
+                     &e),
+              "allocation A was never opened");
+        CHECK(QCOUNT(.op = CUDA_FAKE_IPC_CLOSE_MEM_HANDLE, .pid = me, .ptr = e.ptr) == 0,
+              "A closed while the reader's release event is still pending");
+        CHECK(cuda_fake_live(CUDA_FAKE_IPC_MAPPING) == 1, "A closed under pending work");
+        /* the reader's work completes; then the client closes without another acquire */
+        CHECK(cuda_fake_event_hold(ev, false) == 0, "unhold");
+        DLXV(dlx_close(c));
+        CHECK(cuda_fake_live(CUDA_FAKE_IPC_MAPPING) == 0,
+              "dlx_close() left %d IPC mapping(s) open: an allocation whose close was deferred "
+              "behind a release event is never closed unless another acquire or release "
+              "comes",
+              cuda_fake_live(CUDA_FAKE_IPC_MAPPING));
+        CHECK(c_tell(ch, 1) == 0, "tell");
+        return 0;
+}
+
+START_TEST(ipc_deferred_close_done_by_close)
+{
+        struct chan ch;
+        dlx_client *c;
+        CUdeviceptr a, b;
+        pid_t pid;
+
+        chan_open(&ch);
+        pid = fx_spawn(deferred_consumer, &ch);
+        chan_parent(&ch);
+        c = fx_connect(&fx, "deferred-producer");
+        a = cuda_fake_malloc(CACHE_A_SIZE);
+        b = cuda_fake_malloc(CACHE_B_SIZE);
+        ck_assert(a && b);
+        cache_publish(c, a, b);
+        tell(&ch, 1);
+        reap(pid, "consumer");
+        DLXV(dlx_close(c));
+        ck_assert_int_eq(cuda_fake_free(a), CUDA_SUCCESS);
+        ck_assert_int_eq(cuda_fake_free(b), CUDA_SUCCESS);
+        assert_nothing_live("producer after close");
+        chan_close(&ch);
+}
+END_TEST
+
+/* =============================================================================================
+ * 3. The release fence, and dlx_wait_released().
+ */
+
+static int fence_consumer(void *arg)
+{
+        struct chan *ch = arg;
+        DLManagedTensorVersioned *t;
+        uint64_t go, ev;
+        size_t mark;
+        dlx_client *c;
+        int err;
+
+        chan_child(ch);
+        CHECK(c_hear(ch, &go) == 0, "no go");
+        c = child_connect("fence-consumer");
+        CHECK(c, "connect");
+        CHECK(DLX(dlx_set_stream(c, 0, C_STREAM)) == 0, "set stream");
+        err = DLX(dlx_acquire(c, "fence/t", NULL, &t));
+        CHECK(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(version_of(t) == 1, "version %llu", (unsigned long long)version_of(t));
+        CHECK(c_tell(ch, 1) == 0, "tell");
+        CHECK(c_hear(ch, &go) == 0, "no release order");
+        mark = log_now();
+        DLXV(t->deleter(t));
+        ev = recorded_event(getpid(), C_STREAM, mark, 0);
+        CHECK(ev != 0, "release recorded no event on the consumer's stream");
+        CHECK(c_tell(ch, ev) == 0, "tell");
+        /* the event must outlive the producer's wait on it */
+        CHECK(c_hear(ch, &go) == 0, "no end");
+        DLXV(dlx_close(c));
+        CHECK(ctx_bad == 0, "the context stack changed (above)");
+        CHECK_NOTHING_LIVE("consumer after close");
+        return 0;
+}
+
+START_TEST(release_fence)
+{
+        struct dlx_publish_options po = {.stream = P_STREAM};
+        struct chan ch;
+        dlx_client *c;
+        CUdeviceptr x, y;
+        uint64_t ev;
+        long pw, ww, i;
+        pid_t pid, me = getpid();
+        int err;
+
+        chan_open(&ch);
+        pid = fx_spawn(fence_consumer, &ch);
+        chan_parent(&ch);
+        c = fx_connect(&fx, "fence-producer");
+        /* the client's stream is another: the options' one is the publish stream */
+        ck_assert_int_eq(DLX(dlx_set_stream(c, 0, W2_STREAM)), 0);
+        x = cuda_fake_malloc(IPC_SIZE);
+        y = cuda_fake_malloc(IPC_SIZE);
+        ck_assert(x && y);
+        fill((void *)(uintptr_t)x, IPC_LEN, 3);
+        ck_assert_int_eq(
+                DLX(dlx_publish(c, "fence/t", dev_tensor(kDLCUDA, x, IPC_LEN, 0, x), &po, NULL)),
+                0);
+        tell(&ch, 1);
+        ck_assert_uint_eq(hear(&ch), 1);
+
+        /* leased: not released */
+        err = DLX(dlx_wait_released(c, "fence/t", 1, W_STREAM, 0));
+        ck_assert_msg(err == -ETIMEDOUT, "wait_released (no wait) on a leased version: %s",
+                      dlx_strerror(err));
+        err = DLX(dlx_wait_released(c, "fence/t", 1, W_STREAM, 100));
+        ck_assert_msg(err == -ETIMEDOUT, "wait_released (100 ms) on a leased version: %s",
+                      dlx_strerror(err));
+        err = DLX(dlx_wait_released(c, "fence/t", 99, W_STREAM, 100));
+        ck_assert_msg(err == -ENOENT, "wait_released on an unknown version: %s", dlx_strerror(err));
+        err = DLX(dlx_wait_released(c, "fence/none", 1, W_STREAM, 100));
+        ck_assert_msg(err == -ENOENT, "wait_released on an unknown name: %s", dlx_strerror(err));
+
+        /* replaced but still leased */
+        ck_assert_int_eq(
+                DLX(dlx_publish(c, "fence/t", dev_tensor(kDLCUDA, y, IPC_LEN, 1, y), &po, NULL)),
+                0);
+        ck_assert_int_ge(DLX(dlx_process_events(c)), 0);
+        ck_assert_int_eq(runs(0), 0);
+        err = DLX(dlx_wait_released(c, "fence/t", 1, W_STREAM, 100));
+        ck_assert_msg(err == -ETIMEDOUT, "wait_released on a replaced, leased version: %s",
+                      dlx_strerror(err));
+        ck_assert_int_eq(runs(0), 0);
+
+        /* the reader releases: its event orders the producer's stream, then the deleter runs */
+        tell(&ch, 2);
+        ev = hear(&ch);
+        ck_assert_uint_ne(ev, 0);
+        err = DLX(dlx_wait_released(c, "fence/t", 1, W_STREAM, TIMEOUT_MS));
+        ck_assert_msg(err == 0, "wait_released: %s (%s)", dlx_strerror(err), dlx_last_error());
+        ck_assert_int_eq(runs(0), 1);
+        ck_assert_int_eq(runs(1), 0);
+        pw = QFIND(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = me, .event = ev, .by_stream = true,
+                   .stream = S(P_STREAM));
+        ck_assert_msg(pw >= 0, "the publish stream never waited on the reader's release event");
+        ck_assert_msg(QCOUNT(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = me, .event = ev,
+                             .by_stream = true, .stream = S(P_STREAM)) == 1,
+                      "the publish stream waited %d times on the release event",
+                      QCOUNT(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = me, .event = ev,
+                             .by_stream = true, .stream = S(P_STREAM)));
+        ck_assert_msg((uint64_t)pw < sh->run_log[0],
+                      "the deleter ran (log %llu) before the publish stream waited (log %ld)",
+                      (unsigned long long)sh->run_log[0], pw);
+        i = QFIND(.op = CUDA_FAKE_FREE, .pid = me, .ptr = (uint64_t)x);
+        ck_assert_msg(i > pw, "the memory was freed (log %ld) before the wait (log %ld)", i, pw);
+        ck_assert_msg(cuda_fake_waited(P_STREAM, ev), "cuda_fake_waited(P, release event)");
+        ww = QFIND(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = me, .event = ev, .by_stream = true,
+                   .stream = S(W_STREAM));
+        ck_assert_msg(ww >= 0, "dlx_wait_released did not make its stream wait on the reader");
+        ck_assert_msg(QFIND(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = me, .by_stream = true,
+                            .stream = S(W2_STREAM)) < 0,
+                      "the client's current stream was used instead of the publish stream");
+
+        /* remembered: again, on another stream; NULL means the client's current stream */
+        err = DLX(dlx_wait_released(c, "fence/t", 1, NULL, 0));
+        ck_assert_msg(err == 0, "wait_released again: %s (%s)", dlx_strerror(err),
+                      dlx_last_error());
+        ck_assert_msg(QFIND(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = me, .event = ev,
+                            .by_stream = true, .stream = S(W2_STREAM)) >= 0,
+                      "wait_released(NULL stream) did not use the client's current stream");
+        ck_assert_int_eq(runs(0), 1);
+
+        tell(&ch, 3);
+        reap(pid, "consumer");
+        ck_assert_int_eq(DLX(dlx_unpublish(c, "fence/t")), 0);
+        err = DLX(dlx_wait_released(c, "fence/t", 2, NULL, TIMEOUT_MS));
+        ck_assert_msg(err == 0, "wait_released v2: %s (%s)", dlx_strerror(err), dlx_last_error());
+        ck_assert_int_eq(runs(1), 1);
+        DLXV(dlx_close(c));
+        ck_assert_int_eq(runs(0), 1);
+        ck_assert_int_eq(runs(1), 1);
+        assert_nothing_live("producer after close");
+        ck_assert_int_eq(ctx_bad, 0);
+        chan_close(&ch);
+}
+END_TEST
+
+/*
+ * 3b. A reader that released and then exited: its work is over, so waiting
+ *     for the version's readers succeeds (its release event can no longer be
+ *     opened, and need not be).
+ */
+static int leaving_consumer(void *arg)
+{
+        struct chan *ch = arg;
+        DLManagedTensorVersioned *t;
+        uint64_t go;
+        dlx_client *c;
+        int err;
+
+        chan_child(ch);
+        CHECK(c_hear(ch, &go) == 0, "no go");
+        c = child_connect("leaving-consumer");
+        CHECK(c, "connect");
+        CHECK(DLX(dlx_set_stream(c, 0, C_STREAM)) == 0, "set stream");
+        err = DLX(dlx_acquire(c, "leave/t", NULL, &t));
+        CHECK(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
+        DLXV(t->deleter(t));
+        DLXV(dlx_close(c));
+        return 0;
+}
+
+START_TEST(wait_released_after_reader_exit)
+{
+        struct chan ch;
+        dlx_client *c;
+        CUdeviceptr x;
+        pid_t pid;
+        int err;
+
+        chan_open(&ch);
+        pid = fx_spawn(leaving_consumer, &ch);
+        chan_parent(&ch);
+        c = fx_connect(&fx, "leave-producer");
+        x = cuda_fake_malloc(IPC_SIZE);
+        ck_assert(x);
+        ck_assert_int_eq(
+                DLX(dlx_publish(c, "leave/t", dev_tensor(kDLCUDA, x, IPC_LEN, 0, x), NULL, NULL)),
+                0);
+        tell(&ch, 1);
+        reap(pid, "consumer");
+        ck_assert_int_eq(DLX(dlx_unpublish(c, "leave/t")), 0);
+        err = DLX(dlx_wait_released(c, "leave/t", 1, W_STREAM, TIMEOUT_MS));
+        ck_assert_int_eq(runs(0), 1);
+        ck_assert_msg(err == 0,
+                      "dlx_wait_released() after the only reader released and exited: %s (%s)",
+                      dlx_strerror(err), dlx_last_error());
+        DLXV(dlx_close(c));
+        assert_nothing_live("producer after close");
+        ck_assert_int_eq(ctx_bad, 0);
+        chan_close(&ch);
+}
+END_TEST
+
+/* =============================================================================================
+ * 4. The producer's event pool: bounded, and an event is recorded again only after its
+ *    version was released.
+ */
+
+#define POOL_FIRST 20
+#define POOL_MORE 4
+
+static int pool_consumer(void *arg)
+{
+        struct chan *ch = arg;
+        DLManagedTensorVersioned *t;
+        uint64_t go, ev;
+        size_t mark;
+        dlx_client *c;
+        int err;
+
+        chan_child(ch);
+        CHECK(c_hear(ch, &go) == 0, "no go");
+        c = child_connect("pool-consumer");
+        CHECK(c, "connect");
+        CHECK(DLX(dlx_set_stream(c, 0, C_STREAM)) == 0, "set stream");
+        err = DLX(dlx_acquire(c, "pool/t", NULL, &t));
+        CHECK(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(version_of(t) == 1, "version %llu", (unsigned long long)version_of(t));
+        CHECK(c_tell(ch, 1) == 0, "tell");
+        CHECK(c_hear(ch, &go) == 0, "no release order");
+        mark = log_now();
+        DLXV(t->deleter(t));
+        ev = recorded_event(getpid(), C_STREAM, mark, 0);
+        CHECK(ev != 0, "no release event");
+        CHECK(c_tell(ch, ev) == 0, "tell");
+        CHECK(c_hear(ch, &go) == 0, "no end");
+        DLXV(dlx_close(c));
+        CHECK(ctx_bad == 0, "the context stack changed (above)");
+        return 0;
+}
+
+START_TEST(publish_event_pool)
+{
+        struct chan ch;
+        dlx_client *c;
+        CUdeviceptr base;
+        size_t start;
+        uint64_t e1, rel;
+        long first, again, rel_at, pw;
+        pid_t pid, me = getpid();
+        int creates, err;
+
+        chan_open(&ch);
+        pid = fx_spawn(pool_consumer, &ch);
+        chan_parent(&ch);
+        c = fx_connect(&fx, "pool-producer");
+        ck_assert_int_eq(DLX(dlx_set_stream(c, 0, P_STREAM)), 0);
+        base = cuda_fake_malloc(IPC_SIZE);
+        ck_assert(base);
+        start = log_now();
+        ck_assert_uint_eq(publish_dev(c, "pool/t", base + 4096, 4096, 1, NULL), 1);
+        first = QFIND(.op = CUDA_FAKE_EVENT_RECORD, .pid = me, .by_stream = true,
+                      .stream = S(P_STREAM), .from = start);
+        e1 = recorded_event(me, P_STREAM, start, 0);
+        ck_assert_msg(e1 != 0, "no event recorded at publish");
+        tell(&ch, 1);
+        ck_assert_uint_eq(hear(&ch), 1);
+
+        for (int v = 2; v <= POOL_FIRST; v++) {
+                ck_assert_uint_eq(
+                        publish_dev(c, "pool/t", base + 4096 * (uint64_t)v, 4096, v, NULL),
+                        (uint64_t)v);
+                ck_assert_int_eq(DLX(dlx_ping(c)), 0);
+        }
+        creates = QCOUNT(.op = CUDA_FAKE_EVENT_CREATE, .pid = me, .from = start);
+        ck_assert_msg(creates >= 1 && creates <= 3,
+                      "%d events created for %d versions, one of them leased", creates, POOL_FIRST);
+        ck_assert_msg(QCOUNT(.op = CUDA_FAKE_EVENT_RECORD, .pid = me, .event = e1) == 1,
+                      "the leased version's publish event was recorded again (%d records)",
+                      QCOUNT(.op = CUDA_FAKE_EVENT_RECORD, .pid = me, .event = e1));
+        ck_assert_int_eq(runs(1), 0);
+        for (int v = 2; v < POOL_FIRST; v++)
+                ck_assert_msg(runs(v) == 1, "version %d: deleter ran %d times", v, runs(v));
+        ck_assert_int_eq(runs(POOL_FIRST), 0);
+
+        /* the lease goes: the event may come back, after the release */
+        tell(&ch, 2);
+        rel = hear(&ch);
+        err = DLX(dlx_wait_released(c, "pool/t", 1, NULL, TIMEOUT_MS));
+        ck_assert_msg(err == 0, "wait_released: %s (%s)", dlx_strerror(err), dlx_last_error());
+        ck_assert_int_eq(runs(1), 1);
+        pw = QFIND(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = me, .event = rel, .by_stream = true,
+                   .stream = S(P_STREAM));
+        ck_assert_msg(pw >= 0 && (uint64_t)pw < sh->run_log[1],
+                      "the publish stream did not wait on the release event before the deleter");
+        rel_at = QFIND(.op = CUDA_FAKE_EVENT_RECORD, .pid = pid, .event = rel);
+        ck_assert(rel_at >= 0);
+        for (int v = POOL_FIRST + 1; v <= POOL_FIRST + POOL_MORE; v++) {
+                ck_assert_uint_eq(
+                        publish_dev(c, "pool/t", base + 4096 * (uint64_t)v, 4096, v, NULL),
+                        (uint64_t)v);
+                ck_assert_int_eq(DLX(dlx_ping(c)), 0);
+        }
+        again = QFIND(.op = CUDA_FAKE_EVENT_RECORD, .pid = me, .event = e1,
+                      .from = (size_t)first + 1);
+        ck_assert_msg(again >= 0, "the released version's event was never reused");
+        ck_assert_msg(again > rel_at, "event reused (log %ld) before the reader released (log %ld)",
+                      again, rel_at);
+        creates = QCOUNT(.op = CUDA_FAKE_EVENT_CREATE, .pid = me, .from = start);
+        ck_assert_msg(creates <= 3, "%d events created for %d versions", creates,
+                      POOL_FIRST + POOL_MORE);
+
+        unpublish_wait(c, "pool/t", POOL_FIRST + POOL_MORE);
+        tell(&ch, 3);
+        reap(pid, "consumer");
+        DLXV(dlx_close(c));
+        for (int v = 1; v <= POOL_FIRST + POOL_MORE; v++)
+                ck_assert_msg(runs(v) == 1, "version %d: deleter ran %d times", v, runs(v));
+        ck_assert_int_eq(cuda_fake_free(base), CUDA_SUCCESS);
+        assert_nothing_live("producer after close");
+        ck_assert_int_eq(ctx_bad, 0);
+        chan_close(&ch);
+}
+END_TEST
+
+/* =============================================================================================
+ * 5. kill -9 of a consumer holding a lease on a CUDA tensor.
+ */
+
+static int kill_consumer(void *arg)
+{
+        struct chan *ch = arg;
+        DLManagedTensorVersioned *t;
+        uint64_t go;
+        dlx_client *c;
+        int err;
+
+        chan_child(ch);
+        CHECK(c_hear(ch, &go) == 0, "no go");
+        c = child_connect("doomed-consumer");
+        CHECK(c, "connect");
+        err = DLX(dlx_acquire(c, "kill/t", NULL, &t));
+        CHECK(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(same(t->dl_tensor.data, IPC_LEN, 5), "bytes");
+        CHECK(c_tell(ch, 1) == 0, "tell");
+        for (;;)
+                pause(); /* until SIGKILL */
+        return 0;
+}
+
+START_TEST(kill9_consumer_releases)
+{
+        struct chan ch;
+        dlx_client *c;
+        CUdeviceptr x;
+        pid_t pid;
+        int err;
+
+        chan_open(&ch);
+        pid = fx_spawn(kill_consumer, &ch);
+        chan_parent(&ch);
+        c = fx_connect(&fx, "kill-producer");
+        x = cuda_fake_malloc(IPC_SIZE);
+        ck_assert(x);
+        fill((void *)(uintptr_t)x, IPC_LEN, 5);
+        ck_assert_int_eq(
+                DLX(dlx_publish(c, "kill/t", dev_tensor(kDLCUDA, x, IPC_LEN, 0, x), NULL, NULL)),
+                0);
+        tell(&ch, 1);
+        ck_assert_uint_eq(hear(&ch), 1);
+        ck_assert_int_eq(DLX(dlx_unpublish(c, "kill/t")), 0);
+        err = DLX(dlx_wait_released(c, "kill/t", 1, NULL, 100));
+        ck_assert_msg(err == -ETIMEDOUT, "released under a live lease: %s", dlx_strerror(err));
+        ck_assert_int_eq(runs(0), 0);
+
+        ck_assert_int_eq(kill(pid, SIGKILL), 0);
+        ck_assert_int_eq(fx_wait(pid), 128 + SIGKILL);
+        err = DLX(dlx_wait_released(c, "kill/t", 1, NULL, TIMEOUT_MS));
+        ck_assert_msg(err == 0, "wait_released after the kill: %s (%s)", dlx_strerror(err),
+                      dlx_last_error());
+        ck_assert_int_eq(runs(0), 1);
+        ck_assert_int_eq(fx_wait_leases(c, 0, 1000), 0);
+        DLXV(dlx_close(c));
+        ck_assert_int_eq(runs(0), 1);
+        assert_nothing_live("producer after close");
+        ck_assert_int_eq(ctx_bad, 0);
+        chan_close(&ch);
+}
+END_TEST
+
+/* =============================================================================================
+ * 6. VMM: dlx_alloc on a CUDA device, cuda-vmm sharing, read-only and writable imports.
+ */
+
+#define VMM_LEN 4096
+
+/* The VMM mapping (MEM_MAP entry) of pid that holds p, logged at or after from. */
+static long vmm_map_of(pid_t pid, const void *p, size_t from, struct cuda_fake_entry *ret)
+{
+        struct cuda_fake_entry e;
+        long i = (long)from - 1;
+
+        while ((i = QFIND(.op = CUDA_FAKE_MEM_MAP, .pid = pid, .from = (size_t)(i + 1))) >= 0)
+                if (log_at(i, &e) && (uintptr_t)p >= e.ptr && (uintptr_t)p < e.ptr + e.size) {
+                        *ret = e;
+                        return i;
+                }
+        return -1;
+}
+
+/* The access last set on the mapping holding p by pid (or -1). */
+static int64_t vmm_access_of(pid_t pid, const void *p)
+{
+        struct cuda_fake_entry e;
+        int64_t access = -1;
+        long i = -1;
+
+        while ((i = QFIND(.op = CUDA_FAKE_MEM_SET_ACCESS, .pid = pid, .from = (size_t)(i + 1))) >=
+               0)
+                if (log_at(i, &e) && (uintptr_t)p >= e.ptr && (uintptr_t)p < e.ptr + e.size)
+                        access = (int64_t)e.aux;
+        return access;
+}
+
+static int vmm_producer(void *arg)
+{
+        struct chan *ch = arg;
+        struct dlx_publish_options ro = {.copy = DLX_COPY_NEVER, .stream = P_STREAM};
+        struct dlx_publish_options rw = {
+                .copy = DLX_COPY_NEVER, .writable = true, .stream = P_STREAM};
+        DLManagedTensorVersioned *t[3];
+        struct cuda_fake_entry e;
+        struct dlx_info info;
+        pid_t me = getpid();
+        uint8_t *rw_data;
+        size_t start;
+        uint64_t go;
+        dlx_client *c;
+        int err;
+
+        chan_child(ch);
+        c = child_connect("vmm-producer");
+        CHECK(c, "connect");
+        start = log_now();
+        for (int i = 0; i < 3; i++) {
+                t[i] = alloc_on(c, kDLCUDA, VMM_LEN);
+                CHECK(t[i], "dlx_alloc kDLCUDA");
+                CHECK(t[i]->dl_tensor.device.device_type == kDLCUDA &&
+                              t[i]->dl_tensor.device.device_id == 0,
+                      "device %d", (int)t[i]->dl_tensor.device.device_type);
+                CHECK(!(t[i]->flags & DLPACK_FLAG_BITMASK_READ_ONLY), "read-only allocation");
+                CHECK(vmm_map_of(me, t[i]->dl_tensor.data, start, &e) >= 0,
+                      "the data is not in a VMM mapping of this process");
+                CHECK(vmm_access_of(me, t[i]->dl_tensor.data) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+                      "the allocation is not mapped read-write");
+                fill(t[i]->dl_tensor.data, VMM_LEN, (unsigned)(20 + i));
+        }
+        CHECK(QCOUNT(.op = CUDA_FAKE_MEM_CREATE, .pid = me, .from = start) >= 1, "no MemCreate");
+        CHECK(QCOUNT(.op = CUDA_FAKE_MEM_EXPORT_TO_SHAREABLE_HANDLE, .pid = me, .from = start) ==
+                      QCOUNT(.op = CUDA_FAKE_MEM_CREATE, .pid = me, .from = start),
+              "not every VMM allocation was exported as an fd");
+        rw_data = t[2]->dl_tensor.data;
+        err = DLX(dlx_publish(c, "vmm/ro", t[0], &ro, NULL));
+        CHECK(err == 0, "publish ro: %s (%s)", dlx_strerror(err), dlx_last_error());
+        err = DLX(dlx_publish(c, "vmm/ro2", t[1], &ro, NULL));
+        CHECK(err == 0, "publish ro2: %s (%s)", dlx_strerror(err), dlx_last_error());
+        err = DLX(dlx_publish(c, "vmm/rw", t[2], &rw, NULL));
+        CHECK(err == 0, "publish rw: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(DLX(dlx_stat(c, "vmm/ro", &info)) == 0 && strcmp(info.storage, "cuda-vmm") == 0,
+              "stat storage %s", info.storage);
+        CHECK(QCOUNT(.op = CUDA_FAKE_IPC_GET_MEM_HANDLE, .pid = me) == 0,
+              "a VMM tensor went through legacy IPC");
+        CHECK(recorded_event(me, P_STREAM, start, 0) != 0, "no event recorded at publish");
+        CHECK(c_tell(ch, 1) == 0, "tell");
+        /* the consumer wrote through its writable mapping, and released */
+        CHECK(c_hear(ch, &go) == 0, "no word");
+        CHECK(rw_data[0] == 0x5a && rw_data[VMM_LEN - 1] == 0xa5,
+              "the consumer's write is not in the producer's memory");
+        for (int i = 0; i < 3; i++) {
+                static const char *const names[] = {"vmm/ro", "vmm/ro2", "vmm/rw"};
+                CHECK(DLX(dlx_unpublish(c, names[i])) == 0, "unpublish %s", names[i]);
+                err = DLX(dlx_wait_released(c, names[i], 1, NULL, TIMEOUT_MS));
+                CHECK(err == 0, "wait_released %s: %s (%s)", names[i], dlx_strerror(err),
+                      dlx_last_error());
+        }
+        CHECK(QCOUNT(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = me, .by_stream = true,
+                     .stream = S(P_STREAM)) >= 3,
+              "the publish stream did not wait on the readers' release events");
+        CHECK(c_tell(ch, 2) == 0, "tell");
+        CHECK(c_hear(ch, &go) == 0, "no end");
+        DLXV(dlx_close(c));
+        CHECK(ctx_bad == 0, "the context stack changed (above)");
+        CHECK_NOTHING_LIVE("producer after close");
+        return 0;
+}
+
+static int vmm_consumer(void *arg)
+{
+        struct chan *ch = arg;
+        DLManagedTensorVersioned *ro, *ro2, *rw;
+        struct cuda_fake_entry e;
+        pid_t me = getpid(), g;
+        size_t start;
+        uint64_t go, ev;
+        dlx_client *c;
+        int err, st;
+
+        chan_child(ch);
+        CHECK(c_hear(ch, &go) == 0, "no go");
+        c = child_connect("vmm-consumer");
+        CHECK(c, "connect");
+        CHECK(DLX(dlx_set_stream(c, 0, C_STREAM)) == 0, "set stream");
+        start = log_now();
+        err = DLX(dlx_acquire(c, "vmm/ro", NULL, &ro));
+        CHECK(err == 0, "acquire ro: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(strcmp(storage_of(ro), "cuda-vmm") == 0, "storage %s", storage_of(ro));
+        CHECK(ro->dl_tensor.device.device_type == kDLCUDA, "device type %d",
+              (int)ro->dl_tensor.device.device_type);
+        CHECK(ro->flags & DLPACK_FLAG_BITMASK_READ_ONLY, "not read-only");
+        CHECK(same(ro->dl_tensor.data, VMM_LEN, 20), "ro's bytes");
+        CHECK(vmm_map_of(me, ro->dl_tensor.data, start, &e) >= 0, "not in a VMM mapping");
+        CHECK(vmm_access_of(me, ro->dl_tensor.data) == CU_MEM_ACCESS_FLAGS_PROT_READ,
+              "a read-only version mapped with access %lld",
+              (long long)vmm_access_of(me, ro->dl_tensor.data));
+        ev = recorded_event((pid_t)sh->producer_pid, P_STREAM, 0, 0);
+        CHECK(ev && cuda_fake_waited(C_STREAM, ev),
+              "the consumer's stream did not wait on the producer's publish event");
+
+        err = DLX(dlx_acquire(c, "vmm/ro2", NULL, &ro2));
+        CHECK(err == 0, "acquire ro2: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(same(ro2->dl_tensor.data, VMM_LEN, 21), "ro2's bytes");
+        CHECK(QCOUNT(.op = CUDA_FAKE_MEM_IMPORT_FROM_SHAREABLE_HANDLE, .pid = me) == 1,
+              "%d imports for two tensors of one segment",
+              QCOUNT(.op = CUDA_FAKE_MEM_IMPORT_FROM_SHAREABLE_HANDLE, .pid = me));
+
+        /* a write through the read-only mapping faults (in a grandchild) */
+        g = fork();
+        CHECK(g >= 0, "fork");
+        if (g == 0) {
+                struct rlimit no_core = {0, 0};
+                setrlimit(RLIMIT_CORE, &no_core);
+                signal(SIGSEGV, SIG_DFL);
+                *(volatile uint8_t *)ro->dl_tensor.data = 1;
+                _exit(0);
+        }
+        st = fx_wait(g);
+        CHECK(st == 128 + SIGSEGV, "writing through a read-only VMM mapping: status %d", st);
+        CHECK(same(ro->dl_tensor.data, VMM_LEN, 20), "ro's bytes changed");
+
+        /* a writable version of the same segment: mapped read-write, still one import */
+        err = DLX(dlx_acquire(c, "vmm/rw", NULL, &rw));
+        CHECK(err == 0, "acquire rw: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(!(rw->flags & DLPACK_FLAG_BITMASK_READ_ONLY), "a writable version is read-only");
+        CHECK(same(rw->dl_tensor.data, VMM_LEN, 22), "rw's bytes");
+        CHECK(vmm_access_of(me, rw->dl_tensor.data) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+              "a writable version mapped with access %lld",
+              (long long)vmm_access_of(me, rw->dl_tensor.data));
+        CHECK(QCOUNT(.op = CUDA_FAKE_MEM_IMPORT_FROM_SHAREABLE_HANDLE, .pid = me) == 1,
+              "%d imports for one segment",
+              QCOUNT(.op = CUDA_FAKE_MEM_IMPORT_FROM_SHAREABLE_HANDLE, .pid = me));
+        ((uint8_t *)rw->dl_tensor.data)[0] = 0x5a;
+        ((uint8_t *)rw->dl_tensor.data)[VMM_LEN - 1] = 0xa5;
+
+        DLXV(ro->deleter(ro));
+        DLXV(ro2->deleter(ro2));
+        DLXV(rw->deleter(rw));
+        /* the release events must outlive the producer's wait on them */
+        CHECK(c_tell(ch, 1) == 0, "tell");
+        CHECK(c_hear(ch, &go) == 0, "no end");
+        DLXV(dlx_close(c));
+        CHECK(QCOUNT(.op = CUDA_FAKE_MEM_RELEASE, .pid = me) == 1, "%d releases of one import",
+              QCOUNT(.op = CUDA_FAKE_MEM_RELEASE, .pid = me));
+        CHECK(ctx_bad == 0, "the context stack changed (above)");
+        CHECK_NOTHING_LIVE("consumer after close");
+        return 0;
+}
+
+START_TEST(vmm_alloc_share)
+{
+        struct chan pc, cc;
+        pid_t prod, cons;
+
+        chan_open(&pc);
+        chan_open(&cc);
+        prod = fx_spawn(vmm_producer, &pc);
+        sh->producer_pid = (uint64_t)prod;
+        cons = fx_spawn(vmm_consumer, &cc);
+        chan_parent(&pc);
+        chan_parent(&cc);
+        ck_assert_uint_eq(hear(&pc), 1); /* published */
+        tell(&cc, 1);
+        ck_assert_uint_eq(hear(&cc), 1); /* read, wrote, released */
+        tell(&pc, 1);
+        ck_assert_uint_eq(hear(&pc), 2); /* checked the write, waited for the readers */
+        tell(&cc, 2);
+        reap(cons, "consumer");
+        tell(&pc, 3);
+        reap(prod, "producer");
+        chan_close(&pc);
+        chan_close(&cc);
+}
+END_TEST
+
+/* 6b. A persistent VMM tensor outlives its producer process. */
+
+static int persist_producer(void *arg)
+{
+        struct chan *ch = arg;
+        struct dlx_publish_options o = {.copy = DLX_COPY_NEVER, .persist = true};
+        DLManagedTensorVersioned *t;
+        dlx_client *c;
+        int err;
+
+        chan_child(ch);
+        c = child_connect("persist-producer");
+        CHECK(c, "connect");
+        t = alloc_on(c, kDLCUDA, VMM_LEN);
+        CHECK(t, "dlx_alloc");
+        fill(t->dl_tensor.data, VMM_LEN, 30);
+        err = DLX(dlx_publish(c, "vmm/keep", t, &o, NULL));
+        CHECK(err == 0, "publish: %s (%s)", dlx_strerror(err), dlx_last_error());
+        DLXV(dlx_close(c));
+        CHECK(ctx_bad == 0, "the context stack changed (above)");
+        return 0;
+}
+
+static int persist_consumer(void *arg)
+{
+        DLManagedTensorVersioned *t;
+        struct dlx_info info;
+        pid_t me = getpid();
+        dlx_client *c;
+        int err;
+
+        (void)arg;
+        c = child_connect("persist-consumer");
+        CHECK(c, "connect");
+        CHECK(DLX(dlx_stat(c, "vmm/keep", &info)) == 0, "stat");
+        CHECK(info.producer_pid == 0, "producer pid %d", (int)info.producer_pid);
+        CHECK(strcmp(info.storage, "cuda-vmm") == 0, "storage %s", info.storage);
+        err = DLX(dlx_acquire(c, "vmm/keep", NULL, &t));
+        CHECK(err == 0, "acquire of a persistent cuda-vmm tensor whose producer exited: %s (%s)",
+              dlx_strerror(err), dlx_last_error());
+        CHECK(strcmp(storage_of(t), "cuda-vmm") == 0, "storage %s", storage_of(t));
+        CHECK(same(t->dl_tensor.data, VMM_LEN, 30), "the bytes differ");
+        CHECK(QCOUNT(.op = CUDA_FAKE_MEM_IMPORT_FROM_SHAREABLE_HANDLE, .pid = me) == 1, "imports");
+        DLXV(t->deleter(t));
+        DLXV(dlx_close(c));
+        CHECK(ctx_bad == 0, "the context stack changed (above)");
+        CHECK_NOTHING_LIVE("consumer after close");
+        return 0;
+}
+
+START_TEST(vmm_persist_outlives_producer)
+{
+        struct chan ch;
+        pid_t pid;
+
+        chan_open(&ch);
+        pid = fx_spawn(persist_producer, &ch);
+        chan_parent(&ch);
+        reap(pid, "producer");
+        pid = fx_spawn(persist_consumer, NULL);
+        reap(pid, "new consumer");
+        chan_close(&ch);
+}
+END_TEST
+
+/* =============================================================================================
+ * 7. cuda-host: pinned host memory, registered on both sides.
+ */
+
+/* The registration (MEM_HOST_REGISTER) of pid covering p, or -1. */
+static long registration_of(pid_t pid, const void *p, struct cuda_fake_entry *ret)
+{
+        struct cuda_fake_entry e;
+        long i = -1;
+
+        while ((i = QFIND(.op = CUDA_FAKE_MEM_HOST_REGISTER, .pid = pid,
+                          .from = (size_t)(i + 1))) >= 0)
+                if (log_at(i, &e) && (uintptr_t)p >= e.ptr && (uintptr_t)p < e.ptr + e.size) {
+                        *ret = e;
+                        return i;
+                }
+        return -1;
+}
+
+static int host_consumer(void *arg)
+{
+        struct chan *ch = arg;
+        DLManagedTensorVersioned *t;
+        struct cuda_fake_entry reg;
+        pid_t me = getpid();
+        uint64_t go;
+        dlx_client *c;
+        int err;
+
+        chan_child(ch);
+        CHECK(c_hear(ch, &go) == 0, "no go");
+        c = child_connect("host-consumer");
+        CHECK(c, "connect");
+        err = DLX(dlx_acquire(c, "host/t", NULL, &t));
+        CHECK(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(strcmp(storage_of(t), "cuda-host") == 0, "storage %s", storage_of(t));
+        CHECK(t->dl_tensor.device.device_type == kDLCUDAHost, "device type %d",
+              (int)t->dl_tensor.device.device_type);
+        CHECK(same(t->dl_tensor.data, VMM_LEN, 40), "the bytes differ");
+        CHECK(registration_of(me, t->dl_tensor.data, &reg) >= 0,
+              "the consumer's mapping is not registered with the driver");
+        CHECK(cuda_fake_live(CUDA_FAKE_REGISTRATION) == 1, "%d registrations",
+              cuda_fake_live(CUDA_FAKE_REGISTRATION));
+        DLXV(t->deleter(t));
+        DLXV(dlx_close(c));
+        CHECK(QFIND(.op = CUDA_FAKE_MEM_HOST_UNREGISTER, .pid = me, .ptr = reg.ptr) >= 0,
+              "the mapping was not unregistered when unmapped");
+        CHECK(ctx_bad == 0, "the context stack changed (above)");
+        CHECK_NOTHING_LIVE("consumer after close");
+        return 0;
+}
+
+START_TEST(cuda_host_share)
+{
+        struct dlx_publish_options o = {.copy = DLX_COPY_NEVER};
+        DLManagedTensorVersioned *t;
+        struct cuda_fake_entry reg;
+        struct dlx_info info;
+        struct chan ch;
+        dlx_client *c;
+        pid_t pid, me = getpid();
+        int err;
+
+        chan_open(&ch);
+        pid = fx_spawn(host_consumer, &ch);
+        chan_parent(&ch);
+        c = fx_connect(&fx, "host-producer");
+        t = alloc_on(c, kDLCUDAHost, VMM_LEN);
+        ck_assert_ptr_nonnull(t);
+        ck_assert_int_eq(t->dl_tensor.device.device_type, kDLCUDAHost);
+        ck_assert_msg(registration_of(me, t->dl_tensor.data, &reg) >= 0,
+                      "dlx_alloc(kDLCUDAHost) memory is not registered with the driver");
+        ck_assert_msg(!(reg.aux & CU_MEMHOSTREGISTER_READ_ONLY), "registered read-only");
+        fill(t->dl_tensor.data, VMM_LEN, 40);
+        err = DLX(dlx_publish(c, "host/t", t, &o, NULL));
+        ck_assert_msg(err == 0, "publish: %s (%s)", dlx_strerror(err), dlx_last_error());
+        ck_assert_int_eq(DLX(dlx_stat(c, "host/t", &info)), 0);
+        ck_assert_str_eq(info.storage, "cuda-host");
+        tell(&ch, 1);
+        reap(pid, "consumer");
+        DLXV(dlx_close(c));
+        ck_assert_msg(QFIND(.op = CUDA_FAKE_MEM_HOST_UNREGISTER, .pid = me, .ptr = reg.ptr) >= 0,
+                      "the producer's segment was not unregistered when unmapped");
+        assert_nothing_live("producer after close");
+        ck_assert_int_eq(ctx_bad, 0);
+        chan_close(&ch);
+}
+END_TEST
+
+/* =============================================================================================
+ * 8. No driver: CUDA paths fail with -ENODEV and say why; CPU paths still work.
+ */
+
+static int nodrv_producer(void *arg)
+{
+        struct chan *ch = arg;
+        dlx_client *c;
+        CUdeviceptr x;
+        uint64_t go;
+        int err;
+
+        chan_child(ch);
+        c = child_connect("nodrv-producer");
+        CHECK(c, "connect");
+        x = cuda_fake_malloc(IPC_SIZE);
+        CHECK(x, "malloc");
+        err = DLX(dlx_publish(c, "nodrv/gpu", dev_tensor(kDLCUDA, x, IPC_LEN, 1, x), NULL, NULL));
+        CHECK(err == 0, "publish: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(c_tell(ch, 1) == 0, "tell");
+        CHECK(c_hear(ch, &go) == 0, "no end");
+        DLXV(dlx_close(c));
+        return 0;
+}
+
+static bool has_libcuda(void)
+{
+        void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+
+        if (lib)
+                dlclose(lib);
+        return lib != NULL;
+}
+
+START_TEST(no_driver)
+{
+        int64_t shape[1] = {IPC_LEN};
+        DLTensor proto = {.ndim = 1, .dtype = {kDLUInt, 8, 1}, .shape = shape};
+        DLManagedTensorVersioned *t = NULL, *got = NULL;
+        struct chan ch;
+        dlx_client *c;
+        void *host;
+        pid_t pid;
+        int err;
+
+        if (has_libcuda()) {
+                fprintf(stderr, "no_driver: libcuda.so.1 exists on this host; nothing to test\n");
+                return;
+        }
+        chan_open(&ch);
+        pid = fx_spawn(nodrv_producer, &ch); /* with the fake, before it goes */
+        chan_parent(&ch);
+        ck_assert_uint_eq(hear(&ch), 1);
+
+        dlx__cuda_install(NULL);
+        c = fx_connect(&fx, "nodrv");
+        ck_assert_int_eq(dlx_set_stream(c, 0, C_STREAM), 0); /* needs no driver */
+
+        proto.device = (DLDevice){kDLCUDA, 0};
+        err = dlx_alloc(c, &proto, &t);
+        ck_assert_msg(err == -ENODEV, "dlx_alloc(kDLCUDA): %s", dlx_strerror(err));
+        ck_assert_msg(strstr(dlx_last_error(), "CUDA driver"), "message: %s", dlx_last_error());
+        ck_assert_ptr_null(t);
+
+        proto.device = (DLDevice){kDLCUDAHost, 0};
+        err = dlx_alloc(c, &proto, &t);
+        ck_assert_msg(err == -ENODEV, "dlx_alloc(kDLCUDAHost): %s", dlx_strerror(err));
+        ck_assert_msg(strstr(dlx_last_error(), "CUDA driver"), "message: %s", dlx_last_error());
+        ck_assert_ptr_null(t);
+
+        host = calloc(1, IPC_LEN);
+        ck_assert_ptr_nonnull(host);
+        err = dlx_publish(c, "nodrv/t",
+                          dev_tensor(kDLCUDA, (CUdeviceptr)(uintptr_t)host, IPC_LEN, 0, 0), NULL,
+                          NULL);
+        ck_assert_msg(err == -ENODEV, "publish kDLCUDA: %s", dlx_strerror(err));
+        ck_assert_msg(strstr(dlx_last_error(), "CUDA driver"), "message: %s", dlx_last_error());
+        ck_assert_int_eq(runs(0), 1);
+        free(host);
+
+        err = dlx_acquire(c, "nodrv/gpu", NULL, &got);
+        ck_assert_msg(err == -ENODEV, "acquire of a CUDA tensor: %s", dlx_strerror(err));
+        ck_assert_msg(strstr(dlx_last_error(), "CUDA driver"), "message: %s", dlx_last_error());
+        ck_assert_int_eq(fx_wait_leases(c, 0, 2000), 0);
+
+        /* the CPU paths, in the same process */
+        proto.device = (DLDevice){kDLCPU, 0};
+        err = dlx_alloc(c, &proto, &t);
+        ck_assert_msg(err == 0, "dlx_alloc(kDLCPU): %s (%s)", dlx_strerror(err), dlx_last_error());
+        fill(t->dl_tensor.data, IPC_LEN, 50);
+        ck_assert_int_eq(dlx_publish(c, "nodrv/cpu", t, NULL, NULL), 0);
+        err = dlx_acquire(c, "nodrv/cpu", NULL, &got);
+        ck_assert_msg(err == 0, "acquire cpu: %s (%s)", dlx_strerror(err), dlx_last_error());
+        ck_assert_str_eq(storage_of(got), "memfd");
+        ck_assert(same(got->dl_tensor.data, IPC_LEN, 50));
+        got->deleter(got);
+
+        tell(&ch, 1);
+        reap(pid, "producer");
+        dlx_close(c);
+        chan_close(&ch);
+}
+END_TEST
+
+/* =============================================================================================
+ * 9. The caller's contexts and every failure path: clear errors, nothing leaked.
+ */
+
+START_TEST(faults_publish)
+{
+        CUdeviceptr x = cuda_fake_malloc(IPC_SIZE);
+        struct dlx_info info;
+        dlx_client *c;
+        void *host;
+        int err, slot = 0;
+        static const struct {
+                enum cuda_fake_op op;
+                CUresult r;
+                int err;
+                const char *says;
+        } faults[] = {
+                /* first: the primary context is retained once per process */
+                {CUDA_FAKE_DEVICE_PRIMARY_CTX_RETAIN, CUDA_ERROR_INVALID_DEVICE, -ENODEV,
+                 "CUDA device"},
+                {CUDA_FAKE_IPC_GET_MEM_HANDLE, CUDA_ERROR_OUT_OF_MEMORY, -ENOMEM,
+                 "cuIpcGetMemHandle"},
+                {CUDA_FAKE_IPC_GET_MEM_HANDLE, CUDA_ERROR_INVALID_VALUE, -EINVAL,
+                 "cuIpcGetMemHandle"},
+                {CUDA_FAKE_EVENT_CREATE, CUDA_ERROR_OUT_OF_MEMORY, -ENOMEM, "event"},
+                {CUDA_FAKE_IPC_GET_EVENT_HANDLE, CUDA_ERROR_UNKNOWN, -EIO, "event"},
+                {CUDA_FAKE_EVENT_RECORD, CUDA_ERROR_LAUNCH_FAILED, -EIO, "cuEventRecord"},
+                {CUDA_FAKE_CTX_PUSH_CURRENT, CUDA_ERROR_INVALID_CONTEXT, -EIO, "cuCtxPushCurrent"},
+        };
+
+        ck_assert(x);
+        ck_assert_int_eq(cuda_fake_set_device_count(2), 0);
+        c = fx_connect(&fx, "faults-producer");
+        ck_assert_int_eq(DLX(dlx_set_stream(c, 0, P_STREAM)), 0);
+        /* half the runs with a context of another device current: it must stay current */
+        for (int own = 0; own < 2; own++) {
+                if (own)
+                        push_own_context(1);
+                for (size_t i = 0; i < sizeof(faults) / sizeof(faults[0]); i++, slot++) {
+                        /* retained once per process: no second call to fail; and by the
+                         * second round the failed record gave an event to the pool */
+                        if (own && (faults[i].op == CUDA_FAKE_DEVICE_PRIMARY_CTX_RETAIN ||
+                                    faults[i].op == CUDA_FAKE_EVENT_CREATE ||
+                                    faults[i].op == CUDA_FAKE_IPC_GET_EVENT_HANDLE))
+                                continue;
+                        cuda_fake_fail_next(faults[i].op, faults[i].r);
+                        err = DLX(dlx_publish(c, "faults/t",
+                                              dev_tensor(kDLCUDA, x + 4096, IPC_LEN, slot, 0), NULL,
+                                              NULL));
+                        cuda_fake_fail_next(faults[i].op, CUDA_SUCCESS);
+                        ck_assert_msg(err == faults[i].err, "%s failing with %d: publish gave %s",
+                                      cuda_fake_op_name(faults[i].op), (int)faults[i].r,
+                                      dlx_strerror(err));
+                        ck_assert_msg(strstr(dlx_last_error(), faults[i].says),
+                                      "%s failing: message '%s' does not mention %s",
+                                      cuda_fake_op_name(faults[i].op), dlx_last_error(),
+                                      faults[i].says);
+                        ck_assert_msg(runs(slot) == 1, "%s failing: the deleter ran %d times",
+                                      cuda_fake_op_name(faults[i].op), runs(slot));
+                        ck_assert_int_eq(DLX(dlx_stat(c, "faults/t", &info)), -ENOENT);
+                        ck_assert_msg(
+                                cuda_fake_live(CUDA_FAKE_EVENT) <= 1, "%s failing: %d events alive",
+                                cuda_fake_op_name(faults[i].op), cuda_fake_live(CUDA_FAKE_EVENT));
+                }
+                if (own) {
+                        ck_assert_ptr_eq(cuda_fake_ctx_current(), cuda_fake_ctx(1));
+                        pop_own_context();
+                }
+        }
+        ck_assert_int_eq(cuda_fake_ctx_depth(), 0);
+
+        /* not device memory at all */
+        host = calloc(1, IPC_LEN);
+        err = DLX(dlx_publish(c, "faults/t",
+                              dev_tensor(kDLCUDA, (CUdeviceptr)(uintptr_t)host, IPC_LEN, slot, 0),
+                              NULL, NULL));
+        ck_assert_msg(err < 0, "host memory as kDLCUDA: %s", dlx_strerror(err));
+        ck_assert_msg(strstr(dlx_last_error(), "not CUDA device memory"), "message: %s",
+                      dlx_last_error());
+        ck_assert_int_eq(runs(slot), 1);
+        slot++;
+        free(host);
+        /* a device the driver does not have */
+        {
+                DLManagedTensorVersioned *t = dev_tensor(kDLCUDA, x + 4096, IPC_LEN, slot, 0);
+                t->dl_tensor.device.device_id = 7;
+                err = DLX(dlx_publish(c, "faults/t", t, NULL, NULL));
+                ck_assert_msg(err == -ENODEV, "device 7: %s", dlx_strerror(err));
+                ck_assert_int_eq(runs(slot), 1);
+                slot++;
+        }
+
+        /* and then it works */
+        err = DLX(dlx_publish(c, "faults/t", dev_tensor(kDLCUDA, x + 4096, IPC_LEN, slot, 0), NULL,
+                              NULL));
+        ck_assert_msg(err == 0, "publish after the faults: %s (%s)", dlx_strerror(err),
+                      dlx_last_error());
+        ck_assert_int_eq(DLX(dlx_unpublish(c, "faults/t")), 0);
+        ck_assert_int_eq(DLX(dlx_wait_released(c, "faults/t", 1, NULL, TIMEOUT_MS)), 0);
+        ck_assert_int_eq(runs(slot), 1);
+        DLXV(dlx_close(c));
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/* A producer child for the consumer-side fault tests: publishes, then waits to be told to go. */
+struct side_producer {
+        struct chan ch;
+        bool vmm;
+};
+
+static int side_producer(void *arg)
+{
+        struct side_producer *sp = arg;
+        struct dlx_publish_options o = {.copy = DLX_COPY_NEVER, .stream = P_STREAM};
+        DLManagedTensorVersioned *t;
+        dlx_client *c;
+        CUdeviceptr x = 0;
+        uint64_t go;
+        int err;
+
+        chan_child(&sp->ch);
+        c = child_connect("side-producer");
+        CHECK(c, "connect");
+        if (sp->vmm) {
+                t = alloc_on(c, kDLCUDA, VMM_LEN);
+                CHECK(t, "dlx_alloc");
+                fill(t->dl_tensor.data, VMM_LEN, 60);
+        } else {
+                x = cuda_fake_malloc(IPC_SIZE);
+                CHECK(x, "malloc");
+                fill((void *)(uintptr_t)(x + IPC_OFF), VMM_LEN, 60);
+                t = dev_tensor(kDLCUDA, x + IPC_OFF, VMM_LEN, 0, x);
+        }
+        err = DLX(dlx_publish(c, "side/t", t, &o, NULL));
+        CHECK(err == 0, "publish: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(c_tell(&sp->ch, 1) == 0, "tell");
+        CHECK(c_hear(&sp->ch, &go) == 0, "no end");
+        CHECK(DLX(dlx_unpublish(c, "side/t")) == 0, "unpublish");
+        err = DLX(dlx_wait_released(c, "side/t", 1, NULL, TIMEOUT_MS));
+        CHECK(err == 0, "wait_released: %s (%s)", dlx_strerror(err), dlx_last_error());
+        DLXV(dlx_close(c));
+        CHECK(ctx_bad == 0, "the context stack changed (above)");
+        CHECK_NOTHING_LIVE("producer after close");
+        return 0;
+}
+
+static pid_t side_start(struct side_producer *sp, bool vmm)
+{
+        pid_t pid;
+
+        sp->vmm = vmm;
+        chan_open(&sp->ch);
+        pid = fx_spawn(side_producer, sp);
+        chan_parent(&sp->ch);
+        ck_assert_uint_eq(hear(&sp->ch), 1);
+        return pid;
+}
+
+static void side_stop(struct side_producer *sp, pid_t pid)
+{
+        tell(&sp->ch, 1);
+        reap(pid, "producer");
+        chan_close(&sp->ch);
+}
+
+struct fault {
+        enum cuda_fake_op op;
+        CUresult r;
+        int err;
+        const char *says;
+};
+
+static void assert_messages_clear(void)
+{
+        ck_assert_msg(!unclear[0], "%s", unclear);
+}
+
+/* Acquires side/t with op failing: a clear error, the context intact, the lease given back. */
+static void acquire_failing(dlx_client *c, const struct fault *f)
+{
+        DLManagedTensorVersioned *t = NULL;
+        int err;
+
+        cuda_fake_fail_next(f->op, f->r);
+        err = DLX(dlx_acquire(c, "side/t", NULL, &t));
+        cuda_fake_fail_next(f->op, CUDA_SUCCESS);
+        ck_assert_msg(err == f->err, "%s failing with %d: acquire gave %s (%s)",
+                      cuda_fake_op_name(f->op), (int)f->r, dlx_strerror(err), dlx_last_error());
+        ck_assert_ptr_null(t);
+        if (!strstr(dlx_last_error(), f->says) && !unclear[0])
+                snprintf(unclear, sizeof(unclear),
+                         "%s failing: dlx_last_error() after the failed acquire is '%s', which "
+                         "does not say '%s'",
+                         cuda_fake_op_name(f->op), dlx_last_error(), f->says);
+        ck_assert_msg(fx_wait_leases(c, 0, 2000) == 0, "%s failing: the lease was kept",
+                      cuda_fake_op_name(f->op));
+}
+
+START_TEST(faults_acquire_ipc)
+{
+        static const struct fault faults[] = {
+                {CUDA_FAKE_IPC_OPEN_MEM_HANDLE, CUDA_ERROR_MAP_FAILED, -EIO, "cuIpcOpenMemHandle"},
+                {CUDA_FAKE_IPC_OPEN_MEM_HANDLE, CUDA_ERROR_INVALID_VALUE, -EINVAL,
+                 "cuIpcOpenMemHandle"},
+                /* what the driver answers for a handle whose process has gone */
+                {CUDA_FAKE_IPC_OPEN_EVENT_HANDLE, CUDA_ERROR_INVALID_VALUE, -ESRCH,
+                 "cuIpcOpenEventHandle"},
+                {CUDA_FAKE_IPC_OPEN_EVENT_HANDLE, CUDA_ERROR_OUT_OF_MEMORY, -ENOMEM,
+                 "cuIpcOpenEventHandle"},
+                {CUDA_FAKE_STREAM_WAIT_EVENT, CUDA_ERROR_LAUNCH_FAILED, -EIO, "cuStreamWaitEvent"},
+        };
+        struct side_producer sp;
+        DLManagedTensorVersioned *t;
+        dlx_client *c;
+        pid_t pid, me = getpid();
+        int err;
+
+        pid = side_start(&sp, false);
+        c = fx_connect(&fx, "faults-consumer");
+        ck_assert_int_eq(DLX(dlx_set_stream(c, 0, C_STREAM)), 0);
+        push_own_context(0);
+        for (size_t i = 0; i < sizeof(faults) / sizeof(faults[0]); i++) {
+                acquire_failing(c, &faults[i]);
+                ck_assert_msg(cuda_fake_live(CUDA_FAKE_IPC_MAPPING) == 0,
+                              "%s failing: the allocation stays mapped",
+                              cuda_fake_op_name(faults[i].op));
+        }
+        err = DLX(dlx_acquire(c, "side/t", NULL, &t));
+        ck_assert_msg(err == 0, "acquire after the faults: %s (%s)", dlx_strerror(err),
+                      dlx_last_error());
+        ck_assert(same(t->dl_tensor.data, VMM_LEN, 60));
+        DLXV(t->deleter(t));
+        ck_assert_ptr_eq(cuda_fake_ctx_current(), cuda_fake_ctx(0));
+        pop_own_context();
+        side_stop(&sp, pid);
+        DLXV(dlx_close(c));
+        ck_assert_int_eq(QCOUNT(.op = CUDA_FAKE_IPC_OPEN_MEM_HANDLE, .pid = me),
+                         QCOUNT(.op = CUDA_FAKE_IPC_CLOSE_MEM_HANDLE, .pid = me));
+        assert_nothing_live("consumer after close");
+        ck_assert_int_eq(ctx_bad, 0);
+        assert_messages_clear();
+}
+END_TEST
+
+START_TEST(faults_vmm_alloc)
+{
+        static const struct fault faults[] = {
+                {CUDA_FAKE_MEM_GET_ALLOCATION_GRANULARITY, CUDA_ERROR_NOT_SUPPORTED, -ENOTSUP,
+                 "cuMemGetAllocationGranularity"},
+                {CUDA_FAKE_MEM_CREATE, CUDA_ERROR_OUT_OF_MEMORY, -ENOMEM, "cuMemCreate"},
+                {CUDA_FAKE_MEM_CREATE, CUDA_ERROR_NOT_SUPPORTED, -ENOTSUP, "cuMemCreate"},
+                {CUDA_FAKE_MEM_EXPORT_TO_SHAREABLE_HANDLE, CUDA_ERROR_UNKNOWN, -EIO,
+                 "cuMemExportToShareableHandle"},
+                {CUDA_FAKE_MEM_ADDRESS_RESERVE, CUDA_ERROR_OUT_OF_MEMORY, -ENOMEM,
+                 "cuMemAddressReserve"},
+                {CUDA_FAKE_MEM_MAP, CUDA_ERROR_UNKNOWN, -EIO, "cuMemMap"},
+                {CUDA_FAKE_MEM_MAP, CUDA_ERROR_OUT_OF_MEMORY, -ENOMEM, "cuMemMap"},
+                {CUDA_FAKE_MEM_SET_ACCESS, CUDA_ERROR_INVALID_VALUE, -EINVAL, "cuMemSetAccess"},
+        };
+        DLManagedTensorVersioned *t;
+        struct dlx_stats st;
+        dlx_client *c;
+        int fds, err;
+
+        c = fx_connect(&fx, "faults-vmm");
+        fds = count_fds(0);
+        for (int own = 0; own < 2; own++) {
+                if (own)
+                        push_own_context(0);
+                for (size_t i = 0; i < sizeof(faults) / sizeof(faults[0]); i++) {
+                        int64_t shape[1] = {VMM_LEN};
+                        DLTensor proto = {.device = {kDLCUDA, 0},
+                                          .ndim = 1,
+                                          .dtype = {kDLUInt, 8, 1},
+                                          .shape = shape};
+                        t = NULL;
+                        cuda_fake_fail_next(faults[i].op, faults[i].r);
+                        err = DLX(dlx_alloc(c, &proto, &t));
+                        cuda_fake_fail_next(faults[i].op, CUDA_SUCCESS);
+                        ck_assert_msg(err == faults[i].err, "%s failing with %d: alloc gave %s",
+                                      cuda_fake_op_name(faults[i].op), (int)faults[i].r,
+                                      dlx_strerror(err));
+                        ck_assert_ptr_null(t);
+                        ck_assert_msg(strstr(dlx_last_error(), faults[i].says),
+                                      "%s failing: message '%s' lacks '%s'",
+                                      cuda_fake_op_name(faults[i].op), dlx_last_error(),
+                                      faults[i].says);
+                        ck_assert_msg(live_kind() == 0, "%s failing: %s left alive",
+                                      cuda_fake_op_name(faults[i].op),
+                                      live_kind() ? leak_names[live_kind() - 1] : "");
+                        ck_assert_msg(count_fds(0) == fds, "%s failing: %d fds open, %d before",
+                                      cuda_fake_op_name(faults[i].op), count_fds(0), fds);
+                        ck_assert_int_eq(DLX(dlx_stats(c, &st)), 0);
+                        ck_assert_msg(
+                                st.segments == 0, "%s failing: the daemon holds %llu segments",
+                                cuda_fake_op_name(faults[i].op), (unsigned long long)st.segments);
+                }
+                if (own) {
+                        ck_assert_ptr_eq(cuda_fake_ctx_current(), cuda_fake_ctx(0));
+                        pop_own_context();
+                }
+        }
+        t = alloc_on(c, kDLCUDA, VMM_LEN);
+        ck_assert_ptr_nonnull(t);
+        DLXV(t->deleter(t));
+
+        /* pinned host memory whose registration fails */
+        cuda_fake_fail_next(CUDA_FAKE_MEM_HOST_REGISTER, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+        {
+                int64_t shape[1] = {VMM_LEN};
+                DLTensor proto = {.device = {kDLCUDAHost, 0},
+                                  .ndim = 1,
+                                  .dtype = {kDLUInt, 8, 1},
+                                  .shape = shape};
+                t = NULL;
+                err = DLX(dlx_alloc(c, &proto, &t));
+        }
+        cuda_fake_fail_next(CUDA_FAKE_MEM_HOST_REGISTER, CUDA_SUCCESS);
+        ck_assert_msg(err < 0, "alloc kDLCUDAHost with registration failing: %s",
+                      dlx_strerror(err));
+        ck_assert_msg(strstr(dlx_last_error(), "cuMemHostRegister"), "message: %s",
+                      dlx_last_error());
+        ck_assert_int_eq(cuda_fake_live(CUDA_FAKE_REGISTRATION), 0);
+        t = alloc_on(c, kDLCUDAHost, VMM_LEN);
+        ck_assert_ptr_nonnull(t);
+        DLXV(t->deleter(t));
+
+        DLXV(dlx_close(c));
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+START_TEST(faults_vmm_import)
+{
+        static const struct fault faults[] = {
+                {CUDA_FAKE_MEM_IMPORT_FROM_SHAREABLE_HANDLE, CUDA_ERROR_INVALID_VALUE, -EINVAL,
+                 "cuMemImportFromShareableHandle"},
+                {CUDA_FAKE_MEM_MAP, CUDA_ERROR_UNKNOWN, -EIO, "cuMemMap"},
+                {CUDA_FAKE_MEM_SET_ACCESS, CUDA_ERROR_OUT_OF_MEMORY, -ENOMEM, "cuMemSetAccess"},
+        };
+
+        for (size_t i = 0; i < sizeof(faults) / sizeof(faults[0]); i++) {
+                struct side_producer sp;
+                dlx_client *c;
+                pid_t pid;
+
+                pid = side_start(&sp, true);
+                c = fx_connect(&fx, "faults-vmm-consumer");
+                push_own_context(0);
+                acquire_failing(c, &faults[i]);
+                ck_assert_msg(live_kind() == 0, "%s failing: %s left alive",
+                              cuda_fake_op_name(faults[i].op),
+                              live_kind() ? leak_names[live_kind() - 1] : "");
+                pop_own_context();
+                side_stop(&sp, pid);
+                DLXV(dlx_close(c));
+                assert_nothing_live("consumer after close");
+        }
+        ck_assert_int_eq(ctx_bad, 0);
+        assert_messages_clear();
+}
+END_TEST
+
+/*
+ * 9b. After a failed import the same client acquires the same segment again:
+ *     the daemon sent its fd once, so the client must not have forgotten it
+ *     silently.
+ */
+START_TEST(faults_vmm_import_retry)
+{
+        static const struct fault faults[] = {
+                {CUDA_FAKE_MEM_IMPORT_FROM_SHAREABLE_HANDLE, CUDA_ERROR_INVALID_VALUE, -EINVAL,
+                 "cuMemImportFromShareableHandle"},
+                {CUDA_FAKE_MEM_MAP, CUDA_ERROR_UNKNOWN, -EIO, "cuMemMap"},
+        };
+
+        for (size_t i = 0; i < sizeof(faults) / sizeof(faults[0]); i++) {
+                struct side_producer sp;
+                DLManagedTensorVersioned *t = NULL;
+                dlx_client *c;
+                pid_t pid;
+                int err;
+
+                pid = side_start(&sp, true);
+                c = fx_connect(&fx, "retry-consumer");
+                acquire_failing(c, &faults[i]);
+                err = DLX(dlx_acquire(c, "side/t", NULL, &t));
+                ck_assert_msg(err == 0,
+                              "after %s failed once, acquiring the same tensor again gave %s "
+                              "(%s)",
+                              cuda_fake_op_name(faults[i].op), dlx_strerror(err), dlx_last_error());
+                ck_assert(same(t->dl_tensor.data, VMM_LEN, 60));
+                DLXV(t->deleter(t));
+                side_stop(&sp, pid);
+                DLXV(dlx_close(c));
+                assert_nothing_live("consumer after close");
+        }
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/*
+ * 9c. A producer that closes with CUDA versions still published gives its
+ *     publish events back (they are destroyed with the client).
+ */
+START_TEST(close_with_published_cuda_tensors)
+{
+        CUdeviceptr x = cuda_fake_malloc(IPC_SIZE);
+        dlx_client *c;
+
+        ck_assert(x);
+        c = fx_connect(&fx, "close-producer");
+        publish_dev(c, "close/a", x, 4096, 0, NULL);
+        publish_dev(c, "close/b", x + 4096, 4096, 1, NULL);
+        ck_assert_int_eq(cuda_fake_live(CUDA_FAKE_EVENT), 2);
+        DLXV(dlx_close(c));
+        ck_assert_int_eq(runs(0), 1);
+        ck_assert_int_eq(runs(1), 1);
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        ck_assert_msg(cuda_fake_live(CUDA_FAKE_EVENT) == 0,
+                      "dlx_close() left %d publish event(s) alive: versions still published at "
+                      "close never give their event back",
+                      cuda_fake_live(CUDA_FAKE_EVENT));
+        assert_nothing_live("after close");
+}
+END_TEST
+
+/* =============================================================================================
+ * 10. A client acquiring what its own process published.
+ */
+
+START_TEST(own_process_acquire)
+{
+        CUdeviceptr x = cuda_fake_malloc(IPC_SIZE);
+        DLManagedTensorVersioned *t, *t1;
+        dlx_client *p, *q;
+        size_t before, after, start;
+        uint64_t ev, rel;
+        pid_t me = getpid();
+        long pw;
+        int err;
+
+        ck_assert(x);
+        fill((void *)(uintptr_t)(x + IPC_OFF), IPC_LEN, 70);
+        p = fx_connect(&fx, "own-producer");
+        q = fx_connect(&fx, "own-consumer");
+        ck_assert_int_eq(DLX(dlx_set_stream(p, 0, P_STREAM)), 0);
+        ck_assert_int_eq(DLX(dlx_set_stream(q, 0, C_STREAM)), 0);
+        start = log_now();
+        publish_dev(p, "own/t", x + IPC_OFF, IPC_LEN, 0, NULL);
+        ev = recorded_event(me, P_STREAM, start, 0);
+        ck_assert(ev);
+
+        before = log_now();
+        err = DLX(dlx_acquire(q, "own/t", NULL, &t));
+        after = log_now();
+        ck_assert_msg(err == 0, "acquire from another client of this process: %s (%s)",
+                      dlx_strerror(err), dlx_last_error());
+        ck_assert_str_eq(storage_of(t), "cuda-ipc");
+        ck_assert_ptr_eq(t->dl_tensor.data, (void *)(uintptr_t)(x + IPC_OFF));
+        ck_assert(same(t->dl_tensor.data, IPC_LEN, 70));
+        ck_assert_msg(QFIND(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = me, .event = ev,
+                            .by_stream = true, .stream = S(C_STREAM), .from = before,
+                            .to = after) >= 0,
+                      "the consumer's stream did not wait on the publish event");
+        err = DLX(dlx_acquire(p, "own/t", NULL, &t1));
+        ck_assert_msg(err == 0, "acquire from the publishing client: %s (%s)", dlx_strerror(err),
+                      dlx_last_error());
+        ck_assert_ptr_eq(t1->dl_tensor.data, (void *)(uintptr_t)(x + IPC_OFF));
+        ck_assert_int_eq(QCOUNT(.op = CUDA_FAKE_IPC_OPEN_MEM_HANDLE, .pid = me), 0);
+        ck_assert_int_eq(QCOUNT(.op = CUDA_FAKE_IPC_OPEN_EVENT_HANDLE, .pid = me), 0);
+
+        before = log_now();
+        DLXV(t->deleter(t));
+        rel = recorded_event(me, C_STREAM, before, 0);
+        ck_assert(rel);
+        DLXV(t1->deleter(t1));
+        ck_assert_int_eq(DLX(dlx_unpublish(p, "own/t")), 0);
+        err = DLX(dlx_wait_released(p, "own/t", 1, NULL, TIMEOUT_MS));
+        ck_assert_msg(err == 0, "wait_released: %s (%s)", dlx_strerror(err), dlx_last_error());
+        ck_assert_int_eq(runs(0), 1);
+        pw = QFIND(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = me, .event = rel, .by_stream = true,
+                   .stream = S(P_STREAM));
+        ck_assert_msg(pw >= 0 && (uint64_t)pw < sh->run_log[0],
+                      "the publish stream did not wait on the own reader's release event first");
+        ck_assert_int_eq(QCOUNT(.op = CUDA_FAKE_IPC_OPEN_EVENT_HANDLE, .pid = me), 0);
+        DLXV(dlx_close(q));
+        DLXV(dlx_close(p));
+        ck_assert_int_eq(QCOUNT(.op = CUDA_FAKE_IPC_CLOSE_MEM_HANDLE, .pid = me), 0);
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        assert_nothing_live("after close");
+        ck_assert_int_eq(cuda_fake_live(CUDA_FAKE_IPC_EVENT), 0);
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/* =============================================================================================
+ * 11. The exchange API's current stream.
+ */
+
+START_TEST(exchange_current_stream)
+{
+        const DLPackExchangeAPI *api = dlx_exchange_api();
+        DLManagedTensorVersioned *t;
+        dlx_tensor *h = NULL;
+        CUdeviceptr x = cuda_fake_malloc(IPC_SIZE);
+        dlx_client *a, *b;
+        void *s = (void *)1;
+        size_t start;
+
+        ck_assert(x);
+        ck_assert_ptr_nonnull(api->current_work_stream);
+        a = fx_connect(&fx, "exchange-a");
+        ck_assert_int_eq(api->current_work_stream(kDLCUDA, 0, &s), 0);
+        ck_assert_ptr_null(s); /* nothing set: the legacy default stream */
+        ck_assert_int_eq(dlx_set_stream(a, 0, P_STREAM), 0);
+        ck_assert_int_eq(dlx_set_stream(a, 1, W_STREAM), 0);
+        ck_assert_int_eq(api->current_work_stream(kDLCUDA, 0, &s), 0);
+        ck_assert_ptr_eq(s, P_STREAM);
+        ck_assert_int_eq(api->current_work_stream(kDLCUDA, 1, &s), 0);
+        ck_assert_ptr_eq(s, W_STREAM);
+        s = (void *)1;
+        ck_assert_int_eq(api->current_work_stream(kDLCPU, 0, &s), 0);
+        ck_assert_ptr_null(s);
+
+        /* a later client is not the default until made so */
+        b = fx_connect(&fx, "exchange-b");
+        ck_assert_int_eq(dlx_set_stream(b, 0, C_STREAM), 0);
+        ck_assert_int_eq(api->current_work_stream(kDLCUDA, 0, &s), 0);
+        ck_assert_ptr_eq(s, P_STREAM);
+        dlx_set_default_client(b);
+        ck_assert_int_eq(api->current_work_stream(kDLCUDA, 0, &s), 0);
+        ck_assert_ptr_eq(s, C_STREAM);
+        dlx_set_default_client(NULL);
+        ck_assert_int_eq(api->current_work_stream(kDLCUDA, 0, &s), 0);
+        ck_assert_ptr_eq(s, P_STREAM);
+
+        /* dlx_publish_from orders on that stream */
+        t = dev_tensor(kDLCUDA, x, IPC_LEN, 0, 0);
+        ck_assert_int_eq(dlx_tensor_wrap(t, &h), 0);
+        start = log_now();
+        ck_assert_int_eq(DLX(dlx_publish_from(a, "exchange/t", api, h, NULL, NULL)), 0);
+        ck_assert_msg(recorded_event(getpid(), P_STREAM, start, 0) != 0,
+                      "publish_from did not record on the exchange API's current stream");
+        dlx_tensor_unref(h);
+        ck_assert_int_eq(runs(0), 0); /* the published view keeps it */
+        unpublish_wait(a, "exchange/t", 1);
+        ck_assert_int_eq(runs(0), 1);
+        DLXV(dlx_close(b));
+        DLXV(dlx_close(a));
+        ck_assert_int_eq(runs(0), 1);
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/* DLX_CUDA_ONLY=<test name> runs one test (for debugging). */
+static void add(TCase *tc, const TTest *t)
+{
+        const char *only = getenv("DLX_CUDA_ONLY");
+
+        if (!only || !*only || strcmp(only, t->name) == 0)
+                tcase_add_test(tc, t);
+}
+
+Suite *cuda_suite(void)
+{
+        Suite *s = suite_create("cuda");
+        TCase *tc = tcase_create("fake-driver");
+
+        tcase_add_checked_fixture(tc, cuda_setup, cuda_teardown);
+        tcase_set_timeout(tc, 120);
+        add(tc, ipc_publish_acquire);
+        add(tc, ipc_handle_cache);
+        add(tc, ipc_deferred_close_done_by_close);
+        add(tc, release_fence);
+        add(tc, wait_released_after_reader_exit);
+        add(tc, publish_event_pool);
+        add(tc, kill9_consumer_releases);
+        add(tc, vmm_alloc_share);
+        add(tc, vmm_persist_outlives_producer);
+        add(tc, cuda_host_share);
+        add(tc, no_driver);
+        add(tc, faults_publish);
+        add(tc, faults_acquire_ipc);
+        add(tc, faults_vmm_alloc);
+        add(tc, faults_vmm_import);
+        add(tc, faults_vmm_import_retry);
+        add(tc, close_with_published_cuda_tensors);
+        add(tc, own_process_acquire);
+        add(tc, exchange_current_stream);
+        suite_add_tcase(s, tc);
+        return s;
+}
