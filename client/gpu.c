@@ -398,6 +398,19 @@ static int ipc_open(const struct dlx_cuda_driver *cu, const struct wire_tensor *
                 *ret = m;
                 return 0;
         }
+        /* an opening still waiting for its last reader to finish: take it back */
+        for (struct gpu_ipc **pp = &closing; *pp; pp = &(*pp)->next_closing) {
+                if (memcmp((*pp)->key, t->ipc_handle, DLX_CUDA_HANDLE) != 0)
+                        continue;
+                m = *pp;
+                *pp = m->next_closing;
+                m->next_closing = NULL;
+                m->done = NULL;
+                m->refs = 1;
+                avl_insert(&ipc_cache, &m->node, m->key, cmp_ipc);
+                *ret = m;
+                return 0;
+        }
         m = calloc(1, sizeof(*m));
         if (!m)
                 return dlx__fail(-ENOMEM, "out of memory");

@@ -293,11 +293,25 @@ START_TEST(test_allocator_bad_prototypes)
         struct error_sink sink = {0};
         dlx_client *c = fx_connect(&fx, "allocator");
 
-        proto.device.device_type = kDLCUDA;
+        /* a device dlx cannot allocate for */
+        proto.device.device_type = kDLOpenCL;
         ck_assert_int_ne(api->managed_tensor_allocator(&proto, &out, &sink, set_error), 0);
         ck_assert_int_eq(sink.calls, 1);
         ck_assert_str_ne(sink.message, "");
         ck_assert_ptr_null(out);
+        /* CUDA: refused without a driver, allocated (VMM) where there is one */
+        memset(&sink, 0, sizeof(sink));
+        proto.device.device_type = kDLCUDA;
+        if (api->managed_tensor_allocator(&proto, &out, &sink, set_error) != 0) {
+                ck_assert_int_eq(sink.calls, 1);
+                ck_assert_str_ne(sink.message, "");
+                ck_assert_ptr_null(out);
+        } else {
+                ck_assert_int_eq(sink.calls, 0);
+                ck_assert_int_eq(out->dl_tensor.device.device_type, kDLCUDA);
+                out->deleter(out);
+                out = NULL;
+        }
 
         memset(&sink, 0, sizeof(sink));
         proto = cpu_prototype(DT(kDLFloat, 7, 1));
