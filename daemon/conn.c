@@ -67,6 +67,8 @@ void conn_close(struct conn *c)
         list_remove(&c->link);
         if (list_linked(&c->doom_link))
                 list_remove(&c->doom_link);
+        if (list_linked(&c->dirty_link))
+                list_remove(&c->dirty_link);
         server_conn_gone(c->srv);
         uv_poll_stop(&c->poll);
         uv_close((uv_handle_t *)&c->poll, on_closed);
@@ -146,9 +148,20 @@ static int conn_send(void *ctx, const struct wire_reply *rep, int fd)
          * made while dispatching go out at the end of the batch; others as
          * soon as the loop sees the socket writable.
          */
-        if (!c->dispatching)
-                set_events(c, UV_READABLE | UV_WRITABLE);
+        if (!c->dispatching && !list_linked(&c->dirty_link)) {
+                list_insert_tail(&c->srv->dirty, &c->dirty_link);
+                server_schedule_flush(c->srv);
+        }
         return 0;
+}
+
+void conn_flush_dirty(struct server *srv)
+{
+        while (!list_empty(&srv->dirty)) {
+                struct conn *c = list_entry(srv->dirty.next, struct conn, dirty_link);
+                list_remove(&c->dirty_link);
+                conn_flush(c);
+        }
 }
 
 /* Sends as much of the output queue as the socket takes, in few syscalls. */
@@ -231,7 +244,7 @@ static void conn_flush(struct conn *c)
 }
 
 /* Reads once; returns bytes read, 0 at EOF, -EAGAIN, or another -errno. */
-static ssize_t conn_read(struct conn *c)
+static ssize_t conn_read(struct conn *c, bool *ret_drained)
 {
         union frame_cmsg_buf cbuf;
         struct iovec iov;
@@ -257,6 +270,8 @@ static ssize_t conn_read(struct conn *c)
         if (err < 0)
                 return err;
         frame_reader_commit(&c->reader, (size_t)n);
+        /* a short read took all there was: no second recvmsg just to hear EAGAIN */
+        *ret_drained = (size_t)n < avail;
         return n;
 }
 
@@ -275,7 +290,8 @@ static void on_poll(uv_poll_t *h, int status, int events)
 
         c->dispatching = true;
         for (int i = 0; i < CONN_READS_PER_WAKEUP && !c->close_pending && !c->closing; i++) {
-                ssize_t n = conn_read(c);
+                bool drained = false;
+                ssize_t n = conn_read(c, &drained);
                 struct frame f;
                 int r;
 
@@ -309,6 +325,8 @@ static void on_poll(uv_poll_t *h, int status, int events)
                         if (dispatch_frame(c->session, &f) == DISPATCH_CLOSE)
                                 c->close_pending = true;
                 }
+                if (drained)
+                        break; /* level-triggered: the loop wakes us when more comes */
         }
         c->dispatching = false;
         if (!c->closing)
@@ -343,6 +361,7 @@ int conn_start(struct server *srv, int fd, struct session *session)
         c->session = session;
         list_init(&c->outq);
         list_init(&c->doom_link);
+        list_init(&c->dirty_link);
         err = frame_reader_init(&c->reader);
         if (err == 0)
                 err = uv_poll_init(srv->loop, &c->poll, fd);

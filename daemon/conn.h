@@ -31,8 +31,9 @@ struct conn {
         bool dispatching;    /* replies are coalesced until the batch ends */
         bool close_pending;  /* close once the output queue is sent */
         bool closing;
-        struct list link;      /* in server.conns */
-        struct list doom_link; /* in server.doomed while a close is scheduled */
+        struct list link;       /* in server.conns */
+        struct list doom_link;  /* in server.doomed while a close is scheduled */
+        struct list dirty_link; /* in server.dirty while replies wait for the flush */
 };
 
 /* Takes ownership of fd (a connected, non-blocking socket). Returns 0 or -errno. */
@@ -49,5 +50,8 @@ void conn_doom(struct conn *c);
 
 /* Closes every doomed connection (the server's idle callback). */
 void conn_reap(struct server *srv);
+
+/* Sends what other code queued on connections outside their own batch (check callback). */
+void conn_flush_dirty(struct server *srv);
 
 #endif /* DLX_DAEMON_CONN_H */

@@ -182,6 +182,7 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
         srv->max_clients = max_clients;
         list_init(&srv->conns);
         list_init(&srv->doomed);
+        list_init(&srv->dirty);
         if (strlen(path) >= sizeof(srv->path)) {
                 log_err("socket path too long: %s", path);
                 return -ENAMETOOLONG;
@@ -219,6 +220,8 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
         srv->backoff.data = srv;
         uv_idle_init(loop, &srv->reaper);
         srv->reaper.data = srv;
+        uv_check_init(loop, &srv->flusher);
+        srv->flusher.data = srv;
         uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
         srv->listening = true;
         return 0;
@@ -243,10 +246,13 @@ void server_stop(struct server *srv)
         uv_close((uv_handle_t *)&srv->listen_poll, on_listen_closed);
         uv_timer_stop(&srv->backoff);
         uv_close((uv_handle_t *)&srv->backoff, NULL);
+        unlink(srv->path);
+        /* closing sessions sends events to the others: the handles that send them go last */
+        list_for_each_safe(pos, tmp, &srv->conns) conn_close(list_entry(pos, struct conn, link));
         uv_idle_stop(&srv->reaper);
         uv_close((uv_handle_t *)&srv->reaper, NULL);
-        unlink(srv->path);
-        list_for_each_safe(pos, tmp, &srv->conns) conn_close(list_entry(pos, struct conn, link));
+        uv_check_stop(&srv->flusher);
+        uv_close((uv_handle_t *)&srv->flusher, NULL);
 }
 
 void server_conn_gone(struct server *srv)
@@ -265,4 +271,22 @@ static void on_reap(uv_idle_t *h)
 void server_schedule_reap(struct server *srv)
 {
         uv_idle_start(&srv->reaper, on_reap);
+}
+
+/*
+ * Events and late replies for other connections go out after the loop's poll
+ * phase, in one pass: no epoll_ctl to watch for writability, which a socket
+ * with room to spare does not need.
+ */
+static void on_flush(uv_check_t *h)
+{
+        struct server *srv = h->data;
+
+        uv_check_stop(h);
+        conn_flush_dirty(srv);
+}
+
+void server_schedule_flush(struct server *srv)
+{
+        uv_check_start(&srv->flusher, on_flush);
 }

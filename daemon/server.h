@@ -24,6 +24,8 @@ struct server {
         struct list conns;
         struct list doomed; /* conns to close from the loop, not from deep inside a request */
         uv_idle_t reaper;
+        struct list dirty; /* conns with replies queued outside their own batch */
+        uv_check_t flusher;
         unsigned nconns;
         unsigned max_clients;
         bool listening;
@@ -47,5 +49,8 @@ void server_conn_gone(struct server *srv);
 
 /* Runs conn_reap() from the loop soon. */
 void server_schedule_reap(struct server *srv);
+
+/* Runs conn_flush_dirty() at the end of this loop iteration. */
+void server_schedule_flush(struct server *srv);
 
 #endif /* DLX_DAEMON_SERVER_H */
