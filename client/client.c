@@ -142,24 +142,13 @@ static int pump(dlx_client *c, int64_t timeout_ms);
 
 static int send_frame(dlx_client *c, const uint8_t *buf, size_t len, int fd)
 {
-        union {
-                struct cmsghdr align;
-                char buf[CMSG_SPACE(sizeof(int))];
-        } cbuf;
+        union frame_cmsg_one cbuf;
         struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
         struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
         size_t off = 0;
 
-        if (fd >= 0) {
-                memset(&cbuf, 0, sizeof(cbuf));
-                msg.msg_control = cbuf.buf;
-                msg.msg_controllen = sizeof(cbuf.buf);
-                struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-                cm->cmsg_level = SOL_SOCKET;
-                cm->cmsg_type = SCM_RIGHTS;
-                cm->cmsg_len = CMSG_LEN(sizeof(int));
-                memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-        }
+        if (fd >= 0)
+                frame_attach_fd(&msg, &cbuf, fd);
         while (off < len) {
                 ssize_t n;
 

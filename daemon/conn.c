@@ -169,10 +169,7 @@ static void conn_flush(struct conn *c)
 {
         while (!list_empty(&c->outq) && !c->closing) {
                 struct iovec iov[CONN_IOV_MAX];
-                union {
-                        struct cmsghdr align;
-                        char buf[CMSG_SPACE(sizeof(int))];
-                } cbuf;
+                union frame_cmsg_one cbuf;
                 struct msghdr msg = {.msg_iov = iov};
                 struct list *pos;
                 ssize_t n;
@@ -183,16 +180,8 @@ static void conn_flush(struct conn *c)
                         /* an fd rides on the first byte of its frame, alone in its sendmsg */
                         if (b->fd >= 0 && niov > 0)
                                 break;
-                        if (b->fd >= 0 && b->off == 0) {
-                                memset(&cbuf, 0, sizeof(cbuf));
-                                msg.msg_control = cbuf.buf;
-                                msg.msg_controllen = sizeof(cbuf.buf);
-                                struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-                                cm->cmsg_level = SOL_SOCKET;
-                                cm->cmsg_type = SCM_RIGHTS;
-                                cm->cmsg_len = CMSG_LEN(sizeof(int));
-                                memcpy(CMSG_DATA(cm), &b->fd, sizeof(int));
-                        }
+                        if (b->fd >= 0 && b->off == 0)
+                                frame_attach_fd(&msg, &cbuf, b->fd);
                         iov[niov].iov_base = b->data + b->off;
                         iov[niov].iov_len = b->len - b->off;
                         niov++;

@@ -113,6 +113,20 @@ int frame_reader_push_fds(struct frame_reader *r, const int *fds, unsigned n)
         return 0;
 }
 
+void frame_attach_fd(struct msghdr *msg, union frame_cmsg_one *cbuf, int fd)
+{
+        struct cmsghdr *cm;
+
+        memset(cbuf, 0, sizeof(*cbuf));
+        msg->msg_control = cbuf->buf;
+        msg->msg_controllen = sizeof(cbuf->buf);
+        cm = CMSG_FIRSTHDR(msg);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+}
+
 int frame_reader_take_fds(struct frame_reader *r, const struct msghdr *msg)
 {
         int err = 0;

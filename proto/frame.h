@@ -76,6 +76,15 @@ union frame_cmsg_buf {
         char buf[CMSG_SPACE(sizeof(int) * DLX_MAX_FDS_QUEUED)];
 };
 
+/* Control buffer for one sendmsg() carrying one fd. */
+union frame_cmsg_one {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+};
+
+/* Attaches fd (borrowed) to msg through cbuf, which must outlive the sendmsg(). */
+void frame_attach_fd(struct msghdr *msg, union frame_cmsg_one *cbuf, int fd);
+
 /*
  * Queues the SCM_RIGHTS descriptors of a message recvmsg() filled (consumed
  * on every path). Returns 0, or -EMFILE when they overflow the queue or the
