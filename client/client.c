@@ -51,7 +51,7 @@ const char *dlx_strerror(int err)
         case EINVAL:
                 return "invalid argument";
         case ENOENT:
-                return "no such tensor";
+                return "not found (no such tensor, or no daemon at the socket path)";
         case EACCES:
         case EPERM:
                 return "permission denied: the name belongs to another user";
