@@ -13,6 +13,7 @@
 #include "registry.h"
 
 #include <check.h>
+#include <sys/eventfd.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -80,6 +81,14 @@ static int fake_send(void *ctx, const struct wire_reply *rep, int fd)
                 ck_assert_ptr_nonnull(e->rep.list.entries);
                 if (rep->list.count)
                         memcpy(e->rep.list.entries, rep->list.entries, sz);
+        }
+        if (rep->type == WIRE_REP_EVENT) {
+                /* the events belong to the version, which may be gone after the send */
+                size_t sz = (size_t)(rep->event.nevents ? rep->event.nevents : 1) * DLX_CUDA_HANDLE;
+                e->rep.event.events = malloc(sz);
+                ck_assert_ptr_nonnull(e->rep.event.events);
+                if (rep->event.nevents)
+                        memcpy(e->rep.event.events, rep->event.events, sz);
         }
         if (fd >= 0) {
                 struct stat sb;
@@ -162,9 +171,12 @@ static void teardown(void)
         ck_assert_int_eq(uv_loop_close(&E.loop), 0);
         for (size_t i = 0; i < E.nclients; i++) {
                 struct client *c = &E.clients[i];
-                for (size_t j = 0; j < c->n; j++)
+                for (size_t j = 0; j < c->n; j++) {
                         if (c->log[j].rep.type == WIRE_REP_LIST)
                                 free(c->log[j].rep.list.entries);
+                        if (c->log[j].rep.type == WIRE_REP_EVENT)
+                                free(c->log[j].rep.event.events);
+                }
                 free(c->log);
         }
         ck_assert_int_eq(count_fds(), E.fds_before);
@@ -1674,6 +1686,217 @@ START_TEST(test_done_closes_everything)
 }
 END_TEST
 
+/* ---- CUDA descriptors (the daemon stores handles and fds, never touches CUDA) ---------------- */
+
+static void handle_bytes(uint8_t *h, uint8_t seed)
+{
+        for (int i = 0; i < DLX_CUDA_HANDLE; i++)
+                h[i] = (uint8_t)(seed + i);
+}
+
+static void tensor_ipc(struct wire_tensor *t, const char *name)
+{
+        tensor_f32(t, name, 16, 256, 64);
+        t->device_type = kDLCUDA;
+        t->device_id = 0;
+        t->storage = WIRE_STORAGE_CUDA_IPC;
+        t->has_ipc_handle = true;
+        handle_bytes(t->ipc_handle, 7);
+        t->has_event = true;
+        handle_bytes(t->event, 100);
+}
+
+static const struct sent *publish_ipc(struct client *c, const struct wire_tensor *t,
+                                      uint64_t alloc_size, bool persist, uint64_t token)
+{
+        struct wire_request req;
+
+        req_init(&req, WIRE_REQ_PUBLISH);
+        req.publish.tensor = *t;
+        req.publish.persist = persist;
+        req.publish.token = token;
+        req.publish.segment_size = alloc_size;
+        registry_publish(c->s, &req, -1);
+        return reply_for(c, req.id);
+}
+
+START_TEST(test_cuda_ipc_descriptor)
+{
+        struct client *p = client_new(1000, 1000, 10, "producer");
+        struct client *c = client_new(1000, 1000, 11, "consumer");
+        struct wire_request req;
+        struct wire_tensor t;
+        const struct sent *r;
+        uint8_t h[DLX_CUDA_HANDLE];
+
+        tensor_ipc(&t, "gpu/x");
+        expect_ok(publish_ipc(p, &t, 4096, false, 5), WIRE_REP_PUBLISH);
+        /* the handle and the producer's event travel to the consumer, no fd */
+        r = acquire_ok(c, "gpu/x");
+        ck_assert(!r->had_fd);
+        ck_assert_uint_eq(r->rep.acquire.tensor.storage, WIRE_STORAGE_CUDA_IPC);
+        ck_assert(r->rep.acquire.tensor.has_ipc_handle && r->rep.acquire.tensor.has_event);
+        ck_assert_mem_eq(r->rep.acquire.tensor.ipc_handle, t.ipc_handle, DLX_CUDA_HANDLE);
+        ck_assert_mem_eq(r->rep.acquire.tensor.event, t.event, DLX_CUDA_HANDLE);
+        ck_assert_uint_eq(r->rep.acquire.tensor.offset, 256);
+        uint64_t lease = r->rep.acquire.lease;
+
+        /* release with the consumer's event: the producer gets it back with RELEASED */
+        req_init(&req, WIRE_REQ_RELEASE);
+        req.release.lease = lease;
+        req.release.has_event = true;
+        handle_bytes(req.release.event, 200);
+        registry_release(c->s, &req);
+        expect_ok(unpublish(p, "gpu/x"), WIRE_REP_NONE);
+        ck_assert_uint_eq(count_released(p, 5), 1);
+        const struct wire_reply *ev = NULL;
+        for (size_t i = 0; i < p->n; i++)
+                if (p->log[i].rep.type == WIRE_REP_EVENT &&
+                    p->log[i].rep.event.kind == WIRE_EVENT_RELEASED)
+                        ev = &p->log[i].rep;
+        ck_assert_ptr_nonnull(ev);
+        ck_assert_uint_eq(ev->event.nevents, 1);
+        handle_bytes(h, 200);
+        ck_assert_mem_eq(ev->event.events[0], h, DLX_CUDA_HANDLE);
+
+        /* refusals: persist, no handle, an fd, the wrong device, beyond the allocation */
+        expect_status(publish_ipc(p, &t, 4096, true, 0), WIRE_NOT_SUPPORTED);
+        t.has_ipc_handle = false;
+        expect_status(publish_ipc(p, &t, 4096, false, 0), WIRE_INVALID);
+        tensor_ipc(&t, "gpu/y");
+        int fd = make_memfd(SEG_BYTES, 0);
+        req_init(&req, WIRE_REQ_PUBLISH);
+        req.publish.tensor = t;
+        req.publish.segment_size = 4096;
+        registry_publish(p->s, &req, fd);
+        expect_status(reply_for(p, req.id), WIRE_INVALID);
+        ck_assert(!fd_is_open(fd));
+        t.device_type = kDLCPU;
+        expect_status(publish_ipc(p, &t, 4096, false, 0), WIRE_INVALID);
+        tensor_ipc(&t, "gpu/y");
+        expect_status(publish_ipc(p, &t, 300, false, 0), WIRE_INVALID);
+        expect_status(publish_ipc(p, &t, 0, false, 0), WIRE_INVALID);
+        /* an event on a CPU tensor is refused too */
+        tensor_f32(&t, "cpu/e", 16, 0, 64);
+        t.has_event = true;
+        fd = make_memfd(SEG_BYTES, 0);
+        expect_status(publish_t(p, &t, fd, false, 0), WIRE_INVALID);
+        /* IPC segments charge no bytes: the producer's process holds that memory */
+        ck_assert_uint_eq(stats(p).bytes, 0);
+}
+END_TEST
+
+START_TEST(test_release_events_fair_and_bounded)
+{
+        struct client *p = client_new(1000, 1000, 10, "producer");
+        struct client *a = client_new(1000, 1000, 11, "greedy");
+        struct client *b = client_new(1000, 1000, 12, "modest");
+        struct wire_request req;
+        struct wire_tensor t;
+        const struct sent *r;
+
+        tensor_ipc(&t, "gpu/f");
+        expect_ok(publish_ipc(p, &t, 4096, false, 9), WIRE_REP_PUBLISH);
+        /* the greedy consumer releases 100 leases with 100 distinct events */
+        for (int i = 0; i < 100; i++) {
+                r = acquire_ok(a, "gpu/f");
+                req_init(&req, WIRE_REQ_RELEASE);
+                req.release.lease = r->rep.acquire.lease;
+                req.release.has_event = true;
+                handle_bytes(req.release.event, (uint8_t)i);
+                req.release.event[0] = 0xa0;
+                req.release.event[1] = (uint8_t)i;
+                registry_release(a->s, &req);
+        }
+        /* the modest one's single event still counts */
+        r = acquire_ok(b, "gpu/f");
+        req_init(&req, WIRE_REQ_RELEASE);
+        req.release.lease = r->rep.acquire.lease;
+        req.release.has_event = true;
+        handle_bytes(req.release.event, 0xb0);
+        registry_release(b->s, &req);
+        /* the same event twice is kept once */
+        r = acquire_ok(b, "gpu/f");
+        req.id = E.next_id++;
+        req.release.lease = r->rep.acquire.lease;
+        registry_release(b->s, &req);
+        expect_ok(unpublish(p, "gpu/f"), WIRE_REP_NONE);
+        for (size_t i = 0; i < p->n; i++) {
+                const struct wire_reply *ev = &p->log[i].rep;
+                if (ev->type != WIRE_REP_EVENT || ev->event.kind != WIRE_EVENT_RELEASED)
+                        continue;
+                ck_assert_uint_eq(ev->event.nevents, DLX_MAX_RELEASE_EVENTS_PER_SESSION + 1);
+                uint8_t want[DLX_CUDA_HANDLE];
+                handle_bytes(want, 0xb0);
+                ck_assert_mem_eq(ev->event.events[ev->event.nevents - 1], want, DLX_CUDA_HANDLE);
+                return;
+        }
+        ck_abort_msg("no RELEASED event");
+}
+END_TEST
+
+START_TEST(test_cuda_vmm_and_host_segments)
+{
+        struct client *p = client_new(1000, 1000, 10, "producer");
+        struct client *c = client_new(1000, 1000, 11, "consumer");
+        struct wire_request req;
+        struct wire_tensor t;
+        const struct sent *r;
+        int fd;
+
+        /* a VMM export adopted through alloc at its declared size, held, published by id */
+        fd = eventfd(0, EFD_CLOEXEC); /* stands in for the driver's export */
+        req_init(&req, WIRE_REQ_ALLOC);
+        req.alloc.size = 1 << 16;
+        req.alloc.storage = WIRE_STORAGE_CUDA_VMM;
+        registry_alloc(p->s, &req, fd);
+        r = expect_ok(reply_for(p, req.id), WIRE_REP_ALLOC);
+        ck_assert(!r->had_fd); /* the client made it: nothing to send back */
+        uint64_t seg = r->rep.alloc.segment;
+        ck_assert_uint_eq(r->rep.alloc.size, 1 << 16);
+        tensor_f32(&t, "gpu/v", 16, 4096, 64);
+        t.device_type = kDLCUDA;
+        t.storage = WIRE_STORAGE_CUDA_VMM;
+        t.segment = seg;
+        expect_ok(publish_t(p, &t, -1, true, 0), WIRE_REP_PUBLISH);
+        r = acquire_ok(c, "gpu/v");
+        ck_assert(r->had_fd && r->fd_valid);
+        ck_assert_uint_eq(r->rep.acquire.tensor.storage, WIRE_STORAGE_CUDA_VMM);
+        /* the held VMM segment cannot carry a memfd tensor, nor a memfd one a VMM tensor */
+        t.storage = WIRE_STORAGE_MEMFD;
+        t.device_type = kDLCPU;
+        expect_status(publish_t(p, &t, -1, false, 0), WIRE_BAD_FD);
+        /* alloc with a memfd storage and an fd, or a VMM without a size: refused */
+        req_init(&req, WIRE_REQ_ALLOC);
+        req.alloc.size = 4096;
+        req.alloc.storage = WIRE_STORAGE_MEMFD;
+        fd = make_memfd(4096, 0);
+        registry_alloc(p->s, &req, fd);
+        expect_status(reply_for(p, req.id), WIRE_INVALID);
+        ck_assert(!fd_is_open(fd));
+        req_init(&req, WIRE_REQ_ALLOC);
+        req.alloc.storage = WIRE_STORAGE_CUDA_VMM;
+        int pipefd[2];
+        ck_assert_int_eq(pipe2(pipefd, O_CLOEXEC), 0);
+        registry_alloc(p->s, &req, pipefd[0]);
+        expect_status(reply_for(p, req.id), WIRE_BAD_FD);
+        close(pipefd[1]);
+
+        /* cuda-host: a memfd on kDLCUDAHost, from a held memfd segment or an attached one */
+        uint64_t mseg = alloc_ok(p, SEG_BYTES);
+        tensor_f32(&t, "host/x", 16, 0, 64);
+        t.device_type = kDLCUDAHost;
+        t.storage = WIRE_STORAGE_CUDA_HOST;
+        t.segment = mseg;
+        expect_ok(publish_t(p, &t, -1, false, 0), WIRE_REP_PUBLISH);
+        r = acquire_ok(c, "host/x");
+        ck_assert(r->had_fd);
+        ck_assert_uint_eq(r->rep.acquire.tensor.storage, WIRE_STORAGE_CUDA_HOST);
+        t.device_type = kDLCPU;
+        expect_status(publish_t(p, &t, -1, false, 0), WIRE_INVALID);
+}
+END_TEST
+
 Suite *registry_suite(void)
 {
         Suite *s = suite_create("registry");
@@ -1702,6 +1925,9 @@ Suite *registry_suite(void)
         tcase_add_test(tc, test_extent_stride_int64_min);
         tcase_add_test(tc, test_stats_counters);
         tcase_add_test(tc, test_done_closes_everything);
+        tcase_add_test(tc, test_cuda_ipc_descriptor);
+        tcase_add_test(tc, test_release_events_fair_and_bounded);
+        tcase_add_test(tc, test_cuda_vmm_and_host_segments);
         suite_add_tcase(s, tc);
         return s;
 }
