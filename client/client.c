@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -14,6 +15,7 @@
 
 #include "gpu.h"
 #include "internal.h"
+#include "ring.h"
 #include "sockpath.h"
 #include "wire_limits.h"
 
@@ -120,6 +122,8 @@ void dlx__client_unref(dlx_client *c)
 {
         if (__atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL) != 0)
                 return;
+        if (c->ring)
+                munmap(c->ring, sizeof(*c->ring));
         if (c->efd >= 0)
                 close(c->efd);
         if (c->pfd >= 0)
@@ -206,6 +210,28 @@ static int send_locked(dlx_client *c, struct wire_request *req, int fd)
 int dlx__send(dlx_client *c, struct wire_request *req, int fd)
 {
         return send_locked(c, req, fd);
+}
+
+void dlx__release(dlx_client *c, struct wire_request *req)
+{
+        struct release_ring *r = c->ring;
+
+        if (c->closed || c->broken)
+                return; /* the daemon releases everything of a closed session itself */
+        if (r && !req->release.has_event) {
+                uint64_t h = r->head;
+                if (h - __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE) < RING_SLOTS) {
+                        r->lease[h % RING_SLOTS] = req->release.lease;
+                        __atomic_store_n(&r->head, h + 1, __ATOMIC_SEQ_CST);
+                        /* the daemon is asleep on the ring: any frame wakes it */
+                        if (__atomic_load_n(&r->asleep, __ATOMIC_SEQ_CST)) {
+                                struct wire_request ping = {.type = WIRE_REQ_PING};
+                                send_locked(c, &ping, -1);
+                        }
+                        return;
+                }
+        }
+        send_locked(c, req, -1);
 }
 
 /* ---- receiving ------------------------------------------------------------------------------- */
@@ -337,6 +363,9 @@ static void resolve_segment(dlx_client *c, struct pending *p)
                 const struct wire_tensor *t = &rep->acquire.tensor;
                 err = dlx__map_get(c, t->segment, t->storage, t->device_id,
                                    rep->acquire.segment_size, fd, rep->acquire.writable, &p->map);
+                fd = -1;
+        } else if (rep->status == WIRE_OK && rep->type == WIRE_REP_HELLO && fd >= 0) {
+                p->fd = fd; /* the release ring: hello() maps it */
                 fd = -1;
         } else if (rep->status == WIRE_OK && rep->type == WIRE_REP_ALLOC && fd >= 0) {
                 /* a memfd the daemon made; a VMM segment of ours comes back without one */
@@ -640,6 +669,16 @@ static int hello(dlx_client *c, const char *name)
                 c->session = p.rep.hello.session;
                 c->uid = p.rep.hello.uid;
                 snprintf(c->server, sizeof(c->server), "%s", p.rep.hello.server);
+        }
+        if (err == 0 && p.rep.hello.release_ring && p.fd >= 0) {
+                void *r = mmap(NULL, sizeof(struct release_ring), PROT_READ | PROT_WRITE,
+                               MAP_SHARED, p.fd, 0);
+                /* without a usable ring, releases travel as frames: slower, never wrong */
+                if (r != MAP_FAILED && ((struct release_ring *)r)->magic == RING_MAGIC &&
+                    ((struct release_ring *)r)->slots == RING_SLOTS)
+                        c->ring = r;
+                else if (r != MAP_FAILED)
+                        munmap(r, sizeof(struct release_ring));
         }
         dlx__pending_done(c, &p);
         return err;

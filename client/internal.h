@@ -143,6 +143,7 @@ struct dlx_client {
         struct dlx_client *live_prev, *live_next;
 
         /* --- set at connect, read-only after --- */
+        struct release_ring *ring;  /* releases posted without a syscall, or NULL */
         struct frame_reader reader; /* touched only by the reader thread */
         uint64_t session;
         uint32_t uid;
@@ -169,6 +170,9 @@ DLX_HIDDEN void dlx__client_unref(dlx_client *c);
  */
 DLX_HIDDEN int dlx__call(dlx_client *c, struct wire_request *req, int fd, struct pending *p);
 DLX_HIDDEN void dlx__pending_done(dlx_client *c, struct pending *p);
+/* Releases a lease: posted in the release ring when there is room (no syscall), else sent.
+ * Lock held. */
+DLX_HIDDEN void dlx__release(dlx_client *c, struct wire_request *req);
 /* Sends without waiting (release, free, forget). Lock may be held. Returns id or -errno. */
 DLX_HIDDEN int dlx__send(dlx_client *c, struct wire_request *req, int fd);
 /* Runs queued deleters; lock not held. */

@@ -62,8 +62,7 @@ static void acquired_deleter(DLManagedTensorVersioned *t)
         if (a->has_gpu)
                 dlx__gpu_release(c, &a->gpu, &req);
         /* release before the mapping can be forgotten: the daemon sees them in this order */
-        if (!c->closed && !c->broken)
-                dlx__send(c, &req, -1);
+        dlx__release(c, &req);
         if (a->map)
                 dlx__map_unref(c, a->map);
         pthread_mutex_unlock(&c->lock);

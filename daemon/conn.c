@@ -21,6 +21,12 @@
 #define CONN_READS_PER_WAKEUP 16
 /* Frames coalesced into one sendmsg. */
 #define CONN_IOV_MAX 64
+/*
+ * How long a client may stay quiet before its release ring is drained and put to
+ * sleep (posts after that wake the daemon with a frame). Short periods cost the
+ * hot path: a timer firing every millisecond made each round trip slower by half.
+ */
+#define CONN_QUIET_MS 10
 /* Descriptors one peer may leave unread in its output queue. */
 #define CONN_MAX_QUEUED_FDS 64
 
@@ -49,6 +55,9 @@ static void on_closed(uv_handle_t *h)
         struct conn *c = h->data;
         struct list *pos, *tmp;
 
+        if (--c->handles > 0)
+                return; /* the poll and the quiet timer: free after both */
+
         list_for_each_safe(pos, tmp, &c->outq) outbuf_free(c, list_entry(pos, struct outbuf, link));
         frame_reader_done(&c->reader);
         close(c->fd);
@@ -72,6 +81,29 @@ void conn_close(struct conn *c)
         server_conn_gone(c->srv);
         uv_poll_stop(&c->poll);
         uv_close((uv_handle_t *)&c->poll, on_closed);
+        uv_timer_stop(&c->quiet);
+        uv_close((uv_handle_t *)&c->quiet, on_closed);
+}
+
+/* The client has been quiet a while: take its last releases, then sleep on its ring. */
+static void on_quiet(uv_timer_t *t)
+{
+        struct conn *c = t->data;
+
+        if (c->closing || !c->session->ring)
+                return;
+        if (c->active) {
+                /* frames came since the timer was armed: look again one period later */
+                c->active = false;
+                uv_timer_start(&c->quiet, on_quiet, CONN_QUIET_MS, 0);
+                return;
+        }
+        if (registry_ring_sleep(c->session) < 0) {
+                log_notice("session %llu pid %d uid %u: dropped: corrupt release ring",
+                           (unsigned long long)c->session->id, (int)c->session->pid,
+                           (unsigned)c->session->uid);
+                conn_close(c);
+        }
 }
 
 static void set_events(struct conn *c, int events)
@@ -278,6 +310,14 @@ static void on_poll(uv_poll_t *h, int status, int events)
                 return;
 
         c->dispatching = true;
+        /* releases posted in the ring came before anything this batch holds */
+        if (c->session->ring && registry_ring_wake(c->session) < 0) {
+                log_notice("session %llu pid %d uid %u: dropped: corrupt release ring",
+                           (unsigned long long)c->session->id, (int)c->session->pid,
+                           (unsigned)c->session->uid);
+                conn_close(c);
+                return;
+        }
         for (int i = 0; i < CONN_READS_PER_WAKEUP && !c->close_pending && !c->closing; i++) {
                 bool drained = false;
                 ssize_t n = conn_read(c, &drained);
@@ -318,6 +358,12 @@ static void on_poll(uv_poll_t *h, int status, int events)
                         break; /* level-triggered: the loop wakes us when more comes */
         }
         c->dispatching = false;
+        /* a timer armed once per quiet period, not restarted per batch: that is cheaper */
+        if (!c->closing && c->session->ring) {
+                c->active = true;
+                if (!uv_is_active((uv_handle_t *)&c->quiet))
+                        uv_timer_start(&c->quiet, on_quiet, CONN_QUIET_MS, 0);
+        }
         if (!c->closing)
                 conn_flush(c);
 }
@@ -354,6 +400,11 @@ int conn_start(struct server *srv, int fd, struct session *session)
         err = frame_reader_init(&c->reader);
         if (err == 0)
                 err = uv_poll_init(srv->loop, &c->poll, fd);
+        if (err == 0) {
+                uv_timer_init(srv->loop, &c->quiet);
+                c->quiet.data = c;
+                c->handles = 2;
+        }
         if (err < 0) {
                 frame_reader_done(&c->reader);
                 close(fd);

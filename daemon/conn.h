@@ -31,6 +31,9 @@ struct conn {
         bool dispatching;    /* replies are coalesced until the batch ends */
         bool close_pending;  /* close once the output queue is sent */
         bool closing;
+        unsigned handles;       /* poll and quiet timer still open */
+        uv_timer_t quiet;       /* drains the release ring once the client goes quiet */
+        bool active;            /* frames came since the quiet timer was armed */
         struct list link;       /* in server.conns */
         struct list doom_link;  /* in server.doomed while a close is scheduled */
         struct list dirty_link; /* in server.dirty while replies wait for the flush */

@@ -40,7 +40,18 @@ static enum dispatch_result hello(struct session *s, const struct wire_request *
         rep.hello.uid = (uint32_t)s->uid;
         rep.hello.max_frame = DLX_MAX_FRAME;
         rep.hello.max_inflight = DLX_MAX_INFLIGHT;
-        session_send(s, &rep, -1);
+        /* releases without a system call; without a ring they simply travel as frames */
+        int ring = registry_ring_create(s);
+        if (ring >= 0 && registry_ring_spare_fd(ring) < 0) {
+                /* short of descriptors: greet without a ring rather than not at all */
+                registry_ring_destroy(s);
+                close(ring);
+                ring = -1;
+        }
+        rep.hello.release_ring = ring >= 0;
+        session_send(s, &rep, ring);
+        if (ring >= 0)
+                close(ring);
         return DISPATCH_OK;
 }
 

@@ -70,4 +70,18 @@ void registry_free(struct session *s, const struct wire_request *req);
 void registry_forget(struct session *s, const struct wire_request *req);
 void registry_stats(struct session *s, const struct wire_request *req);
 
+/*
+ * The session's release ring (proto/ring.h). create makes it and returns its
+ * fd for the hello reply (the caller closes it once sent); wake drains it and
+ * marks the daemon awake (a batch of the client's frames is coming); sleep
+ * drains it, marks the daemon asleep, and drains once more for anything
+ * posted meanwhile. Both return -EPROTO for a ring the client corrupted.
+ */
+int registry_ring_create(struct session *s);
+/* Whether one more descriptor can be had for sending fd (0) or not (-errno). */
+int registry_ring_spare_fd(int fd);
+void registry_ring_destroy(struct session *s);
+int registry_ring_wake(struct session *s);
+int registry_ring_sleep(struct session *s);
+
 #endif /* DLX_DAEMON_REGISTRY_H */

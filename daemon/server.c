@@ -220,7 +220,7 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
         srv->backoff.data = srv;
         uv_idle_init(loop, &srv->reaper);
         srv->reaper.data = srv;
-        uv_check_init(loop, &srv->flusher);
+        uv_idle_init(loop, &srv->flusher);
         srv->flusher.data = srv;
         uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
         srv->listening = true;
@@ -251,7 +251,7 @@ void server_stop(struct server *srv)
         list_for_each_safe(pos, tmp, &srv->conns) conn_close(list_entry(pos, struct conn, link));
         uv_idle_stop(&srv->reaper);
         uv_close((uv_handle_t *)&srv->reaper, NULL);
-        uv_check_stop(&srv->flusher);
+        uv_idle_stop(&srv->flusher);
         uv_close((uv_handle_t *)&srv->flusher, NULL);
 }
 
@@ -274,19 +274,21 @@ void server_schedule_reap(struct server *srv)
 }
 
 /*
- * Events and late replies for other connections go out after the loop's poll
- * phase, in one pass: no epoll_ctl to watch for writability, which a socket
- * with room to spare does not need.
+ * Events and late replies for other connections go out in one pass before
+ * the loop next polls: no epoll_ctl to watch for writability, which a socket
+ * with room to spare does not need. An idle handle, because a timer callback
+ * (a waiter's timeout, a release ring drained) may queue them too, and the
+ * loop must not block before they are sent.
  */
-static void on_flush(uv_check_t *h)
+static void on_flush(uv_idle_t *h)
 {
         struct server *srv = h->data;
 
-        uv_check_stop(h);
+        uv_idle_stop(h);
         conn_flush_dirty(srv);
 }
 
 void server_schedule_flush(struct server *srv)
 {
-        uv_check_start(&srv->flusher, on_flush);
+        uv_idle_start(&srv->flusher, on_flush);
 }

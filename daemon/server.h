@@ -25,7 +25,7 @@ struct server {
         struct list doomed; /* conns to close from the loop, not from deep inside a request */
         uv_idle_t reaper;
         struct list dirty; /* conns with replies queued outside their own batch */
-        uv_check_t flusher;
+        uv_idle_t flusher;
         unsigned nconns;
         unsigned max_clients;
         bool listening;

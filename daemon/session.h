@@ -40,8 +40,9 @@ struct session {
         struct avl_tree known;  /* struct known, by segment id: fds this peer holds */
         struct avl_tree held;   /* struct hold, by segment id: its allocations */
         unsigned nheld;
-        struct list watches; /* struct watch */
-        struct list waiters; /* struct waiter: acquires waiting for a version */
+        struct list watches;       /* struct watch */
+        struct list waiters;       /* struct waiter: acquires waiting for a version */
+        struct release_ring *ring; /* posted releases, NULL until hello */
         unsigned nwaiters;
         struct list link; /* in registry.sessions */
 };

@@ -664,6 +664,7 @@ static int reply_to_pb(const struct wire_reply *p, struct reply_pb *s)
                 s->hello.uid = p->hello.uid;
                 s->hello.max_frame = p->hello.max_frame;
                 s->hello.max_inflight = p->hello.max_inflight;
+                s->hello.release_ring = p->hello.release_ring;
                 r->body_case = DLXP__REPLY__BODY_HELLO;
                 r->hello = &s->hello;
                 return 0;
@@ -821,6 +822,7 @@ static int reply_from_pb(const Dlxp__Reply *r, struct wire_reply *p, char *err, 
                 p->hello.uid = r->hello->uid;
                 p->hello.max_frame = r->hello->max_frame;
                 p->hello.max_inflight = r->hello->max_inflight;
+                p->hello.release_ring = r->hello->release_ring;
                 return 0;
         case DLXP__REPLY__BODY_PUBLISH:
                 p->type = WIRE_REP_PUBLISH;

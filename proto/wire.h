@@ -204,6 +204,7 @@ struct wire_reply {
                         uint32_t uid;
                         uint32_t max_frame;
                         uint32_t max_inflight;
+                        bool release_ring;
                 } hello;
                 struct {
                         uint64_t version;

@@ -951,6 +951,46 @@ START_TEST(bad_arguments)
 }
 END_TEST
 
+/* A release posted after the daemon stopped watching the release ring still arrives promptly. */
+START_TEST(release_after_idle_reaches_producer)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_client *q = fx_connect(&fx, "consumer");
+        int *count = shared_counter();
+        DLManagedTensorVersioned *t;
+        int64_t start;
+
+        publish_ok(p, "idle/x", counted(make_vec(p, 8, 1.0f), count), NULL, NULL);
+        t = acquire_ok(q, "idle/x", NULL);
+        ck_assert_int_eq(dlx_unpublish(p, "idle/x"), 0);
+        /* long enough for the daemon to have put the consumer's ring to sleep */
+        sleep_ms(100);
+        start = now_ms();
+        t->deleter(t);
+        while (*count == 0 && now_ms() - start < 2000) {
+                sleep_ms(2);
+                ck_assert_int_ge(dlx_process_events(p), 0);
+        }
+        ck_assert_int_eq(*count, 1);
+        ck_assert_int_lt(now_ms() - start, 500);
+        /* and one released while it is awake, with the consumer then going quiet */
+        publish_ok(p, "idle/y", counted(make_vec(p, 8, 2.0f), count), NULL, NULL);
+        t = acquire_ok(q, "idle/y", NULL);
+        ck_assert_int_eq(dlx_unpublish(p, "idle/y"), 0);
+        t->deleter(t);
+        start = now_ms();
+        while (*count == 1 && now_ms() - start < 2000) {
+                sleep_ms(2);
+                ck_assert_int_ge(dlx_process_events(p), 0);
+        }
+        ck_assert_int_eq(*count, 2);
+        ck_assert_int_lt(now_ms() - start, 500);
+        dlx_close(q);
+        dlx_close(p);
+        munmap(count, 4096);
+}
+END_TEST
+
 Suite *pubsub_suite(void)
 {
         Suite *s = suite_create("pubsub");
@@ -964,6 +1004,7 @@ Suite *pubsub_suite(void)
         tcase_add_test(tc, persist_outlives_producer);
         tcase_add_test(tc, replace_while_leased);
         tcase_add_test(tc, unpublish_while_leased);
+        tcase_add_test(tc, release_after_idle_reaches_producer);
         tcase_add_test(tc, close_runs_held_deleters);
         tcase_add_test(tc, kill9_releases_leases);
         tcase_add_test(tc, acquire_timeout);

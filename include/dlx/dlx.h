@@ -191,7 +191,8 @@ struct dlx_acquire_options {
  * Takes a lease on the current version of name and maps it. opts may be NULL.
  * The tensor is DLPack 1.3, owned by the caller (shape and strides included),
  * READ_ONLY unless published writable; its deleter releases the lease exactly
- * once. A segment is mapped once per process and shared by every tensor in it,
+ * once (without a system call: the daemon takes the release with this client's
+ * next request, or within about 20 ms). A segment is mapped once per process and shared by every tensor in it,
  * so acquiring again costs one round trip and no mapping.
  * Returns 0 with *ret_tensor, or:
  *   -ENOENT     no such name (or not the wanted version) and no waiting asked
