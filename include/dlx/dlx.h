@@ -192,8 +192,9 @@ struct dlx_acquire_options {
  * The tensor is DLPack 1.3, owned by the caller (shape and strides included),
  * READ_ONLY unless published writable; its deleter releases the lease exactly
  * once (without a system call: the daemon takes the release with this client's
- * next request, or within about 20 ms). A segment is mapped once per process and shared by every tensor in it,
- * so acquiring again costs one round trip and no mapping.
+ * next request, or within about 20 ms). A segment is mapped once per process
+ * and shared by every tensor in it, so acquiring again costs one round trip
+ * and no mapping.
  * Returns 0 with *ret_tensor, or:
  *   -ENOENT     no such name (or not the wanted version) and no waiting asked
  *   -ETIMEDOUT  waited timeout_ms for it
