@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "units.h"
 
 #ifndef DLXD_PATH
 #define DLXD_PATH "dlxd"
@@ -110,42 +111,6 @@ static int parse_only(const char *s, unsigned *ret)
         if (!bits)
                 return -1;
         *ret = bits;
-        return 0;
-}
-
-static int parse_size(const char *s, uint64_t *ret)
-{
-        unsigned long long v;
-        unsigned shift = 0;
-        char *end;
-
-        errno = 0;
-        v = strtoull(s, &end, 10);
-        if (errno || end == s || *s == '-')
-                return -1;
-        switch (*end) {
-        case '\0':
-                break;
-        case 'K':
-        case 'k':
-                shift = 10;
-                break;
-        case 'M':
-        case 'm':
-                shift = 20;
-                break;
-        case 'G':
-        case 'g':
-                shift = 30;
-                break;
-        default:
-                return -1;
-        }
-        if (*end && end[1] && strcmp(end + 1, "iB") != 0 && strcmp(end + 1, "B") != 0)
-                return -1;
-        if (v == 0 || (shift && v > (UINT64_MAX >> shift)))
-                return -1;
-        *ret = (uint64_t)v << shift;
         return 0;
 }
 
@@ -374,7 +339,7 @@ int main(int argc, char **argv)
                         opt.dlxd = optarg;
                         break;
                 case 'm':
-                        if (parse_size(optarg, &opt.max_size) < 0) {
+                        if (units_parse_size(optarg, &opt.max_size) < 0 || opt.max_size == 0) {
                                 fprintf(stderr, "dlx-bench: bad --max-size '%s'\n", optarg);
                                 return 2;
                         }

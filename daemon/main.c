@@ -14,6 +14,7 @@
 #include "registry.h"
 #include "server.h"
 #include "sockpath.h"
+#include "units.h"
 #include "store.h"
 
 #define DEFAULT_MAX_CLIENTS 1024
@@ -43,48 +44,6 @@ static void usage(FILE *f)
                 "  -h, --help             show this help\n"
                 "  -V, --version          show the version\n",
                 DEFAULT_MAX_CLIENTS);
-}
-
-/* "64M" -> 67108864; returns 0 or -EINVAL. */
-static int parse_size(const char *s, uint64_t *ret)
-{
-        char *end;
-        unsigned long long v;
-        unsigned shift = 0;
-
-        errno = 0;
-        v = strtoull(s, &end, 10);
-        if (errno || end == s || *s == '-')
-                return -EINVAL;
-        switch (*end) {
-        case '\0':
-                break;
-        case 'K':
-        case 'k':
-                shift = 10;
-                break;
-        case 'M':
-        case 'm':
-                shift = 20;
-                break;
-        case 'G':
-        case 'g':
-                shift = 30;
-                break;
-        case 'T':
-        case 't':
-                shift = 40;
-                break;
-        default:
-                return -EINVAL;
-        }
-        if (*end && end[1] && !(end[1] == 'i' && end[2] == 'B' && !end[3]) &&
-            !(end[1] == 'B' && !end[2]))
-                return -EINVAL;
-        if (shift && v > (UINT64_MAX >> shift))
-                return -EINVAL;
-        *ret = (uint64_t)v << shift;
-        return 0;
 }
 
 static int parse_uint(const char *s, unsigned long max, unsigned long *ret)
@@ -151,7 +110,7 @@ int main(int argc, char **argv)
                         }
                         break;
                 case 'b':
-                        if (parse_size(optarg, &max_bytes) < 0) {
+                        if (units_parse_size(optarg, &max_bytes) < 0) {
                                 fprintf(stderr, "dlxd: bad --max-bytes '%s'\n", optarg);
                                 return 2;
                         }

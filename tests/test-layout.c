@@ -5,6 +5,7 @@
  * out by hand in the comments so a wrong formula cannot agree with itself.
  */
 #include "layout.h"
+#include "units.h"
 
 #include <check.h>
 #include <errno.h>
@@ -703,12 +704,39 @@ START_TEST(test_compact_bytes)
 }
 END_TEST
 
+START_TEST(test_units_parse_size)
+{
+        uint64_t v = 7;
+
+        ck_assert_int_eq(units_parse_size("4096", &v), 0);
+        ck_assert_uint_eq(v, 4096);
+        ck_assert_int_eq(units_parse_size("64M", &v), 0);
+        ck_assert_uint_eq(v, 64ull << 20);
+        ck_assert_int_eq(units_parse_size("1GiB", &v), 0);
+        ck_assert_uint_eq(v, 1ull << 30);
+        ck_assert_int_eq(units_parse_size("2tb", &v), -EINVAL);
+        ck_assert_int_eq(units_parse_size("2TB", &v), 0);
+        ck_assert_uint_eq(v, 2ull << 40);
+        ck_assert_int_eq(units_parse_size("3k", &v), 0);
+        ck_assert_uint_eq(v, 3072);
+        v = 7;
+        ck_assert_int_eq(units_parse_size("", &v), -EINVAL);
+        ck_assert_int_eq(units_parse_size("-1", &v), -EINVAL);
+        ck_assert_int_eq(units_parse_size("12X", &v), -EINVAL);
+        ck_assert_int_eq(units_parse_size("1Mx", &v), -EINVAL);
+        ck_assert_int_eq(units_parse_size("16777216T", &v), -EINVAL); /* 2^64 */
+        ck_assert_int_eq(units_parse_size("99999999999999999999", &v), -EINVAL);
+        ck_assert_uint_eq(v, 7); /* untouched on failure */
+}
+END_TEST
+
 Suite *layout_suite(void)
 {
         Suite *s = suite_create("layout");
         TCase *tc = tcase_create("names");
 
         tcase_add_test(tc, test_name_accepts);
+        tcase_add_test(tc, test_units_parse_size);
         tcase_add_test(tc, test_name_lengths);
         tcase_add_test(tc, test_name_rejects);
         tcase_add_test(tc, test_prefix);
