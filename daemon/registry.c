@@ -43,6 +43,7 @@ struct version {
         uint32_t leases;
         pid_t producer_pid;
         bool persist;
+        bool own_fd; /* its segment came attached to its publish, not held */
         bool has_event;
         char producer_name[DLX_CLIENT_NAME_MAX + 1];
         uint8_t event[DLX_CUDA_HANDLE]; /* the producer's, recorded at publish */
@@ -214,6 +215,7 @@ static void version_destroy(struct registry *reg, struct version *v)
                         send_event_with(v->producer, WIRE_EVENT_RELEASED, 0, e->name, v->version,
                                         v->token, v->seg->id, v->rel_events, v->nrel_events);
                 list_remove(&v->plink);
+                v->producer->nfd_versions -= v->own_fd;
         }
         free(v->rel_events);
         free(v->rel_owners);
@@ -336,6 +338,11 @@ static void grant(struct session *s, uint64_t req_id, struct version *v)
         struct known *k;
         int fd = -1;
 
+        if (s->leases.count >= DLX_MAX_LEASES_PER_SESSION) {
+                session_fail(s, req_id, -EAGAIN, "this session holds %d leases already",
+                             DLX_MAX_LEASES_PER_SESSION);
+                return;
+        }
         l = calloc(1, sizeof(*l));
         /* an IPC handle travels in the descriptor itself: no fd to track */
         k = seg->fd >= 0 ? known_add(s, seg) : NULL;
@@ -640,6 +647,7 @@ void registry_session_free(struct session *s)
                 struct entry *e = v->entry;
 
                 list_remove(&v->plink);
+                s->nfd_versions -= v->own_fd;
                 v->producer = NULL;
                 /* the producer's event went with its process: nothing left to wait on */
                 v->has_event = false;
@@ -858,6 +866,14 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
                              (unsigned)e->owner);
                 return;
         }
+        if (fd >= 0 && !req->publish.hold && s->nfd_versions >= DLX_MAX_FD_VERSIONS_PER_SESSION) {
+                close(fd);
+                session_fail(s, req->id, -EAGAIN,
+                             "this session has %d live versions with an fd of their own; "
+                             "publish from dlx_alloc() memory instead",
+                             DLX_MAX_FD_VERSIONS_PER_SESSION);
+                return;
+        }
         err = publish_segment(s, req, fd, &seg, why, sizeof(why));
         if (err < 0) {
                 session_fail(s, req->id, err, "publish '%s': %s", t->name, why);
@@ -912,6 +928,8 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
         memcpy(v->dims + t->ndim, t->strides, (size_t)t->ndim * sizeof(int64_t));
         list_insert_tail(&e->versions, &v->link);
         list_insert_tail(&s->published, &v->plink);
+        v->own_fd = fd >= 0 && !req->publish.hold;
+        s->nfd_versions += v->own_fd;
         reg->nversions++;
         reg->publishes++;
 

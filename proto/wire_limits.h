@@ -28,6 +28,11 @@
 /* Entries in one list reply, at most and by default. */
 #define DLX_LIST_PAGE_MAX 512
 #define DLX_LIST_PAGE_DEFAULT 256
+/* Leases one session may hold at once. */
+#define DLX_MAX_LEASES_PER_SESSION 65536
+/* Live versions one session may publish with an fd of their own (each pins a daemon fd);
+ * versions in a held segment cost none and are not counted. */
+#define DLX_MAX_FD_VERSIONS_PER_SESSION 4096
 /* Segments one session may hold for publishing by id (each pins a daemon fd). */
 #define DLX_MAX_HELD_SEGMENTS 256
 /* Bytes of a CUDA IPC memory or event handle. */

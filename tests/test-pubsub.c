@@ -24,6 +24,7 @@
 #include <dlx/dlx.h>
 
 #include "fixture.h"
+#include "wire_limits.h"
 
 /* ---- helpers ------------------------------------------------------------------------- */
 
@@ -991,6 +992,47 @@ START_TEST(release_after_idle_reaches_producer)
 }
 END_TEST
 
+/* Per-session bounds on what pins daemon memory and descriptors. */
+START_TEST(session_bounds)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_client *q = fx_connect(&fx, "consumer");
+        static DLManagedTensorVersioned *held[DLX_MAX_LEASES_PER_SESSION];
+        struct dlx_publish_options copy = {.copy = DLX_COPY_ALWAYS};
+        DLManagedTensorVersioned *t = NULL;
+        char name[32];
+        int err;
+
+        /* versions that each bring their own memfd: bounded, each pins a daemon fd */
+        for (int i = 0; i < DLX_MAX_FD_VERSIONS_PER_SESSION; i++) {
+                snprintf(name, sizeof(name), "fdv/%d", i);
+                publish_ok(p, name, make_vec(p, 1, 0), &copy, NULL);
+        }
+        err = dlx_publish(p, "fdv/over", make_vec(p, 1, 0), &copy, NULL);
+        ck_assert_int_eq(err, -EAGAIN);
+        ck_assert_ptr_nonnull(strstr(dlx_last_error(), "fd of their own"));
+        /* zero-copy ones cost no fd and are not counted */
+        publish_ok(p, "fdv/zero-copy", make_vec(p, 1, 0), NULL, NULL);
+        /* a version gone frees its place */
+        ck_assert_int_eq(dlx_unpublish(p, "fdv/0"), 0);
+        publish_ok(p, "fdv/over", make_vec(p, 1, 0), &copy, NULL);
+
+        /* leases */
+        for (int i = 0; i < DLX_MAX_LEASES_PER_SESSION; i++)
+                held[i] = acquire_ok(q, "fdv/zero-copy", NULL);
+        ck_assert_int_eq(dlx_acquire(q, "fdv/zero-copy", NULL, &t), -EAGAIN);
+        ck_assert_ptr_null(t);
+        held[0]->deleter(held[0]);
+        ck_assert_int_eq(fx_wait_leases(q, DLX_MAX_LEASES_PER_SESSION - 1, 5000),
+                         DLX_MAX_LEASES_PER_SESSION - 1);
+        held[0] = acquire_ok(q, "fdv/zero-copy", NULL);
+        for (int i = 0; i < DLX_MAX_LEASES_PER_SESSION; i++)
+                held[i]->deleter(held[i]);
+        dlx_close(q);
+        dlx_close(p);
+}
+END_TEST
+
 Suite *pubsub_suite(void)
 {
         Suite *s = suite_create("pubsub");
@@ -1005,6 +1047,7 @@ Suite *pubsub_suite(void)
         tcase_add_test(tc, replace_while_leased);
         tcase_add_test(tc, unpublish_while_leased);
         tcase_add_test(tc, release_after_idle_reaches_producer);
+        tcase_add_test(tc, session_bounds);
         tcase_add_test(tc, close_runs_held_deleters);
         tcase_add_test(tc, kill9_releases_leases);
         tcase_add_test(tc, acquire_timeout);
