@@ -146,6 +146,56 @@ static bool bounded(const char *s, size_t cap)
         return memchr(s, 0, cap) != NULL;
 }
 
+/* ---- decoding arena ------------------------------------------------------------------- */
+
+/*
+ * protobuf-c allocates every unpacked message, repeated field and bytes value
+ * separately. A request or reply on the hot path needs well under 2 KiB, so a
+ * decode takes that from the caller's stack and only what does not fit (a list
+ * page, a big shape) goes to the heap; the arena is then dropped whole, and
+ * free_unpacked only runs when something did go to the heap.
+ */
+#define PB_ARENA_SIZE 4096
+
+struct pb_arena {
+        ProtobufCAllocator allocator;
+        size_t used;
+        unsigned heap; /* allocations that did not fit */
+        max_align_t buf[PB_ARENA_SIZE / sizeof(max_align_t)];
+};
+
+static void *pb_arena_alloc(void *data, size_t size)
+{
+        struct pb_arena *a = data;
+        size_t need = (size + sizeof(max_align_t) - 1) & ~(sizeof(max_align_t) - 1);
+
+        if (need >= size && need <= sizeof(a->buf) - a->used) {
+                void *p = (uint8_t *)a->buf + a->used;
+                a->used += need;
+                return p;
+        }
+        a->heap++;
+        return malloc(size);
+}
+
+static void pb_arena_free(void *data, void *p)
+{
+        struct pb_arena *a = data;
+        uintptr_t u = (uintptr_t)p, lo = (uintptr_t)a->buf;
+
+        if (u < lo || u >= lo + sizeof(a->buf))
+                free(p);
+}
+
+static void pb_arena_init(struct pb_arena *a)
+{
+        a->allocator.alloc = pb_arena_alloc;
+        a->allocator.free = pb_arena_free;
+        a->allocator.allocator_data = a;
+        a->used = 0;
+        a->heap = 0;
+}
+
 /* ---- tensor --------------------------------------------------------------------------- */
 
 /* Storage for one tensor's nested messages while packing; lives on the caller's stack. */
@@ -586,8 +636,12 @@ static int request_from_pb(const Dlxp__Request *r, struct wire_request *q, char 
 int wire_request_decode(const uint8_t *buf, size_t len, struct wire_request *ret, char *err,
                         size_t errsz)
 {
-        Dlxp__Request *r = dlxp__request__unpack(NULL, len, buf);
+        struct pb_arena arena;
+        Dlxp__Request *r;
         int e;
+
+        pb_arena_init(&arena);
+        r = dlxp__request__unpack(&arena.allocator, len, buf);
 
         ret->id = 0;
         ret->type = WIRE_REQ_NONE;
@@ -598,7 +652,8 @@ int wire_request_decode(const uint8_t *buf, size_t len, struct wire_request *ret
                 e = fail(err, errsz, -EPROTO, "request id 0");
         else
                 e = request_from_pb(r, ret, err, errsz);
-        dlxp__request__free_unpacked(r, NULL);
+        if (arena.heap)
+                dlxp__request__free_unpacked(r, &arena.allocator);
         return e;
 }
 
@@ -927,8 +982,12 @@ static int reply_from_pb(const Dlxp__Reply *r, struct wire_reply *p, char *err, 
 int wire_reply_decode(const uint8_t *buf, size_t len, struct wire_reply *ret, char *err,
                       size_t errsz)
 {
-        Dlxp__Reply *r = dlxp__reply__unpack(NULL, len, buf);
+        struct pb_arena arena;
+        Dlxp__Reply *r;
         int e;
+
+        pb_arena_init(&arena);
+        r = dlxp__reply__unpack(&arena.allocator, len, buf);
 
         ret->id = 0;
         ret->status = WIRE_OK;
@@ -942,7 +1001,8 @@ int wire_reply_decode(const uint8_t *buf, size_t len, struct wire_reply *ret, ch
         ret->status = (int)r->status;
         snprintf(ret->error, sizeof(ret->error), "%s", r->error ? r->error : "");
         e = reply_from_pb(r, ret, err, errsz);
-        dlxp__reply__free_unpacked(r, NULL);
+        if (arena.heap)
+                dlxp__reply__free_unpacked(r, &arena.allocator);
         if (e < 0)
                 wire_reply_done(ret);
         return e;
