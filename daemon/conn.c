@@ -21,12 +21,6 @@
 #define CONN_READS_PER_WAKEUP 16
 /* Frames coalesced into one sendmsg. */
 #define CONN_IOV_MAX 64
-/*
- * How long a client may stay quiet before its release ring is drained and put to
- * sleep (posts after that wake the daemon with a frame). Short periods cost the
- * hot path: a timer firing every millisecond made each round trip slower by half.
- */
-#define CONN_QUIET_MS 10
 /* Descriptors one peer may leave unread in its output queue. */
 #define CONN_MAX_QUEUED_FDS 64
 
@@ -55,9 +49,6 @@ static void on_closed(uv_handle_t *h)
         struct conn *c = h->data;
         struct list *pos, *tmp;
 
-        if (--c->handles > 0)
-                return; /* the poll and the quiet timer: free after both */
-
         list_for_each_safe(pos, tmp, &c->outq) outbuf_free(c, list_entry(pos, struct outbuf, link));
         frame_reader_done(&c->reader);
         close(c->fd);
@@ -78,31 +69,34 @@ void conn_close(struct conn *c)
                 list_remove(&c->doom_link);
         if (list_linked(&c->dirty_link))
                 list_remove(&c->dirty_link);
+        if (list_linked(&c->awake_link))
+                list_remove(&c->awake_link);
         server_conn_gone(c->srv);
         uv_poll_stop(&c->poll);
         uv_close((uv_handle_t *)&c->poll, on_closed);
-        uv_timer_stop(&c->quiet);
-        uv_close((uv_handle_t *)&c->quiet, on_closed);
 }
 
-/* The client has been quiet a while: take its last releases, then sleep on its ring. */
-static void on_quiet(uv_timer_t *t)
+void conn_sweep_rings(struct server *srv)
 {
-        struct conn *c = t->data;
+        struct list *pos, *tmp;
 
-        if (c->closing || !c->session->ring)
-                return;
-        if (c->active) {
-                /* frames came since the timer was armed: look again one period later */
-                c->active = false;
-                uv_timer_start(&c->quiet, on_quiet, CONN_QUIET_MS, 0);
-                return;
-        }
-        if (registry_ring_sleep(c->session) < 0) {
-                log_notice("session %llu pid %d uid %u: dropped: corrupt release ring",
-                           (unsigned long long)c->session->id, (int)c->session->pid,
-                           (unsigned)c->session->uid);
-                conn_close(c);
+        list_for_each_safe(pos, tmp, &srv->awake)
+        {
+                struct conn *c = list_entry(pos, struct conn, awake_link);
+
+                if (c->active) {
+                        /* frames came since the last sweep: look again at the next */
+                        c->active = false;
+                        continue;
+                }
+                /* quiet for a whole period: take its last releases, then sleep on its ring */
+                list_remove(&c->awake_link);
+                if (registry_ring_sleep(c->session) < 0) {
+                        log_notice("session %llu pid %d uid %u: dropped: corrupt release ring",
+                                   (unsigned long long)c->session->id, (int)c->session->pid,
+                                   (unsigned)c->session->uid);
+                        conn_close(c);
+                }
         }
 }
 
@@ -358,11 +352,13 @@ static void on_poll(uv_poll_t *h, int status, int events)
                         break; /* level-triggered: the loop wakes us when more comes */
         }
         c->dispatching = false;
-        /* a timer armed once per quiet period, not restarted per batch: that is cheaper */
+        /* no timer per batch: a flag, and a sweep of all awake rings once a period */
         if (!c->closing && c->session->ring) {
                 c->active = true;
-                if (!uv_is_active((uv_handle_t *)&c->quiet))
-                        uv_timer_start(&c->quiet, on_quiet, CONN_QUIET_MS, 0);
+                if (!list_linked(&c->awake_link)) {
+                        list_insert_tail(&c->srv->awake, &c->awake_link);
+                        server_schedule_sweep(c->srv);
+                }
         }
         if (!c->closing)
                 conn_flush(c);
@@ -397,14 +393,10 @@ int conn_start(struct server *srv, int fd, struct session *session)
         list_init(&c->outq);
         list_init(&c->doom_link);
         list_init(&c->dirty_link);
+        list_init(&c->awake_link);
         err = frame_reader_init(&c->reader);
         if (err == 0)
                 err = uv_poll_init(srv->loop, &c->poll, fd);
-        if (err == 0) {
-                uv_timer_init(srv->loop, &c->quiet);
-                c->quiet.data = c;
-                c->handles = 2;
-        }
         if (err < 0) {
                 frame_reader_done(&c->reader);
                 close(fd);

@@ -18,6 +18,14 @@
 struct server;
 struct session;
 
+/*
+ * How long a client may stay quiet before its release ring is drained and put to
+ * sleep (posts after that wake the daemon with a frame): one to two sweeps.
+ * Short periods cost the hot path: a timer firing every millisecond made each
+ * round trip slower by half.
+ */
+#define CONN_QUIET_MS 10
+
 struct conn {
         uv_poll_t poll;
         int fd;
@@ -31,10 +39,9 @@ struct conn {
         bool dispatching;    /* replies are coalesced until the batch ends */
         bool close_pending;  /* close once the output queue is sent */
         bool closing;
-        unsigned handles;       /* poll and quiet timer still open */
-        uv_timer_t quiet;       /* drains the release ring once the client goes quiet */
-        bool active;            /* frames came since the quiet timer was armed */
+        bool active;            /* frames came since the last sweep of the rings */
         struct list link;       /* in server.conns */
+        struct list awake_link; /* in server.awake while the release ring is awake */
         struct list doom_link;  /* in server.doomed while a close is scheduled */
         struct list dirty_link; /* in server.dirty while replies wait for the flush */
 };
@@ -56,5 +63,11 @@ void conn_reap(struct server *srv);
 
 /* Sends what other code queued on connections outside their own batch (check callback). */
 void conn_flush_dirty(struct server *srv);
+
+/*
+ * One sweep of the awake release rings: a ring whose client sent nothing since
+ * the last sweep is drained and put to sleep, and leaves srv->awake.
+ */
+void conn_sweep_rings(struct server *srv);
 
 #endif /* DLX_DAEMON_CONN_H */

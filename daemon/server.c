@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include "conn.h"
@@ -183,6 +184,8 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
         list_init(&srv->conns);
         list_init(&srv->doomed);
         list_init(&srv->dirty);
+        list_init(&srv->awake);
+        srv->sweep_fd = -1;
         if (strlen(path) >= sizeof(srv->path)) {
                 log_err("socket path too long: %s", path);
                 return -ENAMETOOLONG;
@@ -213,6 +216,16 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
                 close(fd);
                 return err;
         }
+        srv->sweep_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+        if (srv->sweep_fd < 0) {
+                err = -errno;
+                log_err("timerfd: %s", strerror(errno));
+                close(fd);
+                unlink(path);
+                return err;
+        }
+        uv_poll_init(loop, &srv->sweep_poll, srv->sweep_fd);
+        srv->sweep_poll.data = srv;
         srv->listen_fd = fd;
         uv_poll_init(loop, &srv->listen_poll, fd);
         srv->listen_poll.data = srv;
@@ -225,6 +238,14 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
         uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
         srv->listening = true;
         return 0;
+}
+
+static void on_sweep_closed(uv_handle_t *h)
+{
+        struct server *srv = h->data;
+
+        close(srv->sweep_fd);
+        srv->sweep_fd = -1;
 }
 
 static void on_listen_closed(uv_handle_t *h)
@@ -253,6 +274,8 @@ void server_stop(struct server *srv)
         uv_close((uv_handle_t *)&srv->reaper, NULL);
         uv_idle_stop(&srv->flusher);
         uv_close((uv_handle_t *)&srv->flusher, NULL);
+        uv_poll_stop(&srv->sweep_poll);
+        uv_close((uv_handle_t *)&srv->sweep_poll, on_sweep_closed);
 }
 
 void server_conn_gone(struct server *srv)
@@ -291,4 +314,43 @@ static void on_flush(uv_idle_t *h)
 void server_schedule_flush(struct server *srv)
 {
         uv_idle_start(&srv->flusher, on_flush);
+}
+
+static void on_sweep(uv_poll_t *h, int status, int events);
+
+static void set_sweep(struct server *srv, bool on)
+{
+        struct itimerspec its = {0};
+
+        if (on) {
+                its.it_value.tv_nsec = CONN_QUIET_MS * 1000000L;
+                its.it_interval = its.it_value;
+        }
+        /* cannot fail for a valid timerfd and a period under a second */
+        timerfd_settime(srv->sweep_fd, 0, &its, NULL);
+        if (on)
+                uv_poll_start(&srv->sweep_poll, UV_READABLE, on_sweep);
+        else
+                uv_poll_stop(&srv->sweep_poll);
+        srv->sweep_armed = on;
+}
+
+static void on_sweep(uv_poll_t *h, int status, int events)
+{
+        struct server *srv = h->data;
+        uint64_t ticks;
+
+        (void)status;
+        (void)events;
+        if (read(srv->sweep_fd, &ticks, sizeof(ticks)) < 0 && errno == EAGAIN)
+                return;
+        conn_sweep_rings(srv);
+        if (list_empty(&srv->awake))
+                set_sweep(srv, false);
+}
+
+void server_schedule_sweep(struct server *srv)
+{
+        if (!srv->sweep_armed && srv->sweep_fd >= 0)
+                set_sweep(srv, true);
 }

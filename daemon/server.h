@@ -26,6 +26,16 @@ struct server {
         uv_idle_t reaper;
         struct list dirty; /* conns with replies queued outside their own batch */
         uv_idle_t flusher;
+        /*
+         * Release rings awake: swept every CONN_QUIET_MS by a timerfd, armed only
+         * while the list is not empty. Not a uv timer: an active uv timer gives
+         * every epoll_wait a timeout, and the kernel then arms and cancels an
+         * hrtimer on each request; the timerfd's is armed once per period.
+         */
+        struct list awake;
+        int sweep_fd;
+        uv_poll_t sweep_poll;
+        bool sweep_armed;
         unsigned nconns;
         unsigned max_clients;
         bool listening;
@@ -52,5 +62,8 @@ void server_schedule_reap(struct server *srv);
 
 /* Runs conn_flush_dirty() at the end of this loop iteration. */
 void server_schedule_flush(struct server *srv);
+
+/* Runs conn_sweep_rings() every period while srv->awake is not empty. */
+void server_schedule_sweep(struct server *srv);
 
 #endif /* DLX_DAEMON_SERVER_H */
