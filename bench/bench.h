@@ -206,6 +206,7 @@ struct floors {
         struct stats rt;    /* AF_UNIX round trip, 64 B each way */
         struct stats rt1w;  /* the same plus a one-way message: the shape of acquire+release */
         struct stats fd;    /* the same plus an fd, mmap, one byte read, munmap */
+        struct stats loop;  /* round trip with an event loop's epoll_wait on the server side */
         double memcpy_gbps; /* single-thread memcpy bandwidth */
         double memfd_gbps;  /* pwrite into fresh memfd pages */
         struct stats hot4k; /* hot acquire+release of 4 KiB, for the CUDA comparison */
@@ -233,6 +234,7 @@ enum floor_kind {
         FLOOR_RT,        /* 64 B request, 64 B reply */
         FLOOR_RT_ONEWAY, /* the same, then a 32 B one-way message */
         FLOOR_FD,        /* the reply carries a memfd, mapped, read, unmapped, closed */
+        FLOOR_LOOP,      /* FLOOR_RT against a server that waits in epoll_wait, as dlxd does */
         FLOOR_KINDS
 };
 int floor_service_start(void);

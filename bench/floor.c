@@ -129,7 +129,7 @@ static int recv_with_fd(int sock, void *buf, size_t len)
  * one-way message, 'F' reply with a memfd attached.
  */
 
-static const char kind_byte[FLOOR_KINDS] = {'Q', 'W', 'F'};
+static const char kind_byte[FLOOR_KINDS] = {'Q', 'W', 'F', 'E'};
 
 struct service {
         struct child echo, client;
@@ -142,8 +142,9 @@ static struct service svc;
 
 static int floor_echo(int ctl, void *p)
 {
-        int *sv = p, sock = sv[0], mfd;
+        int *sv = p, sock = sv[0], mfd, ep;
         uint8_t buf[MSG_SIZE], page[FD_FLOOR_SIZE];
+        bool loop = false;
 
         pin_self(ROLE_SERVER);
         (void)ctl;
@@ -154,8 +155,24 @@ static int floor_echo(int ctl, void *p)
                 perror("dlx-bench: floor: memfd");
                 return 1;
         }
-        /* until the client hangs up */
-        while (read_full(sock, buf, sizeof(buf)) == 0) {
+        ep = epoll_create1(EPOLL_CLOEXEC);
+        if (ep < 0 ||
+            epoll_ctl(ep, EPOLL_CTL_ADD, sock, &(struct epoll_event){.events = EPOLLIN}) < 0) {
+                perror("dlx-bench: floor: epoll");
+                return 1;
+        }
+        /*
+         * Until the client hangs up. After an 'E' request the server waits for
+         * the next one in epoll_wait before reading it: the one system call an
+         * event loop such as dlxd's adds to each request.
+         */
+        for (;;) {
+                struct epoll_event ev;
+                if (loop && epoll_wait(ep, &ev, 1, -1) < 0 && errno != EINTR)
+                        break;
+                if (read_full(sock, buf, sizeof(buf)) != 0)
+                        break;
+                loop = buf[0] == 'E';
                 int err = buf[0] == 'F' ? send_with_fd(sock, buf, sizeof(buf), mfd)
                                         : write_full(sock, buf, sizeof(buf));
                 if (err == 0 && buf[0] == 'W')
@@ -163,6 +180,7 @@ static int floor_echo(int ctl, void *p)
                 if (err < 0)
                         break;
         }
+        close(ep);
         close(mfd);
         close(sock);
         return 0;
@@ -475,6 +493,8 @@ int run_floor(void)
         if (floor_row(FLOOR_RT_ONEWAY, "rt_oneway", label, &floors.rt1w) < 0)
                 return -1;
         if (floor_row(FLOOR_FD, "fd", "round trip + fd + mmap/munmap", &floors.fd) < 0)
+                return -1;
+        if (floor_row(FLOOR_LOOP, "loop", "round trip, server in epoll_wait", &floors.loop) < 0)
                 return -1;
 
         /* two buffers of the size, and room to spare */
