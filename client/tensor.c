@@ -122,7 +122,7 @@ static int build_acquired(dlx_client *c, struct pending *p, void *stream,
         a->lease = p->rep.acquire.lease;
         a->version = t->version;
         a->storage = t->storage;
-        snprintf(a->name, sizeof(a->name), "%s", t->name);
+        wire_strcpy(a->name, sizeof(a->name), t->name);
         memcpy(a->dims, t->shape, (size_t)t->ndim * sizeof(int64_t));
         memcpy(a->dims + t->ndim, t->strides, (size_t)t->ndim * sizeof(int64_t));
 
@@ -162,7 +162,7 @@ int dlx_acquire(dlx_client *c, const char *name, const struct dlx_acquire_option
                 return dlx__fail(-EINVAL, "NULL argument");
         if (layout_name_check(name, strlen(name), &why) < 0)
                 return dlx__fail(-EINVAL, "bad name: %s", why);
-        snprintf(req.acquire.name, sizeof(req.acquire.name), "%s", name);
+        wire_strcpy(req.acquire.name, sizeof(req.acquire.name), name);
         if (opts) {
                 req.acquire.min_version = opts->min_version;
                 req.acquire.timeout_ms = opts->timeout_ms < 0 ? -1 : opts->timeout_ms;

@@ -21,6 +21,8 @@
 #define CONN_READS_PER_WAKEUP 16
 /* Frames coalesced into one sendmsg. */
 #define CONN_IOV_MAX 64
+/* Replies up to this size are packed on the stack, in one pass. */
+#define CONN_SMALL_REPLY 1024
 /* Descriptors one peer may leave unread in its output queue. */
 #define CONN_MAX_QUEUED_FDS 64
 
@@ -113,13 +115,15 @@ static int conn_send(void *ctx, const struct wire_reply *rep, int fd)
 {
         struct conn *c = ctx;
         struct outbuf *b;
+        /* most replies are packed once, here; a list page is sized first, then packed */
+        uint8_t small[CONN_SMALL_REPLY];
         size_t size;
         int err;
 
         if (c->closing || c->close_pending)
                 return -ENOTCONN;
-        err = wire_reply_size(rep, &size);
-        if (err < 0)
+        err = wire_reply_encode(rep, small, sizeof(small), &size);
+        if (err < 0 && err != -ENOBUFS)
                 return err;
         if (size > DLX_MAX_FRAME)
                 return -EMSGSIZE;
@@ -163,7 +167,10 @@ static int conn_send(void *ctx, const struct wire_reply *rep, int fd)
         if (b->fd >= 0)
                 c->queued_fds++;
         frame_header_put(b->data, (uint32_t)size, fd >= 0 ? 1 : 0);
-        wire_reply_pack(rep, b->data + FRAME_HEADER_SIZE);
+        if (size <= sizeof(small))
+                memcpy(b->data + FRAME_HEADER_SIZE, small, size);
+        else
+                wire_reply_pack(rep, b->data + FRAME_HEADER_SIZE);
         b->len = FRAME_HEADER_SIZE + size;
         b->off = 0;
         list_insert_tail(&c->outq, &b->link);

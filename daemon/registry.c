@@ -242,7 +242,9 @@ static void entry_retire_current(struct registry *reg, struct entry *e)
 
 static void version_describe(const struct version *v, struct wire_tensor *t)
 {
-        snprintf(t->name, sizeof(t->name), "%s", v->entry->name);
+        size_t len = strlen(v->entry->name); /* checked at publish: within DLX_NAME_MAX */
+
+        memcpy(t->name, v->entry->name, len + 1);
         t->version = v->version;
         t->dtype = v->dtype;
         t->ndim = v->ndim;

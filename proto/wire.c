@@ -859,6 +859,22 @@ size_t wire_reply_pack(const struct wire_reply *rep, uint8_t *buf)
         return n;
 }
 
+int wire_reply_encode(const struct wire_reply *rep, uint8_t *buf, size_t cap, size_t *ret_size)
+{
+        struct reply_pb s;
+        int err = reply_to_pb(rep, &s);
+
+        if (err == 0) {
+                *ret_size = dlxp__reply__get_packed_size(&s.r);
+                if (*ret_size > cap)
+                        err = -ENOBUFS;
+                else
+                        dlxp__reply__pack(&s.r, buf);
+        }
+        reply_pb_done(&s);
+        return err;
+}
+
 static int reply_from_pb(const Dlxp__Reply *r, struct wire_reply *p, char *err, size_t errsz)
 {
         int e;
@@ -999,7 +1015,7 @@ int wire_reply_decode(const uint8_t *buf, size_t len, struct wire_reply *ret, ch
                 return fail(err, errsz, -EPROTO, "undecodable reply");
         ret->id = r->id;
         ret->status = (int)r->status;
-        snprintf(ret->error, sizeof(ret->error), "%s", r->error ? r->error : "");
+        wire_strcpy(ret->error, sizeof(ret->error), r->error ? r->error : "");
         e = reply_from_pb(r, ret, err, errsz);
         if (arena.heap)
                 dlxp__reply__free_unpacked(r, &arena.allocator);
