@@ -379,7 +379,8 @@ static void resolve_segment(dlx_client *c, struct pending *p)
                 /* the daemon counts the fd as delivered: make it send one again next time */
                 struct wire_request fr = {.type = WIRE_REQ_FORGET};
                 struct seg_map *m = dlx__map_find(c, rep->acquire.tensor.segment);
-                fr.forget.segment = rep->acquire.tensor.segment;
+                fr.forget.segments[0] = rep->acquire.tensor.segment;
+                fr.forget.count = 1;
                 dlx__send(c, &fr, -1);
                 if (m)
                         m->forgotten = true;

@@ -24,8 +24,14 @@
 #include "gpu.h"
 #include "internal.h"
 
-/* Idle mappings kept for quick re-acquire. */
+/*
+ * Idle mappings kept for quick re-acquire. Past that, the oldest are forgotten
+ * FORGET_BATCH at a time, in one request: a consumer cycling through new
+ * segments pays one Forget round trip per batch, not one per segment.
+ */
 #define MAX_IDLE_MAPS 32
+#define FORGET_BATCH 16
+_Static_assert(FORGET_BATCH <= DLX_FORGET_MAX, "one Forget carries the batch");
 /*
  * Allocator segments start small and double up to ARENA_SEGMENT_MAX, so a
  * process that shares one small tensor does not pin (or get charged for) a
@@ -164,18 +170,30 @@ int dlx__map_get(dlx_client *c, uint64_t id, uint32_t kind, int device, uint64_t
         return 0;
 }
 
-static void forget(dlx_client *c, struct seg_map *m)
+/* Forgets up to n of the least recently used idle mappings, in one request. */
+static void forget_oldest(dlx_client *c, unsigned n)
 {
         struct wire_request req = {.type = WIRE_REQ_FORGET};
-        int id;
+        struct seg_map *batch[FORGET_BATCH];
+        unsigned k = 0;
 
-        req.forget.segment = m->id;
-        id = dlx__send(c, &req, -1);
-        if (id < 0) {
-                map_destroy(c, m);
+        while (k < n && k < FORGET_BATCH && c->idle_head) {
+                struct seg_map *m = c->idle_head;
+                idle_remove(c, m);
+                batch[k] = m;
+                req.forget.segments[k++] = m->id;
+        }
+        if (k == 0)
+                return;
+        req.forget.count = k;
+        if (dlx__send(c, &req, -1) < 0) {
+                /* the session is broken: nothing more comes without an fd */
+                for (unsigned i = 0; i < k; i++)
+                        map_destroy(c, batch[i]);
                 return;
         }
-        m->forget_id = req.id;
+        for (unsigned i = 0; i < k; i++)
+                batch[i]->forget_id = req.id;
 }
 
 void dlx__map_unref(dlx_client *c, struct seg_map *m)
@@ -197,11 +215,8 @@ void dlx__map_unref(dlx_client *c, struct seg_map *m)
                 c->idle_head = m;
         c->idle_tail = m;
         c->nidle++;
-        while (c->nidle > MAX_IDLE_MAPS) {
-                struct seg_map *old = c->idle_head;
-                idle_remove(c, old);
-                forget(c, old);
-        }
+        if (c->nidle > MAX_IDLE_MAPS)
+                forget_oldest(c, FORGET_BATCH);
 }
 
 void dlx__map_gone(dlx_client *c, uint64_t id)
@@ -217,10 +232,12 @@ void dlx__map_gone(dlx_client *c, uint64_t id)
 
 void dlx__map_forgotten(dlx_client *c, uint64_t forget_id)
 {
-        struct avl_node *n;
+        struct avl_node *n, *next;
 
-        for (n = avl_first(&c->maps); n; n = avl_next(n)) {
+        /* every mapping of the batch that Forget named */
+        for (n = avl_first(&c->maps); n; n = next) {
                 struct seg_map *m = avl_entry(n, struct seg_map, node);
+                next = avl_next(n);
                 if (m->forget_id != forget_id)
                         continue;
                 m->forget_id = 0;
@@ -228,7 +245,6 @@ void dlx__map_forgotten(dlx_client *c, uint64_t forget_id)
                         map_destroy(c, m);
                 else
                         m->forgotten = true; /* revived by a reply that crossed the Forget */
-                return;
         }
 }
 

@@ -1235,12 +1235,14 @@ void registry_free(struct session *s, const struct wire_request *req)
 
 void registry_forget(struct session *s, const struct wire_request *req)
 {
-        struct known *k = known_find(s, req->forget.segment);
         struct wire_reply rep;
 
         /* forgetting a segment already gone is fine: the event may have crossed the request */
-        if (k)
-                known_drop(s, k);
+        for (uint32_t i = 0; i < req->forget.count; i++) {
+                struct known *k = known_find(s, req->forget.segments[i]);
+                if (k)
+                        known_drop(s, k);
+        }
         reply_init(&rep, req->id, WIRE_REP_NONE);
         session_send(s, &rep, -1);
 }

@@ -481,8 +481,11 @@ static int request_to_pb(const struct wire_request *q, struct request_pb *s)
                 r->free = &s->free;
                 return 0;
         case WIRE_REQ_FORGET:
+                if (q->forget.count == 0 || q->forget.count > DLX_FORGET_MAX)
+                        return -EINVAL;
                 dlxp__forget__init(&s->forget);
-                s->forget.segment = q->forget.segment;
+                s->forget.n_segments = q->forget.count;
+                s->forget.segments = (uint64_t *)q->forget.segments;
                 r->body_case = DLXP__REQUEST__BODY_FORGET;
                 r->forget = &s->forget;
                 return 0;
@@ -619,7 +622,12 @@ static int request_from_pb(const Dlxp__Request *r, struct wire_request *q, char 
                 return 0;
         case DLXP__REQUEST__BODY_FORGET:
                 q->type = WIRE_REQ_FORGET;
-                q->forget.segment = r->forget->segment;
+                if (r->forget->n_segments == 0 || r->forget->n_segments > DLX_FORGET_MAX)
+                        return fail(err, errsz, -EINVAL, "a forget names 1 to %d segments, not %zu",
+                                    DLX_FORGET_MAX, r->forget->n_segments);
+                q->forget.count = (uint32_t)r->forget->n_segments;
+                memcpy(q->forget.segments, r->forget->segments,
+                       r->forget->n_segments * sizeof(uint64_t));
                 return 0;
         case DLXP__REQUEST__BODY_STATS:
                 q->type = WIRE_REQ_STATS;

@@ -167,7 +167,11 @@ struct wire_request {
                 } alloc;
                 struct {
                         uint64_t segment;
-                } free, forget;
+                } free;
+                struct {
+                        uint64_t segments[DLX_FORGET_MAX];
+                        uint32_t count; /* 1 to DLX_FORGET_MAX */
+                } forget;
                 struct {
                         uint64_t nonce;
                 } ping;

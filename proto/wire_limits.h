@@ -37,6 +37,8 @@
 #define DLX_MAX_HELD_SEGMENTS 256
 /* Bytes of a CUDA IPC memory or event handle. */
 #define DLX_CUDA_HANDLE 64
+/* Segments one Forget may name. */
+#define DLX_FORGET_MAX 64
 /* Distinct consumer release events one version keeps for its producer to wait on. */
 #define DLX_MAX_RELEASE_EVENTS 4096
 /* ... and from one session (a client cycles through 64 per device). */

@@ -438,9 +438,13 @@ START_TEST(test_request_scalars)
         memset(&q, 0, sizeof(q));
         q.id = 13;
         q.type = WIRE_REQ_FORGET;
-        q.forget.segment = UINT64_MAX - 1;
+        q.forget.segments[0] = UINT64_MAX - 1;
+        q.forget.segments[1] = 7;
+        q.forget.count = 2;
         request_roundtrip(&q, &out);
-        ck_assert_uint_eq(out.forget.segment, UINT64_MAX - 1);
+        ck_assert_uint_eq(out.forget.count, 2);
+        ck_assert_uint_eq(out.forget.segments[0], UINT64_MAX - 1);
+        ck_assert_uint_eq(out.forget.segments[1], 7);
 
         memset(&q, 0, sizeof(q));
         q.id = 14;
@@ -1376,6 +1380,52 @@ static void pb_info_init(struct pb_info *p, const char *name)
         p->info.producer_name = (char *)"prod";
 }
 
+/* A Forget names 1 to DLX_FORGET_MAX segments, on both sides of the wire. */
+START_TEST(test_forget_bounds)
+{
+        uint64_t segs[DLX_FORGET_MAX + 1];
+        struct wire_request q, out;
+        Dlxp__Request r;
+        Dlxp__Forget f;
+        size_t n;
+
+        for (size_t i = 0; i <= DLX_FORGET_MAX; i++)
+                segs[i] = 1000 + i;
+        dlxp__request__init(&r);
+        dlxp__forget__init(&f);
+        r.id = 9;
+        r.body_case = DLXP__REQUEST__BODY_FORGET;
+        r.forget = &f;
+        f.segments = segs;
+
+        f.n_segments = DLX_FORGET_MAX;
+        ck_assert_int_eq(decode_pb_request(&r, &out), 0);
+        ck_assert_uint_eq(out.forget.count, DLX_FORGET_MAX);
+        ck_assert_uint_eq(out.forget.segments[DLX_FORGET_MAX - 1], 1000 + DLX_FORGET_MAX - 1);
+        f.n_segments = DLX_FORGET_MAX + 1;
+        ck_assert_int_eq(decode_pb_request(&r, &out), -EINVAL);
+        ck_assert_uint_eq(out.id, 9);
+        f.n_segments = 0;
+        ck_assert_int_eq(decode_pb_request(&r, &out), -EINVAL);
+
+        /* one segment as a plain (unpacked) varint field decodes as a batch of one */
+        {
+                const uint8_t one[] = {0x08, 0x09, 0x6a, 0x02, 0x08, 0x2a};
+                ck_assert_int_eq(wire_request_decode(one, sizeof(one), &out, NULL, 0), 0);
+                ck_assert_int_eq(out.type, WIRE_REQ_FORGET);
+                ck_assert_uint_eq(out.forget.count, 1);
+                ck_assert_uint_eq(out.forget.segments[0], 42);
+        }
+
+        memset(&q, 0, sizeof(q));
+        q.id = 1;
+        q.type = WIRE_REQ_FORGET;
+        ck_assert_int_eq(wire_request_size(&q, &n), -EINVAL);
+        q.forget.count = DLX_FORGET_MAX + 1;
+        ck_assert_int_eq(wire_request_size(&q, &n), -EINVAL);
+}
+END_TEST
+
 START_TEST(test_decode_list_page_limit)
 {
         struct pb_info info;
@@ -1827,6 +1877,7 @@ Suite *codec_suite(void)
         tcase_add_test(tc, test_decode_request_names);
         tcase_add_test(tc, test_decode_client_name);
         tcase_add_test(tc, test_decode_list_page_limit);
+        tcase_add_test(tc, test_forget_bounds);
         tcase_add_test(tc, test_decode_reply_rejections);
         tcase_add_test(tc, test_decode_info_tensor_validated);
         suite_add_tcase(s, tc);

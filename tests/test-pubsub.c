@@ -647,6 +647,81 @@ static int count_dlx_maps(void)
         return n;
 }
 
+/* A float32 vector in plain memory (published by copy: a segment of its own each). */
+struct plain_vec {
+        DLManagedTensorVersioned mt;
+        int64_t shape[1];
+        float data[];
+};
+
+static void plain_vec_free(DLManagedTensorVersioned *t)
+{
+        free(t);
+}
+
+static DLManagedTensorVersioned *plain_vec(int64_t n, float base)
+{
+        struct plain_vec *v = calloc(1, sizeof(*v) + (size_t)n * sizeof(float));
+
+        ck_assert_ptr_nonnull(v);
+        v->shape[0] = n;
+        for (int64_t i = 0; i < n; i++)
+                v->data[i] = base + (float)i;
+        v->mt.version.major = DLX_DLPACK_MAJOR;
+        v->mt.version.minor = DLX_DLPACK_MINOR;
+        v->mt.dl_tensor = (DLTensor){.data = v->data,
+                                     .device = {kDLCPU, 0},
+                                     .ndim = 1,
+                                     .dtype = {kDLFloat, 32, 1},
+                                     .shape = v->shape};
+        v->mt.deleter = plain_vec_free;
+        return &v->mt;
+}
+
+/*
+ * A consumer cycling through more segments than it keeps idle forgets the
+ * oldest in batches; what it forgot comes back with an fd, with the right
+ * contents, and nothing stays mapped after close.
+ */
+START_TEST(idle_maps_forgotten_in_batches)
+{
+        enum { N = 48 };
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_client *q = fx_connect(&fx, "consumer");
+        struct dlx_publish_options copy = {.copy = DLX_COPY_ALWAYS};
+        char name[32];
+        int maps0 = count_dlx_maps(), fds0 = count_fds(0);
+
+        for (int i = 0; i < N; i++) {
+                snprintf(name, sizeof(name), "forget/%d", i);
+                publish_ok(p, name, plain_vec(64, (float)(i * 100)), &copy, NULL);
+        }
+        maps0 = count_dlx_maps();
+        for (int round = 0; round < 3; round++) {
+                struct dlx_stats st0, st1;
+                ck_assert_int_eq(dlx_stats(p, &st0), 0);
+                for (int i = 0; i < N; i++) {
+                        DLManagedTensorVersioned *t;
+                        snprintf(name, sizeof(name), "forget/%d", i);
+                        t = acquire_ok(q, name, NULL);
+                        ck_assert(vec_is(t, 64, (float)(i * 100)));
+                        t->deleter(t);
+                }
+                /* the Forget replies read: what is mapped is the idle cache, at most 32 */
+                ck_assert_int_eq(dlx_ping(q), 0);
+                ck_assert_int_le(count_dlx_maps(), maps0 + 32);
+                ck_assert_int_ge(count_dlx_maps(), maps0 + 16);
+                ck_assert_int_eq(count_fds(0), fds0);
+                /* N acquires, the ping, this stats, and a Forget per 16 segments at most */
+                ck_assert_int_eq(dlx_stats(p, &st1), 0);
+                ck_assert_uint_le(st1.requests - st0.requests, N + 2 + N / 16 + 1);
+        }
+        dlx_close(q);
+        ck_assert_int_eq(count_dlx_maps(), maps0);
+        dlx_close(p);
+}
+END_TEST
+
 START_TEST(mapping_cache)
 {
         dlx_client *p = fx_connect(&fx, "producer");
@@ -1057,6 +1132,7 @@ Suite *pubsub_suite(void)
         tcase_add_test(tc, event_loop_integration);
         tcase_add_test(tc, names_belong_to_their_uid);
         tcase_add_test(tc, mapping_cache);
+        tcase_add_test(tc, idle_maps_forgotten_in_batches);
         tcase_add_test(tc, threads_share_a_client);
         tcase_add_test(tc, tensor_outlives_close);
         tcase_add_test(tc, stats_and_list);

@@ -530,7 +530,8 @@ static const struct sent *forget(struct client *c, uint64_t segment)
         struct wire_request req;
 
         req_init(&req, WIRE_REQ_FORGET);
-        req.forget.segment = segment;
+        req.forget.segments[0] = segment;
+        req.forget.count = 1;
         registry_forget(c->s, &req);
         return reply_for(c, req.id);
 }

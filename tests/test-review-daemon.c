@@ -643,7 +643,8 @@ START_TEST(rd_unread_fd_replies_fill_fd_table)
                 snprintf(req.acquire.name, sizeof(req.acquire.name), "review/hot");
                 frame_append(&buf, &len, &cap, &req);
                 req = (struct wire_request){.id = 101 + 2 * (uint64_t)i, .type = WIRE_REQ_FORGET};
-                req.forget.segment = seg;
+                req.forget.segments[0] = seg;
+                req.forget.count = 1;
                 frame_append(&buf, &len, &cap, &req);
         }
         sr = send_until_stalled(hog, buf, len, 2000);
@@ -714,7 +715,8 @@ START_TEST(rd_unread_fds_in_flight_drop_others)
                                          "review/inflight");
                                 frame_append(&buf, &len, &cap, &req);
                                 req = (struct wire_request){.id = id + 1, .type = WIRE_REQ_FORGET};
-                                req.forget.segment = seg;
+                                req.forget.segments[0] = seg;
+                                req.forget.count = 1;
                                 frame_append(&buf, &len, &cap, &req);
                         }
                         send_until_stalled(hogs[h], buf, len, 1000);
