@@ -205,6 +205,22 @@ int dlx_stats(dlx_client *c, struct dlx_stats *ret_stats)
                 ret_stats->requests = s->requests;
                 ret_stats->publishes = s->publishes;
                 ret_stats->acquires = s->acquires;
+                ret_stats->limits = (struct dlx_limits){
+                        .max_clients = s->limits.max_clients,
+                        .max_clients_per_uid = s->limits.max_clients_per_uid,
+                        .max_bytes = s->limits.max_bytes,
+                        .max_bytes_per_uid = s->limits.max_bytes_per_uid,
+                        .max_names = s->limits.max_names,
+                        .max_names_per_uid = s->limits.max_names_per_uid,
+                        .max_leases = s->limits.max_leases,
+                        .max_watches = s->limits.max_watches,
+                        .max_queued = s->limits.max_queued,
+                        .timeout_ms = s->limits.timeout_ms,
+                };
+                ret_stats->uid = s->uid;
+                ret_stats->uid_clients = s->uid_clients;
+                ret_stats->uid_bytes = s->uid_bytes;
+                ret_stats->uid_names = s->uid_names;
         }
         dlx__pending_done(c, &p);
         return err;

@@ -477,10 +477,71 @@ static int cmd_watch(int argc, char **argv)
         return 0;
 }
 
+/* 512 B, 4 KiB, 1.5 GiB */
+static const char *human_size(uint64_t v, char *buf, size_t len)
+{
+        static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+        double d = (double)v;
+        int u = 0;
+
+        while (d >= 1024 && u < 6) {
+                d /= 1024;
+                u++;
+        }
+        if (u == 0)
+                snprintf(buf, len, "%" PRIu64 " B", v);
+        else if (d == (double)(uint64_t)d)
+                snprintf(buf, len, "%.0f %s", d, units[u]);
+        else
+                snprintf(buf, len, "%.1f %s", d, units[u]);
+        return buf;
+}
+
+/* The limits as dlxd's options name them; value 0 means none. */
+struct limit_row {
+        const char *name;
+        uint64_t value;
+        bool size;
+};
+
+static int limit_rows(const struct dlx_limits *l, struct limit_row *rows)
+{
+        int n = 0;
+
+        rows[n++] = (struct limit_row){"max-clients", l->max_clients, false};
+        rows[n++] = (struct limit_row){"max-clients-per-uid", l->max_clients_per_uid, false};
+        rows[n++] = (struct limit_row){"max-bytes", l->max_bytes, true};
+        rows[n++] = (struct limit_row){"max-bytes-per-uid", l->max_bytes_per_uid, true};
+        rows[n++] = (struct limit_row){"max-names", l->max_names, false};
+        rows[n++] = (struct limit_row){"max-names-per-uid", l->max_names_per_uid, false};
+        rows[n++] = (struct limit_row){"max-leases", l->max_leases, false};
+        rows[n++] = (struct limit_row){"max-watches", l->max_watches, false};
+        rows[n++] = (struct limit_row){"max-queued", l->max_queued, true};
+        rows[n++] = (struct limit_row){"timeout-ms", l->timeout_ms, false};
+        return n;
+}
+
+/* "of 1024" / "of 16 MiB", or "(no limit)" */
+static const char *of_limit(uint64_t limit, bool size, char *buf, size_t len)
+{
+        char v[32];
+
+        if (!limit)
+                return "(no limit)";
+        if (size)
+                human_size(limit, v, sizeof(v));
+        else
+                snprintf(v, sizeof(v), "%" PRIu64, limit);
+        snprintf(buf, len, "of %s", v);
+        return buf;
+}
+
 static int cmd_stats(int argc, char **argv)
 {
+        struct limit_row rows[16];
+        char a[48], b[48], c[48], d[48];
         struct dlx_stats s;
-        int err;
+        int err, n;
 
         (void)argv;
         if (argc != 1) {
@@ -490,32 +551,56 @@ static int cmd_stats(int argc, char **argv)
         err = dlx_stats(ctl_client(), &s);
         if (err < 0)
                 return fail(err, "stats");
+        n = limit_rows(&s.limits, rows);
         if (json) {
                 printf("{\"names\":%" PRIu64 ",\"versions\":%" PRIu64 ",\"leases\":%" PRIu64
                        ",\"segments\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"max_bytes\":%" PRIu64
                        ",\"clients\":%u,\"max_clients\":%u,\"watchers\":%u,\"uptime_ms\":%" PRIu64
                        ",\"requests\":%" PRIu64 ",\"publishes\":%" PRIu64 ",\"acquires\":%" PRIu64
-                       ",\"server\":\"%s\"}\n",
+                       ",\"server\":\"%s\",\"limits\":{",
                        s.names, s.versions, s.leases, s.segments, s.bytes, s.max_bytes, s.clients,
                        s.max_clients, s.watchers, s.uptime_ms, s.requests, s.publishes, s.acquires,
                        dlx_server_version(ctl_client()));
+                for (int i = 0; i < n; i++) {
+                        char key[32];
+                        snprintf(key, sizeof(key), "%s", rows[i].name);
+                        for (char *p = key; *p; p++)
+                                *p = *p == '-' ? '_' : *p;
+                        printf("%s\"%s\":%" PRIu64, i ? "," : "", key, rows[i].value);
+                }
+                printf("},\"uid\":{\"uid\":%u,\"clients\":%u,\"bytes\":%" PRIu64
+                       ",\"names\":%" PRIu64 "}}\n",
+                       s.uid, s.uid_clients, s.uid_bytes, s.uid_names);
                 return 0;
         }
         printf("server:    %s\n"
                "uptime:    %.1f s\n"
-               "names:     %" PRIu64 "\n"
+               "names:     %" PRIu64 " %s\n"
                "versions:  %" PRIu64 "\n"
                "leases:    %" PRIu64 "\n"
                "segments:  %" PRIu64 "\n"
-               "bytes:     %" PRIu64 " of %s\n"
-               "clients:   %u of %u\n"
+               "bytes:     %s %s\n"
+               "clients:   %u %s\n"
                "watchers:  %u\n"
                "requests:  %" PRIu64 " (publishes %" PRIu64 ", acquires %" PRIu64 ")\n",
-               dlx_server_version(ctl_client()), (double)s.uptime_ms / 1000.0, s.names, s.versions,
-               s.leases, s.segments, s.bytes, s.max_bytes ? "a limit" : "no limit", s.clients,
-               s.max_clients, s.watchers, s.requests, s.publishes, s.acquires);
-        if (s.max_bytes)
-                printf("max bytes: %" PRIu64 "\n", s.max_bytes);
+               dlx_server_version(ctl_client()), (double)s.uptime_ms / 1000.0, s.names,
+               of_limit(s.limits.max_names, false, a, sizeof(a)), s.versions, s.leases, s.segments,
+               human_size(s.bytes, c, sizeof(c)), of_limit(s.max_bytes, true, b, sizeof(b)),
+               s.clients, of_limit(s.max_clients, false, d, sizeof(d)), s.watchers, s.requests,
+               s.publishes, s.acquires);
+        printf("uid %u:   %u clients %s, %s %s, %" PRIu64 " names %s\n", s.uid, s.uid_clients,
+               of_limit(s.limits.max_clients_per_uid, false, a, sizeof(a)),
+               human_size(s.uid_bytes, c, sizeof(c)),
+               of_limit(s.limits.max_bytes_per_uid, true, b, sizeof(b)), s.uid_names,
+               of_limit(s.limits.max_names_per_uid, false, d, sizeof(d)));
+        printf("limits (dlxd options; 0: none):\n");
+        for (int i = 0; i < n; i++) {
+                if (rows[i].size && rows[i].value)
+                        printf("  --%-20s %" PRIu64 " (%s)\n", rows[i].name, rows[i].value,
+                               human_size(rows[i].value, a, sizeof(a)));
+                else
+                        printf("  --%-20s %" PRIu64 "\n", rows[i].name, rows[i].value);
+        }
         return 0;
 }
 

@@ -15,8 +15,6 @@
 #include "session.h"
 #include "wire.h"
 
-/* A peer that stops reading is disconnected once this much output waits for it. */
-#define CONN_MAX_OUTQ (16u << 20)
 /* Reads per wakeup before yielding to other connections. */
 #define CONN_READS_PER_WAKEUP 16
 /* Frames coalesced into one sendmsg. */
@@ -36,6 +34,7 @@ struct outbuf {
 
 static void conn_flush(struct conn *c);
 static void on_poll(uv_poll_t *h, int status, int events);
+static void watch_stall(struct conn *c, bool progressed);
 
 static void outbuf_free(struct conn *c, struct outbuf *b)
 {
@@ -73,6 +72,8 @@ void conn_close(struct conn *c)
                 list_remove(&c->dirty_link);
         if (list_linked(&c->awake_link))
                 list_remove(&c->awake_link);
+        if (list_linked(&c->stall_link))
+                list_remove(&c->stall_link);
         server_conn_gone(c->srv);
         uv_poll_stop(&c->poll);
         uv_close((uv_handle_t *)&c->poll, on_closed);
@@ -127,7 +128,7 @@ static int conn_send(void *ctx, const struct wire_reply *rep, int fd)
                 return err;
         if (size > DLX_MAX_FRAME)
                 return -EMSGSIZE;
-        if (c->outq_bytes + size > CONN_MAX_OUTQ) {
+        if (c->srv->reg->lim.max_queued && c->outq_bytes + size > c->srv->reg->lim.max_queued) {
                 log_notice("session %llu pid %d uid %u: not reading its replies, disconnected",
                            (unsigned long long)c->session->id, (int)c->session->pid,
                            (unsigned)c->session->uid);
@@ -311,6 +312,7 @@ static void on_poll(uv_poll_t *h, int status, int events)
                 return;
 
         c->dispatching = true;
+        bool progressed = false;
         /* releases posted in the ring came before anything this batch holds */
         if (c->session->ring && registry_ring_wake(c->session) < 0) {
                 log_notice("session %llu pid %d uid %u: dropped: corrupt release ring",
@@ -354,6 +356,7 @@ static void on_poll(uv_poll_t *h, int status, int events)
                         }
                         if (dispatch_frame(c->session, &f) == DISPATCH_CLOSE)
                                 c->close_pending = true;
+                        progressed = true;
                 }
                 if (drained)
                         break; /* level-triggered: the loop wakes us when more comes */
@@ -368,7 +371,64 @@ static void on_poll(uv_poll_t *h, int status, int events)
                 }
         }
         if (!c->closing)
+                watch_stall(c, progressed);
+        if (!c->closing)
                 conn_flush(c);
+}
+
+/*
+ * A peer that has not said hello, or has sent part of a frame, is on the
+ * clock: the rest must come within the timeout (from the last frame that did
+ * complete), or it is dropped. Slow senders cannot hold a connection open
+ * with a byte at a time.
+ */
+static void watch_stall(struct conn *c, bool progressed)
+{
+        struct server *srv = c->srv;
+        bool stalled = srv->reg->lim.timeout_ms &&
+                       (!c->session->greeted || frame_reader_pending(&c->reader) > 0 ||
+                        c->reader.nfds > 0);
+
+        if (!stalled) {
+                if (list_linked(&c->stall_link))
+                        list_remove(&c->stall_link);
+                return;
+        }
+        if (progressed || !list_linked(&c->stall_link))
+                c->stalled_since = uv_now(srv->loop);
+        if (!list_linked(&c->stall_link)) {
+                list_insert_tail(&srv->stalled, &c->stall_link);
+                server_schedule_watchdog(srv);
+        }
+}
+
+void conn_check_stalled(struct server *srv)
+{
+        uint64_t now = uv_now(srv->loop), limit = srv->reg->lim.timeout_ms;
+        struct list *pos, *tmp;
+
+        list_for_each_safe(pos, tmp, &srv->stalled)
+        {
+                struct conn *c = list_entry(pos, struct conn, stall_link);
+                struct session *s = c->session;
+
+                if (now - c->stalled_since < limit)
+                        continue;
+                list_remove(&c->stall_link);
+                log_notice("session %llu pid %d uid %u: dropped: %s for %llu ms",
+                           (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid,
+                           s->greeted ? "inside a frame" : "no hello", (unsigned long long)limit);
+                session_fail(s, 0, -ETIMEDOUT,
+                             s->greeted ? "timed out: a frame started %llu ms ago is not complete"
+                                        : "timed out: no hello within %llu ms",
+                             (unsigned long long)limit);
+                /* the message goes out with the next flush, and the connection closes */
+                c->close_pending = true;
+                if (!list_linked(&c->dirty_link)) {
+                        list_insert_tail(&srv->dirty, &c->dirty_link);
+                        server_schedule_flush(srv);
+                }
+        }
 }
 
 void conn_doom(struct conn *c)
@@ -401,6 +461,7 @@ int conn_start(struct server *srv, int fd, struct session *session)
         list_init(&c->doom_link);
         list_init(&c->dirty_link);
         list_init(&c->awake_link);
+        list_init(&c->stall_link);
         err = frame_reader_init(&c->reader);
         if (err == 0)
                 err = uv_poll_init(srv->loop, &c->poll, fd);
@@ -416,5 +477,6 @@ int conn_start(struct server *srv, int fd, struct session *session)
         list_insert_tail(&srv->conns, &c->link);
         c->events = UV_READABLE;
         uv_poll_start(&c->poll, UV_READABLE, on_poll);
+        watch_stall(c, false);
         return 0;
 }

@@ -42,6 +42,8 @@ struct conn {
         bool active;            /* frames came since the last sweep of the rings */
         struct list link;       /* in server.conns */
         struct list awake_link; /* in server.awake while the release ring is awake */
+        struct list stall_link; /* in server.stalled while on the clock (watch_stall) */
+        uint64_t stalled_since; /* loop time it went on the clock */
         struct list doom_link;  /* in server.doomed while a close is scheduled */
         struct list dirty_link; /* in server.dirty while replies wait for the flush */
 };
@@ -69,5 +71,8 @@ void conn_flush_dirty(struct server *srv);
  * the last sweep is drained and put to sleep, and leaves srv->awake.
  */
 void conn_sweep_rings(struct server *srv);
+
+/* Drops connections on the clock (no hello, or inside a frame) past the timeout. */
+void conn_check_stalled(struct server *srv);
 
 #endif /* DLX_DAEMON_CONN_H */

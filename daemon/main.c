@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* dlxd: arguments, signals and the loop. Everything else lives in server/registry/store. */
 #include <errno.h>
+#include <limits.h>
+#include <stddef.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -17,8 +19,6 @@
 #include "units.h"
 #include "store.h"
 
-#define DEFAULT_MAX_CLIENTS 1024
-
 struct daemon {
         uv_loop_t loop;
         uv_signal_t sigint, sigterm;
@@ -27,23 +27,89 @@ struct daemon {
         struct store store;
 };
 
+/* The limits, each an option: --NAME VALUE, 0 meaning none. */
+struct limit_opt {
+        const char *name;
+        const char *arg; /* "N", "SIZE" (suffixes K, M, G, T) or "MS" */
+        size_t off;      /* in struct wire_limit_set */
+        size_t width;    /* 4 or 8 bytes */
+        const char *help;
+};
+
+#define LIMIT(field, arg, help)                                                                    \
+        {                                                                                          \
+#field, arg, offsetof(struct wire_limit_set, field),                               \
+                        sizeof(((struct wire_limit_set *)0)->field), help                          \
+        }
+
+static const struct limit_opt limit_opts[] = {
+        LIMIT(max_clients, "N", "connected clients"),
+        LIMIT(max_clients_per_uid, "N", "connected clients of one uid"),
+        LIMIT(max_bytes, "SIZE", "shared bytes held (memfds dlxd keeps)"),
+        LIMIT(max_bytes_per_uid, "SIZE", "shared bytes held for one uid"),
+        LIMIT(max_names, "N", "published names"),
+        LIMIT(max_names_per_uid, "N", "published names one uid owns"),
+        LIMIT(max_leases, "N", "leases one client holds at once"),
+        LIMIT(max_watches, "N", "watches of one client"),
+        LIMIT(max_queued, "SIZE", "reply bytes a client leaves unread before it is dropped"),
+        LIMIT(timeout_ms, "MS", "for hello, and for the rest of a started frame"),
+};
+#define NLIMITS (sizeof(limit_opts) / sizeof(limit_opts[0]))
+/* getopt values of the limit options */
+#define LIMIT_KEY 256
+
+static uint64_t limit_get(const struct wire_limit_set *lim, const struct limit_opt *o)
+{
+        const char *p = (const char *)lim + o->off;
+
+        return o->width == 8 ? *(const uint64_t *)p : *(const uint32_t *)p;
+}
+
+static void limit_put(struct wire_limit_set *lim, const struct limit_opt *o, uint64_t v)
+{
+        char *p = (char *)lim + o->off;
+
+        if (o->width == 8)
+                *(uint64_t *)p = v;
+        else
+                *(uint32_t *)p = (uint32_t)v;
+}
+
+/* --max-bytes-per-uid from max_bytes_per_uid */
+static void option_name(const struct limit_opt *o, char *buf, size_t len)
+{
+        snprintf(buf, len, "%s", o->name);
+        for (char *c = buf; *c; c++)
+                if (*c == '_')
+                        *c = '-';
+}
+
 static void usage(FILE *f)
 {
-        fprintf(f,
-                "Usage: dlxd [OPTIONS]\n"
-                "Keeps a namespace of named, versioned tensors shared between processes.\n"
-                "\n"
-                "  -s, --socket PATH      listen on PATH (default: $DLX_SOCKET, else\n"
-                "                         $XDG_RUNTIME_DIR/dlx/dlxd.sock, else "
-                "/tmp/dlx-$UID/dlxd.sock)\n"
-                "  -r, --ready-fd N       write one byte to fd N once listening, then close it\n"
-                "  -l, --log-level LEVEL  error, warning, notice (default), info or debug\n"
-                "  -b, --max-bytes SIZE   limit on shared bytes held (suffixes K, M, G, T; 0: "
-                "none)\n"
-                "  -c, --max-clients N    limit on connected clients (default %d; 0: none)\n"
-                "  -h, --help             show this help\n"
-                "  -V, --version          show the version\n",
-                DEFAULT_MAX_CLIENTS);
+        struct wire_limit_set def;
+
+        registry_default_limits(&def);
+        fprintf(f, "Usage: dlxd [OPTIONS]\n"
+                   "Keeps a namespace of named, versioned tensors shared between processes.\n"
+                   "\n"
+                   "  -s, --socket PATH      listen on PATH (default: $DLX_SOCKET, else\n"
+                   "                         $XDG_RUNTIME_DIR/dlx/dlxd.sock, else "
+                   "/tmp/dlx-$UID/dlxd.sock)\n"
+                   "  -r, --ready-fd N       write one byte to fd N once listening, then close it\n"
+                   "  -l, --log-level LEVEL  error, warning, notice (default), info or debug\n"
+                   "  -b SIZE                the same as --max-bytes\n"
+                   "  -c N                   the same as --max-clients\n"
+                   "  -h, --help             show this help\n"
+                   "  -V, --version          show the version\n"
+                   "\n"
+                   "Limits (0: none; dlxctl stats shows them):\n");
+        for (size_t i = 0; i < NLIMITS; i++) {
+                char opt[64], left[96];
+                option_name(&limit_opts[i], opt, sizeof(opt));
+                snprintf(left, sizeof(left), "--%s %s", opt, limit_opts[i].arg);
+                fprintf(f, "  %-30s %s (default %llu)\n", left, limit_opts[i].help,
+                        (unsigned long long)limit_get(&def, &limit_opts[i]));
+        }
 }
 
 static int parse_uint(const char *s, unsigned long max, unsigned long *ret)
@@ -56,6 +122,39 @@ static int parse_uint(const char *s, unsigned long max, unsigned long *ret)
         if (errno || end == s || *end || *s == '-' || v > max)
                 return -EINVAL;
         *ret = v;
+        return 0;
+}
+
+static size_t limit_index(const char *name)
+{
+        size_t i = 0;
+
+        while (strcmp(limit_opts[i].name, name) != 0)
+                i++;
+        return i;
+}
+
+/* Limit i from its option's argument: a count or milliseconds within its width, or a size. */
+static int set_limit(struct wire_limit_set *lim, size_t i, const char *arg)
+{
+        const struct limit_opt *o = &limit_opts[i];
+        unsigned long n;
+        uint64_t v;
+        int err;
+
+        if (strcmp(o->arg, "SIZE") == 0) {
+                err = units_parse_size(arg, &v);
+        } else {
+                err = parse_uint(arg, o->width == 8 ? ULONG_MAX : UINT32_MAX, &n);
+                v = n;
+        }
+        if (err < 0) {
+                char name[64];
+                option_name(o, name, sizeof(name));
+                fprintf(stderr, "dlxd: bad --%s '%s'\n", name, arg);
+                return err;
+        }
+        limit_put(lim, o, v);
         return 0;
 }
 
@@ -73,24 +172,28 @@ static void on_signal(uv_signal_t *h, int signum)
 
 int main(int argc, char **argv)
 {
-        static const struct option opts[] = {
+        static struct option opts[8 + NLIMITS + 1] = {
                 {"socket", required_argument, NULL, 's'},
                 {"ready-fd", required_argument, NULL, 'r'},
                 {"log-level", required_argument, NULL, 'l'},
-                {"max-bytes", required_argument, NULL, 'b'},
-                {"max-clients", required_argument, NULL, 'c'},
                 {"help", no_argument, NULL, 'h'},
                 {"version", no_argument, NULL, 'V'},
-                {0},
         };
+        static char names[NLIMITS][64];
         const char *socket_opt = NULL;
         char path[108];
-        uint64_t max_bytes = 0;
-        unsigned long max_clients = DEFAULT_MAX_CLIENTS, ready_fd = 0;
+        struct wire_limit_set lim;
+        unsigned long ready_fd = 0;
         bool have_ready = false;
         struct daemon d;
         int c, err;
 
+        registry_default_limits(&lim);
+        for (size_t i = 0; i < NLIMITS; i++) {
+                option_name(&limit_opts[i], names[i], sizeof(names[i]));
+                opts[5 + i] =
+                        (struct option){names[i], required_argument, NULL, LIMIT_KEY + (int)i};
+        }
         while ((c = getopt_long(argc, argv, "s:r:l:b:c:hV", opts, NULL)) != -1) {
                 switch (c) {
                 case 's':
@@ -110,16 +213,12 @@ int main(int argc, char **argv)
                         }
                         break;
                 case 'b':
-                        if (units_parse_size(optarg, &max_bytes) < 0) {
-                                fprintf(stderr, "dlxd: bad --max-bytes '%s'\n", optarg);
+                        if (set_limit(&lim, limit_index("max_bytes"), optarg) < 0)
                                 return 2;
-                        }
                         break;
                 case 'c':
-                        if (parse_uint(optarg, 1u << 20, &max_clients) < 0) {
-                                fprintf(stderr, "dlxd: bad --max-clients '%s'\n", optarg);
+                        if (set_limit(&lim, limit_index("max_clients"), optarg) < 0)
                                 return 2;
-                        }
                         break;
                 case 'h':
                         usage(stdout);
@@ -129,6 +228,11 @@ int main(int argc, char **argv)
                                DLX_PROTO_MINOR);
                         return 0;
                 default:
+                        if (c >= LIMIT_KEY && c < LIMIT_KEY + (int)NLIMITS) {
+                                if (set_limit(&lim, (size_t)(c - LIMIT_KEY), optarg) < 0)
+                                        return 2;
+                                break;
+                        }
                         usage(stderr);
                         return 2;
                 }
@@ -152,13 +256,14 @@ int main(int argc, char **argv)
         }
         memset(&d, 0, sizeof(d));
         uv_loop_init(&d.loop);
-        store_init(&d.store, max_bytes);
-        registry_init(&d.reg, &d.loop, &d.store, (unsigned)max_clients);
-        err = server_start(&d.srv, &d.loop, &d.reg, path, (unsigned)max_clients);
+        store_init(&d.store);
+        registry_init(&d.reg, &d.loop, &d.store, &lim);
+        err = server_start(&d.srv, &d.loop, &d.reg, path);
         if (err < 0) {
                 fprintf(stderr, "dlxd: cannot start on %s: %s\n", path, strerror(-err));
                 registry_done(&d.reg);
                 store_done(&d.store);
+                uv_run(&d.loop, UV_RUN_DEFAULT); /* close callbacks */
                 uv_loop_close(&d.loop);
                 return 1;
         }
@@ -168,8 +273,8 @@ int main(int argc, char **argv)
         uv_signal_start(&d.sigint, on_signal, SIGINT);
         uv_signal_start(&d.sigterm, on_signal, SIGTERM);
 
-        log_notice("listening on %s (max %lu clients, max bytes %llu)", path, max_clients,
-                   (unsigned long long)max_bytes);
+        log_notice("listening on %s (max %u clients, max bytes %llu)", path, lim.max_clients,
+                   (unsigned long long)lim.max_bytes);
         if (have_ready) {
                 (void)!write((int)ready_fd, "R", 1);
                 close((int)ready_fd);

@@ -227,17 +227,35 @@ static void version_destroy(struct registry *reg, struct version *v)
         entry_maybe_free(reg, e);
 }
 
-/* The current version stops being current; it dies now if nobody leases it. */
-static void entry_retire_current(struct registry *reg, struct entry *e)
+/*
+ * v becomes e's current version (NULL: none); the old one dies now if nobody
+ * leases it. A name with a current version counts against its owner's uid.
+ */
+static void entry_set_current(struct registry *reg, struct entry *e, struct version *v,
+                              struct uid_use *owner_use)
 {
         struct version *old = e->current;
 
-        if (!old)
-                return;
-        e->current = NULL;
-        reg->nnames--;
-        if (old->leases == 0)
+        if (!old && v) {
+                reg->nnames++;
+                owner_use->names++;
+        } else if (old && !v) {
+                struct uid_use *u = store_uid(reg->store, e->owner, false);
+                reg->nnames--;
+                if (u) {
+                        u->names--;
+                        store_uid_put(reg->store, u);
+                }
+        }
+        e->current = v;
+        if (old && old->leases == 0)
                 version_destroy(reg, old);
+}
+
+/* The current version stops being current; it dies now if nobody leases it. */
+static void entry_retire_current(struct registry *reg, struct entry *e)
+{
+        entry_set_current(reg, e, NULL, NULL);
 }
 
 static void version_describe(const struct version *v, struct wire_tensor *t)
@@ -340,9 +358,9 @@ static void grant(struct session *s, uint64_t req_id, struct version *v)
         struct known *k;
         int fd = -1;
 
-        if (s->leases.count >= DLX_MAX_LEASES_PER_SESSION) {
-                session_fail(s, req_id, -EAGAIN, "this session holds %d leases already",
-                             DLX_MAX_LEASES_PER_SESSION);
+        if (reg->lim.max_leases && s->leases.count >= reg->lim.max_leases) {
+                session_fail(s, req_id, -EAGAIN, "this client holds %u leases already (the limit)",
+                             reg->lim.max_leases);
                 return;
         }
         l = calloc(1, sizeof(*l));
@@ -492,7 +510,19 @@ static void wake_waiters(struct entry *e)
 
 /* ---- sessions -------------------------------------------------------------------------- */
 
-void registry_init(struct registry *reg, uv_loop_t *loop, struct store *st, unsigned max_clients)
+void registry_default_limits(struct wire_limit_set *lim)
+{
+        memset(lim, 0, sizeof(*lim));
+        lim->max_clients = DLX_DEFAULT_MAX_CLIENTS;
+        lim->max_names = DLX_DEFAULT_MAX_NAMES;
+        lim->max_leases = DLX_MAX_LEASES_PER_SESSION;
+        lim->max_watches = DLX_DEFAULT_MAX_WATCHES;
+        lim->max_queued = DLX_DEFAULT_MAX_QUEUED;
+        lim->timeout_ms = DLX_DEFAULT_TIMEOUT_MS;
+}
+
+void registry_init(struct registry *reg, uv_loop_t *loop, struct store *st,
+                   const struct wire_limit_set *lim)
 {
         memset(reg, 0, sizeof(*reg));
         reg->loop = loop;
@@ -504,7 +534,12 @@ void registry_init(struct registry *reg, uv_loop_t *loop, struct store *st, unsi
         reg->next_lease = 1;
         reg->next_watch = 1;
         reg->started_ms = now_ms(loop);
-        reg->max_clients = max_clients;
+        if (lim)
+                reg->lim = *lim;
+        else
+                registry_default_limits(&reg->lim);
+        st->max_bytes = reg->lim.max_bytes;
+        st->max_bytes_per_uid = reg->lim.max_bytes_per_uid;
         st->on_gone = on_segment_gone;
 }
 
@@ -523,12 +558,33 @@ void registry_done(struct registry *reg)
         }
 }
 
+int registry_admit(struct registry *reg, uid_t uid, char *why, size_t whysz)
+{
+        const struct uid_use *u = store_uid(reg->store, uid, false);
+
+        if (reg->lim.max_clients && reg->nsessions >= reg->lim.max_clients) {
+                snprintf(why, whysz, "too many clients (limit %u)", reg->lim.max_clients);
+                return -EAGAIN;
+        }
+        if (reg->lim.max_clients_per_uid && u && u->clients >= reg->lim.max_clients_per_uid) {
+                snprintf(why, whysz, "too many clients of uid %u (limit %u)", (unsigned)uid,
+                         reg->lim.max_clients_per_uid);
+                return -EAGAIN;
+        }
+        return 0;
+}
+
 struct session *registry_session_new(struct registry *reg, uid_t uid, gid_t gid, pid_t pid)
 {
         struct session *s = calloc(1, sizeof(*s));
+        struct uid_use *u = s ? store_uid(reg->store, uid, true) : NULL;
 
-        if (!s)
+        if (!u) {
+                free(s);
                 return NULL;
+        }
+        u->clients++;
+        s->use = u;
         s->id = reg->next_session++;
         s->uid = uid;
         s->gid = gid;
@@ -673,6 +729,8 @@ void registry_session_free(struct session *s)
         registry_ring_destroy(s);
         list_remove(&s->link);
         reg->nsessions--;
+        s->use->clients--;
+        store_uid_put(reg->store, s->use);
         free(s);
 }
 
@@ -682,6 +740,24 @@ static struct hold *hold_find(struct session *s, uint64_t seg_id)
 {
         struct avl_node *n = avl_find(&s->held, &seg_id, cmp_hold);
         return n ? avl_entry(n, struct hold, node) : NULL;
+}
+
+/* Whether a new name would pass the limit on names, in all or of the session's uid. */
+static bool names_full(struct session *s, char *why, size_t whysz)
+{
+        const struct wire_limit_set *lim = &s->reg->lim;
+
+        if (lim->max_names && s->reg->nnames >= lim->max_names) {
+                snprintf(why, whysz, "the daemon holds %llu names (the limit)",
+                         (unsigned long long)lim->max_names);
+                return true;
+        }
+        if (lim->max_names_per_uid && s->use->names >= lim->max_names_per_uid) {
+                snprintf(why, whysz, "uid %u owns %llu names (the limit)", (unsigned)s->uid,
+                         (unsigned long long)lim->max_names_per_uid);
+                return true;
+        }
+        return false;
 }
 
 /* Checks a descriptor's bytes lie inside its segment. */
@@ -817,11 +893,6 @@ static int publish_segment(struct session *s, const struct wire_request *req, in
 
         err = store_adopt(reg->store, fd, t->storage, req->publish.segment_size, s->uid, &seg,
                           &reason);
-        if (err == -ENOSPC) {
-                snprintf(why, whysz, "shared-bytes limit of %llu reached",
-                         (unsigned long long)reg->store->max_bytes);
-                return err;
-        }
         if (err < 0) {
                 snprintf(why, whysz, "%s", reason ? reason : strerror(-err));
                 return err;
@@ -866,6 +937,12 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
                         close(fd);
                 session_fail(s, req->id, -EACCES, "'%s' is owned by uid %u", t->name,
                              (unsigned)e->owner);
+                return;
+        }
+        if (!(e && e->current) && names_full(s, why, sizeof(why))) {
+                if (fd >= 0)
+                        close(fd);
+                session_fail(s, req->id, -EAGAIN, "publish '%s': %s", t->name, why);
                 return;
         }
         if (fd >= 0 && !req->publish.hold && s->nfd_versions >= DLX_MAX_FD_VERSIONS_PER_SESSION) {
@@ -938,9 +1015,7 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
         replaced = e->current != NULL;
         if (!replaced)
                 e->owner = s->uid; /* a free name (or one only waited for) is taken */
-        entry_retire_current(reg, e);
-        e->current = v;
-        reg->nnames++;
+        entry_set_current(reg, e, v, s->use);
 
         log_info("session %llu pid %d uid %u: published %s v%llu (%llu bytes, segment %llu%s)",
                  (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid, e->name,
@@ -1104,21 +1179,16 @@ void registry_stat(struct session *s, const struct wire_request *req)
         session_send(s, &rep, -1);
 }
 
-/* Watches per session: bounded like waiting acquires. */
-#define MAX_WATCHES_PER_SESSION 256
-
 void registry_watch(struct session *s, const struct wire_request *req)
 {
         struct registry *reg = s->reg;
-        size_t plen = strlen(req->watch.prefix), count = 0;
+        size_t plen = strlen(req->watch.prefix);
         struct wire_reply rep;
-        struct list *pos;
         struct watch *w;
 
-        for (pos = s->watches.next; pos != &s->watches; pos = pos->next)
-                count++;
-        if (count >= MAX_WATCHES_PER_SESSION) {
-                session_fail(s, req->id, -EAGAIN, "more than %d watches", MAX_WATCHES_PER_SESSION);
+        if (reg->lim.max_watches && s->nwatches >= reg->lim.max_watches) {
+                session_fail(s, req->id, -EAGAIN, "this client has %u watches already (the limit)",
+                             reg->lim.max_watches);
                 return;
         }
         w = calloc(1, sizeof(*w) + plen + 1);
@@ -1133,6 +1203,7 @@ void registry_watch(struct session *s, const struct wire_request *req)
         list_insert_tail(&reg->watches, &w->rlink);
         list_insert_tail(&s->watches, &w->slink);
         reg->nwatches++;
+        s->nwatches++;
         reply_init(&rep, req->id, WIRE_REP_WATCH);
         rep.watch.watch = w->id;
         session_send(s, &rep, -1);
@@ -1151,6 +1222,7 @@ void registry_unwatch(struct session *s, const struct wire_request *req)
                 list_remove(&w->rlink);
                 list_remove(&w->slink);
                 s->reg->nwatches--;
+                s->nwatches--;
                 free(w);
                 reply_init(&rep, req->id, WIRE_REP_NONE);
                 session_send(s, &rep, -1);
@@ -1182,16 +1254,14 @@ void registry_alloc(struct session *s, const struct wire_request *req, int fd)
                 err = store_adopt(reg->store, fd, storage, req->alloc.size, s->uid, &seg, &reason);
         else
                 err = store_alloc(reg->store, req->alloc.size, s->uid, &seg);
+        if (err == -ENOSPC && !reason) {
+                store_nospace_why(reg->store, req->alloc.size, s->uid, reg->store->why,
+                                  sizeof(reg->store->why));
+                reason = reg->store->why;
+        }
         if (err < 0) {
-                if (err == -ENOSPC)
-                        session_fail(s, req->id, err,
-                                     "alloc of %llu bytes: shared-bytes limit of %llu reached",
-                                     (unsigned long long)req->alloc.size,
-                                     (unsigned long long)reg->store->max_bytes);
-                else
-                        session_fail(s, req->id, err, "alloc of %llu bytes: %s",
-                                     (unsigned long long)req->alloc.size,
-                                     reason ? reason : strerror(-err));
+                session_fail(s, req->id, err, "alloc of %llu bytes: %s",
+                             (unsigned long long)req->alloc.size, reason ? reason : strerror(-err));
                 return;
         }
         k = known_add(s, seg);
@@ -1260,7 +1330,12 @@ void registry_stats(struct session *s, const struct wire_request *req)
         rep.stats.bytes = reg->store->bytes;
         rep.stats.max_bytes = reg->store->max_bytes;
         rep.stats.clients = (uint32_t)reg->nsessions;
-        rep.stats.max_clients = reg->max_clients;
+        rep.stats.max_clients = reg->lim.max_clients;
+        rep.stats.limits = reg->lim;
+        rep.stats.uid = s->uid;
+        rep.stats.uid_clients = s->use->clients;
+        rep.stats.uid_bytes = s->use->bytes;
+        rep.stats.uid_names = s->use->names;
         rep.stats.watchers = (uint32_t)reg->nwatches;
         rep.stats.uptime_ms = now_ms(reg->loop) - reg->started_ms;
         rep.stats.requests = reg->requests;

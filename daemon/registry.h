@@ -37,16 +37,26 @@ struct registry {
         uint64_t next_lease;
         uint64_t next_watch;
         uint64_t started_ms;
-        unsigned max_clients;
+        struct wire_limit_set lim; /* 0: none; max_bytes* are the store's */
         /* counters for stats; nnames counts names with a current version */
         uint64_t nnames, nversions, nleases, nwatches, nsessions;
         uint64_t requests, publishes, acquires;
 };
 
-void registry_init(struct registry *reg, uv_loop_t *loop, struct store *st, unsigned max_clients);
+/* The defaults of dlxd's limits (what dlxd --help shows). */
+void registry_default_limits(struct wire_limit_set *lim);
+
+/* lim: the limits (copied; NULL: the defaults); its byte limits go to the store. */
+void registry_init(struct registry *reg, uv_loop_t *loop, struct store *st,
+                   const struct wire_limit_set *lim);
 /* Closes every session still open (they must have no connection left) and frees all. */
 void registry_done(struct registry *reg);
 
+/*
+ * Whether one more client of uid may connect: 0, or -EAGAIN with the limit
+ * it would pass written to why.
+ */
+int registry_admit(struct registry *reg, uid_t uid, char *why, size_t whysz);
 /* A new session for a connected peer; NULL on allocation failure. */
 struct session *registry_session_new(struct registry *reg, uid_t uid, gid_t gid, pid_t pid);
 /* Releases everything the session holds and frees it. NULL-safe. */

@@ -85,17 +85,17 @@ static int clear_stale(const char *path)
         return 0;
 }
 
-/* Too many clients: say so in one reply addressed to nobody, then hang up. */
-static void refuse(struct server *srv, int fd)
+/* Too many clients: say why in one reply addressed to nobody, then hang up. */
+static void refuse(int fd, const char *why)
 {
         struct wire_reply rep = {.id = 0, .status = WIRE_LIMIT, .type = WIRE_REP_NONE};
-        uint8_t buf[FRAME_HEADER_SIZE + 256];
+        uint8_t buf[FRAME_HEADER_SIZE + 512];
         size_t size;
 
-        snprintf(rep.error, sizeof(rep.error), "too many clients (limit %u)", srv->max_clients);
-        if (wire_reply_size(&rep, &size) == 0 && size <= sizeof(buf) - FRAME_HEADER_SIZE) {
+        wire_strcpy(rep.error, sizeof(rep.error), why);
+        if (wire_reply_encode(&rep, buf + FRAME_HEADER_SIZE, sizeof(buf) - FRAME_HEADER_SIZE,
+                              &size) == 0) {
                 frame_header_put(buf, (uint32_t)size, 0);
-                wire_reply_pack(&rep, buf + FRAME_HEADER_SIZE);
                 (void)!send(fd, buf, FRAME_HEADER_SIZE + size, MSG_NOSIGNAL | MSG_DONTWAIT);
         }
         close(fd);
@@ -123,6 +123,7 @@ static void on_listen(uv_poll_t *h, int status, int events)
         for (int i = 0; i < 64; i++) {
                 struct ucred cred;
                 socklen_t len = sizeof(cred);
+                char why[128];
                 struct session *s;
                 int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 
@@ -146,10 +147,10 @@ static void on_listen(uv_poll_t *h, int status, int events)
                         close(fd);
                         continue;
                 }
-                if (srv->max_clients && srv->nconns >= srv->max_clients) {
-                        log_notice("refused pid %d uid %u: %u clients connected", (int)cred.pid,
-                                   (unsigned)cred.uid, srv->nconns);
-                        refuse(srv, fd);
+                if (registry_admit(srv->reg, cred.uid, why, sizeof(why)) < 0) {
+                        log_notice("refused pid %d uid %u: %s", (int)cred.pid, (unsigned)cred.uid,
+                                   why);
+                        refuse(fd, why);
                         continue;
                 }
                 s = registry_session_new(srv->reg, cred.uid, cred.gid, cred.pid);
@@ -167,8 +168,91 @@ static void on_listen(uv_poll_t *h, int status, int events)
         }
 }
 
-int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, const char *path,
-                 unsigned max_clients)
+static void on_tick(uv_poll_t *h, int status, int events);
+
+static void ticker_arm(struct ticker *t, bool on)
+{
+        struct itimerspec its = {0};
+
+        if (on) {
+                its.it_value.tv_sec = (time_t)(t->period_ms / 1000);
+                its.it_value.tv_nsec = (long)(t->period_ms % 1000) * 1000000L;
+                its.it_interval = its.it_value;
+        }
+        /* cannot fail for a valid timerfd and a sane period */
+        timerfd_settime(t->fd, 0, &its, NULL);
+        if (on)
+                uv_poll_start(&t->poll, UV_READABLE, on_tick);
+        else
+                uv_poll_stop(&t->poll);
+        t->armed = on;
+}
+
+static void on_tick(uv_poll_t *h, int status, int events)
+{
+        struct ticker *t = h->data;
+        uint64_t ticks;
+
+        (void)status;
+        (void)events;
+        if (read(t->fd, &ticks, sizeof(ticks)) < 0 && errno == EAGAIN)
+                return;
+        if (!t->tick(t->srv))
+                ticker_arm(t, false);
+}
+
+static int ticker_init(struct server *srv, struct ticker *t, uint64_t period_ms,
+                       bool (*tick)(struct server *srv))
+{
+        t->srv = srv;
+        t->tick = tick;
+        t->period_ms = period_ms;
+        t->armed = false;
+        t->fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+        if (t->fd < 0)
+                return -errno;
+        uv_poll_init(srv->loop, &t->poll, t->fd);
+        t->poll.data = t;
+        return 0;
+}
+
+static void on_ticker_closed(uv_handle_t *h)
+{
+        struct ticker *t = h->data;
+
+        close(t->fd);
+        t->fd = -1;
+}
+
+static void ticker_close(struct ticker *t)
+{
+        if (t->fd < 0)
+                return;
+        uv_poll_stop(&t->poll);
+        uv_close((uv_handle_t *)&t->poll, on_ticker_closed);
+}
+
+static bool sweep_tick(struct server *srv)
+{
+        conn_sweep_rings(srv);
+        return !list_empty(&srv->awake);
+}
+
+static bool watchdog_tick(struct server *srv)
+{
+        conn_check_stalled(srv);
+        return !list_empty(&srv->stalled);
+}
+
+/* A few looks per timeout, from 10 ms to 1 s apart. */
+static uint64_t watchdog_period(const struct registry *reg)
+{
+        uint64_t p = reg->lim.timeout_ms / 4;
+
+        return p < 10 ? 10 : p > 1000 ? 1000 : p;
+}
+
+int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, const char *path)
 {
         struct sockaddr_un addr = {.sun_family = AF_UNIX};
         char dir[sizeof(srv->path)];
@@ -180,12 +264,13 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
         srv->loop = loop;
         srv->reg = reg;
         srv->listen_fd = -1;
-        srv->max_clients = max_clients;
         list_init(&srv->conns);
         list_init(&srv->doomed);
         list_init(&srv->dirty);
         list_init(&srv->awake);
-        srv->sweep_fd = -1;
+        list_init(&srv->stalled);
+        srv->sweep.fd = -1;
+        srv->watchdog.fd = -1;
         if (strlen(path) >= sizeof(srv->path)) {
                 log_err("socket path too long: %s", path);
                 return -ENAMETOOLONG;
@@ -216,16 +301,16 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
                 close(fd);
                 return err;
         }
-        srv->sweep_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-        if (srv->sweep_fd < 0) {
-                err = -errno;
-                log_err("timerfd: %s", strerror(errno));
+        err = ticker_init(srv, &srv->sweep, CONN_QUIET_MS, sweep_tick);
+        if (err == 0)
+                err = ticker_init(srv, &srv->watchdog, watchdog_period(reg), watchdog_tick);
+        if (err < 0) {
+                log_err("timerfd: %s", strerror(-err));
+                ticker_close(&srv->sweep);
                 close(fd);
                 unlink(path);
                 return err;
         }
-        uv_poll_init(loop, &srv->sweep_poll, srv->sweep_fd);
-        srv->sweep_poll.data = srv;
         srv->listen_fd = fd;
         uv_poll_init(loop, &srv->listen_poll, fd);
         srv->listen_poll.data = srv;
@@ -238,14 +323,6 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
         uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
         srv->listening = true;
         return 0;
-}
-
-static void on_sweep_closed(uv_handle_t *h)
-{
-        struct server *srv = h->data;
-
-        close(srv->sweep_fd);
-        srv->sweep_fd = -1;
 }
 
 static void on_listen_closed(uv_handle_t *h)
@@ -274,8 +351,8 @@ void server_stop(struct server *srv)
         uv_close((uv_handle_t *)&srv->reaper, NULL);
         uv_idle_stop(&srv->flusher);
         uv_close((uv_handle_t *)&srv->flusher, NULL);
-        uv_poll_stop(&srv->sweep_poll);
-        uv_close((uv_handle_t *)&srv->sweep_poll, on_sweep_closed);
+        ticker_close(&srv->sweep);
+        ticker_close(&srv->watchdog);
 }
 
 void server_conn_gone(struct server *srv)
@@ -316,41 +393,14 @@ void server_schedule_flush(struct server *srv)
         uv_idle_start(&srv->flusher, on_flush);
 }
 
-static void on_sweep(uv_poll_t *h, int status, int events);
-
-static void set_sweep(struct server *srv, bool on)
-{
-        struct itimerspec its = {0};
-
-        if (on) {
-                its.it_value.tv_nsec = CONN_QUIET_MS * 1000000L;
-                its.it_interval = its.it_value;
-        }
-        /* cannot fail for a valid timerfd and a period under a second */
-        timerfd_settime(srv->sweep_fd, 0, &its, NULL);
-        if (on)
-                uv_poll_start(&srv->sweep_poll, UV_READABLE, on_sweep);
-        else
-                uv_poll_stop(&srv->sweep_poll);
-        srv->sweep_armed = on;
-}
-
-static void on_sweep(uv_poll_t *h, int status, int events)
-{
-        struct server *srv = h->data;
-        uint64_t ticks;
-
-        (void)status;
-        (void)events;
-        if (read(srv->sweep_fd, &ticks, sizeof(ticks)) < 0 && errno == EAGAIN)
-                return;
-        conn_sweep_rings(srv);
-        if (list_empty(&srv->awake))
-                set_sweep(srv, false);
-}
-
 void server_schedule_sweep(struct server *srv)
 {
-        if (!srv->sweep_armed && srv->sweep_fd >= 0)
-                set_sweep(srv, true);
+        if (!srv->sweep.armed && srv->sweep.fd >= 0)
+                ticker_arm(&srv->sweep, true);
+}
+
+void server_schedule_watchdog(struct server *srv)
+{
+        if (!srv->watchdog.armed && srv->watchdog.fd >= 0)
+                ticker_arm(&srv->watchdog, true);
 }

@@ -13,6 +13,23 @@
 #include "list.h"
 
 struct registry;
+struct server;
+
+/*
+ * A periodic timerfd watched by the loop, armed only while there is work for
+ * it. Not a uv timer: an active uv timer gives every epoll_wait a timeout, and
+ * the kernel then arms and cancels an hrtimer around each wait (about half a
+ * microsecond per request here); a timerfd's is armed once per period.
+ */
+struct ticker {
+        int fd;
+        uv_poll_t poll;
+        bool armed;
+        uint64_t period_ms;
+        struct server *srv;
+        /* returns whether to keep ticking */
+        bool (*tick)(struct server *srv);
+};
 
 struct server {
         uv_loop_t *loop;
@@ -26,18 +43,11 @@ struct server {
         uv_idle_t reaper;
         struct list dirty; /* conns with replies queued outside their own batch */
         uv_idle_t flusher;
-        /*
-         * Release rings awake: swept every CONN_QUIET_MS by a timerfd, armed only
-         * while the list is not empty. Not a uv timer: an active uv timer gives
-         * every epoll_wait a timeout, and the kernel then arms and cancels an
-         * hrtimer on each request; the timerfd's is armed once per period.
-         */
-        struct list awake;
-        int sweep_fd;
-        uv_poll_t sweep_poll;
-        bool sweep_armed;
+        struct list awake; /* conns whose release ring is awake: swept every CONN_QUIET_MS */
+        struct ticker sweep;
+        struct list stalled; /* conns not greeted yet or inside a frame: timed out */
+        struct ticker watchdog;
         unsigned nconns;
-        unsigned max_clients;
         bool listening;
         bool backoff_logged;
 };
@@ -48,8 +58,7 @@ struct server {
  * root's), refuses a path a live daemon answers on, replaces a stale socket,
  * and listens with mode 0600. Returns 0 or -errno with a message logged.
  */
-int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, const char *path,
-                 unsigned max_clients);
+int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, const char *path);
 
 /* Stops accepting, closes every connection and removes the socket file. */
 void server_stop(struct server *srv);
@@ -63,7 +72,10 @@ void server_schedule_reap(struct server *srv);
 /* Runs conn_flush_dirty() at the end of this loop iteration. */
 void server_schedule_flush(struct server *srv);
 
-/* Runs conn_sweep_rings() every period while srv->awake is not empty. */
+/* Runs conn_sweep_rings() every CONN_QUIET_MS while srv->awake is not empty. */
 void server_schedule_sweep(struct server *srv);
+
+/* Runs conn_check_stalled() a few times per timeout while srv->stalled is not empty. */
+void server_schedule_watchdog(struct server *srv);
 
 #endif /* DLX_DAEMON_SERVER_H */

@@ -17,6 +17,7 @@
 #include "wire.h"
 
 struct registry;
+struct uid_use;
 
 /* How a session's replies leave: set by the connection that owns it. */
 struct session_io {
@@ -41,6 +42,8 @@ struct session {
         struct avl_tree held;   /* struct hold, by segment id: its allocations */
         unsigned nfd_versions;  /* live versions it published with their own fd */
         unsigned nheld;
+        unsigned nwatches;
+        struct uid_use *use;       /* its uid's counts, in the store */
         struct list watches;       /* struct watch */
         struct list waiters;       /* struct waiter: acquires waiting for a version */
         struct release_ring *ring; /* posted releases, NULL until hello */

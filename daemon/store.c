@@ -21,13 +21,70 @@ static int cmp_id(const void *key, const struct avl_node *n)
         return avl_cmp_u64(*(const uint64_t *)key, avl_entry(n, struct segment, node)->id);
 }
 
-void store_init(struct store *st, uint64_t max_bytes)
+static int cmp_uid(const void *key, const struct avl_node *n)
+{
+        uid_t a = *(const uid_t *)key, b = avl_entry(n, struct uid_use, node)->uid;
+
+        return a < b ? -1 : a > b;
+}
+
+void store_init(struct store *st)
 {
         avl_init(&st->segments);
+        avl_init(&st->uids);
         st->next_id = 1;
         st->bytes = 0;
-        st->max_bytes = max_bytes;
+        st->max_bytes = 0;
+        st->max_bytes_per_uid = 0;
         st->on_gone = NULL;
+}
+
+struct uid_use *store_uid(struct store *st, uid_t uid, bool create)
+{
+        struct avl_node *n = avl_find(&st->uids, &uid, cmp_uid);
+        struct uid_use *u;
+
+        if (n || !create)
+                return n ? avl_entry(n, struct uid_use, node) : NULL;
+        u = calloc(1, sizeof(*u));
+        if (!u)
+                return NULL;
+        u->uid = uid;
+        avl_insert(&st->uids, &u->node, &u->uid, cmp_uid);
+        return u;
+}
+
+void store_uid_put(struct store *st, struct uid_use *u)
+{
+        if (!u || u->clients || u->names || u->bytes)
+                return;
+        avl_remove(&st->uids, &u->node);
+        free(u);
+}
+
+static uint64_t uid_bytes(const struct store *st, uid_t uid)
+{
+        struct avl_node *n = avl_find(&st->uids, &uid, cmp_uid);
+
+        return n ? avl_entry(n, struct uid_use, node)->bytes : 0;
+}
+
+void store_nospace_why(const struct store *st, uint64_t size, uid_t uid, char *buf, size_t len)
+{
+        uint64_t mine = uid_bytes(st, uid);
+
+        if (st->max_bytes_per_uid &&
+            (size > st->max_bytes_per_uid || mine > st->max_bytes_per_uid - size))
+                snprintf(buf, len,
+                         "%llu more bytes would pass uid %u's limit of %llu shared bytes "
+                         "(%llu in use)",
+                         (unsigned long long)size, (unsigned)uid,
+                         (unsigned long long)st->max_bytes_per_uid, (unsigned long long)mine);
+        else
+                snprintf(buf, len,
+                         "%llu more bytes would pass the limit of %llu shared bytes (%llu in use)",
+                         (unsigned long long)size, (unsigned long long)st->max_bytes,
+                         (unsigned long long)st->bytes);
 }
 
 static void segment_destroy(struct store *st, struct segment *seg)
@@ -45,7 +102,12 @@ static void segment_destroy(struct store *st, struct segment *seg)
         }
         avl_remove(&st->segments, &seg->node);
         if (seg->fd >= 0) {
+                struct uid_use *u = store_uid(st, seg->uid, false);
                 st->bytes -= seg->size;
+                if (u) {
+                        u->bytes -= seg->size;
+                        store_uid_put(st, u);
+                }
                 close(seg->fd);
         }
         if (seg->fd_ro >= 0)
@@ -63,15 +125,25 @@ void store_done(struct store *st)
                 next = avl_next(n);
                 segment_destroy(st, avl_entry(n, struct segment, node));
         }
+        /* sessions are gone, and so are their counts: whatever is left is free to go */
+        for (n = avl_first(&st->uids); n; n = next) {
+                next = avl_next(n);
+                avl_remove(&st->uids, n);
+                free(avl_entry(n, struct uid_use, node));
+        }
 }
 
 static int insert(struct store *st, int fd, uint32_t kind, uint64_t size, uid_t uid,
                   bool write_sealed, struct segment **ret)
 {
         struct segment *seg = calloc(1, sizeof(*seg));
+        struct uid_use *u = fd >= 0 ? store_uid(st, uid, true) : NULL;
 
-        if (!seg)
+        if (!seg || (fd >= 0 && !u)) {
+                free(seg);
+                store_uid_put(st, u);
                 return -ENOMEM;
+        }
         seg->id = st->next_id++;
         seg->kind = kind;
         seg->fd = fd;
@@ -82,17 +154,25 @@ static int insert(struct store *st, int fd, uint32_t kind, uint64_t size, uid_t 
         seg->refs = 1;
         list_init(&seg->known);
         avl_insert(&st->segments, &seg->node, &seg->id, cmp_id);
-        if (fd >= 0)
+        if (fd >= 0) {
                 st->bytes += size;
+                u->bytes += size;
+        }
         *ret = seg;
         return 0;
 }
 
-static int room_for(const struct store *st, uint64_t size)
+static int room_for(const struct store *st, uint64_t size, uid_t uid)
 {
+        uint64_t mine;
+
         if (size == 0 || size > DLX_MAX_SEGMENT)
                 return -EINVAL;
         if (st->max_bytes && (size > st->max_bytes || st->bytes > st->max_bytes - size))
+                return -ENOSPC;
+        mine = uid_bytes(st, uid);
+        if (st->max_bytes_per_uid &&
+            (size > st->max_bytes_per_uid || mine > st->max_bytes_per_uid - size))
                 return -ENOSPC;
         return 0;
 }
@@ -102,7 +182,7 @@ int store_alloc(struct store *st, uint64_t size, uid_t uid, struct segment **ret
         char name[32];
         int fd, err;
 
-        err = room_for(st, size);
+        err = room_for(st, size, uid);
         if (err < 0)
                 return err;
         snprintf(name, sizeof(name), "dlx-%llu", (unsigned long long)st->next_id);
@@ -137,9 +217,13 @@ static int adopt_vmm(struct store *st, int fd, const struct stat *sb, uint64_t d
                 close(fd);
                 return -EBADF;
         }
-        err = room_for(st, declared_size);
+        err = room_for(st, declared_size, uid);
         if (err == -EINVAL)
                 *ret_why = "a cuda-vmm segment needs a size of 1 byte to 1 TiB";
+        if (err == -ENOSPC) {
+                store_nospace_why(st, declared_size, uid, st->why, sizeof(st->why));
+                *ret_why = st->why;
+        }
         if (err == 0)
                 err = insert(st, fd, WIRE_STORAGE_CUDA_VMM, declared_size, uid, false, ret);
         if (err < 0)
@@ -175,9 +259,13 @@ int store_adopt(struct store *st, int fd, uint32_t kind, uint64_t declared_size,
         } else if ((mode = fcntl(fd, F_GETFL)) < 0 || (mode & O_ACCMODE) == O_WRONLY) {
                 *ret_why = "the memfd is not open for reading";
         } else {
-                err = room_for(st, (uint64_t)sb.st_size);
+                err = room_for(st, (uint64_t)sb.st_size, uid);
                 if (err == -EINVAL)
                         *ret_why = "the memfd is empty or larger than 1 TiB";
+                if (err == -ENOSPC) {
+                        store_nospace_why(st, (uint64_t)sb.st_size, uid, st->why, sizeof(st->why));
+                        *ret_why = st->why;
+                }
                 if (err < 0) {
                         close(fd);
                         return err == -EINVAL ? -EBADF : err;

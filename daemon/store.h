@@ -2,7 +2,8 @@
 /*
  * Shared-memory segments the daemon holds: one sealed memfd each, created on
  * request (alloc) or received from a client (publish). The daemon never maps
- * them; it keeps the descriptors, checks seals and sizes, and accounts bytes.
+ * them; it keeps the descriptors, checks seals and sizes, and accounts bytes,
+ * in all and per uid (with the other per-uid counts the registry keeps).
  */
 #ifndef DLX_DAEMON_STORE_H
 #define DLX_DAEMON_STORE_H
@@ -32,22 +33,47 @@ struct segment {
         uint8_t ipc_handle[DLX_CUDA_HANDLE]; /* CUDA IPC: the allocation's handle */
 };
 
+/* What one uid uses of the per-uid limits; kept while anything is counted. */
+struct uid_use {
+        struct avl_node node; /* in store.uids */
+        uid_t uid;
+        uint32_t clients; /* sessions (the registry counts them) */
+        uint64_t names;   /* names it owns with a current version (likewise) */
+        uint64_t bytes;   /* bytes of the segments it created or sent */
+};
+
 struct store {
         struct avl_tree segments;
+        struct avl_tree uids; /* struct uid_use */
         uint64_t next_id;
         uint64_t bytes;
-        uint64_t max_bytes; /* 0: no limit */
+        uint64_t max_bytes;         /* 0: no limit */
+        uint64_t max_bytes_per_uid; /* 0: no limit */
+        char why[160];              /* the reason store_adopt() gives for -ENOSPC */
         /* called for each session that holds the fd of a segment being destroyed */
         void (*on_gone)(struct session *s, uint64_t segment_id);
 };
 
-void store_init(struct store *st, uint64_t max_bytes);
+/* No byte limits until the registry sets them (registry_init). */
+void store_init(struct store *st);
 /* Destroys every segment (daemon exit). */
 void store_done(struct store *st);
 
+/* The uid's record, made if create; NULL if absent (or no memory). */
+struct uid_use *store_uid(struct store *st, uid_t uid, bool create);
+/* Frees the record once nothing is counted in it. NULL-safe. */
+void store_uid_put(struct store *st, struct uid_use *u);
+
+/*
+ * Why size more bytes for uid do not fit (for -ENOSPC messages): the global
+ * or the per-uid limit, with figures.
+ */
+void store_nospace_why(const struct store *st, uint64_t size, uid_t uid, char *buf, size_t len);
+
 /*
  * Creates a sealed memfd of size bytes. Returns 0 with *ret (one reference),
- * -EINVAL (size 0 or over DLX_MAX_SEGMENT), -ENOSPC (over max_bytes) or -errno.
+ * -EINVAL (size 0 or over DLX_MAX_SEGMENT), -ENOSPC (over max_bytes, in all
+ * or for uid) or -errno.
  */
 int store_alloc(struct store *st, uint64_t size, uid_t uid, struct segment **ret);
 
@@ -57,7 +83,7 @@ int store_alloc(struct store *st, uint64_t size, uid_t uid, struct segment **ret
  * shrinking and growing, and is measured with fstat. A CUDA VMM fd cannot be
  * inspected without a driver: it must merely not be a file, directory, pipe
  * or socket, and declared_size is its size. Returns 0 with *ret (one
- * reference), -EBADF or -EINVAL with a reason in *ret_why, -ENOSPC or -errno.
+ * reference), -EBADF, -EINVAL or -ENOSPC with a reason in *ret_why, or -errno.
  */
 int store_adopt(struct store *st, int fd, uint32_t kind, uint64_t declared_size, uid_t uid,
                 struct segment **ret, const char **ret_why);

@@ -682,6 +682,7 @@ struct reply_pb {
                 Dlxp__Event event;
         };
         Dlxp__Info info;
+        Dlxp__Limits limits; /* a stats reply's, beside it */
         struct tensor_pb tensor;
         /* RELEASED events: one binary per consumer event, allocated */
         ProtobufCBinaryData *events;
@@ -690,6 +691,39 @@ struct reply_pb {
         Dlxp__Info **info_ptrs;
         struct tensor_pb *tensors;
 };
+
+static void limits_to_pb(const struct wire_limit_set *l, Dlxp__Limits *pb)
+{
+        dlxp__limits__init(pb);
+        pb->max_clients = l->max_clients;
+        pb->max_clients_per_uid = l->max_clients_per_uid;
+        pb->max_bytes = l->max_bytes;
+        pb->max_bytes_per_uid = l->max_bytes_per_uid;
+        pb->max_names = l->max_names;
+        pb->max_names_per_uid = l->max_names_per_uid;
+        pb->max_leases = l->max_leases;
+        pb->max_watches = l->max_watches;
+        pb->max_queued = l->max_queued;
+        pb->timeout_ms = l->timeout_ms;
+}
+
+/* An older daemon sends none: all zero, "no limit known". */
+static void limits_from_pb(const Dlxp__Limits *pb, struct wire_limit_set *l)
+{
+        memset(l, 0, sizeof(*l));
+        if (!pb)
+                return;
+        l->max_clients = pb->max_clients;
+        l->max_clients_per_uid = pb->max_clients_per_uid;
+        l->max_bytes = pb->max_bytes;
+        l->max_bytes_per_uid = pb->max_bytes_per_uid;
+        l->max_names = pb->max_names;
+        l->max_names_per_uid = pb->max_names_per_uid;
+        l->max_leases = pb->max_leases;
+        l->max_watches = pb->max_watches;
+        l->max_queued = pb->max_queued;
+        l->timeout_ms = pb->timeout_ms;
+}
 
 static void reply_pb_done(struct reply_pb *s)
 {
@@ -808,6 +842,12 @@ static int reply_to_pb(const struct wire_reply *p, struct reply_pb *s)
                 s->stats.requests = p->stats.requests;
                 s->stats.publishes = p->stats.publishes;
                 s->stats.acquires = p->stats.acquires;
+                limits_to_pb(&p->stats.limits, &s->limits);
+                s->stats.limits = &s->limits;
+                s->stats.uid = p->stats.uid;
+                s->stats.uid_clients = p->stats.uid_clients;
+                s->stats.uid_bytes = p->stats.uid_bytes;
+                s->stats.uid_names = p->stats.uid_names;
                 r->body_case = DLXP__REPLY__BODY_STATS;
                 r->stats = &s->stats;
                 return 0;
@@ -966,6 +1006,11 @@ static int reply_from_pb(const Dlxp__Reply *r, struct wire_reply *p, char *err, 
                 p->stats.requests = r->stats->requests;
                 p->stats.publishes = r->stats->publishes;
                 p->stats.acquires = r->stats->acquires;
+                limits_from_pb(r->stats->limits, &p->stats.limits);
+                p->stats.uid = r->stats->uid;
+                p->stats.uid_clients = r->stats->uid_clients;
+                p->stats.uid_bytes = r->stats->uid_bytes;
+                p->stats.uid_names = r->stats->uid_names;
                 return 0;
         case DLXP__REPLY__BODY_PONG:
                 p->type = WIRE_REP_PONG;

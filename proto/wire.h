@@ -201,10 +201,27 @@ enum wire_event_kind {
         WIRE_EVENT_SEGMENT_GONE = 5,
 };
 
+/* The daemon's limits (0: none); dlxd's configuration and what stats reports. */
+struct wire_limit_set {
+        uint32_t max_clients;         /* connections, all uids */
+        uint32_t max_clients_per_uid; /* connections of one uid */
+        uint64_t max_bytes;           /* shared bytes held: memfds dlxd keeps */
+        uint64_t max_bytes_per_uid;   /* ... charged to one uid */
+        uint64_t max_names;           /* names with a current version */
+        uint64_t max_names_per_uid;   /* ... owned by one uid */
+        uint32_t max_leases;          /* leases one connection holds at once */
+        uint32_t max_watches;         /* watches of one connection */
+        uint64_t max_queued;          /* reply bytes a connection leaves unread */
+        uint32_t timeout_ms;          /* for hello, and for the rest of a started frame */
+};
+
 struct wire_stats {
         uint64_t names, versions, leases, segments, bytes, max_bytes;
         uint32_t clients, max_clients, watchers;
         uint64_t uptime_ms, requests, publishes, acquires;
+        struct wire_limit_set limits;
+        uint32_t uid, uid_clients; /* the asking client's uid, and its usage */
+        uint64_t uid_bytes, uid_names;
 };
 
 struct wire_reply {

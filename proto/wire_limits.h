@@ -28,8 +28,14 @@
 /* Entries in one list reply, at most and by default. */
 #define DLX_LIST_PAGE_MAX 512
 #define DLX_LIST_PAGE_DEFAULT 256
-/* Leases one session may hold at once. */
+/* Leases one session may hold at once (dlxd --max-leases; the default). */
 #define DLX_MAX_LEASES_PER_SESSION 65536
+/* dlxd's other defaults; see dlxd --help. */
+#define DLX_DEFAULT_MAX_CLIENTS 1024
+#define DLX_DEFAULT_MAX_NAMES 1000000
+#define DLX_DEFAULT_MAX_WATCHES 256
+#define DLX_DEFAULT_MAX_QUEUED (16u << 20)
+#define DLX_DEFAULT_TIMEOUT_MS 10000
 /* Live versions one session may publish with an fd of their own (each pins a daemon fd);
  * versions in a held segment cost none and are not counted. */
 #define DLX_MAX_FD_VERSIONS_PER_SESSION 4096

@@ -2104,6 +2104,100 @@ START_TEST(test_client_limit)
 }
 END_TEST
 
+/* ---- slowloris: a daemon with a short timeout ------------------------------------------ */
+
+#define SHORT_TIMEOUT_MS 300
+
+/* Reads the timeout error a stalled peer gets, then the hang-up; returns when it came. */
+static int64_t expect_timed_out(int fd, const char *why)
+{
+        char msg[DLX_ERROR_MAX + 1];
+
+        expect_error_msg(fd, 0, WIRE_TIMEOUT, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, why), "timeout message '%s' does not say '%s'", msg, why);
+        int64_t at = mono_ms();
+        expect_closed(fd);
+        return at;
+}
+
+/* A peer that connects and says nothing is dropped after the timeout, with a reason. */
+START_TEST(test_slowloris_no_hello)
+{
+        static const char *const args[] = {"--timeout-ms", "300", NULL};
+        dlx_client *good;
+        int64_t t0, at;
+        int fd;
+
+        dlxd_start(&fx, args);
+        good = fx_connect(&fx, "good");
+        t0 = mono_ms();
+        fd = fx_raw_connect(&fx);
+        at = expect_timed_out(fd, "no hello within 300 ms");
+        ck_assert_msg(at - t0 >= SHORT_TIMEOUT_MS - 20, "dropped after %lld ms, before the timeout",
+                      (long long)(at - t0));
+        close(fd);
+        /* an idle client that did say hello is never on the clock */
+        ck_assert_int_eq(dlx_ping(good), 0);
+        assert_daemon_serves(good);
+        dlx_close(good);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/* Part of a frame, then silence: dropped; frames that keep completing are not. */
+START_TEST(test_slowloris_partial_frame)
+{
+        static const char *const args[] = {"--timeout-ms", "300", NULL};
+        struct wire_request req = {.id = 2, .type = WIRE_REQ_PING};
+        uint8_t frame[64];
+        dlx_client *good;
+        size_t size;
+        int fd, steady;
+
+        dlxd_start(&fx, args);
+        good = fx_connect(&fx, "good");
+        ck_assert_int_eq(wire_request_size(&req, &size), 0);
+        frame_header_put(frame, (uint32_t)size, 0);
+        wire_request_pack(&req, frame + FRAME_HEADER_SIZE);
+
+        /* a steady client: a complete ping every 100 ms for twice the timeout */
+        steady = raw_hello();
+        for (int i = 0; i < 6; i++) {
+                ping(steady, 10 + (uint64_t)i);
+                sleep_ms(100);
+        }
+
+        /* three bytes of a header, and nothing more */
+        fd = raw_hello();
+        ck_assert_int_eq(send_raw(fd, frame, 3, NULL, 0), 0);
+        expect_timed_out(fd, "a frame started 300 ms ago is not complete");
+        close(fd);
+
+        /* a whole header and half a payload: the same */
+        fd = raw_hello();
+        ck_assert_int_eq(send_raw(fd, frame, FRAME_HEADER_SIZE + size / 2, NULL, 0), 0);
+        expect_timed_out(fd, "is not complete");
+        close(fd);
+
+        /* dribbling a frame out a byte every 50 ms: it must be whole within the timeout */
+        fd = raw_hello();
+        ck_assert_int_eq(send_raw(fd, frame, 1, NULL, 0), 0);
+        for (size_t i = 1; i < FRAME_HEADER_SIZE + size; i++) {
+                sleep_ms(50);
+                if (send_raw(fd, frame + i, 1, NULL, 0) < 0)
+                        break; /* already hung up on */
+        }
+        expect_timed_out(fd, "is not complete");
+        close(fd);
+
+        ping(steady, 20);
+        close(steady);
+        assert_daemon_serves(good);
+        dlx_close(good);
+        dlxd_stop(&fx);
+}
+END_TEST
+
 /* Connections to try against a daemon started with this many fds allowed. */
 #define FD_LIMIT 48
 #define FD_FLOOD_CONNS 64
@@ -2246,6 +2340,8 @@ Suite *badinput_suite(void)
 
         /* starts its own daemon with a client limit */
         tcase_add_test(limits, test_client_limit);
+        tcase_add_test(limits, test_slowloris_no_hello);
+        tcase_add_test(limits, test_slowloris_partial_frame);
         tcase_add_test(limits, test_daemon_out_of_fds);
         suite_add_tcase(s, limits);
         return s;

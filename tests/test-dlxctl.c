@@ -1371,13 +1371,29 @@ START_TEST(test_stats)
         ck_assert_msg(json_u64(out, "requests") >= 4 + 2 + 1, "%s", out);
         ck_assert_msg(json_u64(out, "clients") >= 1, "%s", out);
         ck_assert_msg(json_u64(out, "bytes") >= 24 + 8, "%s", out);
+        /* the limits dlxd runs with (defaults here), and what this uid uses */
+        ck_assert_msg(strstr(out, "\"limits\":{\"max_clients\":1024,") &&
+                              json_has(out, "\"max_names\":1000000") &&
+                              json_has(out, "\"max_leases\":65536") &&
+                              json_has(out, "\"max_queued\":16777216") &&
+                              json_has(out, "\"timeout_ms\":10000"),
+                      "limits: %s", out);
+        {
+                char uid[96];
+                snprintf(uid, sizeof(uid), "\"uid\":{\"uid\":%u,\"clients\":1,",
+                         (unsigned)getuid());
+                ck_assert_msg(strstr(out, uid) && strstr(out, "\"names\":2}}"), "uid usage: %s",
+                              out);
+        }
         free(out);
 
         out = ctl_ok("stats", NULL);
-        ck_assert_msg(strstr(out, "server:    ") && strstr(out, "names:     2\n") &&
+        ck_assert_msg(strstr(out, "server:    ") && strstr(out, "names:     2 of 1000000\n") &&
                               strstr(out, "versions:  2\n") &&
                               strstr(out, "(publishes 4, acquires 2)\n") &&
-                              strstr(out, "watchers:  0\n"),
+                              strstr(out, "watchers:  0\n") &&
+                              strstr(out, "  --max-names            1000000\n") &&
+                              strstr(out, "  --max-queued           16777216 (16 MiB)\n"),
                       "stats: %s", out);
         free(out);
 }

@@ -156,13 +156,19 @@ static void setup(void)
         ck_assert_int_eq(uv_loop_close(&E.loop), 0);
         E.fds_before = count_fds();
         ck_assert_int_eq(uv_loop_init(&E.loop), 0);
-        store_init(&E.store, 1 << 20);
-        registry_init(&E.reg, &E.loop, &E.store, 64);
+        store_init(&E.store);
+        struct wire_limit_set lim;
+        registry_default_limits(&lim);
+        lim.max_bytes = 1 << 20;
+        lim.max_clients = 64;
+        registry_init(&E.reg, &E.loop, &E.store, &lim);
 }
 
 static void teardown(void)
 {
         registry_done(&E.reg);
+        /* every per-uid count went back to zero, and its record with it */
+        ck_assert_uint_eq(E.store.uids.count, 0);
         store_done(&E.store);
         ck_assert_uint_eq(E.store.segments.count, 0);
         ck_assert_uint_eq(E.store.bytes, 0);

@@ -289,18 +289,33 @@ static void *acquire_forever(void *arg)
 START_TEST(close_with_blocked_callers)
 {
         enum { N = 8 };
+        dlx_client *obs = fx_connect(&fx, "observer");
+
         for (int round = 0; round < 50; round++) {
                 dlx_client *c = fx_connect(&fx, "closer");
                 struct blocked b[N];
                 pthread_t th[N];
+                struct dlx_stats st;
+                uint64_t r0, calls = 0;
 
+                ck_assert_int_eq(dlx_stats(obs, &st), 0);
+                r0 = st.requests;
                 for (int i = 0; i < N; i++) {
                         b[i].c = c;
                         snprintf(b[i].name, sizeof(b[i].name), "never/%d", i);
                         b[i].err = 1;
                         ck_assert_int_eq(pthread_create(&th[i], NULL, acquire_forever, &b[i]), 0);
                 }
-                sleep_ms(50);
+                /*
+                 * Close only once every thread's acquire has reached the daemon:
+                 * a thread that only starts after dlx_close() would be using a
+                 * closed client, which no caller may do.
+                 */
+                do {
+                        sleep_ms(5);
+                        ck_assert_int_eq(dlx_stats(obs, &st), 0);
+                        calls++;
+                } while (st.requests - r0 - calls < N);
                 dlx_close(c);
                 for (int i = 0; i < N; i++) {
                         struct timespec limit;
@@ -315,6 +330,7 @@ START_TEST(close_with_blocked_callers)
                                       "blocked acquire ended with %d", b[i].err);
                 }
         }
+        dlx_close(obs);
 }
 END_TEST
 

@@ -276,11 +276,26 @@ typedef int (*dlx_list_fn)(void *ctx, const struct dlx_info *info);
  */
 int dlx_list(dlx_client *client, const char *prefix, dlx_list_fn fn, void *ctx);
 
+/* The daemon's limits, as dlxd was started with them (0: none; see dlxd --help). */
+struct dlx_limits {
+        uint32_t max_clients, max_clients_per_uid; /* connected clients */
+        uint64_t max_bytes, max_bytes_per_uid;     /* shared bytes the daemon holds */
+        uint64_t max_names, max_names_per_uid;     /* published names (a uid's: it owns) */
+        uint32_t max_leases;                       /* leases one client holds at once */
+        uint32_t max_watches;                      /* watches of one client */
+        uint64_t max_queued; /* reply bytes a client may leave unread before it is dropped */
+        uint32_t timeout_ms; /* for hello, and for the rest of a started frame */
+};
+
 struct dlx_stats {
         uint64_t names, versions, leases, segments;
         uint64_t bytes, max_bytes; /* shared bytes held; 0: no limit */
         uint32_t clients, max_clients, watchers;
         uint64_t uptime_ms, requests, publishes, acquires;
+        struct dlx_limits limits;
+        /* the calling client's uid, and what that uid uses of the per-uid limits */
+        uint32_t uid, uid_clients;
+        uint64_t uid_bytes, uid_names;
 };
 
 int dlx_stats(dlx_client *client, struct dlx_stats *ret_stats);

@@ -1,0 +1,402 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * dlxd's limits, each set on the command line of a daemon of its own: what a
+ * client that reaches one gets (errno and message), that others and other uids
+ * are not affected, that the room comes back once freed, and that dlx_stats
+ * reports the limits and the caller's uid usage.
+ *
+ * Another uid is played by a forked child that drops to nobody (65534); the
+ * test runs as root for that, and skips those parts otherwise.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <check.h>
+
+#include "fixture.h"
+
+#define NOBODY 65534
+
+static void sleep_ms(int ms)
+{
+        struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
+        nanosleep(&ts, NULL);
+}
+
+/* A uint8 tensor of n bytes from the client's allocator, filled with v. */
+static DLManagedTensorVersioned *bytes_of(dlx_client *c, int64_t n, uint8_t v)
+{
+        int64_t shape[1] = {n};
+        DLTensor proto = {.device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLUInt, 8, 1}};
+        DLManagedTensorVersioned *t = NULL;
+
+        proto.shape = shape;
+        ck_assert_msg(dlx_alloc(c, &proto, &t) == 0, "dlx_alloc: %s", dlx_last_error());
+        memset(t->dl_tensor.data, v, (size_t)n);
+        return t;
+}
+
+static int publish(dlx_client *c, const char *name)
+{
+        return dlx_publish(c, name, bytes_of(c, 64, 1), NULL, NULL);
+}
+
+static void expect_msg(const char *what)
+{
+        ck_assert_msg(strstr(dlx_last_error(), what), "message '%s' does not say '%s'",
+                      dlx_last_error(), what);
+}
+
+/* Lets uid nobody reach the fixture's socket. */
+static void open_to_others(void)
+{
+        ck_assert_int_eq(chmod(fx.dir, 0711), 0);
+        ck_assert_int_eq(chmod(fx.socket, 0666), 0);
+}
+
+static bool can_switch_uid(void)
+{
+        return geteuid() == 0;
+}
+
+static dlx_client *connect_as_self(void)
+{
+        struct dlx_connect_options o = {.socket_path = fx.socket};
+        dlx_client *c = NULL;
+
+        return dlx_connect(&o, &c) == 0 ? c : NULL;
+}
+
+struct as_nobody {
+        int (*body)(dlx_client *c); /* its result is the child's exit status */
+};
+
+/* In a child (fx_spawn): drops to uid nobody, connects, runs the body, closes. */
+static int nobody_main(void *p)
+{
+        const struct as_nobody *a = p;
+        dlx_client *c;
+        int rc;
+
+        if (setgid(NOBODY) != 0 || setuid(NOBODY) != 0)
+                return 90;
+        c = connect_as_self();
+        if (!c)
+                return 91;
+        rc = a->body(c);
+        dlx_close(c);
+        return rc;
+}
+
+/* Runs body as uid nobody against the fixture's daemon; returns its result. */
+static int run_as_nobody(int (*body)(dlx_client *c))
+{
+        struct as_nobody a = {body};
+
+        open_to_others();
+        return fx_wait(fx_spawn(nobody_main, &a));
+}
+
+/* ---- clients ------------------------------------------------------------------------------- */
+
+static int just_connected(dlx_client *c)
+{
+        return dlx_ping(c) == 0 ? 0 : 1;
+}
+
+START_TEST(clients_per_uid)
+{
+        static const char *const args[] = {"--max-clients-per-uid", "2", NULL};
+        dlx_client *a, *b, *c;
+        struct dlx_stats st;
+
+        dlxd_start(&fx, args);
+        a = fx_connect(&fx, "a");
+        b = fx_connect(&fx, "b");
+        ck_assert_ptr_null(connect_as_self());
+        expect_msg("too many clients of uid");
+        ck_assert_int_eq(dlx_stats(a, &st), 0);
+        ck_assert_uint_eq(st.limits.max_clients_per_uid, 2);
+        ck_assert_uint_eq(st.uid, (uint32_t)getuid());
+        ck_assert_uint_eq(st.uid_clients, 2);
+        if (can_switch_uid()) {
+                /* another uid has its own allowance */
+                ck_assert_int_eq(run_as_nobody(just_connected), 0);
+        }
+        /* the room comes back once one leaves */
+        dlx_close(b);
+        c = NULL;
+        for (int i = 0; i < 200 && !(c = connect_as_self()); i++)
+                sleep_ms(5);
+        ck_assert_ptr_nonnull(c);
+        dlx_close(c);
+        dlx_close(a);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/* ---- bytes --------------------------------------------------------------------------------- */
+
+/* As nobody: a 600 KiB tensor fits in its own quota even when root's is full. */
+static int nobody_allocates(dlx_client *c)
+{
+        struct dlx_publish_options persist = {.persist = true};
+
+        /* persistent: it stays, charged to nobody, once this client has gone */
+        return dlx_publish(c, "nobody/big", bytes_of(c, 600 << 10, 3), &persist, NULL) == 0 ? 0 : 2;
+}
+
+START_TEST(bytes_per_uid)
+{
+        static const char *const args[] = {"--max-bytes-per-uid", "1M", NULL};
+        int64_t shape[1] = {600 << 10};
+        DLTensor proto = {.device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLUInt, 8, 1}};
+        DLManagedTensorVersioned *t, *t2 = NULL;
+        struct dlx_stats st;
+        dlx_client *c;
+
+        proto.shape = shape;
+        dlxd_start(&fx, args);
+        c = fx_connect(&fx, "big");
+        ck_assert_int_eq(dlx_publish(c, "b/1", bytes_of(c, 600 << 10, 1), NULL, NULL), 0);
+        ck_assert_int_eq(dlx_stats(c, &st), 0);
+        ck_assert_uint_eq(st.limits.max_bytes_per_uid, 1 << 20);
+        ck_assert_uint_ge(st.uid_bytes, 600 << 10);
+        ck_assert_uint_eq(st.uid_bytes, st.bytes);
+        /* a second 600 KiB passes this uid's MiB */
+        ck_assert_int_eq(dlx_alloc(c, &proto, &t2), -ENOSPC);
+        ck_assert_ptr_null(t2);
+        expect_msg("limit of 1048576 shared bytes");
+        expect_msg("uid");
+        if (can_switch_uid()) {
+                ck_assert_int_eq(run_as_nobody(nobody_allocates), 0);
+                ck_assert_int_eq(dlx_stats(c, &st), 0);
+                ck_assert_uint_gt(st.bytes, st.uid_bytes); /* nobody's are not ours */
+                ck_assert_int_eq(dlx_unpublish(c, "nobody/big"), 0);
+        }
+        /* freed, the room comes back */
+        ck_assert_int_eq(dlx_unpublish(c, "b/1"), 0);
+        dlx_close(c);
+        c = fx_connect(&fx, "big-again");
+        ck_assert_int_eq(dlx_alloc(c, &proto, &t), 0);
+        t->deleter(t);
+        dlx_close(c);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/* ---- names --------------------------------------------------------------------------------- */
+
+static int nobody_publishes(dlx_client *c)
+{
+        return publish(c, "nobody/x") == 0 ? 0 : 2;
+}
+
+START_TEST(names_per_uid)
+{
+        static const char *const args[] = {"--max-names-per-uid", "3", NULL};
+        struct dlx_stats st;
+        dlx_client *c;
+
+        dlxd_start(&fx, args);
+        c = fx_connect(&fx, "namer");
+        ck_assert_int_eq(publish(c, "n/1"), 0);
+        ck_assert_int_eq(publish(c, "n/2"), 0);
+        ck_assert_int_eq(publish(c, "n/3"), 0);
+        ck_assert_int_eq(publish(c, "n/4"), -EAGAIN);
+        expect_msg("owns 3 names (the limit)");
+        /* replacing a name it owns is no new name */
+        ck_assert_int_eq(publish(c, "n/2"), 0);
+        ck_assert_int_eq(dlx_stats(c, &st), 0);
+        ck_assert_uint_eq(st.uid_names, 3);
+        ck_assert_uint_eq(st.limits.max_names_per_uid, 3);
+        if (can_switch_uid()) {
+                ck_assert_int_eq(run_as_nobody(nobody_publishes), 0);
+        }
+        ck_assert_int_eq(dlx_unpublish(c, "n/1"), 0);
+        ck_assert_int_eq(publish(c, "n/4"), 0);
+        dlx_close(c);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+START_TEST(names_in_all)
+{
+        static const char *const args[] = {"--max-names", "2", NULL};
+        dlx_client *a, *b;
+
+        dlxd_start(&fx, args);
+        a = fx_connect(&fx, "a");
+        b = fx_connect(&fx, "b");
+        ck_assert_int_eq(publish(a, "g/1"), 0);
+        ck_assert_int_eq(publish(b, "g/2"), 0);
+        ck_assert_int_eq(publish(b, "g/3"), -EAGAIN);
+        expect_msg("the daemon holds 2 names (the limit)");
+        /* names of a client that leaves go with it, and so does the count */
+        dlx_close(a);
+        int err = -EAGAIN;
+        for (int i = 0; i < 200 && (err = publish(b, "g/3")) == -EAGAIN; i++)
+                sleep_ms(5);
+        ck_assert_int_eq(err, 0);
+        dlx_close(b);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/* ---- leases and watches -------------------------------------------------------------------- */
+
+START_TEST(leases_per_client)
+{
+        static const char *const args[] = {"--max-leases", "4", NULL};
+        DLManagedTensorVersioned *held[4], *t = NULL;
+        dlx_client *p, *q, *r;
+
+        dlxd_start(&fx, args);
+        p = fx_connect(&fx, "producer");
+        q = fx_connect(&fx, "consumer");
+        ck_assert_int_eq(publish(p, "l/x"), 0);
+        for (int i = 0; i < 4; i++)
+                ck_assert_int_eq(dlx_acquire(q, "l/x", NULL, &held[i]), 0);
+        ck_assert_int_eq(dlx_acquire(q, "l/x", NULL, &t), -EAGAIN);
+        ck_assert_ptr_null(t);
+        expect_msg("holds 4 leases already");
+        /* per client: another has its own */
+        r = fx_connect(&fx, "other");
+        ck_assert_int_eq(dlx_acquire(r, "l/x", NULL, &t), 0);
+        t->deleter(t);
+        dlx_close(r);
+        /* a release makes room (releases travel on the ring: the daemon sees them first) */
+        held[0]->deleter(held[0]);
+        ck_assert_int_eq(dlx_acquire(q, "l/x", NULL, &held[0]), 0);
+        for (int i = 0; i < 4; i++)
+                held[i]->deleter(held[i]);
+        dlx_close(q);
+        dlx_close(p);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+START_TEST(watches_per_client)
+{
+        static const char *const args[] = {"--max-watches", "2", NULL};
+        uint64_t w1, w2, w3;
+        struct dlx_stats st;
+        dlx_client *c;
+
+        dlxd_start(&fx, args);
+        c = fx_connect(&fx, "watcher");
+        ck_assert_int_eq(dlx_watch(c, "a/", &w1), 0);
+        ck_assert_int_eq(dlx_watch(c, "b/", &w2), 0);
+        ck_assert_int_eq(dlx_watch(c, "c/", &w3), -EAGAIN);
+        expect_msg("has 2 watches already");
+        ck_assert_int_eq(dlx_unwatch(c, w1), 0);
+        ck_assert_int_eq(dlx_watch(c, "c/", &w3), 0);
+        ck_assert_int_eq(dlx_stats(c, &st), 0);
+        ck_assert_uint_eq(st.limits.max_watches, 2);
+        ck_assert_uint_eq(st.watchers, 2);
+        dlx_close(c);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/* ---- configuration ------------------------------------------------------------------------- */
+
+/* Every limit reaches stats as given, sizes with their suffixes; no limit is 0. */
+START_TEST(all_limits_in_stats)
+{
+        static const char *const args[] = {"--max-clients",
+                                           "7",
+                                           "--max-clients-per-uid",
+                                           "6",
+                                           "--max-bytes",
+                                           "3G",
+                                           "--max-bytes-per-uid",
+                                           "2G",
+                                           "--max-names",
+                                           "500",
+                                           "--max-names-per-uid",
+                                           "50",
+                                           "--max-leases",
+                                           "40",
+                                           "--max-watches",
+                                           "9",
+                                           "--max-queued",
+                                           "64K",
+                                           "--timeout-ms",
+                                           "1234",
+                                           NULL};
+        struct dlx_stats st;
+        dlx_client *c;
+
+        dlxd_start(&fx, args);
+        c = fx_connect(&fx, "stats");
+        ck_assert_int_eq(dlx_stats(c, &st), 0);
+        ck_assert_uint_eq(st.limits.max_clients, 7);
+        ck_assert_uint_eq(st.max_clients, 7);
+        ck_assert_uint_eq(st.limits.max_clients_per_uid, 6);
+        ck_assert_uint_eq(st.limits.max_bytes, UINT64_C(3) << 30);
+        ck_assert_uint_eq(st.max_bytes, UINT64_C(3) << 30);
+        ck_assert_uint_eq(st.limits.max_bytes_per_uid, UINT64_C(2) << 30);
+        ck_assert_uint_eq(st.limits.max_names, 500);
+        ck_assert_uint_eq(st.limits.max_names_per_uid, 50);
+        ck_assert_uint_eq(st.limits.max_leases, 40);
+        ck_assert_uint_eq(st.limits.max_watches, 9);
+        ck_assert_uint_eq(st.limits.max_queued, 64 << 10);
+        ck_assert_uint_eq(st.limits.timeout_ms, 1234);
+        ck_assert_uint_eq(st.uid_clients, 1);
+        ck_assert_uint_eq(st.uid_bytes, 0);
+        ck_assert_uint_eq(st.uid_names, 0);
+        dlx_close(c);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/* 0 turns a limit off: 300 leases pass a daemon told --max-leases 0. */
+START_TEST(zero_is_no_limit)
+{
+        static const char *const args[] = {"--max-leases", "0", "--max-names", "0", NULL};
+        static DLManagedTensorVersioned *held[300];
+        struct dlx_stats st;
+        dlx_client *p, *q;
+
+        dlxd_start(&fx, args);
+        p = fx_connect(&fx, "producer");
+        q = fx_connect(&fx, "consumer");
+        ck_assert_int_eq(publish(p, "z/x"), 0);
+        for (int i = 0; i < 300; i++)
+                ck_assert_int_eq(dlx_acquire(q, "z/x", NULL, &held[i]), 0);
+        ck_assert_int_eq(dlx_stats(q, &st), 0);
+        ck_assert_uint_eq(st.limits.max_leases, 0);
+        ck_assert_uint_eq(st.limits.max_names, 0);
+        ck_assert_uint_eq(st.leases, 300);
+        for (int i = 0; i < 300; i++)
+                held[i]->deleter(held[i]);
+        dlx_close(q);
+        dlx_close(p);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+Suite *limits_suite(void)
+{
+        Suite *s = suite_create("limits");
+        TCase *tc = tcase_create("limits");
+
+        tcase_set_timeout(tc, 60);
+        tcase_add_test(tc, clients_per_uid);
+        tcase_add_test(tc, bytes_per_uid);
+        tcase_add_test(tc, names_per_uid);
+        tcase_add_test(tc, names_in_all);
+        tcase_add_test(tc, leases_per_client);
+        tcase_add_test(tc, watches_per_client);
+        tcase_add_test(tc, all_limits_in_stats);
+        tcase_add_test(tc, zero_is_no_limit);
+        suite_add_tcase(s, tc);
+        return s;
+}
