@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <stddef.h>
 #include <getopt.h>
+#include <grp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,6 +98,9 @@ static void usage(FILE *f)
                    "/tmp/dlx-$UID/dlxd.sock)\n"
                    "  -r, --ready-fd N       write one byte to fd N once listening, then close it\n"
                    "  -l, --log-level LEVEL  error, warning, notice (default), info or debug\n"
+                   "  -g, --group GROUP      share with GROUP (name or gid): socket 0660, its\n"
+                   "                         members may connect; names stay writable only by\n"
+                   "                         their owner (default: private to this uid)\n"
                    "  -b SIZE                the same as --max-bytes\n"
                    "  -c N                   the same as --max-clients\n"
                    "  -h, --help             show this help\n"
@@ -122,6 +126,22 @@ static int parse_uint(const char *s, unsigned long max, unsigned long *ret)
         if (errno || end == s || *end || *s == '-' || v > max)
                 return -EINVAL;
         *ret = v;
+        return 0;
+}
+
+/* A group by name, or by number. */
+static int parse_group(const char *s, gid_t *ret)
+{
+        struct group *g = getgrnam(s);
+        unsigned long n;
+
+        if (g) {
+                *ret = g->gr_gid;
+                return 0;
+        }
+        if (parse_uint(s, UINT32_MAX - 1, &n) < 0)
+                return -ENOENT;
+        *ret = (gid_t)n;
         return 0;
 }
 
@@ -172,29 +192,34 @@ static void on_signal(uv_signal_t *h, int signum)
 
 int main(int argc, char **argv)
 {
-        static struct option opts[8 + NLIMITS + 1] = {
+        static const struct option fixed[] = {
                 {"socket", required_argument, NULL, 's'},
                 {"ready-fd", required_argument, NULL, 'r'},
                 {"log-level", required_argument, NULL, 'l'},
+                {"group", required_argument, NULL, 'g'},
                 {"help", no_argument, NULL, 'h'},
                 {"version", no_argument, NULL, 'V'},
         };
+        enum { NFIXED = sizeof(fixed) / sizeof(fixed[0]) };
+        static struct option opts[NFIXED + NLIMITS + 1];
         static char names[NLIMITS][64];
         const char *socket_opt = NULL;
         char path[108];
         struct wire_limit_set lim;
         unsigned long ready_fd = 0;
-        bool have_ready = false;
+        bool have_ready = false, shared = false;
+        gid_t group = 0;
         struct daemon d;
         int c, err;
 
         registry_default_limits(&lim);
+        memcpy(opts, fixed, sizeof(fixed));
         for (size_t i = 0; i < NLIMITS; i++) {
                 option_name(&limit_opts[i], names[i], sizeof(names[i]));
-                opts[5 + i] =
+                opts[NFIXED + i] =
                         (struct option){names[i], required_argument, NULL, LIMIT_KEY + (int)i};
         }
-        while ((c = getopt_long(argc, argv, "s:r:l:b:c:hV", opts, NULL)) != -1) {
+        while ((c = getopt_long(argc, argv, "s:r:l:g:b:c:hV", opts, NULL)) != -1) {
                 switch (c) {
                 case 's':
                         socket_opt = optarg;
@@ -211,6 +236,13 @@ int main(int argc, char **argv)
                                 fprintf(stderr, "dlxd: bad --log-level '%s'\n", optarg);
                                 return 2;
                         }
+                        break;
+                case 'g':
+                        if (parse_group(optarg, &group) < 0) {
+                                fprintf(stderr, "dlxd: no group '%s'\n", optarg);
+                                return 2;
+                        }
+                        shared = true;
                         break;
                 case 'b':
                         if (set_limit(&lim, limit_index("max_bytes"), optarg) < 0)
@@ -258,7 +290,7 @@ int main(int argc, char **argv)
         uv_loop_init(&d.loop);
         store_init(&d.store);
         registry_init(&d.reg, &d.loop, &d.store, &lim);
-        err = server_start(&d.srv, &d.loop, &d.reg, path);
+        err = server_start(&d.srv, &d.loop, &d.reg, path, shared, group);
         if (err < 0) {
                 fprintf(stderr, "dlxd: cannot start on %s: %s\n", path, strerror(-err));
                 registry_done(&d.reg);
@@ -273,8 +305,13 @@ int main(int argc, char **argv)
         uv_signal_start(&d.sigint, on_signal, SIGINT);
         uv_signal_start(&d.sigterm, on_signal, SIGTERM);
 
-        log_notice("listening on %s (max %u clients, max bytes %llu)", path, lim.max_clients,
-                   (unsigned long long)lim.max_bytes);
+        if (shared)
+                log_notice("listening on %s, shared with group %u (max %u clients, max bytes %llu)",
+                           path, (unsigned)group, lim.max_clients,
+                           (unsigned long long)lim.max_bytes);
+        else
+                log_notice("listening on %s (max %u clients, max bytes %llu)", path,
+                           lim.max_clients, (unsigned long long)lim.max_bytes);
         if (have_ready) {
                 (void)!write((int)ready_fd, "R", 1);
                 close((int)ready_fd);

@@ -20,13 +20,22 @@
 /* How long accepting pauses when the process is out of descriptors. */
 #define ACCEPT_BACKOFF_MS 100
 
-static int check_dir(const char *dir)
+static int check_dir(const struct server *srv, const char *dir)
 {
         struct stat st;
+        bool made = mkdir(dir, 0700) == 0;
 
-        if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+        if (!made && errno != EEXIST) {
                 int err = -errno;
                 log_err("cannot create socket directory %s: %s", dir, strerror(errno));
+                return err;
+        }
+        /* the group must reach the socket: traverse, not list */
+        if (made && srv->shared &&
+            (chown(dir, (uid_t)-1, srv->group) < 0 || chmod(dir, 0710) < 0)) {
+                int err = -errno;
+                log_err("cannot give socket directory %s to group %u: %s", dir,
+                        (unsigned)srv->group, strerror(errno));
                 return err;
         }
         if (lstat(dir, &st) < 0) {
@@ -49,7 +58,56 @@ static int check_dir(const char *dir)
                         (unsigned)(st.st_mode & 07777));
                 return -EPERM;
         }
+        if (srv->shared && !(st.st_mode & S_IXOTH) &&
+            !(st.st_gid == srv->group && (st.st_mode & S_IXGRP)))
+                log_warn("socket directory %s (mode %04o, group %u) does not let group %u reach "
+                         "the socket",
+                         dir, (unsigned)(st.st_mode & 07777), (unsigned)st.st_gid,
+                         (unsigned)srv->group);
         return 0;
+}
+
+/* Whether a peer of another uid is a member of the shared group (primary or supplementary). */
+static bool peer_in_group(int fd, const struct ucred *cred, gid_t group)
+{
+        gid_t small[64], *gids = small;
+        socklen_t len = sizeof(small);
+        bool in = cred->gid == group;
+
+        if (in)
+                return true;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, gids, &len) < 0) {
+                if (errno != ERANGE || !(gids = malloc(len)))
+                        return false;
+                if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, gids, &len) < 0) {
+                        free(gids);
+                        return false;
+                }
+        }
+        for (size_t i = 0; i < len / sizeof(gid_t) && !in; i++)
+                in = gids[i] == group;
+        if (gids != small)
+                free(gids);
+        return in;
+}
+
+/* Who may connect: our uid, root, and the shared group's members. */
+static int peer_allowed(const struct server *srv, int fd, const struct ucred *cred, char *why,
+                        size_t whysz)
+{
+        if (cred->uid == geteuid() || cred->uid == 0)
+                return 0;
+        if (srv->shared && peer_in_group(fd, cred, srv->group))
+                return 0;
+        if (srv->shared)
+                snprintf(why, whysz, "uid %u is not in group %u, which this daemon is shared with",
+                         (unsigned)cred->uid, (unsigned)srv->group);
+        else
+                snprintf(why, whysz,
+                         "uid %u may not connect: this daemon is private to uid %u "
+                         "(dlxd --group shares it)",
+                         (unsigned)cred->uid, (unsigned)geteuid());
+        return -EACCES;
 }
 
 /* A socket file already at path: refuse if a daemon answers there, else remove it. */
@@ -85,10 +143,10 @@ static int clear_stale(const char *path)
         return 0;
 }
 
-/* Too many clients: say why in one reply addressed to nobody, then hang up. */
-static void refuse(int fd, const char *why)
+/* Not admitted: say why in one reply addressed to nobody, then hang up. */
+static void refuse(int fd, int err, const char *why)
 {
-        struct wire_reply rep = {.id = 0, .status = WIRE_LIMIT, .type = WIRE_REP_NONE};
+        struct wire_reply rep = {.id = 0, .status = wire_errno_status(err), .type = WIRE_REP_NONE};
         uint8_t buf[FRAME_HEADER_SIZE + 512];
         size_t size;
 
@@ -147,10 +205,13 @@ static void on_listen(uv_poll_t *h, int status, int events)
                         close(fd);
                         continue;
                 }
-                if (registry_admit(srv->reg, cred.uid, why, sizeof(why)) < 0) {
+                int err = peer_allowed(srv, fd, &cred, why, sizeof(why));
+                if (err == 0)
+                        err = registry_admit(srv->reg, cred.uid, why, sizeof(why));
+                if (err < 0) {
                         log_notice("refused pid %d uid %u: %s", (int)cred.pid, (unsigned)cred.uid,
                                    why);
-                        refuse(fd, why);
+                        refuse(fd, err, why);
                         continue;
                 }
                 s = registry_session_new(srv->reg, cred.uid, cred.gid, cred.pid);
@@ -252,7 +313,8 @@ static uint64_t watchdog_period(const struct registry *reg)
         return p < 10 ? 10 : p > 1000 ? 1000 : p;
 }
 
-int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, const char *path)
+int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, const char *path,
+                 bool shared, gid_t group)
 {
         struct sockaddr_un addr = {.sun_family = AF_UNIX};
         char dir[sizeof(srv->path)];
@@ -264,6 +326,8 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
         srv->loop = loop;
         srv->reg = reg;
         srv->listen_fd = -1;
+        srv->shared = shared;
+        srv->group = group;
         list_init(&srv->conns);
         list_init(&srv->doomed);
         list_init(&srv->dirty);
@@ -280,7 +344,7 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
         slash = strrchr(dir, '/');
         if (slash && slash != dir) {
                 *slash = '\0';
-                err = check_dir(dir);
+                err = check_dir(srv, dir);
                 if (err < 0)
                         return err;
         }
@@ -295,7 +359,9 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
         old = umask(0177);
         err = bind(fd, (struct sockaddr *)&addr, sizeof(addr));
         umask(old);
-        if (err < 0 || chmod(path, 0600) < 0 || listen(fd, SOMAXCONN) < 0) {
+        if (err == 0 && shared && chown(path, (uid_t)-1, group) < 0)
+                err = -1;
+        if (err < 0 || chmod(path, shared ? 0660 : 0600) < 0 || listen(fd, SOMAXCONN) < 0) {
                 err = -errno;
                 log_err("cannot listen on %s: %s", path, strerror(errno));
                 close(fd);

@@ -48,17 +48,23 @@ struct server {
         struct list stalled; /* conns not greeted yet or inside a frame: timed out */
         struct ticker watchdog;
         unsigned nconns;
+        bool shared; /* --group: the socket is 0660 to this group, whose members may connect */
+        gid_t group;
         bool listening;
         bool backoff_logged;
 };
 
 /*
- * Creates the socket's directory if needed (0700), checks it (a real
- * directory, owned by us or root, not writable by others unless sticky and
- * root's), refuses a path a live daemon answers on, replaces a stale socket,
- * and listens with mode 0600. Returns 0 or -errno with a message logged.
+ * Creates the socket's directory if needed (0700; 0710 to group when shared),
+ * checks it (a real directory, owned by us or root, not writable by others
+ * unless sticky and root's), refuses a path a live daemon answers on,
+ * replaces a stale socket, and listens with mode 0600 (0660 to group when
+ * shared). Only our uid and root may connect, and members of group when
+ * shared; the kernel checks the socket's mode, and each peer's credentials
+ * are checked again on accept. Returns 0 or -errno with a message logged.
  */
-int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, const char *path);
+int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, const char *path,
+                 bool shared, gid_t group);
 
 /* Stops accepting, closes every connection and removes the socket file. */
 void server_stop(struct server *srv);

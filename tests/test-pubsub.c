@@ -574,63 +574,6 @@ START_TEST(event_loop_integration)
 }
 END_TEST
 
-/* ---- ownership --------------------------------------------------------------------------- */
-
-static int as_nobody(void *p)
-{
-        (void)p;
-        dlx_client *c;
-        DLManagedTensorVersioned *t;
-        struct dlx_connect_options o = {.socket_path = fx.socket};
-        int rc = 0;
-
-        if (setgid(65534) != 0 || setuid(65534) != 0)
-                return 90;
-        if (dlx_connect(&o, &c) != 0)
-                return 91;
-        /* root's name: readable, not replaceable or removable */
-        if (dlx_acquire(c, "own/root", NULL, &t) != 0)
-                rc = 10;
-        else
-                t->deleter(t);
-        if (dlx_publish(c, "own/root", make_vec(c, 2, 0), NULL, NULL) != -EACCES)
-                rc = 11;
-        if (dlx_unpublish(c, "own/root") != -EACCES)
-                rc = 12;
-        if (!strstr(dlx_last_error(), "owned by uid 0"))
-                rc = 13;
-        /* its own name: fine, and persistent so root can act on it afterwards */
-        if (dlx_publish(c, "own/nobody", make_vec(c, 2, 0),
-                        &(struct dlx_publish_options){.persist = true}, NULL) != 0)
-                rc = 14;
-        dlx_close(c);
-        return rc;
-}
-
-START_TEST(names_belong_to_their_uid)
-{
-        dlx_client *c;
-        struct dlx_info info;
-
-        if (geteuid() != 0) {
-                /* needs root to become another user */
-                return;
-        }
-        c = fx_connect(&fx, "root");
-        publish_ok(c, "own/root", make_vec(c, 2, 0), NULL, NULL);
-        /* let another uid reach the socket for this test */
-        ck_assert_int_eq(chmod(fx.dir, 0711), 0);
-        ck_assert_int_eq(chmod(fx.socket, 0666), 0);
-        ck_assert_int_eq(fx_wait(fx_spawn(as_nobody, NULL)), 0);
-        ck_assert_int_eq(dlx_stat(c, "own/nobody", &info), 0);
-        ck_assert_uint_eq(info.owner_uid, 65534);
-        /* root may replace and remove anyone's name */
-        publish_ok(c, "own/nobody", make_vec(c, 2, 0), NULL, NULL);
-        ck_assert_int_eq(dlx_unpublish(c, "own/nobody"), 0);
-        dlx_close(c);
-}
-END_TEST
-
 /* ---- mapping cache and threads ------------------------------------------------------------- */
 
 static int count_dlx_maps(void)
@@ -1130,7 +1073,6 @@ Suite *pubsub_suite(void)
         tcase_add_test(tc, acquire_min_version);
         tcase_add_test(tc, watch_events);
         tcase_add_test(tc, event_loop_integration);
-        tcase_add_test(tc, names_belong_to_their_uid);
         tcase_add_test(tc, mapping_cache);
         tcase_add_test(tc, idle_maps_forgotten_in_batches);
         tcase_add_test(tc, threads_share_a_client);
