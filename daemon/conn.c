@@ -79,6 +79,17 @@ void conn_close(struct conn *c)
         uv_close((uv_handle_t *)&c->poll, on_closed);
 }
 
+void conn_goodbye(struct conn *c, int err, const char *why)
+{
+        if (c->closing)
+                return;
+        if (!c->close_pending)
+                session_fail(c->session, 0, err, "%s", why);
+        c->close_pending = true;
+        conn_flush(c); /* closes once it has sent what it can */
+        conn_close(c);
+}
+
 void conn_sweep_rings(struct server *srv)
 {
         struct list *pos, *tmp;

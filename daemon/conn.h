@@ -55,6 +55,12 @@ int conn_start(struct server *srv, int fd, struct session *session);
 void conn_close(struct conn *c);
 
 /*
+ * Closes now, after telling the peer why (a failure addressed to nobody) and
+ * sending what queued output the socket takes without waiting.
+ */
+void conn_goodbye(struct conn *c, int err, const char *why);
+
+/*
  * Closes soon, from the loop: for code that may be walking registry lists
  * (sending a reply) and must not have a session freed under it.
  */

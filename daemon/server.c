@@ -412,7 +412,8 @@ void server_stop(struct server *srv)
         uv_close((uv_handle_t *)&srv->backoff, NULL);
         unlink(srv->path);
         /* closing sessions sends events to the others: the handles that send them go last */
-        list_for_each_safe(pos, tmp, &srv->conns) conn_close(list_entry(pos, struct conn, link));
+        list_for_each_safe(pos, tmp, &srv->conns) conn_goodbye(
+                list_entry(pos, struct conn, link), -ESHUTDOWN, "the daemon is stopping");
         uv_idle_stop(&srv->reaper);
         uv_close((uv_handle_t *)&srv->reaper, NULL);
         uv_idle_stop(&srv->flusher);

@@ -57,7 +57,8 @@ int wait_daemon_fds(const struct dlxd_fixture *f, int n, int timeout_ms)
         return count;
 }
 
-void dlxd_start(struct dlxd_fixture *f, const char *const *extra)
+/* Runs dlxd on f->socket and waits until it is ready. */
+static void spawn(struct dlxd_fixture *f, const char *const *extra)
 {
         const char *dlxd = getenv("DLXD");
         const char *level = getenv("DLX_TEST_LOG");
@@ -66,11 +67,6 @@ void dlxd_start(struct dlxd_fixture *f, const char *const *extra)
         struct pollfd pfd;
 
         ck_assert_msg(dlxd && *dlxd, "DLXD is not set");
-        memset(f, 0, sizeof(*f));
-        f->self_fds = count_fds(0);
-        snprintf(f->dir, sizeof(f->dir), "/tmp/dlx-test-XXXXXX");
-        ck_assert_msg(mkdtemp(f->dir), "mkdtemp: %s", strerror(errno));
-        snprintf(f->socket, sizeof(f->socket), "%s/dlxd.sock", f->dir);
         ck_assert_int_eq(pipe2(pipefd, O_CLOEXEC), 0);
 
         f->pid = fork();
@@ -106,6 +102,22 @@ void dlxd_start(struct dlxd_fixture *f, const char *const *extra)
         close(pipefd[0]);
         f->daemon_fds = count_fds(f->pid);
         ck_assert_int_gt(f->daemon_fds, 0);
+}
+
+void dlxd_start(struct dlxd_fixture *f, const char *const *extra)
+{
+        memset(f, 0, sizeof(*f));
+        f->self_fds = count_fds(0);
+        snprintf(f->dir, sizeof(f->dir), "/tmp/dlx-test-XXXXXX");
+        ck_assert_msg(mkdtemp(f->dir), "mkdtemp: %s", strerror(errno));
+        snprintf(f->socket, sizeof(f->socket), "%s/dlxd.sock", f->dir);
+        spawn(f, extra);
+}
+
+void dlxd_restart(struct dlxd_fixture *f, const char *const *extra)
+{
+        ck_assert_msg(f->pid == 0 && f->dir[0], "dlxd_restart: the daemon must be stopped first");
+        spawn(f, extra);
 }
 
 static int unpublish_one(void *ctx, const struct dlx_info *info)

@@ -30,6 +30,13 @@ extern struct dlxd_fixture fx;
 /* Starts dlxd with extra arguments (NULL-terminated, may be NULL); fails the test on error. */
 void dlxd_start(struct dlxd_fixture *f, const char *const *extra);
 /*
+ * Starts dlxd again in f's directory, on the same socket path, after the test
+ * ended the previous one itself (signalled and reaped it, then set f->pid to
+ * 0). The fd count of the test process taken by dlxd_start() stays the one
+ * dlxd_stop() compares with.
+ */
+void dlxd_restart(struct dlxd_fixture *f, const char *const *extra);
+/*
  * Removes every name still published, waits for the daemon's fd count to
  * return to its baseline, stops it with SIGTERM, asserts exit status 0 and
  * that the test process has as many fds open as before dlxd_start().

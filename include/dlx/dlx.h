@@ -20,6 +20,7 @@
  * Errors common to every call that talks to the daemon:
  *   -ECONNRESET / -EPIPE  the daemon went away; the client is unusable and
  *                          should be closed (tensors already acquired stay valid)
+ *   -ESHUTDOWN            the same, when the daemon said it was stopping
  *   -EPROTO               the daemon sent something malformed
  *   -ENOMEM               out of memory
  */
