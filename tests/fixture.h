@@ -57,6 +57,12 @@ dlx_client *fx_connect(const struct dlxd_fixture *f, const char *name);
 
 /* Runs fn(arg) in a child process; the child exits with fn's return value. */
 pid_t fx_spawn(int (*fn)(void *arg), void *arg);
+/*
+ * How a forked child (without exec) ends: _exit(status), except under valgrind,
+ * where it leaves by exec so that memcheck does not report the parent's heap
+ * as the child's leaks (status 99 if the child made a memory error).
+ */
+void fx_child_exit(int status) __attribute__((noreturn));
 /* Waits for a child; returns its exit status, or 128 + signal. */
 int fx_wait(pid_t pid);
 
