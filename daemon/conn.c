@@ -5,6 +5,8 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -33,6 +35,7 @@ struct outbuf {
 };
 
 static void conn_flush(struct conn *c);
+static bool fd_may_go(struct conn *c);
 static void on_poll(uv_poll_t *h, int status, int events);
 static void watch_stall(struct conn *c, bool progressed);
 
@@ -74,9 +77,72 @@ void conn_close(struct conn *c)
                 list_remove(&c->awake_link);
         if (list_linked(&c->stall_link))
                 list_remove(&c->stall_link);
+        if (list_linked(&c->fd_wait_link))
+                list_remove(&c->fd_wait_link);
+        /* what it left unread stays charged to us until its peer closes: not ours to know */
+        c->srv->fds_unread -= c->fds_unread;
         server_conn_gone(c->srv);
         uv_poll_stop(&c->poll);
         uv_close((uv_handle_t *)&c->poll, on_closed);
+}
+
+/* ---- descriptors in flight ---------------------------------------------------------- */
+
+/* Whether the peer has read all we sent: the socket's unread output is empty. */
+static bool peer_read_all(const struct conn *c)
+{
+        int unread = 0;
+
+        return ioctl(c->fd, SIOCOUTQ, &unread) == 0 && unread == 0;
+}
+
+/* What the peer has read is no longer in flight. */
+static void fds_refresh(struct conn *c)
+{
+        if (c->fds_unread && peer_read_all(c)) {
+                c->srv->fds_unread -= c->fds_unread;
+                c->fds_unread = 0;
+        }
+}
+
+static bool fd_room(const struct conn *c)
+{
+        return c->fds_unread < CONN_MAX_FDS_UNREAD && c->srv->fds_unread < c->srv->fds_budget;
+}
+
+/* Whether one more fd may go to c now; if not, c waits on srv->fd_wait for a tick. */
+static bool fd_may_go(struct conn *c)
+{
+        if (fd_room(c))
+                return true;
+        fds_refresh(c);
+        if (fd_room(c))
+                return true;
+        if (!list_linked(&c->fd_wait_link)) {
+                list_insert_tail(&c->srv->fd_wait, &c->fd_wait_link);
+                server_schedule_fd_wait(c->srv);
+        }
+        return false;
+}
+
+void conn_check_fd_wait(struct server *srv)
+{
+        struct list *pos, *tmp;
+
+        /* over the budget, anyone's count may be stale: look at all who hold some */
+        if (srv->fds_unread >= srv->fds_budget)
+                for (pos = srv->conns.next; pos != &srv->conns; pos = pos->next)
+                        fds_refresh(list_entry(pos, struct conn, link));
+        list_for_each_safe(pos, tmp, &srv->fd_wait)
+        {
+                struct conn *c = list_entry(pos, struct conn, fd_wait_link);
+
+                fds_refresh(c);
+                if (!fd_room(c))
+                        continue;
+                list_remove(&c->fd_wait_link);
+                conn_flush(c);
+        }
 }
 
 void conn_goodbye(struct conn *c, int err, const char *why)
@@ -225,8 +291,14 @@ static void conn_flush(struct conn *c)
                         /* an fd rides on the first byte of its frame, alone in its sendmsg */
                         if (b->fd >= 0 && niov > 0)
                                 break;
-                        if (b->fd >= 0 && b->off == 0)
+                        if (b->fd >= 0 && b->off == 0) {
+                                if (!fd_may_go(c)) {
+                                        /* the rest waits for the peer to read (a tick) */
+                                        set_events(c, UV_READABLE);
+                                        return;
+                                }
                                 frame_attach_fd(&msg, &cbuf, b->fd);
+                        }
                         iov[niov].iov_base = b->data + b->off;
                         iov[niov].iov_len = b->len - b->off;
                         niov++;
@@ -250,6 +322,10 @@ static void conn_flush(struct conn *c)
                         return;
                 }
                 c->outq_bytes -= (size_t)n;
+                if (msg.msg_control && n > 0) {
+                        c->fds_unread++;
+                        c->srv->fds_unread++;
+                }
                 while (n > 0) {
                         struct outbuf *b = list_entry(c->outq.next, struct outbuf, link);
                         size_t left = b->len - b->off;
@@ -473,6 +549,7 @@ int conn_start(struct server *srv, int fd, struct session *session)
         list_init(&c->dirty_link);
         list_init(&c->awake_link);
         list_init(&c->stall_link);
+        list_init(&c->fd_wait_link);
         err = frame_reader_init(&c->reader);
         if (err == 0)
                 err = uv_poll_init(srv->loop, &c->poll, fd);

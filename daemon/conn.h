@@ -25,6 +25,10 @@ struct session;
  * round trip slower by half.
  */
 #define CONN_QUIET_MS 10
+/* How often a connection whose next fd waits looks again whether its peer has read. */
+#define CONN_FD_WAIT_MS 10
+/* Descriptors one connection may have sent and its peer not yet read. */
+#define CONN_MAX_FDS_UNREAD 32
 
 struct conn {
         uv_poll_t poll;
@@ -35,9 +39,11 @@ struct conn {
         struct frame_reader reader;
         struct list outq; /* struct outbuf */
         size_t outq_bytes;
-        unsigned queued_fds; /* descriptors waiting in outq */
-        bool dispatching;    /* replies are coalesced until the batch ends */
-        bool close_pending;  /* close once the output queue is sent */
+        unsigned queued_fds;      /* descriptors waiting in outq */
+        unsigned fds_unread;      /* sent since the peer was last seen to have read everything */
+        struct list fd_wait_link; /* in server.fd_wait while an fd must wait for reading */
+        bool dispatching;         /* replies are coalesced until the batch ends */
+        bool close_pending;       /* close once the output queue is sent */
         bool closing;
         bool active;            /* frames came since the last sweep of the rings */
         struct list link;       /* in server.conns */
@@ -80,5 +86,8 @@ void conn_sweep_rings(struct server *srv);
 
 /* Drops connections on the clock (no hello, or inside a frame) past the timeout. */
 void conn_check_stalled(struct server *srv);
+
+/* Sends again to connections whose next fd waited for their peer to read (a tick). */
+void conn_check_fd_wait(struct server *srv);
 
 #endif /* DLX_DAEMON_CONN_H */

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/timerfd.h>
@@ -305,6 +306,22 @@ static bool watchdog_tick(struct server *srv)
         return !list_empty(&srv->stalled);
 }
 
+static bool fd_wait_tick(struct server *srv)
+{
+        conn_check_fd_wait(srv);
+        return !list_empty(&srv->fd_wait);
+}
+
+/* Descriptors all connections together may have in flight: half the (raised) limit. */
+static unsigned fd_budget(void)
+{
+        struct rlimit rl;
+
+        if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY)
+                return 1u << 16;
+        return rl.rlim_cur / 2 > (1u << 20) ? 1u << 20 : (unsigned)(rl.rlim_cur / 2);
+}
+
 /* A few looks per timeout, from 10 ms to 1 s apart. */
 static uint64_t watchdog_period(const struct registry *reg)
 {
@@ -333,8 +350,11 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
         list_init(&srv->dirty);
         list_init(&srv->awake);
         list_init(&srv->stalled);
+        list_init(&srv->fd_wait);
         srv->sweep.fd = -1;
         srv->watchdog.fd = -1;
+        srv->fd_ticker.fd = -1;
+        srv->fds_budget = fd_budget();
         if (strlen(path) >= sizeof(srv->path)) {
                 log_err("socket path too long: %s", path);
                 return -ENAMETOOLONG;
@@ -370,9 +390,12 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
         err = ticker_init(srv, &srv->sweep, CONN_QUIET_MS, sweep_tick);
         if (err == 0)
                 err = ticker_init(srv, &srv->watchdog, watchdog_period(reg), watchdog_tick);
+        if (err == 0)
+                err = ticker_init(srv, &srv->fd_ticker, CONN_FD_WAIT_MS, fd_wait_tick);
         if (err < 0) {
                 log_err("timerfd: %s", strerror(-err));
                 ticker_close(&srv->sweep);
+                ticker_close(&srv->watchdog);
                 close(fd);
                 unlink(path);
                 return err;
@@ -420,6 +443,7 @@ void server_stop(struct server *srv)
         uv_close((uv_handle_t *)&srv->flusher, NULL);
         ticker_close(&srv->sweep);
         ticker_close(&srv->watchdog);
+        ticker_close(&srv->fd_ticker);
 }
 
 void server_conn_gone(struct server *srv)
@@ -470,4 +494,10 @@ void server_schedule_watchdog(struct server *srv)
 {
         if (!srv->watchdog.armed && srv->watchdog.fd >= 0)
                 ticker_arm(&srv->watchdog, true);
+}
+
+void server_schedule_fd_wait(struct server *srv)
+{
+        if (!srv->fd_ticker.armed && srv->fd_ticker.fd >= 0)
+                ticker_arm(&srv->fd_ticker, true);
 }

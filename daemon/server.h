@@ -47,6 +47,17 @@ struct server {
         struct ticker sweep;
         struct list stalled; /* conns not greeted yet or inside a frame: timed out */
         struct ticker watchdog;
+        /*
+         * Descriptors in flight (sent, not yet received) are charged to our uid,
+         * and past RLIMIT_NOFILE of them every fd-carrying sendmsg fails
+         * (ETOOMANYREFS). Peers that do not read must not spend that for the
+         * others: each connection may have a few unread, all of them together a
+         * budget, and a connection over either waits for its peer to read.
+         */
+        unsigned fds_unread; /* sum of the connections' fds_unread */
+        unsigned fds_budget; /* half the descriptor limit */
+        struct list fd_wait; /* conns whose next fd waits */
+        struct ticker fd_ticker;
         unsigned nconns;
         bool shared; /* --group: the socket is 0660 to this group, whose members may connect */
         gid_t group;
@@ -83,5 +94,8 @@ void server_schedule_sweep(struct server *srv);
 
 /* Runs conn_check_stalled() a few times per timeout while srv->stalled is not empty. */
 void server_schedule_watchdog(struct server *srv);
+
+/* Runs conn_check_fd_wait() every few milliseconds while srv->fd_wait is not empty. */
+void server_schedule_fd_wait(struct server *srv);
 
 #endif /* DLX_DAEMON_SERVER_H */

@@ -807,6 +807,88 @@ START_TEST(test_garbage_payload)
 }
 END_TEST
 
+/*
+ * Protobuf lets a field repeat: a singular field's last value wins, a message
+ * field's repeats merge. A peer may repeat one a hundred thousand times in a
+ * frame, pack a shape of a hundred thousand dimensions, or nest groups deep;
+ * the daemon answers each at once and keeps serving others.
+ */
+START_TEST(test_repeated_and_nested_fields)
+{
+        dlx_client *good = attack_begin();
+        char msg[DLX_ERROR_MAX + 1], name[32];
+        struct pb req, sub, t;
+        int fd = raw_hello();
+
+        /* an acquire whose name is given 40000 times: the last one is asked for */
+        pb_init(&sub);
+        for (int i = 0; i < 40000; i++) {
+                snprintf(name, sizeof(name), "rep/%d", i);
+                pb_bytes(&sub, 1, name, strlen(name));
+        }
+        pb_init(&req);
+        pb_uint(&req, 1, 7);
+        pb_msg(&req, 4, &sub);
+        ck_assert_uint_lt(req.n, DLX_MAX_FRAME);
+        send_frame(fd, req.b, (uint32_t)req.n, NULL, 0);
+        expect_error_msg(fd, 7, WIRE_NOT_FOUND, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "rep/39999"), "not the last name: %s", msg);
+        pb_done(&req);
+        pb_done(&sub);
+
+        /* the acquire message itself repeated 20000 times: merged, last name wins */
+        pb_init(&sub);
+        pb_bytes(&sub, 1, "merged/x", 8);
+        pb_init(&req);
+        pb_uint(&req, 1, 8);
+        for (int i = 0; i < 20000; i++)
+                pb_msg(&req, 4, &sub);
+        send_frame(fd, req.b, (uint32_t)req.n, NULL, 0);
+        expect_error_msg(fd, 8, WIRE_NOT_FOUND, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "merged/x"), "%s", msg);
+        pb_done(&req);
+        pb_done(&sub);
+
+        /* a publish with 100000 dimensions, packed: refused for its rank */
+        pb_init(&sub);
+        for (int i = 0; i < 100000; i++)
+                pb_varint(&sub, 1);
+        pb_init(&t);
+        pb_bytes(&t, 1, "rank/x", 6);
+        pb_bytes(&t, 4, sub.b, sub.n);
+        pb_bytes(&t, 5, sub.b, sub.n);
+        pb_done(&sub);
+        pb_init(&sub);
+        pb_msg(&sub, 1, &t);
+        pb_init(&req);
+        pb_uint(&req, 1, 9);
+        pb_msg(&req, 3, &sub);
+        send_frame(fd, req.b, (uint32_t)req.n, NULL, 0);
+        expect_error_msg(fd, 9, WIRE_INVALID, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "ndim"), "%s", msg);
+        pb_done(&req);
+        pb_done(&sub);
+        pb_done(&t);
+        ping(fd, 10);
+        close(fd);
+
+        /* groups (wire type 3) nested 100000 deep in an unknown field: not protobuf we take */
+        fd = raw_hello();
+        pb_init(&req);
+        pb_uint(&req, 1, 11);
+        for (int i = 0; i < 100000; i++)
+                pb_varint(&req, (uint64_t)99 << 3 | 3);
+        for (int i = 0; i < 100000; i++)
+                pb_varint(&req, (uint64_t)99 << 3 | 4);
+        send_frame(fd, req.b, (uint32_t)req.n, NULL, 0);
+        expect_error(fd, 0, WIRE_PROTOCOL);
+        expect_closed(fd);
+        pb_done(&req);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
 START_TEST(test_unknown_request_type)
 {
         dlx_client *good = attack_begin();
@@ -2285,6 +2367,7 @@ Suite *badinput_suite(void)
         tcase_add_test(frames, test_reserved_header_bytes);
         tcase_add_test(frames, test_zero_length_frame);
         tcase_add_test(frames, test_garbage_payload);
+        tcase_add_test(frames, test_repeated_and_nested_fields);
         tcase_add_test(frames, test_unknown_request_type);
         tcase_add_test(frames, test_unknown_fields_ignored);
         tcase_add_test(frames, test_unknown_request_type_before_hello);

@@ -677,6 +677,8 @@ END_TEST
  * flight in their receive queues; from then on every reply carrying an fd
  * fails, and dlxd hangs up on whichever innocent client it was answering.
  * (As root, CAP_SYS_RESOURCE lifts the limit; the test drops to nobody.)
+ * Fixed: a connection may have CONN_MAX_FDS_UNREAD fds unread, all of them
+ * half the limit; past that its next fd waits until its peer reads.
  */
 START_TEST(rd_unread_fds_in_flight_drop_others)
 {
@@ -1025,15 +1027,7 @@ Suite *review_daemon_suite(void)
         tcase_add_test(limits, rd_one_client_fills_fd_table);
         tcase_add_test(limits, rd_unread_fd_replies_fill_fd_table);
         tcase_add_test(limits, rd_reply_lost_when_out_of_fds);
-        /*
-         * Known open (issue 5): a non-root dlxd may have only RLIMIT_NOFILE fds in
-         * flight, and peers that never read can hold them all; the next sendmsg to
-         * an innocent client then fails with ETOOMANYREFS. dlxd raises its soft
-         * limit to the hard one, which makes this hard to reach, but not impossible.
-         * DLX_TEST_KNOWN_ISSUES=1 runs it.
-         */
-        if (getenv("DLX_TEST_KNOWN_ISSUES"))
-                tcase_add_test(limits, rd_unread_fds_in_flight_drop_others);
+        tcase_add_test(limits, rd_unread_fds_in_flight_drop_others);
         suite_add_tcase(s, limits);
         return s;
 }
