@@ -334,6 +334,16 @@ static void known_drop(struct session *s, struct known *k)
         free(k);
 }
 
+/*
+ * A record made for an fd that was then never sent: the peer does not hold the
+ * segment, and must hear nothing of it (no SEGMENT_GONE). NULL-safe.
+ */
+static void known_drop_unsent(struct session *s, struct known *k)
+{
+        if (k && !k->ro && !k->rw)
+                known_drop(s, k);
+}
+
 /* A segment whose fd this session holds is gone: forget it and tell the peer. */
 static void on_segment_gone(struct session *s, uint64_t seg_id)
 {
@@ -368,6 +378,7 @@ static void grant(struct session *s, uint64_t req_id, struct version *v)
         k = seg->fd >= 0 ? known_add(s, seg) : NULL;
         if (!l || (seg->fd >= 0 && !k)) {
                 free(l);
+                known_drop_unsent(s, k);
                 session_fail(s, req_id, -ENOMEM, "out of memory");
                 return;
         }
@@ -376,6 +387,7 @@ static void grant(struct session *s, uint64_t req_id, struct version *v)
                 fd = segment_fd(seg, writable);
                 if (fd < 0) {
                         free(l);
+                        known_drop_unsent(s, k);
                         session_fail(s, req_id, fd, "cannot share segment %llu: %s",
                                      (unsigned long long)seg->id, strerror(-fd));
                         return;
@@ -401,6 +413,7 @@ static void grant(struct session *s, uint64_t req_id, struct version *v)
                 else
                         k->ro = true;
         }
+        known_drop_unsent(s, k);
 }
 
 /*
@@ -960,6 +973,17 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
         }
 
         err = check_extent(t, seg, why, sizeof(why));
+        /*
+         * The entry and the version before the hold: a publish failing after
+         * it would leave the segment held, its bytes charged, and the peer
+         * never told which segment that is.
+         */
+        e = err == 0 ? entry_get(reg, t->name, s->uid) : NULL;
+        v = e ? calloc(1, sizeof(*v) + 2 * (size_t)t->ndim * sizeof(int64_t)) : NULL;
+        if (err == 0 && !v) {
+                err = -ENOMEM;
+                snprintf(why, sizeof(why), "out of memory");
+        }
         if (err == 0 && fd >= 0 && req->publish.hold) {
                 err = hold_segment(s, seg);
                 if (err < 0)
@@ -967,18 +991,11 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
                                  err == -EAGAIN ? "too many held segments" : strerror(-err));
         }
         if (err < 0) {
-                segment_unref(reg->store, seg);
-                session_fail(s, req->id, err, "%s", why);
-                return;
-        }
-
-        e = entry_get(reg, t->name, s->uid);
-        v = e ? calloc(1, sizeof(*v) + 2 * (size_t)t->ndim * sizeof(int64_t)) : NULL;
-        if (!v) {
+                free(v);
                 segment_unref(reg->store, seg);
                 if (e)
                         entry_maybe_free(reg, e);
-                session_fail(s, req->id, -ENOMEM, "out of memory");
+                session_fail(s, req->id, err, "%s", why);
                 return;
         }
         v->entry = e;
@@ -1266,6 +1283,8 @@ void registry_alloc(struct session *s, const struct wire_request *req, int fd)
         }
         k = known_add(s, seg);
         err = k ? hold_segment(s, seg) : -ENOMEM;
+        if (err < 0)
+                known_drop_unsent(s, k); /* it never learns of this segment */
         /* the hold took its own reference: the creation's goes either way */
         segment_unref(reg->store, seg);
         if (err < 0) {

@@ -161,6 +161,7 @@ struct pb_arena {
         ProtobufCAllocator allocator;
         size_t used;
         unsigned heap; /* allocations that did not fit */
+        bool failed;   /* one of them found no memory: a NULL unpack is not the peer's fault */
         max_align_t buf[PB_ARENA_SIZE / sizeof(max_align_t)];
 };
 
@@ -174,8 +175,10 @@ static void *pb_arena_alloc(void *data, size_t size)
                 a->used += need;
                 return p;
         }
+        void *p = malloc(size);
         a->heap++;
-        return malloc(size);
+        a->failed |= p == NULL;
+        return p;
 }
 
 static void pb_arena_free(void *data, void *p)
@@ -194,6 +197,7 @@ static void pb_arena_init(struct pb_arena *a)
         a->allocator.allocator_data = a;
         a->used = 0;
         a->heap = 0;
+        a->failed = false;
 }
 
 /* ---- tensor --------------------------------------------------------------------------- */
@@ -653,6 +657,8 @@ int wire_request_decode(const uint8_t *buf, size_t len, struct wire_request *ret
 
         ret->id = 0;
         ret->type = WIRE_REQ_NONE;
+        if (!r && arena.failed)
+                return fail(err, errsz, -ENOMEM, "out of memory decoding a request");
         if (!r)
                 return fail(err, errsz, -EPROTO, "undecodable request");
         ret->id = r->id;
@@ -1064,6 +1070,8 @@ int wire_reply_decode(const uint8_t *buf, size_t len, struct wire_reply *ret, ch
         ret->type = WIRE_REP_NONE;
         ret->list.entries = NULL;
         ret->list.count = 0;
+        if (!r && arena.failed)
+                return fail(err, errsz, -ENOMEM, "out of memory decoding a reply");
         if (!r)
                 return fail(err, errsz, -EPROTO, "undecodable reply");
         ret->id = r->id;
