@@ -43,7 +43,15 @@ int count_fds(pid_t pid)
         return pid ? n : n - 1;
 }
 
-static void sleep_ms(int ms)
+int64_t fx_now_ms(void)
+{
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void fx_sleep_ms(int ms)
 {
         struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
         nanosleep(&ts, NULL);
@@ -54,7 +62,7 @@ int wait_daemon_fds(const struct dlxd_fixture *f, int n, int timeout_ms)
         int count = count_fds(f->pid);
 
         for (int waited = 0; count != n && waited < timeout_ms; waited += 5) {
-                sleep_ms(5);
+                fx_sleep_ms(5);
                 count = count_fds(f->pid);
         }
         return count;
@@ -251,6 +259,6 @@ long fx_wait_leases(dlx_client *c, unsigned long long n, int timeout_ms)
                 ck_assert_int_eq(dlx_stats(c, &s), 0);
                 if (s.leases == n || waited >= timeout_ms)
                         return (long)s.leases;
-                sleep_ms(5);
+                fx_sleep_ms(5);
         }
 }

@@ -12,6 +12,7 @@
 #define DLX_TESTS_FIXTURE_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include <dlx/dlx.h>
@@ -65,6 +66,10 @@ pid_t fx_spawn(int (*fn)(void *arg), void *arg);
 void fx_child_exit(int status) __attribute__((noreturn));
 /* Waits for a child; returns its exit status, or 128 + signal. */
 int fx_wait(pid_t pid);
+
+/* Milliseconds on the monotonic clock; a nap. */
+int64_t fx_now_ms(void);
+void fx_sleep_ms(int ms);
 
 /* A raw connected socket to f's daemon (no hello sent). */
 int fx_raw_connect(const struct dlxd_fixture *f);

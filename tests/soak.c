@@ -96,19 +96,6 @@ static int nclients;
 
 #define ADD(field, v) __atomic_add_fetch(&sh->n.field, (v), __ATOMIC_RELAXED)
 
-static int64_t now_ms(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-        struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
-        nanosleep(&ts, NULL);
-}
-
 /* Keeps the first MAX_NOTES failures' words, for the report. */
 static void note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void note(const char *fmt, ...)
@@ -544,14 +531,14 @@ static void produce(struct client *cl)
                         ALLOW(ETIMEDOUT, ENOENT));
         } else if (r < 88) {
                 outcome(cl, "process_events", NULL, dlx_process_events(cl->c), NULL);
-        } else if (now_ms() >= cl->next_cleanup) {
+        } else if (fx_now_ms() >= cl->next_cleanup) {
                 char prefix[32];
 
                 snprintf(prefix, sizeof(prefix), "soak/%d/", cl->slot);
                 outcome(cl, "list (cleanup)", prefix, dlx_list(cl->c, prefix, cleanup_one, cl),
                         NULL);
                 ADD(lists, 1);
-                cl->next_cleanup = now_ms() + 1000 + rnd(cl, 2000);
+                cl->next_cleanup = fx_now_ms() + 1000 + rnd(cl, 2000);
         } else {
                 outcome(cl, "ping", NULL, dlx_ping(cl->c), NULL);
         }
@@ -569,7 +556,7 @@ static void release(struct client *cl, int i)
 
 static void release_due(struct client *cl, bool all)
 {
-        int64_t now = now_ms();
+        int64_t now = fx_now_ms();
 
         for (int i = cl->nheld - 1; i >= 0; i--)
                 if (all || cl->held[i].until <= now)
@@ -664,7 +651,7 @@ static void consume(struct client *cl)
         }
         if (cl->nheld < MAX_HELD && rnd(cl, 100) < 30) {
                 cl->held[cl->nheld].t = t;
-                cl->held[cl->nheld].until = now_ms() + 10 + rnd(cl, 400);
+                cl->held[cl->nheld].until = fx_now_ms() + 10 + rnd(cl, 400);
                 cl->nheld++;
                 ADD(held, 1);
         } else {
@@ -754,7 +741,7 @@ static void client_main(int slot, uint32_t gen, uint64_t base_seed)
         if (cl.watcher)
                 start_watch(&cl);
         while (!__atomic_load_n(&sh->stop[slot], __ATOMIC_RELAXED)) {
-                __atomic_store_n(&sh->beat[slot], now_ms(), __ATOMIC_RELAXED);
+                __atomic_store_n(&sh->beat[slot], fx_now_ms(), __ATOMIC_RELAXED);
                 if (cl.watcher)
                         drain_events(&cl);
                 release_due(&cl, false);
@@ -767,7 +754,7 @@ static void client_main(int slot, uint32_t gen, uint64_t base_seed)
                         start_watch(&cl);
                 }
                 if (rnd(&cl, 100) < 3)
-                        sleep_ms((int)rnd(&cl, 3));
+                        fx_sleep_ms((int)rnd(&cl, 3));
         }
         release_due(&cl, true);
         dlx_close(cl.c);
@@ -808,7 +795,7 @@ static void start_client(int i)
         pid_t pid;
 
         sh->stop[i] = 0;
-        sh->beat[i] = now_ms();
+        sh->beat[i] = fx_now_ms();
         for (int k = 0; k < KEYS; k++)
                 sh->adv[i][k] = 0;
         pid = fork();
@@ -881,7 +868,7 @@ static void reap_unasked(void)
 
 static void check_heartbeats(void)
 {
-        int64_t now = now_ms();
+        int64_t now = fx_now_ms();
 
         for (int i = 0; i < nclients; i++) {
                 int64_t beat = __atomic_load_n(&sh->beat[i], __ATOMIC_RELAXED);
@@ -923,9 +910,9 @@ static void progress(dlx_client *mon, const char *phase, int64_t t0, const struc
         printf("soak: %s t=%lld s: %" PRIu64 " ops, %u killed; dlxd: %u clients, %" PRIu64
                " names, %" PRIu64 " versions, %" PRIu64 " leases, %" PRIu64
                " segments, %d fds, rss %.1f MiB (peaks %d fds, %.1f MiB)\n",
-               phase, (long long)((now_ms() - t0) / 1000), sh->n.ops, kills, st.clients, st.names,
-               st.versions, st.leases, st.segments, count_fds(fx.pid), rss_kib(fx.pid) / 1024.0,
-               pk->fds, pk->rss / 1024.0);
+               phase, (long long)((fx_now_ms() - t0) / 1000), sh->n.ops, kills, st.clients,
+               st.names, st.versions, st.leases, st.segments, count_fds(fx.pid),
+               rss_kib(fx.pid) / 1024.0, pk->fds, pk->rss / 1024.0);
         fflush(stdout);
 }
 
@@ -933,7 +920,7 @@ static void progress(dlx_client *mon, const char *phase, int64_t t0, const struc
 static void run_phase(const char *phase, int seconds, struct peaks *pk)
 {
         struct dlx_connect_options o = {.socket_path = fx.socket, .client_name = "soak-monitor"};
-        int64_t t0 = now_ms(), end = t0 + (int64_t)seconds * 1000;
+        int64_t t0 = fx_now_ms(), end = t0 + (int64_t)seconds * 1000;
         int64_t next_kill = t0 + 100 + prnd(201), next_sample = t0 + 1000, next_print = t0 + 10000;
         dlx_client *mon;
         int err;
@@ -943,8 +930,8 @@ static void run_phase(const char *phase, int seconds, struct peaks *pk)
         /* clients forked from now on close every fd they inherit, this client's socket too */
         err = dlx_connect(&o, &mon);
         ck_assert_msg(err == 0, "monitor: %s (%s)", dlx_strerror(err), dlx_last_error());
-        for (int64_t now = t0; now < end; now = now_ms()) {
-                sleep_ms(10);
+        for (int64_t now = t0; now < end; now = fx_now_ms()) {
+                fx_sleep_ms(10);
                 reap_unasked();
                 if (now >= next_kill) {
                         int i = (int)prnd((unsigned)nclients);
@@ -953,7 +940,7 @@ static void run_phase(const char *phase, int seconds, struct peaks *pk)
                         waitpid(slots[i].pid, NULL, 0);
                         kills++;
                         start_client(i);
-                        next_kill = now_ms() + 100 + prnd(201);
+                        next_kill = fx_now_ms() + 100 + prnd(201);
                 }
                 if (now >= next_sample) {
                         check_daemon_alive();
@@ -986,13 +973,13 @@ static void stop_clients(void)
                         __atomic_store_n(&sh->stop[i], 1, __ATOMIC_RELAXED);
                 }
         }
-        deadline = now_ms() + 15000;
+        deadline = fx_now_ms() + 15000;
         for (int i = 0; i < nclients; i++) {
                 int status = 0;
                 pid_t r;
 
-                while ((r = waitpid(slots[i].pid, &status, WNOHANG)) == 0 && now_ms() < deadline)
-                        sleep_ms(5);
+                while ((r = waitpid(slots[i].pid, &status, WNOHANG)) == 0 && fx_now_ms() < deadline)
+                        fx_sleep_ms(5);
                 if (r == 0) {
                         ADD(fatal, 1);
                         note("slot %d pid %d did not stop in 15 s", i, (int)slots[i].pid);
@@ -1042,13 +1029,13 @@ static void settle(int fd_target, struct settled *ret)
         ret->leases = fx_wait_leases(mon, 0, 5000);
         /* persistent names legitimately outlive their producers: remove them all */
         ck_assert_int_ge(dlx_list(mon, "", unpublish_one, mon), 0);
-        deadline = now_ms() + 5000;
+        deadline = fx_now_ms() + 5000;
         do {
                 ck_assert_int_eq(dlx_stats(mon, &ret->after), 0);
                 if (stats_empty(&ret->after))
                         break;
-                sleep_ms(10);
-        } while (now_ms() < deadline);
+                fx_sleep_ms(10);
+        } while (fx_now_ms() < deadline);
         dlx_close(mon);
         ret->fds = wait_daemon_fds(&fx, fd_target, 5000);
         ret->rss = rss_kib(fx.pid);

@@ -35,19 +35,6 @@
 
 /* ---- time and process helpers -------------------------------------------------------- */
 
-static void sleep_ms(int ms)
-{
-        struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
-        nanosleep(&ts, NULL);
-}
-
-static int64_t mono_ms(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* CPU time (user + system) the daemon has used, in clock ticks. */
 static long daemon_cpu_ticks(void)
 {
@@ -349,7 +336,7 @@ static ssize_t read_exact(int fd, uint8_t *buf, size_t len, int64_t deadline, in
                                      .msg_control = cbuf.buf,
                                      .msg_controllen = sizeof(cbuf.buf)};
                 struct pollfd pfd = {.fd = fd, .events = POLLIN};
-                int64_t left = deadline - mono_ms();
+                int64_t left = deadline - fx_now_ms();
                 ssize_t n;
                 int r;
 
@@ -394,7 +381,7 @@ static ssize_t read_exact(int fd, uint8_t *buf, size_t len, int64_t deadline, in
  */
 static int read_reply_fd(int fd, struct wire_reply *rep, int timeout_ms, int *ret_fd)
 {
-        int64_t deadline = mono_ms() + timeout_ms;
+        int64_t deadline = fx_now_ms() + timeout_ms;
         uint8_t hdr[FRAME_HEADER_SIZE], *payload;
         int fds[4];
         unsigned nfds = 0, announced;
@@ -2036,7 +2023,7 @@ START_TEST(test_slow_partial_frame)
         for (size_t i = 3; i < FRAME_HEADER_SIZE + size; i++) {
                 ck_assert_int_eq(send_raw(fd, frame + i, 1, NULL, 0), 0);
                 ck_assert_int_eq(dlx_ping(good), 0);
-                sleep_ms(2);
+                fx_sleep_ms(2);
                 /* nothing may come back before the frame is whole */
                 if (i + 1 < FRAME_HEADER_SIZE + size)
                         ck_assert_int_eq(read_reply(fd, &rep, 0), -ETIMEDOUT);
@@ -2117,13 +2104,13 @@ START_TEST(test_peer_not_reading)
          * go without its help, and the daemon does not spin on it meanwhile.
          */
         long ticks = sysconf(_SC_CLK_TCK), cpu0 = daemon_cpu_ticks();
-        int64_t start = mono_ms(), deadline = start + 5000;
+        int64_t start = fx_now_ms(), deadline = start + 5000;
         do {
-                sleep_ms(50);
+                fx_sleep_ms(50);
                 ck_assert_int_eq(dlx_stats(good, &st), 0);
-        } while (st.clients != 1 && mono_ms() < deadline);
+        } while (st.clients != 1 && fx_now_ms() < deadline);
         long used = daemon_cpu_ticks() - cpu0;
-        int64_t waited = mono_ms() - start;
+        int64_t waited = fx_now_ms() - start;
         ck_assert_msg(st.clients == 1 && st.names == 0,
                       "a peer that stopped reading its replies is still connected %lld ms after "
                       "overrunning its output queue (%u clients, %llu names); meanwhile dlxd "
@@ -2171,14 +2158,14 @@ START_TEST(test_client_limit)
         ck_assert_int_eq(dlx_ping(good), 0);
         /* the slot comes back once a client leaves */
         close(fd);
-        int64_t deadline = mono_ms() + 5000;
+        int64_t deadline = fx_now_ms() + 5000;
         struct dlx_stats st;
         do {
                 ck_assert_int_eq(dlx_stats(good, &st), 0);
                 if (st.clients == 1)
                         break;
-                sleep_ms(10);
-        } while (mono_ms() < deadline);
+                fx_sleep_ms(10);
+        } while (fx_now_ms() < deadline);
         ck_assert_uint_eq(st.clients, 1);
         assert_daemon_serves(good);
         dlx_close(good);
@@ -2197,7 +2184,7 @@ static int64_t expect_timed_out(int fd, const char *why)
 
         expect_error_msg(fd, 0, WIRE_TIMEOUT, msg, sizeof(msg));
         ck_assert_msg(strstr(msg, why), "timeout message '%s' does not say '%s'", msg, why);
-        int64_t at = mono_ms();
+        int64_t at = fx_now_ms();
         expect_closed(fd);
         return at;
 }
@@ -2212,7 +2199,7 @@ START_TEST(test_slowloris_no_hello)
 
         dlxd_start(&fx, args);
         good = fx_connect(&fx, "good");
-        t0 = mono_ms();
+        t0 = fx_now_ms();
         fd = fx_raw_connect(&fx);
         at = expect_timed_out(fd, "no hello within 300 ms");
         ck_assert_msg(at - t0 >= SHORT_TIMEOUT_MS - 20, "dropped after %lld ms, before the timeout",
@@ -2246,7 +2233,7 @@ START_TEST(test_slowloris_partial_frame)
         steady = raw_hello();
         for (int i = 0; i < 6; i++) {
                 ping(steady, 10 + (uint64_t)i);
-                sleep_ms(100);
+                fx_sleep_ms(100);
         }
 
         /* three bytes of a header, and nothing more */
@@ -2265,7 +2252,7 @@ START_TEST(test_slowloris_partial_frame)
         fd = raw_hello();
         ck_assert_int_eq(send_raw(fd, frame, 1, NULL, 0), 0);
         for (size_t i = 1; i < FRAME_HEADER_SIZE + size; i++) {
-                sleep_ms(50);
+                fx_sleep_ms(50);
                 if (send_raw(fd, frame + i, 1, NULL, 0) < 0)
                         break; /* already hung up on */
         }
@@ -2323,7 +2310,7 @@ START_TEST(test_daemon_out_of_fds)
 
         /* out of fds, the daemon backs off rather than spinning on accept */
         long ticks = sysconf(_SC_CLK_TCK), cpu0 = daemon_cpu_ticks();
-        sleep_ms(1000);
+        fx_sleep_ms(1000);
         long used = daemon_cpu_ticks() - cpu0;
         ck_assert_msg(used * 4 < ticks, "dlxd used %ld ms of CPU in 1 s out of fds",
                       used * 1000 / ticks);

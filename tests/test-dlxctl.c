@@ -44,21 +44,6 @@ static char tmpdir[96];
 
 /* ---- small helpers --------------------------------------------------------------------- */
 
-static int64_t now_ms(void)
-{
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-        struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
-
-        nanosleep(&ts, NULL);
-}
-
 /* A path in the test's directory; four rotating buffers so a call may use several. */
 static const char *tpath(const char *name)
 {
@@ -393,14 +378,14 @@ static int ctl_finish(struct ctl *c, int timeout_ms, char **out, char **err)
         struct sbuf bufs[2] = {{0}, {0}};
         struct pollfd pfd[2] = {{.fd = c->out_fd, .events = POLLIN},
                                 {.fd = c->err_fd, .events = POLLIN}};
-        int64_t deadline = now_ms() + timeout_ms;
+        int64_t deadline = fx_now_ms() + timeout_ms;
         int open_fds = 2, status;
         char chunk[4096];
 
         sbuf_add(&bufs[0], "", 0);
         sbuf_add(&bufs[1], "", 0);
         while (open_fds > 0) {
-                int64_t left = deadline - now_ms();
+                int64_t left = deadline - fx_now_ms();
                 int r;
 
                 if (left <= 0) {
@@ -1089,7 +1074,7 @@ START_TEST(test_put_persistent)
         ck_assert_str_eq(info.producer_name, "dlxctl");
         /* the producer's session ends when dlxctl exits; the daemon notices soon after */
         for (int waited = 0; info.producer_pid != 0 && waited < 5000; waited += 10) {
-                sleep_ms(10);
+                fx_sleep_ms(10);
                 ck_assert_int_eq(dlx_stat(c, "keep/me", &info), 0);
         }
         ck_assert_msg(info.producer_pid == 0, "producer pid %d still alive?", info.producer_pid);
@@ -1411,9 +1396,9 @@ START_TEST(test_get_timeout)
         rc = run_ctl(&out, &err, "get", "never", tpath("o.npy"), NULL);
         expect_fail(1, "no tensor named", "get of a missing name", rc, out, err);
 
-        t0 = now_ms();
+        t0 = fx_now_ms();
         rc = run_ctl(&out, &err, "get", "never", tpath("o.npy"), "--timeout", "200", NULL);
-        dt = now_ms() - t0;
+        dt = fx_now_ms() - t0;
         expect_fail(1, "timed out", "get --timeout 200 of a missing name", rc, out, err);
         ck_assert_msg(dt >= 150 && dt < 5000, "get --timeout 200 took %lld ms", (long long)dt);
         ck_assert_msg(access(tpath("o.npy"), F_OK) != 0, "a failed get left a file behind");
@@ -1454,7 +1439,7 @@ START_TEST(test_get_waits_for_put)
         c = fx_connect(&fx, "test-dlxctl");
         ck_assert_int_eq(dlx_stats(c, &s0), 0);
 
-        t0 = now_ms();
+        t0 = fx_now_ms();
         ctl_spawn(&get, "get", "late/x", tpath("late-out.npy"), "--timeout", "5000", NULL);
         /*
          * The get is waiting once the daemon has seen its hello and acquire: two
@@ -1464,15 +1449,15 @@ START_TEST(test_get_waits_for_put)
                 ck_assert_int_eq(dlx_stats(c, &s), 0);
                 if (s.requests - s0.requests - (uint64_t)i >= 2)
                         break;
-                ck_assert_msg(now_ms() - t0 < 4000, "the waiting get never reached the daemon");
-                sleep_ms(5);
+                ck_assert_msg(fx_now_ms() - t0 < 4000, "the waiting get never reached the daemon");
+                fx_sleep_ms(5);
         }
         dlx_close(c);
 
         free(ctl_ok("put", "late/x", tpath("late.npy"), NULL));
         rc = ctl_finish(&get, CTL_TIMEOUT_MS, &out, &err);
         ck_assert_msg(rc == 0, "the waiting get: exit %d; stderr: %s", rc, err);
-        ck_assert_msg(now_ms() - t0 < 4500, "the get waited for its whole timeout");
+        ck_assert_msg(fx_now_ms() - t0 < 4500, "the get waited for its whole timeout");
         free(out);
         free(err);
         check_npy(tpath("late-out.npy"), descr, false, 1, shape, data, sizeof(data));
@@ -1484,7 +1469,7 @@ END_TEST
 /* Polls dlxctl --json stats until watchers is n. */
 static void wait_watchers(unsigned n)
 {
-        int64_t t0 = now_ms();
+        int64_t t0 = fx_now_ms();
         char want[32];
 
         snprintf(want, sizeof(want), "\"watchers\":%u", n);
@@ -1495,8 +1480,8 @@ static void wait_watchers(unsigned n)
                 free(out);
                 if (done)
                         return;
-                ck_assert_msg(now_ms() - t0 < 5000, "watchers never reached %u", n);
-                sleep_ms(10);
+                ck_assert_msg(fx_now_ms() - t0 < 5000, "watchers never reached %u", n);
+                fx_sleep_ms(10);
         }
 }
 
@@ -1582,9 +1567,9 @@ START_TEST(test_watch_timeout)
         int64_t t0, dt;
         int rc;
 
-        t0 = now_ms();
+        t0 = fx_now_ms();
         rc = run_ctl(&out, &err, "watch", "--timeout", value, NULL);
-        dt = now_ms() - t0;
+        dt = fx_now_ms() - t0;
         ck_assert_msg(rc == 0 && strcmp(out, "") == 0,
                       "watch --timeout %s with no events: exit %d; stdout: %s; stderr: %s", value,
                       rc, out, err);

@@ -25,12 +25,6 @@
 
 #define NOBODY 65534
 
-static void sleep_ms(int ms)
-{
-        struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
-        nanosleep(&ts, NULL);
-}
-
 /* A uint8 tensor of n bytes from the client's allocator, filled with v. */
 static DLManagedTensorVersioned *bytes_of(dlx_client *c, int64_t n, uint8_t v)
 {
@@ -135,7 +129,7 @@ START_TEST(clients_per_uid)
         dlx_close(b);
         c = NULL;
         for (int i = 0; i < 200 && !(c = connect_as_self()); i++)
-                sleep_ms(5);
+                fx_sleep_ms(5);
         ck_assert_ptr_nonnull(c);
         dlx_close(c);
         dlx_close(a);
@@ -244,7 +238,7 @@ START_TEST(names_in_all)
         dlx_close(a);
         int err = -EAGAIN;
         for (int i = 0; i < 200 && (err = publish(b, "g/3")) == -EAGAIN; i++)
-                sleep_ms(5);
+                fx_sleep_ms(5);
         ck_assert_int_eq(err, 0);
         dlx_close(b);
         dlxd_stop(&fx);

@@ -28,19 +28,6 @@
 
 /* ---- helpers ------------------------------------------------------------------------- */
 
-static int64_t now_ms(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-        struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
-        nanosleep(&ts, NULL);
-}
-
 /* A float32 vector of n elements in shared memory, element i = base + i. */
 static DLManagedTensorVersioned *make_vec(dlx_client *c, int64_t n, float base)
 {
@@ -321,7 +308,7 @@ START_TEST(replace_while_leased)
         old->deleter(old);
         /* RELEASED reaches the producer; its deleter runs exactly once */
         for (int i = 0; i < 200 && *count == 0; i++) {
-                sleep_ms(5);
+                fx_sleep_ms(5);
                 ck_assert_int_ge(dlx_process_events(p), 0);
         }
         ck_assert_int_eq(*count, 1);
@@ -353,7 +340,7 @@ START_TEST(unpublish_while_leased)
         held->deleter(held);
         /* a blocking call also delivers pending events */
         for (int i = 0; i < 200 && *count == 0; i++) {
-                sleep_ms(5);
+                fx_sleep_ms(5);
                 ck_assert_int_eq(dlx_ping(p), 0);
         }
         ck_assert_int_eq(*count, 1);
@@ -414,7 +401,7 @@ START_TEST(kill9_releases_leases)
         ck_assert_int_eq(fx_wait(pid), 128 + SIGKILL);
         ck_assert_int_eq(fx_wait_leases(p, 0, 5000), 0);
         for (int i = 0; i < 200 && *count == 0; i++) {
-                sleep_ms(5);
+                fx_sleep_ms(5);
                 dlx_process_events(p);
         }
         ck_assert_int_eq(*count, 1);
@@ -431,10 +418,10 @@ START_TEST(acquire_timeout)
         dlx_client *c = fx_connect(&fx, "waiter");
         struct dlx_acquire_options o = {.timeout_ms = 150};
         DLManagedTensorVersioned *t = NULL;
-        int64_t start = now_ms();
+        int64_t start = fx_now_ms();
 
         ck_assert_int_eq(dlx_acquire(c, "w/none", &o, &t), -ETIMEDOUT);
-        ck_assert_int_ge(now_ms() - start, 140);
+        ck_assert_int_ge(fx_now_ms() - start, 140);
         ck_assert_ptr_null(t);
         ck_assert_ptr_nonnull(strstr(dlx_last_error(), "w/none"));
         ck_assert_int_eq(dlx_acquire(c, "w/none", NULL, &t), -ENOENT);
@@ -454,7 +441,7 @@ static int publish_late(void *p)
         dlx_client *c = fx_connect(&fx, "late");
 
         for (int i = 0; i < a->count; i++) {
-                sleep_ms(a->delay_ms);
+                fx_sleep_ms(a->delay_ms);
                 publish_ok(c, a->name, make_vec(c, 4, (float)(i + 1) * 10.0f),
                            &(struct dlx_publish_options){.persist = true}, NULL);
         }
@@ -852,7 +839,7 @@ START_TEST(max_clients_limit)
         dlx_close(b);
         /* a slot frees up once the daemon has seen b go */
         for (int i = 0; i < 200 && dlx_connect(&o, &c) != 0; i++)
-                sleep_ms(5);
+                fx_sleep_ms(5);
         ck_assert_ptr_nonnull(c);
         dlx_close(c);
         dlx_close(a);
@@ -880,7 +867,7 @@ static int run_dlxd(const char *socket, int *ret_status)
                         *ret_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
                         return 0;
                 }
-                sleep_ms(10);
+                fx_sleep_ms(10);
         }
         kill(pid, SIGINT);
         waitpid(pid, &status, 0);
@@ -983,27 +970,27 @@ START_TEST(release_after_idle_reaches_producer)
         t = acquire_ok(q, "idle/x", NULL);
         ck_assert_int_eq(dlx_unpublish(p, "idle/x"), 0);
         /* long enough for the daemon to have put the consumer's ring to sleep */
-        sleep_ms(100);
-        start = now_ms();
+        fx_sleep_ms(100);
+        start = fx_now_ms();
         t->deleter(t);
-        while (*count == 0 && now_ms() - start < 2000) {
-                sleep_ms(2);
+        while (*count == 0 && fx_now_ms() - start < 2000) {
+                fx_sleep_ms(2);
                 ck_assert_int_ge(dlx_process_events(p), 0);
         }
         ck_assert_int_eq(*count, 1);
-        ck_assert_int_lt(now_ms() - start, 500);
+        ck_assert_int_lt(fx_now_ms() - start, 500);
         /* and one released while it is awake, with the consumer then going quiet */
         publish_ok(p, "idle/y", counted(make_vec(p, 8, 2.0f), count), NULL, NULL);
         t = acquire_ok(q, "idle/y", NULL);
         ck_assert_int_eq(dlx_unpublish(p, "idle/y"), 0);
         t->deleter(t);
-        start = now_ms();
-        while (*count == 1 && now_ms() - start < 2000) {
-                sleep_ms(2);
+        start = fx_now_ms();
+        while (*count == 1 && fx_now_ms() - start < 2000) {
+                fx_sleep_ms(2);
                 ck_assert_int_ge(dlx_process_events(p), 0);
         }
         ck_assert_int_eq(*count, 2);
-        ck_assert_int_lt(now_ms() - start, 500);
+        ck_assert_int_lt(fx_now_ms() - start, 500);
         dlx_close(q);
         dlx_close(p);
         munmap(count, 4096);

@@ -21,12 +21,6 @@
 
 #include "fixture.h"
 
-static void sleep_ms(int ms)
-{
-        struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
-        nanosleep(&ts, NULL);
-}
-
 /* A float32 vector in shared memory, element i = base + i; its deleter bumps *deleted. */
 struct counted {
         DLManagedTensorVersioned mt;
@@ -163,7 +157,7 @@ static void daemon_goes_away(int sig)
         plain = acquire_ok(c, "restart/plain");
         ck_assert_int_eq(pthread_create(&th, NULL, acquire_blocked, &b), 0);
         /* let it reach the daemon (it fails the same way if it has not yet) */
-        sleep_ms(100);
+        fx_sleep_ms(100);
 
         gone_by = sig;
         ck_assert_int_eq(kill(fx.pid, sig), 0);

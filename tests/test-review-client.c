@@ -27,12 +27,6 @@
 
 /* ---- helpers ------------------------------------------------------------------------- */
 
-static void sleep_ms(int ms)
-{
-        struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
-        nanosleep(&ts, NULL);
-}
-
 static DLManagedTensorVersioned *alloc_f32(dlx_client *c, int64_t n)
 {
         int64_t shape[1] = {n};
@@ -319,7 +313,7 @@ START_TEST(close_with_blocked_callers)
                  * closed client, which no caller may do.
                  */
                 do {
-                        sleep_ms(5);
+                        fx_sleep_ms(5);
                         ck_assert_int_eq(dlx_stats(obs, &st), 0);
                         calls++;
                 } while (st.requests - r0 - calls < N);
@@ -577,7 +571,7 @@ START_TEST(wait_released_poll_never_reads)
         for (int i = 0; i < 100 && err != 0; i++) {
                 err = dlx_wait_released(p, "db/x", v1, NULL, 0);
                 if (err != 0)
-                        sleep_ms(10);
+                        fx_sleep_ms(10);
         }
         ck_assert_msg(err == 0,
                       "v1 was released a second ago, dlx_wait_released(timeout 0) still says %s",

@@ -36,19 +36,6 @@
 
 /* ---- time ------------------------------------------------------------------------------ */
 
-static int64_t mono_ms(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-        struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
-        nanosleep(&ts, NULL);
-}
-
 /* ---- daemons left behind by a failed test -------------------------------------------------- */
 
 /*
@@ -250,7 +237,7 @@ static ssize_t read_exact(int sock, uint8_t *buf, size_t len, int64_t deadline, 
                                      .msg_control = cbuf.buf,
                                      .msg_controllen = sizeof(cbuf.buf)};
                 struct pollfd pfd = {.fd = sock, .events = POLLIN};
-                int64_t left = deadline - mono_ms();
+                int64_t left = deadline - fx_now_ms();
                 ssize_t n;
                 int r;
 
@@ -299,7 +286,7 @@ static int read_reply_fd(int sock, struct wire_reply *rep, int timeout_ms, int *
 /* keep: the reply's allocations (RELEASED events) stay, for wire_reply_done(). */
 static int read_reply_ex(int sock, struct wire_reply *rep, int timeout_ms, int *ret_fd, bool keep)
 {
-        int64_t deadline = mono_ms() + timeout_ms;
+        int64_t deadline = fx_now_ms() + timeout_ms;
         uint8_t hdr[FRAME_HEADER_SIZE], *payload;
         char err[DLX_ERROR_MAX + 1];
         unsigned announced;
@@ -724,7 +711,7 @@ START_TEST(rd_unread_fds_in_flight_drop_others)
                         send_until_stalled(hogs[h], buf, len, 1000);
                         free(buf);
                 }
-                sleep_ms(20);
+                fx_sleep_ms(20);
         }
         ping(prod, 4);
 
@@ -829,7 +816,7 @@ static void stop_daemon_and_wait(void)
                 p = strrchr(buf, ')');
                 if (p && (p[2] == 'T' || p[2] == 't'))
                         return;
-                sleep_ms(1);
+                fx_sleep_ms(1);
         }
         ck_abort_msg("dlxd did not stop");
 }
