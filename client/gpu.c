@@ -229,7 +229,7 @@ int dlx__gpu_wait_events(dlx_client *c, int device, void *stream,
                 return err;
         pthread_mutex_lock(&cache_lock);
         for (uint32_t i = 0; i < nevents && err == 0; i++) {
-                CUevent ev;
+                CUevent ev = NULL;
                 CUresult r;
                 /*
                  * A reader that has exited cannot be waited for, and need not be:
@@ -479,7 +479,7 @@ int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, struct seg_map 
                 base = m->base;
         }
         if (t->has_event) {
-                CUevent ev;
+                CUevent ev = NULL;
                 CUresult r;
                 /* never read before the producer's write: no event, no tensor (the daemon
                  * drops the event of a producer that has gone) */

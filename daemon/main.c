@@ -158,8 +158,8 @@ static size_t limit_index(const char *name)
 static int set_limit(struct wire_limit_set *lim, size_t i, const char *arg)
 {
         const struct limit_opt *o = &limit_opts[i];
-        unsigned long n;
-        uint64_t v;
+        unsigned long n = 0;
+        uint64_t v = 0;
         int err;
 
         if (strcmp(o->arg, "SIZE") == 0) {

@@ -128,9 +128,9 @@ START_TEST(test_name_rejects)
                 "a\tb",
                 "a\nb",
                 "a\x7f",
-                "\xc2\x80", /* U+0080, C1 */
-                "a\xc2\x85" /* U+0085 NEL, C1 */
-                "b",
+                "\xc2\x80",  /* U+0080, C1 */
+                ("a\xc2\x85" /* U+0085 NEL, C1; split so that 'b' is no hex digit */
+                 "b"),
                 "\xc2\x9f",         /* U+009F, C1 */
                 "\xc0\x80",         /* overlong NUL */
                 "\xc1\xbf",         /* overlong 0x7f */
