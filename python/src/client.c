@@ -1,0 +1,691 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * dlx.Client: one dlx_client connection.
+ *
+ * Every call that talks to the daemon runs with the GIL released. A libdlx
+ * client must not be used once dlx_close() has begun, so close() only marks
+ * the client closing while calls run in other threads; the last of them
+ * closes it for real. Waits are cut in slices of DLXPY_SLICE_MS, so a wait
+ * without limit still notices Ctrl-C and close() from another thread.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "dlxpy.h"
+
+static int64_t now_ms(void)
+{
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int dlxpy_timeout_ms(PyObject *timeout, int64_t dflt, int64_t *ret_ms)
+{
+        double s;
+
+        if (timeout == Py_None) {
+                *ret_ms = dflt;
+                return 0;
+        }
+        s = PyFloat_AsDouble(timeout);
+        if (s == -1.0 && PyErr_Occurred())
+                return -1;
+        if (isnan(s) || s < 0) {
+                PyErr_SetString(PyExc_ValueError,
+                                "timeout must be None, a number of seconds >= 0, or math.inf");
+                return -1;
+        }
+        if (isinf(s) || s > 1e12) {
+                *ret_ms = -1;
+                return 0;
+        }
+        *ret_ms = (int64_t)ceil(s * 1000.0);
+        return 0;
+}
+
+/* ---- lifetime ------------------------------------------------------------------------------ */
+
+static void real_close(DlxPy_Client *self)
+{
+        dlx_client *c = self->c;
+
+        self->c = NULL;
+        if (!c)
+                return;
+        /* may run publishers' deleters, which may want the GIL */
+        Py_BEGIN_ALLOW_THREADS;
+        dlx_close(c);
+        Py_END_ALLOW_THREADS;
+}
+
+int dlxpy_client_enter(DlxPy_Client *self)
+{
+        if (!self->c || self->closing) {
+                PyErr_SetString(PyExc_ValueError, "the dlx.Client is closed");
+                return -1;
+        }
+        self->inflight++;
+        return 0;
+}
+
+void dlxpy_client_leave(DlxPy_Client *self)
+{
+        if (--self->inflight == 0 && self->closing)
+                real_close(self);
+}
+
+static PyObject *client_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+        DlxPy_Client *self = (DlxPy_Client *)type->tp_alloc(type, 0);
+
+        (void)args;
+        (void)kwargs;
+        if (!self)
+                return NULL;
+        self->stash = PyDict_New();
+        if (!self->stash) {
+                Py_DECREF(self);
+                return NULL;
+        }
+        return (PyObject *)self;
+}
+
+static int client_init(DlxPy_Client *self, PyObject *args, PyObject *kwargs)
+{
+        static char *kwlist[] = {"socket", "name", NULL};
+        PyObject *socket = Py_None, *path = NULL;
+        const char *name = NULL;
+        struct dlx_connect_options o = {0};
+        struct dlxpy_err e;
+        dlx_client *c = NULL;
+
+        if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|Oz:Client", kwlist, &socket, &name))
+                return -1;
+        if (self->c || self->closing) {
+                PyErr_SetString(PyExc_RuntimeError, "dlx.Client is already initialised");
+                return -1;
+        }
+        if (socket != Py_None) {
+                if (!PyUnicode_FSConverter(socket, &path))
+                        return -1;
+                o.socket_path = PyBytes_AS_STRING(path);
+        }
+        o.client_name = name;
+        Py_BEGIN_ALLOW_THREADS;
+        dlxpy_err_take(&e, dlx_connect(&o, &c));
+        Py_END_ALLOW_THREADS;
+        Py_XDECREF(path);
+        if (e.err < 0) {
+                /* no daemon at all is a connection failure too */
+                if (e.err == -ENOENT)
+                        e.err = -ECONNREFUSED;
+                dlxpy_raise(e.err, e.msg);
+                return -1;
+        }
+        self->c = c;
+        return 0;
+}
+
+static void client_dealloc(DlxPy_Client *self)
+{
+        if (self->weakrefs)
+                PyObject_ClearWeakRefs((PyObject *)self);
+        self->closing = true;
+        real_close(self);
+        Py_CLEAR(self->stash);
+        Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *client_close(DlxPy_Client *self, PyObject *unused)
+{
+        (void)unused;
+        self->closing = true;
+        if (self->inflight == 0)
+                real_close(self);
+        Py_RETURN_NONE;
+}
+
+static PyObject *client_enter_ctx(DlxPy_Client *self, PyObject *unused)
+{
+        (void)unused;
+        if (!self->c || self->closing) {
+                PyErr_SetString(PyExc_ValueError, "the dlx.Client is closed");
+                return NULL;
+        }
+        return Py_NewRef((PyObject *)self);
+}
+
+static PyObject *client_exit_ctx(DlxPy_Client *self, PyObject *args)
+{
+        (void)args;
+        Py_XDECREF(client_close(self, NULL));
+        Py_RETURN_FALSE;
+}
+
+/* ---- publish -------------------------------------------------------------------------------- */
+
+static int parse_copy(PyObject *copy, enum dlx_copy *ret)
+{
+        if (!copy || copy == Py_None) {
+                *ret = DLX_COPY_IF_NEEDED;
+                return 0;
+        }
+        if (PyBool_Check(copy)) {
+                *ret = copy == Py_True ? DLX_COPY_ALWAYS : DLX_COPY_NEVER;
+                return 0;
+        }
+        if (PyUnicode_Check(copy)) {
+                const char *s = PyUnicode_AsUTF8(copy);
+                if (!s)
+                        return -1;
+                if (!strcmp(s, "if-needed") || !strcmp(s, "if_needed")) {
+                        *ret = DLX_COPY_IF_NEEDED;
+                        return 0;
+                }
+                if (!strcmp(s, "never")) {
+                        *ret = DLX_COPY_NEVER;
+                        return 0;
+                }
+                if (!strcmp(s, "always")) {
+                        *ret = DLX_COPY_ALWAYS;
+                        return 0;
+                }
+        }
+        PyErr_Format(PyExc_ValueError,
+                     "copy must be 'if-needed' (or None), 'never' (or False) or 'always' (or "
+                     "True), not %R",
+                     copy);
+        return -1;
+}
+
+static PyObject *client_publish(DlxPy_Client *self, PyObject *args, PyObject *kwargs)
+{
+        static char *kwlist[] = {"name", "obj", "persist", "read_only", "copy", "stream", NULL};
+        const char *name;
+        PyObject *obj, *copy = NULL, *stream = Py_None;
+        int persist = 0, read_only = 1;
+        struct dlx_publish_options o = {0};
+        DLManagedTensorVersioned *mt;
+        DLManagedTensor *legacy;
+        uint64_t version = 0;
+        struct dlxpy_err e;
+
+        if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sO|$ppOO:publish", kwlist, &name, &obj,
+                                         &persist, &read_only, &copy, &stream))
+                return NULL;
+        if (parse_copy(copy, &o.copy) < 0)
+                return NULL;
+        o.persist = persist;
+        o.writable = !read_only;
+        if (dlxpy_client_enter(self) < 0)
+                return NULL;
+        /* with the GIL: the producer's table and __dlpack__ are Python-level calls */
+        if (dlxpy_take_tensor(obj, stream, &mt, &legacy, &o.stream) < 0) {
+                dlxpy_client_leave(self);
+                return NULL;
+        }
+        /* both take ownership on every path; a copied tensor's deleter runs in here */
+        Py_BEGIN_ALLOW_THREADS;
+        if (mt)
+                dlxpy_err_take(&e, dlx_publish(self->c, name, mt, &o, &version));
+        else
+                dlxpy_err_take(&e, dlx_publish_legacy(self->c, name, legacy, &o, &version));
+        Py_END_ALLOW_THREADS;
+        dlxpy_client_leave(self);
+        if (e.err < 0)
+                return dlxpy_raise(e.err, e.msg);
+        return PyLong_FromUnsignedLongLong(version);
+}
+
+static PyObject *client_unpublish(DlxPy_Client *self, PyObject *args)
+{
+        const char *name;
+        struct dlxpy_err e;
+
+        if (!PyArg_ParseTuple(args, "s:unpublish", &name))
+                return NULL;
+        if (dlxpy_client_enter(self) < 0)
+                return NULL;
+        Py_BEGIN_ALLOW_THREADS;
+        dlxpy_err_take(&e, dlx_unpublish(self->c, name));
+        Py_END_ALLOW_THREADS;
+        dlxpy_client_leave(self);
+        if (e.err < 0)
+                return dlxpy_raise(e.err, e.msg);
+        Py_RETURN_NONE;
+}
+
+/* ---- acquire ----------------------------------------------------------------------------------
+ */
+
+static PyObject *wrap_tensor(DLManagedTensorVersioned *mt, const char *storage)
+{
+        const char *name = NULL, *st = NULL;
+        uint64_t version = 0, flags = mt->flags;
+        dlx_tensor *h;
+        int err;
+
+        if (dlx_tensor_info(mt, &name, &version, &st) < 0) {
+                name = NULL;
+                st = storage;
+        }
+        /* deletes the tensor if it fails */
+        err = dlx_tensor_wrap(mt, &h);
+        if (err < 0)
+                return dlxpy_raise(err, dlx_last_error());
+        /* name lives in the tensor, which h keeps alive */
+        return dlxpy_tensor_new(h, flags, name, version, st);
+}
+
+static PyObject *client_acquire(DlxPy_Client *self, PyObject *args, PyObject *kwargs)
+{
+        static char *kwlist[] = {"name", "timeout", "min_version", "stream", NULL};
+        const char *name;
+        PyObject *timeout = Py_None, *min_version = Py_None, *stream = Py_None;
+        struct dlx_acquire_options o = {0};
+        DLManagedTensorVersioned *mt = NULL;
+        int64_t total, deadline = 0;
+        struct dlxpy_err e;
+
+        if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|$OOO:acquire", kwlist, &name, &timeout,
+                                         &min_version, &stream))
+                return NULL;
+        if (dlxpy_timeout_ms(timeout, -1, &total) < 0)
+                return NULL;
+        if (min_version != Py_None) {
+                o.min_version = PyLong_AsUnsignedLongLong(min_version);
+                if (PyErr_Occurred())
+                        return NULL;
+        }
+        if (stream != Py_None) {
+                o.stream = PyLong_AsVoidPtr(stream);
+                if (PyErr_Occurred())
+                        return NULL;
+        }
+        if (dlxpy_client_enter(self) < 0)
+                return NULL;
+        if (total > 0)
+                deadline = now_ms() + total;
+        for (;;) {
+                int64_t left = total < 0 ? DLXPY_SLICE_MS : total == 0 ? 0 : deadline - now_ms();
+                if (total > 0 && left <= 0)
+                        break; /* e holds the last slice's -ETIMEDOUT */
+                o.timeout_ms = left < DLXPY_SLICE_MS ? left : DLXPY_SLICE_MS;
+                Py_BEGIN_ALLOW_THREADS;
+                dlxpy_err_take(&e, dlx_acquire(self->c, name, &o, &mt));
+                Py_END_ALLOW_THREADS;
+                if (e.err != -ETIMEDOUT)
+                        break;
+                /* a slice ran out: let Ctrl-C and close() in, then wait on */
+                if (PyErr_CheckSignals() < 0) {
+                        dlxpy_client_leave(self);
+                        return NULL;
+                }
+                if (self->closing) {
+                        dlxpy_client_leave(self);
+                        PyErr_SetString(PyExc_ValueError, "the dlx.Client was closed");
+                        return NULL;
+                }
+        }
+        if (e.err == -ETIMEDOUT) {
+                /* say what was waited for, not what the last slice was */
+                if (o.min_version)
+                        snprintf(e.msg, sizeof(e.msg), "no version >= %llu of '%s' within %.3f s",
+                                 (unsigned long long)o.min_version, name, (double)total / 1000);
+                else
+                        snprintf(e.msg, sizeof(e.msg), "'%s' was not published within %.3f s", name,
+                                 (double)total / 1000);
+        }
+        dlxpy_client_leave(self);
+        if (e.err < 0)
+                return dlxpy_raise(e.err, e.msg);
+        return wrap_tensor(mt, NULL);
+}
+
+/* ---- alloc ------------------------------------------------------------------------------------
+ */
+
+static PyObject *client_alloc(DlxPy_Client *self, PyObject *args, PyObject *kwargs)
+{
+        static char *kwlist[] = {"shape", "dtype", "device", NULL};
+        PyObject *shape_obj, *dtype_obj, *device_obj = NULL, *seq;
+        int64_t shape[DLX_MAX_NDIM];
+        DLTensor proto = {0};
+        DLManagedTensorVersioned *mt = NULL;
+        struct dlxpy_err e;
+        const char *storage;
+
+        if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O:alloc", kwlist, &shape_obj, &dtype_obj,
+                                         &device_obj))
+                return NULL;
+        proto.device.device_type = kDLCPU;
+        if (device_obj && dlxpy_device_parse(device_obj, &proto.device) < 0)
+                return NULL;
+        if (dlxpy_dtype_parse(dtype_obj, &proto.dtype) < 0)
+                return NULL;
+        if (PyLong_Check(shape_obj)) {
+                shape[0] = PyLong_AsLongLong(shape_obj);
+                if (PyErr_Occurred())
+                        return NULL;
+                proto.ndim = 1;
+        } else {
+                seq = PySequence_Fast(shape_obj, "shape must be an int or a sequence of ints");
+                if (!seq)
+                        return NULL;
+                Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+                if (n > DLX_MAX_NDIM) {
+                        Py_DECREF(seq);
+                        PyErr_Format(PyExc_ValueError, "at most %d dimensions", DLX_MAX_NDIM);
+                        return NULL;
+                }
+                for (Py_ssize_t i = 0; i < n; i++) {
+                        shape[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+                        if (PyErr_Occurred()) {
+                                Py_DECREF(seq);
+                                return NULL;
+                        }
+                }
+                Py_DECREF(seq);
+                proto.ndim = (int32_t)n;
+        }
+        proto.shape = shape;
+        if (dlxpy_client_enter(self) < 0)
+                return NULL;
+        Py_BEGIN_ALLOW_THREADS;
+        dlxpy_err_take(&e, dlx_alloc(self->c, &proto, &mt));
+        Py_END_ALLOW_THREADS;
+        dlxpy_client_leave(self);
+        if (e.err < 0)
+                return dlxpy_raise(e.err, e.msg);
+        storage = proto.device.device_type == kDLCUDA       ? "cuda-vmm"
+                  : proto.device.device_type == kDLCUDAHost ? "cuda-host"
+                                                            : "memfd";
+        return wrap_tensor(mt, storage);
+}
+
+/* ---- inspecting -------------------------------------------------------------------------------
+ */
+
+static PyObject *client_stat(DlxPy_Client *self, PyObject *args)
+{
+        const char *name;
+        struct dlx_info info;
+        struct dlxpy_err e;
+
+        if (!PyArg_ParseTuple(args, "s:stat", &name))
+                return NULL;
+        if (dlxpy_client_enter(self) < 0)
+                return NULL;
+        Py_BEGIN_ALLOW_THREADS;
+        dlxpy_err_take(&e, dlx_stat(self->c, name, &info));
+        Py_END_ALLOW_THREADS;
+        dlxpy_client_leave(self);
+        if (e.err < 0)
+                return dlxpy_raise(e.err, e.msg);
+        return dlxpy_info_new(&info);
+}
+
+struct list_ctx {
+        PyObject *list;
+        bool failed;
+};
+
+/* Runs without the GIL (dlx_list is called without it) and with no libdlx lock held. */
+static int list_one(void *ctx, const struct dlx_info *info)
+{
+        struct list_ctx *l = ctx;
+        PyGILState_STATE gil = PyGILState_Ensure();
+        PyObject *o = dlxpy_info_new(info);
+
+        if (!o || PyList_Append(l->list, o) < 0)
+                l->failed = true;
+        Py_XDECREF(o);
+        PyGILState_Release(gil);
+        return l->failed;
+}
+
+static PyObject *client_list(DlxPy_Client *self, PyObject *args, PyObject *kwargs)
+{
+        static char *kwlist[] = {"prefix", NULL};
+        const char *prefix = "";
+        struct list_ctx l = {0};
+        struct dlxpy_err e;
+
+        if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|s:list", kwlist, &prefix))
+                return NULL;
+        l.list = PyList_New(0);
+        if (!l.list)
+                return NULL;
+        if (dlxpy_client_enter(self) < 0) {
+                Py_DECREF(l.list);
+                return NULL;
+        }
+        Py_BEGIN_ALLOW_THREADS;
+        dlxpy_err_take(&e, dlx_list(self->c, prefix, list_one, &l));
+        Py_END_ALLOW_THREADS;
+        dlxpy_client_leave(self);
+        if (l.failed) {
+                Py_DECREF(l.list);
+                return NULL;
+        }
+        if (e.err < 0) {
+                Py_DECREF(l.list);
+                return dlxpy_raise(e.err, e.msg);
+        }
+        return l.list;
+}
+
+#define SET_U64(d, k, v)                                                                           \
+        do {                                                                                       \
+                PyObject *x_ = PyLong_FromUnsignedLongLong(v);                                     \
+                if (!x_ || PyDict_SetItemString(d, k, x_) < 0) {                                   \
+                        Py_XDECREF(x_);                                                            \
+                        Py_DECREF(d);                                                              \
+                        return NULL;                                                               \
+                }                                                                                  \
+                Py_DECREF(x_);                                                                     \
+        } while (0)
+
+static PyObject *client_stats(DlxPy_Client *self, PyObject *unused)
+{
+        struct dlx_stats s;
+        struct dlxpy_err e;
+        PyObject *d;
+
+        (void)unused;
+        if (dlxpy_client_enter(self) < 0)
+                return NULL;
+        Py_BEGIN_ALLOW_THREADS;
+        dlxpy_err_take(&e, dlx_stats(self->c, &s));
+        Py_END_ALLOW_THREADS;
+        dlxpy_client_leave(self);
+        if (e.err < 0)
+                return dlxpy_raise(e.err, e.msg);
+        if (!(d = PyDict_New()))
+                return NULL;
+        SET_U64(d, "names", s.names);
+        SET_U64(d, "versions", s.versions);
+        SET_U64(d, "leases", s.leases);
+        SET_U64(d, "segments", s.segments);
+        SET_U64(d, "bytes", s.bytes);
+        SET_U64(d, "max_bytes", s.max_bytes);
+        SET_U64(d, "clients", s.clients);
+        SET_U64(d, "max_clients", s.max_clients);
+        SET_U64(d, "watchers", s.watchers);
+        SET_U64(d, "uptime_ms", s.uptime_ms);
+        SET_U64(d, "requests", s.requests);
+        SET_U64(d, "publishes", s.publishes);
+        SET_U64(d, "acquires", s.acquires);
+        SET_U64(d, "uid", s.uid);
+        SET_U64(d, "uid_clients", s.uid_clients);
+        SET_U64(d, "uid_bytes", s.uid_bytes);
+        SET_U64(d, "uid_names", s.uid_names);
+        return d;
+}
+
+static PyObject *client_ping(DlxPy_Client *self, PyObject *unused)
+{
+        struct dlxpy_err e;
+
+        (void)unused;
+        if (dlxpy_client_enter(self) < 0)
+                return NULL;
+        Py_BEGIN_ALLOW_THREADS;
+        dlxpy_err_take(&e, dlx_ping(self->c));
+        Py_END_ALLOW_THREADS;
+        dlxpy_client_leave(self);
+        if (e.err < 0)
+                return dlxpy_raise(e.err, e.msg);
+        Py_RETURN_NONE;
+}
+
+/* ---- watching and event loops -----------------------------------------------------------------
+ */
+
+static PyObject *client_watch(DlxPy_Client *self, PyObject *args, PyObject *kwargs)
+{
+        static char *kwlist[] = {"prefix", "timeout", NULL};
+        PyObject *prefix = NULL, *timeout = Py_None;
+        const char *p = "";
+        int64_t ms;
+        uint64_t id = 0;
+        struct dlxpy_err e;
+
+        if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|U$O:watch", kwlist, &prefix, &timeout))
+                return NULL;
+        if (prefix && !(p = PyUnicode_AsUTF8(prefix)))
+                return NULL;
+        if (dlxpy_timeout_ms(timeout, -1, &ms) < 0)
+                return NULL;
+        if (dlxpy_client_enter(self) < 0)
+                return NULL;
+        Py_BEGIN_ALLOW_THREADS;
+        dlxpy_err_take(&e, dlx_watch(self->c, p, &id));
+        Py_END_ALLOW_THREADS;
+        dlxpy_client_leave(self);
+        if (e.err < 0)
+                return dlxpy_raise(e.err, e.msg);
+        return dlxpy_watch_new(self, id, prefix, ms);
+}
+
+static PyObject *client_fileno(DlxPy_Client *self, PyObject *unused)
+{
+        (void)unused;
+        if (!self->c || self->closing) {
+                PyErr_SetString(PyExc_ValueError, "the dlx.Client is closed");
+                return NULL;
+        }
+        return PyLong_FromLong(dlx_fd(self->c));
+}
+
+static PyObject *client_process_events(DlxPy_Client *self, PyObject *unused)
+{
+        struct dlxpy_err e;
+
+        (void)unused;
+        if (dlxpy_client_enter(self) < 0)
+                return NULL;
+        Py_BEGIN_ALLOW_THREADS;
+        dlxpy_err_take(&e, dlx_process_events(self->c));
+        Py_END_ALLOW_THREADS;
+        dlxpy_client_leave(self);
+        if (e.err < 0)
+                return dlxpy_raise(e.err, e.msg);
+        return PyLong_FromLong(e.err);
+}
+
+static PyObject *get_closed(DlxPy_Client *self, void *unused)
+{
+        (void)unused;
+        return PyBool_FromLong(!self->c || self->closing);
+}
+
+static PyObject *get_server_version(DlxPy_Client *self, void *unused)
+{
+        (void)unused;
+        if (!self->c)
+                Py_RETURN_NONE;
+        return PyUnicode_FromString(dlx_server_version(self->c));
+}
+
+static PyMethodDef client_methods[] = {
+        {"publish", (PyCFunction)(void (*)(void))client_publish, METH_VARARGS | METH_KEYWORDS,
+         "publish(name, obj, *, persist=False, read_only=True, copy='if-needed', stream=None)\n"
+         "--\n\n"
+         "Publishes any DLPack producer under name as a new version; returns the version.\n"
+         "Memory from alloc() on this client is shared as is; other CPU memory is copied\n"
+         "once into shared memory (copy='never' refuses instead, copy='always' always\n"
+         "copies). persist keeps it after this client closes; read_only=False lets\n"
+         "consumers write. stream: the producer's CUDA stream (an int), for CUDA tensors."},
+        {"acquire", (PyCFunction)(void (*)(void))client_acquire, METH_VARARGS | METH_KEYWORDS,
+         "acquire(name, *, timeout=None, min_version=None, stream=None)\n--\n\n"
+         "Leases the current version of name and maps it: a dlx.Tensor. timeout: seconds\n"
+         "to wait for the name (or min_version) to appear; None waits without limit, 0\n"
+         "does not wait. Raises dlx.NotFound (no wait) or dlx.Timeout."},
+        {"alloc", (PyCFunction)(void (*)(void))client_alloc, METH_VARARGS | METH_KEYWORDS,
+         "alloc(shape, dtype, device='cpu')\n--\n\n"
+         "A compact, writable tensor in shared memory, to fill in place and publish\n"
+         "without a copy. dtype is a name ('float32'); see dlx.Client.alloc for others."},
+        {"unpublish", (PyCFunction)client_unpublish, METH_VARARGS,
+         "unpublish(name)\n--\n\nRemoves name; leased versions stay readable until released."},
+        {"stat", (PyCFunction)client_stat, METH_VARARGS,
+         "stat(name)\n--\n\nWhat the daemon knows of name: a dlx.Info."},
+        {"list", (PyCFunction)(void (*)(void))client_list, METH_VARARGS | METH_KEYWORDS,
+         "list(prefix='')\n--\n\nA dlx.Info per name starting with prefix, in name order."},
+        {"stats", (PyCFunction)client_stats, METH_NOARGS,
+         "stats()\n--\n\nThe daemon's counters, as a dict."},
+        {"ping", (PyCFunction)client_ping, METH_NOARGS, "ping()\n--\n\nOne round trip."},
+        {"watch", (PyCFunction)(void (*)(void))client_watch, METH_VARARGS | METH_KEYWORDS,
+         "watch(prefix='', *, timeout=None)\n--\n\n"
+         "Events for names starting with prefix: an iterator of dlx.Event that stops when\n"
+         "no event comes within timeout seconds (None: waits without limit)."},
+        {"fileno", (PyCFunction)client_fileno, METH_NOARGS,
+         "fileno()\n--\n\nA descriptor that polls readable when process_events() has work."},
+        {"process_events", (PyCFunction)client_process_events, METH_NOARGS,
+         "process_events()\n--\n\nReads what the daemon sent without blocking; returns the "
+         "number of\nwatch events queued."},
+        {"close", (PyCFunction)client_close, METH_NOARGS,
+         "close()\n--\n\nDisconnects: the daemon releases this client's leases and removes "
+         "its\nnon-persistent tensors. Tensors already acquired stay readable. Idempotent."},
+        {"__enter__", (PyCFunction)client_enter_ctx, METH_NOARGS, NULL},
+        {"__exit__", (PyCFunction)client_exit_ctx, METH_VARARGS, NULL},
+        {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef client_getset[] = {
+        {"closed", (getter)get_closed, NULL, NULL, NULL},
+        {"server_version", (getter)get_server_version, NULL,
+         "The daemon's version string, seen at connect.", NULL},
+        {NULL, NULL, NULL, NULL, NULL},
+};
+
+/* PyVarObject_HEAD_INIT ends with its own comma: clang-format would join the next line */
+/* clang-format off */
+PyTypeObject DlxPy_ClientType = {
+        PyVarObject_HEAD_INIT(NULL, 0)
+        .tp_name = "dlx._dlx.Client",
+        /* clang-format on */
+        .tp_basicsize = sizeof(DlxPy_Client),
+        .tp_dealloc = (destructor)client_dealloc,
+        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+        .tp_doc = "Client(socket=None, name=None)\n--\n\n"
+                  "A connection to dlxd. socket: the daemon's socket path (None: $DLX_SOCKET,\n"
+                  "else the default); name: shown in the daemon's logs and in stat.",
+        .tp_weaklistoffset = offsetof(DlxPy_Client, weakrefs),
+        .tp_methods = client_methods,
+        .tp_getset = client_getset,
+        .tp_init = (initproc)client_init,
+        .tp_new = client_new,
+};
+
+int dlxpy_client_init(PyObject *module)
+{
+        if (PyType_Ready(&DlxPy_ClientType) < 0)
+                return -1;
+        return PyModule_AddObjectRef(module, "Client", (PyObject *)&DlxPy_ClientType);
+}

@@ -1,0 +1,257 @@
+# SPDX-License-Identifier: MIT
+"""dlx.Client against a real dlxd: publish, acquire, errors, inspection, watches, threads."""
+import errno
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import dlx
+from conftest import python_child, settle
+
+
+def test_connect_and_close(daemon):
+    c = dlx.Client(daemon.socket)
+    assert not c.closed
+    assert "dlxd" in c.server_version
+    c.ping()
+    c.close()
+    c.close()  # idempotent
+    assert c.closed
+    with pytest.raises(ValueError, match="closed"):
+        c.ping()
+
+
+def test_default_socket_from_environment(daemon, monkeypatch):
+    monkeypatch.setenv("DLX_SOCKET", daemon.socket)
+    with dlx.Client() as c:
+        c.ping()
+
+
+def test_no_daemon_is_a_connection_error(tmp_path):
+    with pytest.raises(dlx.Disconnected) as e:
+        dlx.Client(str(tmp_path / "nobody.sock"))
+    assert isinstance(e.value, ConnectionError)
+    assert isinstance(e.value, dlx.Error)
+    assert e.value.errno == errno.ECONNREFUSED
+
+
+def test_roundtrip_and_versions(client, name):
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert client.publish(name, a) == 1
+    assert client.publish(name, a * 2) == 2
+    with client.acquire(name) as t:
+        assert (t.name, t.version, t.storage) == (name, 2, "memfd")
+        assert (t.shape, t.strides, t.ndim) == ((3, 4), (4, 1), 2)
+        assert (t.dtype, t.device, t.nbytes) == ("float32", "cpu", 48)
+        assert t.read_only
+        assert t.__dlpack_device__() == (1, 0)
+        np.testing.assert_array_equal(np.from_dlpack(t), a * 2)
+    assert t.closed
+    with pytest.raises(ValueError, match="closed"):
+        t.shape
+    assert "closed" in repr(t)
+
+
+def test_errors_carry_the_daemons_message(client, name):
+    with pytest.raises(dlx.NotFound) as e:
+        client.acquire(name, timeout=0)
+    assert e.value.errno == errno.ENOENT
+    assert isinstance(e.value, LookupError)
+    assert name in str(e.value)
+    with pytest.raises(dlx.InvalidArgument) as e:
+        client.publish("bad//name", np.zeros(1))
+    assert isinstance(e.value, ValueError)
+    assert "bad" in e.value.strerror
+    with pytest.raises(dlx.NotFound):
+        client.unpublish(name)
+    with pytest.raises(dlx.NotFound):
+        client.stat(name)
+    assert dlx.strerror(-errno.ENOENT)
+
+
+def test_timeout(client, name):
+    t0 = time.monotonic()
+    with pytest.raises(dlx.Timeout) as e:
+        client.acquire(name, timeout=0.5)
+    waited = time.monotonic() - t0
+    assert 0.45 <= waited < 3, waited
+    assert isinstance(e.value, TimeoutError)
+    assert e.value.errno == errno.ETIMEDOUT
+    assert "0.500 s" in str(e.value)
+    with pytest.raises(ValueError):
+        client.acquire(name, timeout=-1)
+
+
+def test_wait_for_min_version_releases_the_gil(client, name, daemon):
+    client.publish(name, np.zeros(2))
+    got = {}
+
+    def waiter():
+        with dlx.Client(daemon.socket) as c2:
+            got["t"] = c2.acquire(name, timeout=10, min_version=3)
+            got["v"] = got["t"].version
+            got["t"].close()
+
+    th = threading.Thread(target=waiter)
+    th.start()
+    # this thread keeps running while the other waits: the wait holds no GIL
+    gap, last, end = 0.0, time.monotonic(), time.monotonic() + 0.5
+    while time.monotonic() < end:
+        now = time.monotonic()
+        gap, last = max(gap, now - last), now
+    assert gap < 0.1, f"the main thread stalled {gap:.3f} s"
+    client.publish(name, np.ones(2))
+    client.publish(name, np.full(2, 3.0))
+    th.join(10)
+    assert got["v"] == 3
+
+
+def test_close_from_another_thread_ends_a_wait(daemon, name):
+    c = dlx.Client(daemon.socket)
+    err = {}
+
+    def waiter():
+        try:
+            c.acquire(name)  # no limit
+        except Exception as e:  # noqa: BLE001
+            err["e"] = e
+
+    th = threading.Thread(target=waiter)
+    th.start()
+    time.sleep(0.3)
+    c.close()
+    th.join(5)
+    assert not th.is_alive()
+    assert isinstance(err["e"], ValueError)
+    assert c.closed
+
+
+def test_ctrl_c_interrupts_a_wait_without_limit(daemon):
+    code = """
+        import dlx, signal, threading, os, sys
+        c = dlx.Client()
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            c.acquire("never/there")
+        except KeyboardInterrupt:
+            print("interrupted")
+    """
+    p = python_child(code, daemon.socket)
+    out, err = p.communicate(timeout=20)
+    assert p.returncode == 0, err
+    assert out.strip() == "interrupted"
+
+
+def test_stat_list_unpublish(client, name):
+    client.publish(name + "/a", np.zeros((2, 3), np.int16), persist=True)
+    client.publish(name + "/b", np.zeros(5, np.uint8), read_only=False)
+    info = client.stat(name + "/a")
+    assert isinstance(info, dlx.Info)
+    assert (info.name, info.version, info.dtype, info.shape) == (name + "/a", 1, "int16", (2, 3))
+    assert (info.strides, info.device, info.storage, info.nbytes) == ((3, 1), "cpu", "memfd", 12)
+    assert info.persist and info.read_only
+    assert info.producer_pid == os.getpid()
+    assert info.owner_uid == os.getuid()
+    assert abs(info.published - time.time()) < 60
+    assert not client.stat(name + "/b").read_only
+    assert [i.name for i in client.list(name + "/")] == [name + "/a", name + "/b"]
+    client.unpublish(name + "/a")
+    assert [i.name for i in client.list(name + "/")] == [name + "/b"]
+    stats = client.stats()
+    assert stats["names"] >= 1 and stats["uid"] == os.getuid()
+
+
+def test_watch(client, name, daemon):
+    with client.watch(name + "/", timeout=0.5) as w:
+        assert w.prefix == name + "/"
+        with dlx.Client(daemon.socket) as other:
+            other.publish(name + "/x", np.zeros(1))
+            other.publish(name + "/x", np.ones(1))
+            other.unpublish(name + "/x")
+            other.publish(name + "-not-under-the-prefix", np.zeros(1))
+        events = list(w)  # ends when nothing comes for 0.5 s
+    assert [(e.kind, e.name, e.version) for e in events] == [
+        ("published", name + "/x", 1), ("replaced", name + "/x", 2), ("unpublished", name + "/x", 2)]
+    assert all(e.watch == w.id for e in events)
+    with pytest.raises(ValueError):
+        w.next()
+
+
+def test_two_watches_on_one_client_each_get_their_own(client, name):
+    wa = client.watch(name + "/a/", timeout=0.3)
+    wb = client.watch(name + "/b/", timeout=0.3)
+    client.publish(name + "/b/1", np.zeros(1))
+    client.publish(name + "/a/1", np.zeros(1))
+    # wa reads wb's event first and keeps it for wb
+    assert wa.next().name == name + "/a/1"
+    assert wb.next().name == name + "/b/1"
+    assert wa.next(timeout=0) is None
+    assert wb.next(timeout=0.1) is None
+    wa.close()
+    wb.close()
+
+
+def test_non_persistent_tensors_go_with_their_client(daemon, client, name):
+    with dlx.Client(daemon.socket) as producer:
+        producer.publish(name, np.arange(4))
+        t = client.acquire(name)
+    # gone from the namespace, but the leased version stays readable
+    with pytest.raises(dlx.NotFound):
+        client.acquire(name, timeout=0)
+    np.testing.assert_array_equal(np.from_dlpack(t), np.arange(4))
+    t.close()
+
+
+def test_tensors_outlive_their_client(daemon, name):
+    with dlx.Client(daemon.socket) as c:
+        c.publish(name, np.arange(6.0), persist=True)
+        t = c.acquire(name)
+        a = np.from_dlpack(t)
+    np.testing.assert_array_equal(a, np.arange(6.0))
+    del t, a
+    with dlx.Client(daemon.socket) as c:
+        c.unpublish(name)
+
+
+def test_daemon_going_away(name):
+    """A stopped daemon: calls raise Disconnected, acquired tensors stay readable."""
+    from conftest import Daemon, _dlxd_path
+
+    d = Daemon(_dlxd_path())
+    c = dlx.Client(d.socket)
+    c.publish(name, np.arange(5.0))
+    t = c.acquire(name)
+    assert d.stop() == 0
+    with pytest.raises(dlx.Disconnected) as e:
+        for _ in range(100):  # the shutdown notice may take a moment to arrive
+            c.ping()
+            time.sleep(0.01)
+    assert e.value.errno in (errno.ESHUTDOWN, errno.ECONNRESET, errno.EPIPE)
+    np.testing.assert_array_equal(np.from_dlpack(t), np.arange(5.0))
+    t.close()
+    c.close()
+
+
+def test_many_threads_share_one_client(client, name):
+    client.publish(name, np.arange(64, dtype=np.int64))
+    errors = []
+
+    def reader():
+        try:
+            for _ in range(100):
+                with client.acquire(name) as t:
+                    assert int(np.from_dlpack(t).sum()) in (sum(range(64)), 64 * 7)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=reader) for _ in range(8)]
+    for th in threads:
+        th.start()
+    client.publish(name, np.full(64, 7, dtype=np.int64))
+    for th in threads:
+        th.join(60)
+    assert not errors, errors
+    assert settle(client, name, 0) == 0
