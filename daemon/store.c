@@ -10,6 +10,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1 */
+#endif
+
 #include "wire_limits.h"
 #include "log.h"
 #include "wire.h"
@@ -272,8 +276,11 @@ int store_adopt(struct store *st, int fd, uint32_t kind, uint64_t declared_size,
                 }
                 /* as for our own memfds; not ours to change when another uid made it */
                 (void)fchmod(fd, 0400);
+                /* either write seal leaves no way to map it writable from here on */
                 err = insert(st, fd, kind, (uint64_t)sb.st_size, uid,
-                             (seals & F_SEAL_WRITE) || (mode & O_ACCMODE) == O_RDONLY, ret);
+                             (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) ||
+                                     (mode & O_ACCMODE) == O_RDONLY,
+                             ret);
                 if (err < 0)
                         close(fd);
                 return err;
