@@ -1033,6 +1033,12 @@ static int reply_from_pb(const Dlxp__Reply *r, struct wire_reply *p, char *err, 
                 p->event.nevents = 0;
                 if (take_bytes(p->event.name, sizeof(p->event.name), r->event->name) < 0)
                         return fail(err, errsz, -EINVAL, "bad event name");
+                /* a name, when there is one (a SEGMENT_GONE has none), is a valid one */
+                if (p->event.name[0]) {
+                        const char *why = NULL;
+                        if (layout_name_check(p->event.name, strlen(p->event.name), &why) < 0)
+                                return fail(err, errsz, -EINVAL, "bad event name: %s", why);
+                }
                 if (r->event->n_events > DLX_MAX_RELEASE_EVENTS)
                         return fail(err, errsz, -EINVAL, "too many release events");
                 if (r->event->n_events) {

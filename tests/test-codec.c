@@ -1426,6 +1426,38 @@ START_TEST(test_forget_bounds)
 }
 END_TEST
 
+/* Event names follow the name rules like every other name; SEGMENT_GONE has none. */
+START_TEST(test_decode_event_names)
+{
+        static const char *const bad[] = {"a//b", "/lead", "trail/", "a/../b", "tab\tbed"};
+        Dlxp__Reply r;
+        Dlxp__Event ev;
+        struct wire_reply out;
+
+        dlxp__reply__init(&r);
+        dlxp__event__init(&ev);
+        r.id = 0;
+        r.body_case = DLXP__REPLY__BODY_EVENT;
+        r.event = &ev;
+        ev.kind = DLXP__EVENT__KIND__PUBLISHED;
+        ev.name = str("ok/name");
+        ck_assert_int_eq(decode_pb_reply(&r, &out), 0);
+        ck_assert_str_eq(out.event.name, "ok/name");
+        wire_reply_done(&out);
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+                ev.name = str(bad[i]);
+                ck_assert_msg(decode_pb_reply(&r, &out) == -EINVAL, "event name '%s' accepted",
+                              bad[i]);
+        }
+        ev.kind = DLXP__EVENT__KIND__SEGMENT_GONE;
+        ev.name = str("");
+        ev.segment = 9;
+        ck_assert_int_eq(decode_pb_reply(&r, &out), 0);
+        ck_assert_uint_eq(out.event.segment, 9);
+        wire_reply_done(&out);
+}
+END_TEST
+
 START_TEST(test_decode_list_page_limit)
 {
         struct pb_info info;
@@ -1878,6 +1910,7 @@ Suite *codec_suite(void)
         tcase_add_test(tc, test_decode_client_name);
         tcase_add_test(tc, test_decode_list_page_limit);
         tcase_add_test(tc, test_forget_bounds);
+        tcase_add_test(tc, test_decode_event_names);
         tcase_add_test(tc, test_decode_reply_rejections);
         tcase_add_test(tc, test_decode_info_tensor_validated);
         suite_add_tcase(s, tc);
