@@ -293,6 +293,11 @@ static void conn_flush(struct conn *c)
                                 break;
                         if (b->fd >= 0 && b->off == 0) {
                                 if (!fd_may_go(c)) {
+                                        /* a peer being dropped is not waited for */
+                                        if (c->close_pending) {
+                                                conn_close(c);
+                                                return;
+                                        }
                                         /* the rest waits for the peer to read (a tick) */
                                         set_events(c, UV_READABLE);
                                         return;
