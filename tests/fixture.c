@@ -262,3 +262,16 @@ long fx_wait_leases(dlx_client *c, unsigned long long n, int timeout_ms)
                 fx_sleep_ms(5);
         }
 }
+
+bool fx_vec_is(const DLManagedTensorVersioned *t, int64_t n, float base)
+{
+        const float *v =
+                (const float *)((const char *)t->dl_tensor.data + t->dl_tensor.byte_offset);
+
+        if (t->dl_tensor.ndim != 1 || t->dl_tensor.shape[0] != n)
+                return false;
+        for (int64_t i = 0; i < n; i++)
+                if (v[i] != base + (float)i)
+                        return false;
+        return true;
+}

@@ -67,6 +67,9 @@ void fx_child_exit(int status) __attribute__((noreturn));
 /* Waits for a child; returns its exit status, or 128 + signal. */
 int fx_wait(pid_t pid);
 
+/* Whether t is a 1-D float32 vector of n elements, element i = base + i. */
+bool fx_vec_is(const DLManagedTensorVersioned *t, int64_t n, float base);
+
 /* Milliseconds on the monotonic clock; a nap. */
 int64_t fx_now_ms(void);
 void fx_sleep_ms(int ms);

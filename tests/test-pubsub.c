@@ -43,19 +43,6 @@ static DLManagedTensorVersioned *make_vec(dlx_client *c, int64_t n, float base)
         return t;
 }
 
-static bool vec_is(const DLManagedTensorVersioned *t, int64_t n, float base)
-{
-        const float *v =
-                (const float *)((const char *)t->dl_tensor.data + t->dl_tensor.byte_offset);
-
-        if (t->dl_tensor.ndim != 1 || t->dl_tensor.shape[0] != n)
-                return false;
-        for (int64_t i = 0; i < n; i++)
-                if (v[i] != base + (float)i)
-                        return false;
-        return true;
-}
-
 /* Wraps a tensor so its deletion is counted: the counter lives in shared memory. */
 struct counted {
         DLManagedTensorVersioned mt;
@@ -155,7 +142,7 @@ static int consumer_writes(void *p)
         const char *storage = NULL;
         int rc = 0;
 
-        if (!vec_is(t, a->n, 1.0f))
+        if (!fx_vec_is(t, a->n, 1.0f))
                 rc = 10;
         if (t->flags & DLPACK_FLAG_BITMASK_READ_ONLY)
                 rc = 11;
@@ -199,7 +186,7 @@ static int consumer_tries_write(void *p)
 
         if (!(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY))
                 rc = 10;
-        else if (!vec_is(t, a->n, 5.0f))
+        else if (!fx_vec_is(t, a->n, 5.0f))
                 rc = 11;
         /* a read-only tensor arrives through a read-only fd: no way to make it writable */
         else if (mprotect((void *)page, 4096, PROT_READ | PROT_WRITE) == 0)
@@ -270,7 +257,7 @@ START_TEST(persist_outlives_producer)
 
         ck_assert_int_eq(fx_wait(fx_spawn(producer_then_exit, NULL)), 0);
         t = acquire_ok(c, "life/persist", NULL);
-        ck_assert(vec_is(t, 16, 3.0f));
+        ck_assert(fx_vec_is(t, 16, 3.0f));
         ck_assert_int_eq(dlx_stat(c, "life/persist", &info), 0);
         ck_assert(info.persist);
         ck_assert_int_eq(info.producer_pid, 0);
@@ -299,9 +286,9 @@ START_TEST(replace_while_leased)
         ck_assert_uint_eq(v, 2);
 
         /* the old version is still readable by its lease holder */
-        ck_assert(vec_is(old, 32, 1.0f));
+        ck_assert(fx_vec_is(old, 32, 1.0f));
         cur = acquire_ok(q, "r/x", NULL);
-        ck_assert(vec_is(cur, 32, 100.0f));
+        ck_assert(fx_vec_is(cur, 32, 100.0f));
         dlx_process_events(p);
         ck_assert_int_eq(*count, 0);
 
@@ -334,7 +321,7 @@ START_TEST(unpublish_while_leased)
         ck_assert_int_eq(dlx_unpublish(p, "u/x"), 0);
         ck_assert_int_eq(dlx_acquire(q, "u/x", NULL, &t), -ENOENT);
         ck_assert_int_eq(dlx_unpublish(p, "u/x"), -ENOENT);
-        ck_assert(vec_is(held, 8, 7.0f));
+        ck_assert(fx_vec_is(held, 8, 7.0f));
         dlx_process_events(p);
         ck_assert_int_eq(*count, 0);
         held->deleter(held);
@@ -457,7 +444,7 @@ START_TEST(acquire_waits_for_publish)
         pid_t pid = fx_spawn(publish_late, &a);
         DLManagedTensorVersioned *t = acquire_ok(c, "w/late", &o);
 
-        ck_assert(vec_is(t, 4, 10.0f));
+        ck_assert(fx_vec_is(t, 4, 10.0f));
         t->deleter(t);
         ck_assert_int_eq(fx_wait(pid), 0);
         dlx_close(c);
@@ -475,7 +462,7 @@ START_TEST(acquire_min_version)
 
         ck_assert_int_eq(dlx_tensor_info(t, NULL, &v, NULL), 0);
         ck_assert_uint_eq(v, 3);
-        ck_assert(vec_is(t, 4, 30.0f));
+        ck_assert(fx_vec_is(t, 4, 30.0f));
         t->deleter(t);
         ck_assert_int_eq(fx_wait(pid), 0);
 
@@ -634,7 +621,7 @@ START_TEST(idle_maps_forgotten_in_batches)
                         DLManagedTensorVersioned *t;
                         snprintf(name, sizeof(name), "forget/%d", i);
                         t = acquire_ok(q, name, NULL);
-                        ck_assert(vec_is(t, 64, (float)(i * 100)));
+                        ck_assert(fx_vec_is(t, 64, (float)(i * 100)));
                         t->deleter(t);
                 }
                 /* the Forget replies read: what is mapped is the idle cache, at most 32 */
@@ -672,7 +659,7 @@ START_TEST(mapping_cache)
         ck_assert_int_eq(count_dlx_maps(), maps0 + 1);
         ck_assert_int_eq(count_fds(0), fds0);
         for (int i = 0; i < 100; i++) {
-                ck_assert(vec_is(t[i], 256, i % 2 ? 1.0f : 0.0f));
+                ck_assert(fx_vec_is(t[i], 256, i % 2 ? 1.0f : 0.0f));
                 t[i]->deleter(t[i]);
         }
         /* released but cached: acquiring again maps nothing */
@@ -691,7 +678,7 @@ static void *acquire_loop(void *arg)
 
         for (int i = 0; i < 500; i++) {
                 DLManagedTensorVersioned *t = NULL;
-                if (dlx_acquire(c, "t/x", NULL, &t) != 0 || !vec_is(t, 64, 9.0f))
+                if (dlx_acquire(c, "t/x", NULL, &t) != 0 || !fx_vec_is(t, 64, 9.0f))
                         return (void *)1;
                 t->deleter(t);
         }
@@ -728,7 +715,7 @@ START_TEST(tensor_outlives_close)
                    NULL);
         t = acquire_ok(q, "o/x", NULL);
         dlx_close(q);
-        ck_assert(vec_is(t, 16, 2.0f));
+        ck_assert(fx_vec_is(t, 16, 2.0f));
         t->deleter(t);
         dlx_close(p);
 }

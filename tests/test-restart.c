@@ -61,19 +61,6 @@ static DLManagedTensorVersioned *make_vec(dlx_client *c, int64_t n, float base, 
         return &w->mt;
 }
 
-static bool vec_is(const DLManagedTensorVersioned *t, int64_t n, float base)
-{
-        const float *v =
-                (const float *)((const char *)t->dl_tensor.data + t->dl_tensor.byte_offset);
-
-        if (t->dl_tensor.ndim != 1 || t->dl_tensor.shape[0] != n)
-                return false;
-        for (int64_t i = 0; i < n; i++)
-                if (v[i] != base + (float)i)
-                        return false;
-        return true;
-}
-
 static void publish_ok(dlx_client *c, const char *name, DLManagedTensorVersioned *t, bool persist,
                        uint64_t *ret_version)
 {
@@ -187,8 +174,8 @@ static void daemon_goes_away(int sig)
         assert_gone(err, dlx_last_error(), "a second call");
 
         /* what was acquired is still mapped, and intact */
-        ck_assert(vec_is(kept, 1000, 1.0f));
-        ck_assert(vec_is(plain, 10, 5.0f));
+        ck_assert(fx_vec_is(kept, 1000, 1.0f));
+        ck_assert(fx_vec_is(plain, 10, 5.0f));
 
         /* nobody listens: a stopped daemon removed its socket, a killed one left it stale */
         err = dlx_connect(&o, &n);
@@ -217,13 +204,13 @@ static void daemon_goes_away(int sig)
         publish_ok(n, "restart/persist", make_vec(n, 4, 9.0f, NULL), true, &version);
         ck_assert_uint_eq(version, 1);
         t = acquire_ok(n, "restart/persist");
-        ck_assert(vec_is(t, 4, 9.0f));
+        ck_assert(fx_vec_is(t, 4, 9.0f));
         t->deleter(t);
 
         /* releasing the old daemon's leases, before and after closing: nothing reaches it */
         plain->deleter(plain);
         dlx_close(c);
-        ck_assert(vec_is(kept, 1000, 1.0f));
+        ck_assert(fx_vec_is(kept, 1000, 1.0f));
         kept->deleter(kept);
         ck_assert_int_eq(fx_wait_leases(n, 0, 1000), 0);
 
