@@ -174,6 +174,13 @@ static int from_object(void *object, DLManagedTensorVersioned **out)
         return 0;
 }
 
+const DLManagedTensorVersioned *dlx__exchange_unwrap(const DLManagedTensorVersioned *t)
+{
+        while (t && t->deleter == export_deleter)
+                t = ((const struct export *)t->manager_ctx)->h->mt;
+        return t;
+}
+
 static int to_object(DLManagedTensorVersioned *tensor, void **out_object)
 {
         dlx_tensor *h;

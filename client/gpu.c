@@ -496,11 +496,74 @@ int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, struct seg_map 
         ret->stream = stream;
         ret->ipc = m;
         ret->vmm = vmm;
+        ret->nalso = 0;
+        ret->has_event = t->has_event;
+        if (t->has_event)
+                memcpy(ret->event, t->event, DLX_CUDA_HANDLE);
         *ret_data = (void *)(uintptr_t)(base + t->offset);
 out:
         pthread_mutex_unlock(&cache_lock);
         dlx__cuda_leave(cu);
         return err;
+}
+
+int dlx__gpu_sync(dlx_client *c, struct gpu_acq *acq, void *stream)
+{
+        const struct dlx_cuda_driver *cu;
+        CUevent ev = NULL;
+        CUresult r;
+        int err;
+
+        (void)c;
+        if (stream == acq->stream)
+                return 0;
+        for (unsigned i = 0; i < acq->nalso; i++)
+                if (acq->also[i] == stream)
+                        return 0;
+        if (acq->nalso == DLX_SYNC_STREAMS)
+                return dlx__fail(-ENOSPC,
+                                 "a tensor is ordered on at most %d streams besides "
+                                 "acquire's",
+                                 DLX_SYNC_STREAMS);
+        err = dlx__cuda(&cu);
+        if (err == 0)
+                err = dlx__cuda_enter(cu, acq->device);
+        if (err < 0)
+                return err;
+        pthread_mutex_lock(&cache_lock);
+        if (acq->has_event) {
+                err = open_event(cu, acq->event, &ev);
+                if (err == 0 && (r = cu->StreamWaitEvent(stream, ev, 0)) != CUDA_SUCCESS)
+                        err = dlx__cuda_fail(cu, r, "cuStreamWaitEvent");
+        }
+        pthread_mutex_unlock(&cache_lock);
+        dlx__cuda_leave(cu);
+        if (err == 0)
+                acq->also[acq->nalso++] = stream;
+        return err;
+}
+
+/* Makes acq->stream wait for the work queued so far on the other streams the tensor is used on. */
+static void join_streams(const struct dlx_cuda_driver *cu, dlx_client *c, struct gpu_acq *acq)
+{
+        for (unsigned i = 0; i < acq->nalso; i++) {
+                CUevent ev;
+                CUresult r = cu->EventCreate(&ev, CU_EVENT_DISABLE_TIMING);
+
+                if (r == CUDA_SUCCESS) {
+                        r = cu->EventRecord(ev, acq->also[i]);
+                        if (r == CUDA_SUCCESS)
+                                r = cu->StreamWaitEvent(acq->stream, ev, 0);
+                        /* a wait already enqueued on an event survives its destruction */
+                        cu->EventDestroy(ev);
+                }
+                if (r != CUDA_SUCCESS)
+                        dlx__log(c, DLX_LOG_WARNING,
+                                 "the release cannot wait for stream %p: the producer may "
+                                 "overwrite the tensor under its work",
+                                 acq->also[i]);
+        }
+        acq->nalso = 0;
 }
 
 void dlx__gpu_release(dlx_client *c, struct gpu_acq *acq, struct wire_request *req)
@@ -512,6 +575,7 @@ void dlx__gpu_release(dlx_client *c, struct gpu_acq *acq, struct wire_request *r
 
         if (dlx__cuda(&cu) < 0 || dlx__cuda_enter(cu, acq->device) < 0)
                 return;
+        join_streams(cu, c, acq);
         if (g) {
                 unsigned i = g->ring_next[acq->device]++ % RELEASE_RING;
                 e = &g->ring[acq->device][i];

@@ -76,11 +76,17 @@ struct gpu_pub {
 };
 
 /* What a CUDA acquire keeps with its tensor until release (gpu.c). */
+#define DLX_SYNC_STREAMS 4
 struct gpu_acq {
         int device;
         void *stream;        /* the consumer's stream: release is recorded on it */
         struct gpu_ipc *ipc; /* the opened IPC allocation, one reference; NULL for VMM */
         struct seg_map *vmm; /* the VMM mapping (its reference is the tensor's) */
+        /* more streams the tensor is used on (dlx_tensor_sync): release waits for them */
+        void *also[DLX_SYNC_STREAMS];
+        unsigned nalso;
+        bool has_event; /* the producer's event, for those streams to wait on */
+        uint8_t event[DLX_CUDA_HANDLE];
 };
 
 /* A tensor this client published zero-copy, kept until the daemon says RELEASED. */
@@ -214,5 +220,7 @@ DLX_HIDDEN void dlx__info_from_wire(const struct wire_info *w, struct dlx_info *
 /* ---- exchange.c ---- */
 DLX_HIDDEN void dlx__default_client_closing(dlx_client *c);
 DLX_HIDDEN void dlx__default_client_connected(dlx_client *c);
+/* The tensor an exchange-API export (of an export...) stands for; t itself otherwise. */
+DLX_HIDDEN const DLManagedTensorVersioned *dlx__exchange_unwrap(const DLManagedTensorVersioned *t);
 
 #endif /* DLX_CLIENT_INTERNAL_H */

@@ -190,14 +190,20 @@ int dlx_acquire(dlx_client *c, const char *name, const struct dlx_acquire_option
         return err;
 }
 
+/* The acquired tensor behind t (through exchange-API exports), or NULL. */
+static struct acquired *acquired_of(const DLManagedTensorVersioned *t)
+{
+        t = dlx__exchange_unwrap(t);
+        return t && t->deleter == acquired_deleter ? t->manager_ctx : NULL;
+}
+
 int dlx_tensor_info(const DLManagedTensorVersioned *t, const char **ret_name, uint64_t *ret_version,
                     const char **ret_storage)
 {
-        const struct acquired *a;
+        const struct acquired *a = acquired_of(t);
 
-        if (!t || t->deleter != acquired_deleter)
+        if (!a)
                 return dlx__fail(-EINVAL, "not a tensor from dlx_acquire()");
-        a = t->manager_ctx;
         if (ret_name)
                 *ret_name = a->name;
         if (ret_version)
@@ -205,6 +211,22 @@ int dlx_tensor_info(const DLManagedTensorVersioned *t, const char **ret_name, ui
         if (ret_storage)
                 *ret_storage = wire_storage_name(a->storage);
         return 0;
+}
+
+int dlx_tensor_sync(DLManagedTensorVersioned *t, void *stream)
+{
+        struct acquired *a = acquired_of(t);
+        int err;
+
+        dlx__clear_error();
+        if (!a)
+                return dlx__fail(-EINVAL, "not a tensor from dlx_acquire()");
+        if (!a->has_gpu)
+                return 0; /* host memory: every write was done before publish returned */
+        pthread_mutex_lock(&a->c->lock);
+        err = dlx__gpu_sync(a->c, &a->gpu, stream);
+        pthread_mutex_unlock(&a->c->lock);
+        return err;
 }
 
 /* ---- alloc ---------------------------------------------------------------------------- */

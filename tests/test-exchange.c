@@ -615,6 +615,48 @@ START_TEST(test_dltensor_view)
 }
 END_TEST
 
+/* dlx_tensor_info and dlx_tensor_sync see an acquired tensor through exports of it. */
+START_TEST(test_acquired_through_exports)
+{
+        const DLPackExchangeAPI *api = dlx_exchange_api();
+        DLManagedTensorVersioned *t = owned_new(DT(kDLFloat, 32, 1), 3, 4, 71);
+        DLManagedTensorVersioned *a = NULL, *x = NULL, *y = NULL;
+        dlx_client *c = fx_connect(&fx, "acq-exports");
+        const char *name = NULL, *storage = NULL;
+        uint64_t version = 0;
+        dlx_tensor *h = NULL, *h2 = NULL;
+
+        ck_assert_int_eq(dlx_publish(c, "ex/acq", t, NULL, &version), 0);
+        ck_assert_int_eq(dlx_acquire(c, "ex/acq", NULL, &a), 0);
+        ck_assert_int_eq(dlx_tensor_wrap(a, &h), 0);
+        ck_assert_int_eq(api->managed_tensor_from_py_object_no_sync(h, &x), 0);
+        /* an export of an export: a handle wrapping x, exported again */
+        ck_assert_int_eq(dlx_tensor_wrap(x, &h2), 0);
+        ck_assert_int_eq(api->managed_tensor_from_py_object_no_sync(h2, &y), 0);
+        ck_assert_int_eq(dlx_tensor_info(y, &name, &version, &storage), 0);
+        ck_assert_str_eq(name, "ex/acq");
+        ck_assert_uint_eq(version, 1);
+        ck_assert_str_eq(storage, "memfd");
+        /* host memory: nothing to order, any stream */
+        ck_assert_int_eq(dlx_tensor_sync(y, NULL), 0);
+        ck_assert_int_eq(dlx_tensor_sync(y, (void *)0x2), 0);
+
+        /* what is not acquired is refused, with a reason */
+        ck_assert_int_eq(dlx_tensor_sync(NULL, NULL), -EINVAL);
+        ck_assert_int_eq(dlx_tensor_info(NULL, NULL, NULL, NULL), -EINVAL);
+        t = owned_new(DT(kDLFloat, 32, 1), 3, 4, 72);
+        ck_assert_int_eq(dlx_tensor_sync(t, NULL), -EINVAL);
+        ck_assert_str_ne(dlx_last_error(), "");
+        ck_assert_int_eq(dlx_tensor_info(t, NULL, NULL, NULL), -EINVAL);
+        t->deleter(t);
+
+        y->deleter(y);
+        dlx_tensor_unref(h2);
+        dlx_tensor_unref(h);
+        dlx_close(c);
+}
+END_TEST
+
 /* ---- dlx_publish_from -------------------------------------------------------------------------
  */
 
@@ -819,6 +861,7 @@ Suite *exchange_suite(void)
         tcase_add_test(tc, test_to_object_steals);
         tcase_add_test(tc, test_from_object_keeps_handle);
         tcase_add_test(tc, test_dltensor_view);
+        tcase_add_test(tc, test_acquired_through_exports);
         suite_add_tcase(s, tc);
 
         tc = tcase_create("allocator");

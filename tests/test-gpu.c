@@ -759,6 +759,21 @@ END_TEST
 #define ORD_FINAL 0x7e57f1a1u
 
 static bool ord_gated;
+/* the consumer reads on a second stream of its own, ordered with dlx_tensor_sync() */
+static bool ord_other, fence_other;
+
+/* A second consumer stream for t, ordered after the producer's write; s itself if !other. */
+static CUstream other_stream(DLManagedTensorVersioned *t, CUstream s, bool other)
+{
+        CUstream r;
+
+        if (!other)
+                return s;
+        CU(cu.StreamCreate(&r, CU_STREAM_NON_BLOCKING));
+        DLX(dlx_tensor_sync(t, (void *)r));
+        DLX(dlx_tensor_sync(t, (void *)r)); /* the same stream again: nothing more */
+        return r;
+}
 
 static void ord_producer(void)
 {
@@ -798,7 +813,7 @@ static void ord_producer(void)
 static void ord_consumer(void)
 {
         static const uint64_t at[3] = {0, ORD_WORDS / 2 - ORD_SLICE / 2, ORD_WORDS - ORD_SLICE};
-        CUstream s = gpu_begin();
+        CUstream s = gpu_begin(), r;
         dlx_client *c = connect_or_die("gpu-consumer");
         uint32_t *h = host_alloc(3 * ORD_SLICE * 4);
         DLManagedTensorVersioned *t;
@@ -806,12 +821,13 @@ static void ord_consumer(void)
 
         post(CH_READY);
         t = acquire_cuda(c, "gpu/order", s, "cuda-ipc", ORD_ROWS, ORD_COLS);
+        r = other_stream(t, s, ord_other);
         d = dev_ptr(&t->dl_tensor);
         for (int k = 0; k < 3; k++)
-                CU(cu.MemcpyDtoHAsync(h + k * ORD_SLICE, d + at[k] * 4, ORD_SLICE * 4, s));
+                CU(cu.MemcpyDtoHAsync(h + k * ORD_SLICE, d + at[k] * 4, ORD_SLICE * 4, r));
         if (ord_gated)
                 post(CH_GO);
-        CU(cu.StreamSynchronize(s));
+        CU(cu.StreamSynchronize(r));
         for (size_t i = 0; i < 3 * ORD_SLICE; i++)
                 EXPECT(h[i] == ORD_FINAL, "word %llu reads 0x%08x, want 0x%08x: %s",
                        (unsigned long long)(at[i / ORD_SLICE] + i % ORD_SLICE), h[i], ORD_FINAL,
@@ -821,15 +837,18 @@ static void ord_consumer(void)
         dlx_close(c);
         post(CH_DONE);
         CU(cu.MemFreeHost(h));
+        if (r != s)
+                CU(cu.StreamDestroy(r));
         CU(cu.StreamDestroy(s));
 }
 
-static void ordering_case(bool gated)
+static void ordering_case(bool gated, bool other)
 {
         struct kid k[2];
         int busy;
 
         ord_gated = gated;
+        ord_other = other;
         run_begin();
         spawn(&k[0], PRODUCER, ord_producer);
         spawn(&k[1], CONSUMER, ord_consumer);
@@ -846,13 +865,20 @@ static void ordering_case(bool gated)
 
 START_TEST(ordering_gated)
 {
-        ordering_case(true);
+        ordering_case(true, false);
 }
 END_TEST
 
 START_TEST(ordering_slow_write)
 {
-        ordering_case(false);
+        ordering_case(false, false);
+}
+END_TEST
+
+/* __dlpack__(stream=): the consumer reads on another stream than acquire's */
+START_TEST(ordering_other_stream)
+{
+        ordering_case(true, true);
 }
 END_TEST
 
@@ -908,22 +934,25 @@ static void fence_producer(void)
 
 static void fence_consumer(void)
 {
-        CUstream s = gpu_begin();
+        CUstream s = gpu_begin(), r;
         dlx_client *c = connect_or_die("gpu-consumer");
         uint32_t *h = host_alloc(FENCE_WORDS * 4);
         DLManagedTensorVersioned *t;
 
         t = acquire_cuda(c, "gpu/fence", s, fence_vmm ? "cuda-vmm" : "cuda-ipc", FENCE_ROWS,
                          FENCE_COLS);
+        /* with fence_other the copy is on a second stream: the release must wait for it too */
+        r = other_stream(t, s, fence_other);
         /* the copy waits for the producer's go, which comes only after its overwrite is queued */
-        gate_close(s, CH_GO, &sh->gate_timed_out[CONSUMER]);
-        CU(cu.MemcpyDtoHAsync(h, dev_ptr(&t->dl_tensor), FENCE_WORDS * 4, s));
+        gate_close(r, CH_GO, &sh->gate_timed_out[CONSUMER]);
+        CU(cu.MemcpyDtoHAsync(h, dev_ptr(&t->dl_tensor), FENCE_WORDS * 4, r));
         release(t);
         EXPECT(!__atomic_load_n(&sh->gate_timed_out[CONSUMER], __ATOMIC_SEQ_CST),
                "releasing waited %d s for the reader's own queued copy (a driver call in the "
                "deleter synchronised the stream)",
                GATE_MS / 1000);
         post(CH_RELEASED);
+        CU(cu.StreamSynchronize(r));
         CU(cu.StreamSynchronize(s));
         EXPECT(!sh->gate_timed_out[CONSUMER],
                "the producer never said go (its dlx_wait_released or overwrite is stuck)");
@@ -936,14 +965,17 @@ static void fence_consumer(void)
         dlx_close(c);
         post(CH_DONE);
         CU(cu.MemFreeHost(h));
+        if (r != s)
+                CU(cu.StreamDestroy(r));
         CU(cu.StreamDestroy(s));
 }
 
-static void fence_case(bool vmm)
+static void fence_case(bool vmm, bool other)
 {
         struct kid k[2];
 
         fence_vmm = vmm;
+        fence_other = other;
         run_begin();
         spawn(&k[0], PRODUCER, fence_producer);
         spawn(&k[1], CONSUMER, fence_consumer);
@@ -952,13 +984,20 @@ static void fence_case(bool vmm)
 
 START_TEST(release_fence_ipc)
 {
-        fence_case(false);
+        fence_case(false, false);
 }
 END_TEST
 
 START_TEST(release_fence_vmm)
 {
-        fence_case(true);
+        fence_case(true, false);
+}
+END_TEST
+
+/* the reader's copy on a second stream (dlx_tensor_sync): the release joins it */
+START_TEST(release_fence_other_stream)
+{
+        fence_case(false, true);
 }
 END_TEST
 
@@ -1354,6 +1393,8 @@ Suite *gpu_suite(void)
         tcase_add_test(tc, ordering_slow_write);
         tcase_add_test(tc, release_fence_ipc);
         tcase_add_test(tc, release_fence_vmm);
+        tcase_add_test(tc, release_fence_other_stream);
+        tcase_add_test(tc, ordering_other_stream);
         tcase_add_test(tc, ipc_handle_cache);
         tcase_add_test(tc, killed_consumer_lease);
         tcase_add_test(tc, same_process_both_ends);

@@ -208,13 +208,27 @@ int dlx_acquire(dlx_client *client, const char *name, const struct dlx_acquire_o
                 DLManagedTensorVersioned **ret_tensor);
 
 /*
- * The name, version and sharing path of a tensor dlx_acquire() returned:
- * "memfd", "cuda-ipc", "cuda-vmm" or "cuda-host".
+ * The name, version and sharing path of a tensor dlx_acquire() returned (or an
+ * export of it through libdlx's exchange API): "memfd", "cuda-ipc", "cuda-vmm"
+ * or "cuda-host".
  */
 int dlx_tensor_info(const DLManagedTensorVersioned *tensor, const char **ret_name,
                     uint64_t *ret_version, const char **ret_storage);
 
 /* ---- CUDA ordering ----------------------------------------------------------------------- */
+
+/*
+ * A tensor dlx_acquire() returned (or an export of it through libdlx's exchange
+ * API) is also going to be used on stream (a CUstream; NULL, 0x1 and 0x2 are the
+ * driver's legacy and per-thread default streams), as DLPack's
+ * __dlpack__(stream=) asks: stream waits, on the GPU, for the producer's write,
+ * and the tensor's release waits for the work queued on stream before it (the
+ * release is recorded on acquire's stream, which then waits for stream). No host
+ * wait. acquire's own stream, or one given before, is a no-op; CPU tensors need
+ * nothing. Returns 0, -EINVAL (not an acquired tensor), -ENOSPC (more than 4
+ * streams besides acquire's) or a CUDA failure (-ENODEV, -EIO).
+ */
+int dlx_tensor_sync(DLManagedTensorVersioned *tensor, void *stream);
 
 /*
  * The CUDA stream (a CUstream, borrowed) this client orders on for device_id

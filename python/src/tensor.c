@@ -260,6 +260,48 @@ static void legacy_capsule_destructor(PyObject *cap)
         PyErr_Restore(type, value, tb);
 }
 
+/*
+ * __dlpack__'s stream, for a CUDA tensor: the consumer will use it there, so that
+ * stream waits for the producer's write and the lease's release for its work
+ * (dlx_tensor_sync). The array API's values: None or 1 the legacy default stream,
+ * 2 the per-thread default, -1 "the consumer orders itself", 0 is ambiguous;
+ * anything else is a CUstream. Host memory needs no ordering: stream is ignored.
+ */
+static int order_on_stream(DlxPy_Tensor *t, const DLTensor *d, PyObject *stream)
+{
+        DLManagedTensorVersioned *mt = NULL;
+        long long s = 1;
+        int err;
+
+        if (d->device.device_type != kDLCUDA && d->device.device_type != kDLCUDAManaged)
+                return 0;
+        if (stream != Py_None) {
+                s = PyLong_AsLongLong(stream);
+                if (s == -1 && PyErr_Occurred())
+                        return -1;
+        }
+        if (s == -1)
+                return 0;
+        if (s == 0 || s < -1) {
+                PyErr_Format(PyExc_ValueError,
+                             "dlx.Tensor: stream=%lld is not a CUDA stream (1: the legacy "
+                             "default, 2: the per-thread default, -1: no ordering)",
+                             s);
+                return -1;
+        }
+        if (dlx_exchange_api()->managed_tensor_from_py_object_no_sync(t->h, &mt) != 0) {
+                PyErr_NoMemory();
+                return -1;
+        }
+        err = dlx_tensor_sync(mt, (void *)(uintptr_t)s);
+        mt->deleter(mt);
+        if (err < 0) {
+                dlxpy_raise(err, dlx_last_error());
+                return -1;
+        }
+        return 0;
+}
+
 static PyObject *tensor_dlpack(DlxPy_Tensor *t, PyObject *args, PyObject *kwargs)
 {
         static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
@@ -298,12 +340,8 @@ static PyObject *tensor_dlpack(DlxPy_Tensor *t, PyObject *args, PyObject *kwargs
                         return NULL;
                 want_copy = c;
         }
-        /*
-         * stream: a CPU tensor needs no ordering. A CUDA tensor was ordered on
-         * acquire's stream already; ordering a consumer's other stream would need
-         * an event libdlx does not expose yet (see python/README.md).
-         */
-        (void)stream;
+        if (order_on_stream(t, d, stream) < 0)
+                return NULL;
 
         if (want_copy) {
                 DLManagedTensorVersioned *mt = copy_tensor(d);

@@ -182,6 +182,10 @@ def test_dlpack_protocol_details(client, name):
             t.__dlpack__(dl_device=(2, 0))
         with pytest.raises(TypeError):
             t.__dlpack__((1, 3))  # keyword-only
+        # host memory needs no ordering: any stream a consumer names is accepted
+        for stream in (None, -1, 0, 1, 2, 0x7F00DEAD):
+            assert capsule_name(t.__dlpack__(stream=stream,
+                                             max_version=(1, 3))) == "dltensor_versioned"
         # copy=True: a private, writable copy
         c = np.from_dlpack(t, copy=True)
         assert c.flags.writeable

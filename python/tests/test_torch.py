@@ -178,3 +178,27 @@ def test_cuda_alloc(client, name):
     with client.acquire(name) as r:
         assert r.storage == "cuda-vmm"
         assert torch.from_dlpack(r).sum().item() == 512
+
+
+@cuda
+def test_cuda_consumer_stream(client, name):
+    """torch.from_dlpack on a side stream: __dlpack__(stream=) orders it after the producer."""
+    a = torch.empty(1 << 24, dtype=torch.float32, device="cuda")
+    side = torch.cuda.Stream()
+    producer = torch.cuda.Stream()
+    with torch.cuda.stream(producer):
+        for k in range(32):  # a slow write, still queued when publish returns
+            a.fill_(float(k))
+        a.fill_(7.0)
+        try:
+            client.publish(name, a, stream=producer.cuda_stream)
+        except dlx.NotSupported as e:
+            pytest.skip(f"libdlx without CUDA here: {e}")
+    with client.acquire(name) as t:
+        with torch.cuda.stream(side):
+            b = torch.from_dlpack(t)  # passes side's handle as __dlpack__(stream=)
+            total = b.sum()
+        side.synchronize()
+        assert total.item() == 7.0 * (1 << 24)
+        with pytest.raises(ValueError):
+            t.__dlpack__(stream=0, max_version=(1, 3))
