@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: MIT
 """Hand a tensor to another Python process: dlx against torch.multiprocessing.
 
-    python bench/py-handoff.py [--iters N] [--sizes 1MiB,1GiB] [--scenarios reused,fresh] [--json]
+    python bench/py-handoff.py [--iters N] [--sizes 1MiB,1GiB] [--scenarios reused,fresh]
+                               [--pin same|none] [--json]
 
 One hand-off is: the producer process has a tensor ready and hands it over; the
 consumer process ends up with a torch tensor on the very same memory and reads
@@ -28,6 +29,10 @@ shared memory per hand-off), reused scenario.
 On the consumer side every method ends with a torch tensor on the shared pages
 (acquire(min_version=k) + torch.from_dlpack for dlx, Queue.get for torch).
 
+The floor, measured per size in the same run: the producer writes its clock (8 bytes)
+into a pipe, and a process blocked reading it takes the difference. Every figure is
+also given over it. --pin same (the default) keeps every process, dlxd too, on one CPU.
+
 It starts its own dlxd ($DLXD, else build/daemon/dlxd) on a private socket.
 """
 import argparse
@@ -35,6 +40,7 @@ import json
 import os
 import select
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -62,6 +68,17 @@ def dlx_consumer(socket, name, iters, ready, acks, results):
             del x
             t.close()
             acks.send(k)
+    results.send(lat)
+
+
+def pipe_consumer(conn, iters, ready, acks, results):
+    fd = conn.fileno()  # raw reads: no framing, no pickle
+    lat = []
+    ready.send(True)
+    for k in range(1, iters + 1):
+        (sent,) = struct.unpack("d", os.read(fd, 8))
+        lat.append(time.perf_counter() - sent)
+        acks.send(k)
     results.send(lat)
 
 
@@ -124,6 +141,24 @@ def run_dlx(ctx, socket, nbytes, iters, mode):
     return lat
 
 
+def run_pipe(ctx, iters):
+    """The floor: 8 bytes (the clock) through a pipe to a process blocked reading it."""
+    r, w = ctx.Pipe(False)
+    ready_r, ready_w = ctx.Pipe(False)
+    acks_r, acks_w = ctx.Pipe(False)
+    res_r, res_w = ctx.Pipe(False)
+    p = ctx.Process(target=pipe_consumer, args=(r, iters, ready_w, acks_w, res_w))
+    p.start()
+    ready_r.recv()
+    fd = w.fileno()
+    for k in range(1, iters + 1):
+        os.write(fd, struct.pack("d", time.perf_counter()))
+        assert acks_r.recv() == k
+    lat = res_r.recv()
+    p.join(60)
+    return lat
+
+
 def run_tmp(ctx, strategy, nbytes, iters, fresh):
     import torch
     import torch.multiprocessing as tmp
@@ -181,13 +216,20 @@ def main():
     ap.add_argument("--fresh-iters", type=int, default=20,
                     help="hand-offs per method in the fresh scenario at 1 GiB (each copies 1 GiB)")
     ap.add_argument("--scenarios", default="reused,fresh")
+    ap.add_argument("--pin", choices=("same", "none"), default="same",
+                    help="same: every process (dlxd too) on one CPU, the steadiest figures, "
+                         "like dlx-bench's default; none: where the scheduler puts them, which "
+                         "adds the machine's cross-CPU wake-ups to every method")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.pin == "same":
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # inherited by every child
 
     import torch.multiprocessing as tmp
 
     ctx = tmp.get_context("spawn")
     runs = {
+        ("floor", "pipe"): lambda n, i: run_pipe(ctx, i),
         ("reused", "dlx"): lambda n, i: run_dlx(ctx, sock, n, i, "zero"),
         ("reused", "tmp-fd"): lambda n, i: run_tmp(ctx, "file_descriptor", n, i, False),
         ("reused", "tmp-fs"): lambda n, i: run_tmp(ctx, "file_system", n, i, False),
@@ -203,7 +245,7 @@ def main():
             for size in args.sizes.split(","):
                 nbytes = SIZES[size]
                 for (scenario, method), run in runs.items():
-                    if scenario not in args.scenarios.split(","):
+                    if scenario != "floor" and scenario not in args.scenarios.split(","):
                         continue
                     iters = args.iters
                     copies = scenario == "fresh" or method == "dlx-copy"
@@ -222,17 +264,25 @@ def main():
             daemon.wait(20)
 
     base = {(r["size"], r["scenario"]): r["median_us"] for r in results if r["method"] == "dlx"}
+    floor = {r["size"]: r["median_us"] for r in results if r["method"] == "pipe"}
     for r in results:
         if (r["size"], r["scenario"]) in base:
             r["x_dlx"] = r["median_us"] / base[(r["size"], r["scenario"])]
+        r["x_floor"] = r["median_us"] / floor[r["size"]]
     if args.json:
         print(json.dumps(results, indent=1))
         return
-    print("| size | scenario | method | median | p90 | min | n | median / dlx's |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    print(f"pin: {args.pin}; floor: 8 bytes through a pipe to a process blocked reading it")
+    print("| size | scenario | method | median | p90 | min | n | median / dlx's | median / floor |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    labels = {"pipe": "pipe, 8 bytes", "tmp-fd": "torch.mp file_descriptor",
+              "tmp-fs": "torch.mp file_system", "dlx-copy": "dlx, publish copies (no `alloc()`)"}
     for r in results:
-        print(f"| {r['size']} | {r['scenario']} | {r['method']} | {fmt(r['median_us'])} | "
-              f"{fmt(r['p90_us'])} | {fmt(r['min_us'])} | {r['n']} | {r.get('x_dlx', 0):.1f}x |")
+        x_dlx = f"{r['x_dlx']:.1f}x" if "x_dlx" in r else ""
+        print(f"| {r['size']} | {r['scenario']} | {labels.get(r['method'], r['method'])} | "
+              f"{fmt(r['median_us'])} | "
+              f"{fmt(r['p90_us'])} | {fmt(r['min_us'])} | {r['n']} | {x_dlx} | "
+              f"{r['x_floor']:.1f}x |")
 
 
 def fmt(us):

@@ -5,9 +5,10 @@
 #  1. dlxd, dlxctl and the README's C example: $DLXD if set (dlxctl and the example are
 #     then looked for beside it), else a C build of this repository in BUILD_DIR/c;
 #  2. a virtual environment in BUILD_DIR/venv, made with Debian's python3;
-#  3. `pip install ./python` (meson-python and meson from PyPI; the extension built with
-#     warnings as errors, libdlx compiled from this tree) and the test dependencies from
-#     PyPI: pytest, numpy 2.x, torch, apache-tvm-ffi;
+#  3. the test dependencies from PyPI (pytest, numpy 2.x, torch, apache-tvm-ffi), then
+#     `pip wheel ./python` (meson-python and meson from PyPI; the extension built with
+#     warnings as errors, libdlx compiled from this tree and linked in), its contents
+#     checked, and that wheel installed;
 #  4. pytest on python/tests, each module against its own dlxd; results also in
 #     BUILD_DIR/pytest.xml (JUnit XML).
 #
@@ -70,10 +71,30 @@ if [ "${DLX_PY_NO_TORCH:-0}" != 1 ]; then
 else
   "${pip[@]}" uninstall -q -y torch 2>/dev/null || true
 fi
-step "pip install ./python"
-# a kept build directory makes the next install incremental
-timed "${pip[@]}" install -q --force-reinstall --no-deps \
+step "the wheel (pip wheel ./python), checked, then installed"
+# a kept build directory makes the next build incremental
+rm -rf "$build/dist"
+timed "${pip[@]}" wheel -q --no-deps -w "$build/dist" \
   --config-settings=build-dir="$build/meson" --config-settings=setup-args=-Dwerror=true ./python
+wheels=("$build"/dist/dlx-*.whl)
+[ ${#wheels[@]} -eq 1 ] || { echo "want one wheel in $build/dist: ${wheels[*]}" >&2; exit 1; }
+"$venv/bin/python" - "${wheels[0]}" <<'PY'
+import sys, zipfile
+# the extension and the package's Python files, nothing of the C project (dlxd, libdlx.so, headers)
+names = [n for n in zipfile.ZipFile(sys.argv[1]).namelist() if ".dist-info/" not in n]
+extension = [n for n in names if n.startswith("dlx/_dlx.") and n.endswith(".so")]
+stray = sorted(set(names) - {"dlx/__init__.py", "dlx/py.typed", *extension})
+if len(extension) != 1 or stray:
+    sys.exit(f"unexpected wheel contents: {names}")
+print(f"    {sys.argv[1].rsplit('/', 1)[-1]}: {', '.join(sorted(names))}")
+PY
+timed "${pip[@]}" install -q --force-reinstall --no-deps "${wheels[0]}"
+# libdlx is inside the extension: no libdlx.so, no libuv at run time
+so=$("$venv/bin/python" -c 'import dlx._dlx as m; print(m.__file__)')
+if ldd "$so" | grep -E 'libdlx|libuv'; then
+  echo "$so links libdlx or libuv dynamically" >&2
+  exit 1
+fi
 
 # 4. the tests, from outside python/ so that the installed package is the one imported;
 #    BUILD_DIR/pytest.xml (JUnit) is what a CI summary can count
