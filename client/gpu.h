@@ -84,11 +84,17 @@ DLX_HIDDEN void dlx__gpu_final(dlx_client *c);
 
 #else
 
+/* Fails with -ENOTSUP; the constant lets the compiler see outputs are not used after it. */
+static inline int no_cuda(const char *why)
+{
+        dlx__fail(-ENOTSUP, "%s", why);
+        return -ENOTSUP;
+}
 static inline int dlx__gpu_vmm_create(dlx_client *c, int device, uint64_t size,
                                       struct dlx_gpu_vmm *ret)
 {
         (void)c, (void)device, (void)size, (void)ret;
-        return dlx__fail(-ENOTSUP, "libdlx was built without CUDA");
+        return no_cuda("libdlx was built without CUDA");
 }
 static inline void dlx__gpu_vmm_destroy(struct dlx_gpu_vmm *v)
 {
@@ -97,7 +103,7 @@ static inline void dlx__gpu_vmm_destroy(struct dlx_gpu_vmm *v)
 static inline int dlx__gpu_vmm_map(struct seg_map *m, int fd, bool writable)
 {
         (void)m, (void)fd, (void)writable;
-        return dlx__fail(-ENOTSUP, "libdlx was built without CUDA");
+        return no_cuda("libdlx was built without CUDA");
 }
 static inline void dlx__gpu_vmm_unmap(struct seg_map *m)
 {
@@ -107,7 +113,7 @@ static inline int dlx__gpu_publish(dlx_client *c, const DLTensor *t, struct seg_
                                    void *stream, struct wire_request *req, struct gpu_pub *ret)
 {
         (void)c, (void)t, (void)vmm, (void)stream, (void)req, (void)ret;
-        return dlx__fail(-ENOTSUP, "libdlx was built without CUDA");
+        return no_cuda("libdlx was built without CUDA");
 }
 static inline void dlx__gpu_publish_undo(dlx_client *c, struct gpu_pub *pub)
 {
@@ -122,7 +128,7 @@ static inline int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, s
                                    void *stream, struct gpu_acq *ret, void **ret_data)
 {
         (void)c, (void)t, (void)vmm, (void)stream, (void)ret, (void)ret_data;
-        return dlx__fail(-ENOTSUP, "libdlx was built without CUDA");
+        return no_cuda("libdlx was built without CUDA");
 }
 static inline int dlx__gpu_sync(dlx_client *c, struct gpu_acq *acq, void *stream)
 {
@@ -142,7 +148,7 @@ static inline int dlx__gpu_wait_events(dlx_client *c, int device, void *stream,
 static inline int dlx__gpu_register_host(dlx_client *c, struct seg_map *m)
 {
         (void)c, (void)m;
-        return dlx__fail(-ENOTSUP, "libdlx was built without CUDA: cuda-host tensors need it");
+        return no_cuda("libdlx was built without CUDA: cuda-host tensors need it");
 }
 static inline void dlx__gpu_unregister_host(struct seg_map *m)
 {
