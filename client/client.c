@@ -561,6 +561,11 @@ static int pump(dlx_client *c, int64_t timeout_ms)
         return n == -ETIMEDOUT ? -ETIMEDOUT : c->broken;
 }
 
+void dlx__poll_notices(dlx_client *c)
+{
+        (void)pump(c, 0);
+}
+
 void dlx__run_deleters(dlx_client *c)
 {
         struct held *h;

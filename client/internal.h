@@ -183,6 +183,11 @@ DLX_HIDDEN void dlx__release(dlx_client *c, struct wire_request *req);
 DLX_HIDDEN int dlx__send(dlx_client *c, struct wire_request *req, int fd);
 /* Runs queued deleters; lock not held. */
 DLX_HIDDEN void dlx__run_deleters(dlx_client *c);
+/*
+ * Takes in what the daemon has sent without waiting (RELEASED notices run
+ * their deleters, unlocked). Lock held; it is dropped and retaken.
+ */
+DLX_HIDDEN void dlx__poll_notices(dlx_client *c);
 
 /* ---- segment.c ---- */
 DLX_HIDDEN struct seg_map *dlx__map_find(dlx_client *c, uint64_t id);

@@ -394,17 +394,28 @@ int dlx__arena_alloc(dlx_client *c, uint32_t kind, int device, uint64_t bytes,
                 return dlx__fail(-EINVAL, "allocation of %llu bytes is over the 1 TiB limit",
                                  (unsigned long long)bytes);
         pthread_mutex_lock(&c->lock);
-        for (a = c->arena; a; a = a->next) {
-                if (a->kind != kind || a->device != device)
-                        continue;
-                off = carve(a, n);
-                if (off != UINT64_MAX) {
-                        a->map->refs++;
-                        *ret_map = a->map;
-                        *ret_offset = off;
-                        pthread_mutex_unlock(&c->lock);
-                        return 0;
+        for (int pass = 0; pass < 2; pass++) {
+                for (a = c->arena; a; a = a->next) {
+                        if (a->kind != kind || a->device != device)
+                                continue;
+                        off = carve(a, n);
+                        if (off != UINT64_MAX) {
+                                a->map->refs++;
+                                *ret_map = a->map;
+                                *ret_offset = off;
+                                pthread_mutex_unlock(&c->lock);
+                                return 0;
+                        }
                 }
+                /*
+                 * Before asking for a new segment: versions of ours may be gone
+                 * with their RELEASED notices still unread (a producer that only
+                 * allocates and publishes reads no replies in between), and their
+                 * memory is what a new tensor should reuse.
+                 */
+                if (pass > 0 || c->held.count == 0)
+                        break;
+                dlx__poll_notices(c);
         }
         uint64_t want = ARENA_SEGMENT_MIN << (c->arena_grown < 8 ? c->arena_grown : 8);
         if (want > ARENA_SEGMENT_MAX)
@@ -474,8 +485,9 @@ struct seg_map *dlx__arena_find(dlx_client *c, uint32_t kind, const void *data, 
 void dlx__arena_free(dlx_client *c, struct seg_map *m, uint64_t offset, uint64_t bytes)
 {
         uint64_t n = round_up(bytes ? bytes : 1, ARENA_ALIGN);
-        struct arena_seg *a = m->arena;
+        struct arena_seg *a = m->arena, *other = NULL;
         struct arena_range **pp, *prev = NULL, *r;
+        struct wire_request req = {.type = WIRE_REQ_FREE};
 
         if (!a) {
                 dlx__map_unref(c, m);
@@ -507,24 +519,37 @@ void dlx__arena_free(dlx_client *c, struct seg_map *m, uint64_t offset, uint64_t
         a->used -= n;
         dlx__map_unref(c, m);
 
-        /* keep one empty segment for the next allocation; give back the others */
-        if (a->used == 0 && !c->closed && (c->arena != a || a->next)) {
-                struct wire_request req = {.type = WIRE_REQ_FREE};
-                for (struct arena_seg **ap = &c->arena; *ap; ap = &(*ap)->next) {
-                        if (*ap == a) {
-                                *ap = a->next;
-                                break;
-                        }
-                }
-                req.free.segment = m->id;
-                dlx__send(c, &req, -1);
-                while (a->free) {
-                        r = a->free;
-                        a->free = r->next;
-                        free(r);
-                }
-                m->arena = NULL;
-                free(a);
-                dlx__map_unref(c, m);
+        if (a->used != 0 || c->closed)
+                return;
+        /*
+         * Keep one empty segment per kind and device, the larger, for the next
+         * allocation (a producer that allocates a tensor per version then cycles
+         * through a few segments its consumers have mapped already); give back
+         * the other.
+         */
+        for (struct arena_seg *o = c->arena; o && !other; o = o->next)
+                if (o != a && o->used == 0 && o->kind == a->kind && o->device == a->device)
+                        other = o;
+        if (!other)
+                return;
+        if (other->size < a->size) {
+                a = other; /* give back the smaller */
+                m = a->map;
         }
+        for (struct arena_seg **ap = &c->arena; *ap; ap = &(*ap)->next) {
+                if (*ap == a) {
+                        *ap = a->next;
+                        break;
+                }
+        }
+        req.free.segment = m->id;
+        dlx__send(c, &req, -1);
+        while (a->free) {
+                r = a->free;
+                a->free = r->next;
+                free(r);
+        }
+        m->arena = NULL;
+        free(a);
+        dlx__map_unref(c, m);
 }

@@ -263,6 +263,18 @@ long fx_wait_leases(dlx_client *c, unsigned long long n, int timeout_ms)
         }
 }
 
+DLManagedTensorVersioned *fx_alloc_f32(dlx_client *c, int64_t n)
+{
+        int64_t shape[1] = {n};
+        DLTensor proto = {
+                .device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLFloat, 32, 1}, .shape = shape};
+        DLManagedTensorVersioned *t = NULL;
+        int err = dlx_alloc(c, &proto, &t);
+
+        ck_assert_msg(err == 0, "dlx_alloc: %s (%s)", dlx_strerror(err), dlx_last_error());
+        return t;
+}
+
 bool fx_vec_is(const DLManagedTensorVersioned *t, int64_t n, float base)
 {
         const float *v =

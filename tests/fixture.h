@@ -67,6 +67,8 @@ void fx_child_exit(int status) __attribute__((noreturn));
 /* Waits for a child; returns its exit status, or 128 + signal. */
 int fx_wait(pid_t pid);
 
+/* A 1-D float32 tensor of n elements from dlx_alloc() (the test fails if it cannot be had). */
+DLManagedTensorVersioned *fx_alloc_f32(dlx_client *c, int64_t n);
 /* Whether t is a 1-D float32 vector of n elements, element i = base + i. */
 bool fx_vec_is(const DLManagedTensorVersioned *t, int64_t n, float base);
 

@@ -31,13 +31,8 @@
 /* A float32 vector of n elements in shared memory, element i = base + i. */
 static DLManagedTensorVersioned *make_vec(dlx_client *c, int64_t n, float base)
 {
-        int64_t shape[1] = {n};
-        DLTensor proto = {
-                .device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLFloat, 32, 1}, .shape = shape};
-        DLManagedTensorVersioned *t = NULL;
-        int err = dlx_alloc(c, &proto, &t);
+        DLManagedTensorVersioned *t = fx_alloc_f32(c, n);
 
-        ck_assert_msg(err == 0, "dlx_alloc: %s (%s)", dlx_strerror(err), dlx_last_error());
         for (int64_t i = 0; i < n; i++)
                 ((float *)t->dl_tensor.data)[i] = base + (float)i;
         return t;
@@ -639,6 +634,84 @@ START_TEST(idle_maps_forgotten_in_batches)
 }
 END_TEST
 
+/* An empty small segment does not make every larger allocation ask for (and give back) its own. */
+START_TEST(allocator_keeps_the_larger_empty_segment)
+{
+        enum { SMALL = 1024, LARGE = 256 * 1024, ROUNDS = 10 }; /* floats: 4 KiB, 1 MiB */
+        dlx_client *p = fx_connect(&fx, "allocator");
+        DLManagedTensorVersioned *t;
+        struct dlx_stats st0, st1;
+
+        t = make_vec(p, SMALL, 0);
+        t->deleter(t);
+        t = make_vec(p, LARGE, 1);
+        t->deleter(t);
+        ck_assert_int_eq(dlx_stats(p, &st0), 0);
+        for (int i = 0; i < ROUNDS; i++) {
+                t = make_vec(p, LARGE, (float)i);
+                t->deleter(t);
+        }
+        ck_assert_int_eq(dlx_stats(p, &st1), 0);
+        /* no Alloc or Free in between: only the second stats itself */
+        ck_assert_uint_le(st1.requests - st0.requests, 1);
+        /* one empty segment is kept, the larger: the small one went back */
+        ck_assert_uint_eq(st1.segments, 1);
+        ck_assert_uint_ge(st1.uid_bytes, (uint64_t)LARGE * sizeof(float));
+        dlx_close(p);
+}
+END_TEST
+
+/* A tensor of n floats in shared memory with only its first and last elements set. */
+static DLManagedTensorVersioned *make_sparse(dlx_client *c, int64_t n, float first, float last)
+{
+        DLManagedTensorVersioned *t = fx_alloc_f32(c, n);
+
+        ((float *)t->dl_tensor.data)[0] = first;
+        ((float *)t->dl_tensor.data)[n - 1] = last;
+        return t;
+}
+
+/*
+ * A producer that allocates a fresh tensor per version (each larger than the
+ * allocator's segments, so each in a segment of its own), publishes it and moves
+ * on reuses the segments of versions already released instead of asking for new
+ * ones, though it reads no reply between its allocations.
+ */
+START_TEST(fresh_allocations_reuse_released_segments)
+{
+        enum { ROUNDS = 20 };
+        const int64_t n = (80 << 20) / sizeof(float); /* 80 MiB: over the 64 MiB arena segments */
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_client *q = fx_connect(&fx, "consumer");
+        struct dlx_publish_options zero = {.copy = DLX_COPY_NEVER};
+        struct dlx_acquire_options want = {.timeout_ms = 5000};
+        struct dlx_stats st0, st1;
+        uint64_t v = 0;
+
+        /* the consumer reads version i while the producer publishes i + 1 */
+        DLManagedTensorVersioned *held = NULL;
+        for (int i = 0; i < ROUNDS + 4; i++) {
+                if (i == 4) /* warmed up: the segments the cycle needs exist */
+                        ck_assert_int_eq(dlx_stats(p, &st0), 0);
+                publish_ok(p, "fresh/x", make_sparse(p, n, (float)i, (float)-i), &zero, &v);
+                if (held)
+                        held->deleter(held);
+                ck_assert_int_eq(dlx_ping(q), 0); /* the release reaches the daemon */
+                want.min_version = v;
+                held = acquire_ok(q, "fresh/x", &want);
+                ck_assert(((float *)held->dl_tensor.data)[0] == (float)i);
+                ck_assert(((float *)held->dl_tensor.data)[n - 1] == (float)-i);
+        }
+        held->deleter(held);
+        ck_assert_int_eq(dlx_stats(p, &st1), 0);
+        /* per round a publish, a ping and an acquire; no Alloc, Free or Forget */
+        ck_assert_uint_le(st1.requests - st0.requests, 3 * ROUNDS + 1);
+        ck_assert_uint_le(st1.segments, 2);
+        dlx_close(q);
+        dlx_close(p);
+}
+END_TEST
+
 START_TEST(mapping_cache)
 {
         dlx_client *p = fx_connect(&fx, "producer");
@@ -1049,6 +1122,8 @@ Suite *pubsub_suite(void)
         tcase_add_test(tc, event_loop_integration);
         tcase_add_test(tc, mapping_cache);
         tcase_add_test(tc, idle_maps_forgotten_in_batches);
+        tcase_add_test(tc, allocator_keeps_the_larger_empty_segment);
+        tcase_add_test(tc, fresh_allocations_reuse_released_segments);
         tcase_add_test(tc, threads_share_a_client);
         tcase_add_test(tc, tensor_outlives_close);
         tcase_add_test(tc, stats_and_list);

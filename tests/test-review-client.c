@@ -27,18 +27,6 @@
 
 /* ---- helpers ------------------------------------------------------------------------- */
 
-static DLManagedTensorVersioned *alloc_f32(dlx_client *c, int64_t n)
-{
-        int64_t shape[1] = {n};
-        DLTensor proto = {
-                .device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLFloat, 32, 1}, .shape = shape};
-        DLManagedTensorVersioned *t = NULL;
-        int err = dlx_alloc(c, &proto, &t);
-
-        ck_assert_msg(err == 0, "dlx_alloc: %s (%s)", dlx_strerror(err), dlx_last_error());
-        return t;
-}
-
 /* A plain malloc'd float32 vector: published by copy. */
 struct plain {
         DLManagedTensorVersioned mt;
@@ -197,7 +185,7 @@ START_TEST(zero_copy_at_segment_start)
          * newer segment ends exactly where an older one begins.
          */
         while (n < MAXSEG && victim < 0) {
-                t[n] = alloc_f32(c, ((int64_t)256 << 10 << n) / 4);
+                t[n] = fx_alloc_f32(c, ((int64_t)256 << 10 << n) / 4);
                 ck_assert(mapping_of(t[n]->dl_tensor.data, &start[n], &end[n]));
                 ck_assert_msg(start[n] == (uintptr_t)t[n]->dl_tensor.data,
                               "tensor %d is not at the start of its segment", n);
@@ -244,7 +232,7 @@ START_TEST(pollable_fd_quiet_with_event_queued)
         struct dlx_event ev;
 
         ck_assert_int_eq(dlx_watch(w, "q/", NULL), 0);
-        publish_ok(p, "q/x", alloc_f32(p, 4), NULL);
+        publish_ok(p, "q/x", fx_alloc_f32(p, 4), NULL);
         /* the daemon has sent the event: the fd is readable */
         ck_assert_int_eq(poll(&pfd, 1, 5000), 1);
         /* the loop's own work makes one call before getting back to poll() */
@@ -499,8 +487,9 @@ START_TEST(read_only_tensor_in_writable_mapping)
         DLManagedTensorVersioned *w, *r;
         char perms[5];
 
-        publish_ok(p, "mix/w", alloc_f32(p, 1024), &(struct dlx_publish_options){.writable = true});
-        publish_ok(p, "mix/r", alloc_f32(p, 1024), NULL);
+        publish_ok(p, "mix/w", fx_alloc_f32(p, 1024),
+                   &(struct dlx_publish_options){.writable = true});
+        publish_ok(p, "mix/r", fx_alloc_f32(p, 1024), NULL);
 
         w = acquire_ok(q, "mix/w");
         r = acquire_ok(q, "mix/r");
@@ -562,11 +551,11 @@ START_TEST(wait_released_poll_never_reads)
         uint64_t v1 = 0;
         int err = -1;
 
-        ck_assert_int_eq(dlx_publish(p, "db/x", alloc_f32(p, 64), NULL, &v1), 0);
+        ck_assert_int_eq(dlx_publish(p, "db/x", fx_alloc_f32(p, 64), NULL, &v1), 0);
         t = acquire_ok(q, "db/x");
-        publish_ok(p, "db/x", alloc_f32(p, 64), NULL); /* v2: v1 lives on for its reader */
-        t->deleter(t);                                 /* last lease of v1: RELEASED goes out */
-        ck_assert_int_eq(dlx_ping(q), 0);              /* the daemon has handled the release */
+        publish_ok(p, "db/x", fx_alloc_f32(p, 64), NULL); /* v2: v1 lives on for its reader */
+        t->deleter(t);                                    /* last lease of v1: RELEASED goes out */
+        ck_assert_int_eq(dlx_ping(q), 0);                 /* the daemon has handled the release */
 
         for (int i = 0; i < 100 && err != 0; i++) {
                 err = dlx_wait_released(p, "db/x", v1, NULL, 0);

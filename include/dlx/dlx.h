@@ -170,7 +170,9 @@ int dlx_unpublish(dlx_client *client, const char *name);
  * read: kDLCPU (a memfd segment), kDLCUDAHost (the same, pinned with the CUDA
  * driver) or kDLCUDA (a CUDA VMM allocation exported as a POSIX fd, on
  * device_id). The result is writable, owned by the caller, and 64-byte
- * aligned; its deleter returns the memory.
+ * aligned; its deleter returns the memory, which later allocations reuse (one
+ * empty segment per device, the largest, stays mapped for them; contents are
+ * not cleared).
  * Returns 0 with *ret_tensor, or -EINVAL, -ENOTSUP (device), -ENODEV (no CUDA
  * driver), -ENOSPC, -ENOMEM.
  */
