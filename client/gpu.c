@@ -496,7 +496,8 @@ int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, struct seg_map 
         ret->stream = stream;
         ret->ipc = m;
         ret->vmm = vmm;
-        ret->nalso = 0;
+        ret->also = NULL;
+        ret->nalso = ret->cap = 0;
         ret->has_event = t->has_event;
         if (t->has_event)
                 memcpy(ret->event, t->event, DLX_CUDA_HANDLE);
@@ -507,6 +508,13 @@ out:
         return err;
 }
 
+/* NULL and CU_STREAM_LEGACY name the same stream. */
+static bool same_stream(void *a, void *b)
+{
+        return a == b || ((a == NULL || a == (void *)CU_STREAM_LEGACY) &&
+                          (b == NULL || b == (void *)CU_STREAM_LEGACY));
+}
+
 int dlx__gpu_sync(dlx_client *c, struct gpu_acq *acq, void *stream)
 {
         const struct dlx_cuda_driver *cu;
@@ -515,16 +523,25 @@ int dlx__gpu_sync(dlx_client *c, struct gpu_acq *acq, void *stream)
         int err;
 
         (void)c;
-        if (stream == acq->stream)
+        if (same_stream(stream, acq->stream))
                 return 0;
         for (unsigned i = 0; i < acq->nalso; i++)
-                if (acq->also[i] == stream)
+                if (same_stream(acq->also[i], stream))
                         return 0;
-        if (acq->nalso == DLX_SYNC_STREAMS)
-                return dlx__fail(-ENOSPC,
-                                 "a tensor is ordered on at most %d streams besides "
-                                 "acquire's",
-                                 DLX_SYNC_STREAMS);
+        if (acq->nalso == acq->cap) {
+                unsigned cap = acq->cap ? 2 * acq->cap : 4;
+                void **also;
+                if (acq->cap == DLX_SYNC_STREAMS)
+                        return dlx__fail(-ENOSPC,
+                                         "a tensor is ordered on at most %d streams besides "
+                                         "acquire's",
+                                         DLX_SYNC_STREAMS);
+                also = realloc(acq->also, cap * sizeof(*also));
+                if (!also)
+                        return dlx__fail(-ENOMEM, "out of memory");
+                acq->also = also;
+                acq->cap = cap;
+        }
         err = dlx__cuda(&cu);
         if (err == 0)
                 err = dlx__cuda_enter(cu, acq->device);
@@ -533,8 +550,13 @@ int dlx__gpu_sync(dlx_client *c, struct gpu_acq *acq, void *stream)
         pthread_mutex_lock(&cache_lock);
         if (acq->has_event) {
                 err = open_event(cu, acq->event, &ev);
-                if (err == 0 && (r = cu->StreamWaitEvent(stream, ev, 0)) != CUDA_SUCCESS)
+                if (err == -ESRCH) {
+                        /* its producer has exited: no work of it is left to wait for */
+                        dlx__clear_error();
+                        err = 0;
+                } else if (err == 0 && (r = cu->StreamWaitEvent(stream, ev, 0)) != CUDA_SUCCESS) {
                         err = dlx__cuda_fail(cu, r, "cuStreamWaitEvent");
+                }
         }
         pthread_mutex_unlock(&cache_lock);
         dlx__cuda_leave(cu);
@@ -563,7 +585,9 @@ static void join_streams(const struct dlx_cuda_driver *cu, dlx_client *c, struct
                                  "overwrite the tensor under its work",
                                  acq->also[i]);
         }
-        acq->nalso = 0;
+        free(acq->also);
+        acq->also = NULL;
+        acq->nalso = acq->cap = 0;
 }
 
 void dlx__gpu_release(dlx_client *c, struct gpu_acq *acq, struct wire_request *req)
@@ -573,8 +597,11 @@ void dlx__gpu_release(dlx_client *c, struct gpu_acq *acq, struct wire_request *r
         struct gpu_event *e = NULL;
         struct gpu_ipc *m = acq->ipc;
 
-        if (dlx__cuda(&cu) < 0 || dlx__cuda_enter(cu, acq->device) < 0)
+        if (dlx__cuda(&cu) < 0 || dlx__cuda_enter(cu, acq->device) < 0) {
+                free(acq->also);
+                acq->also = NULL;
                 return;
+        }
         join_streams(cu, c, acq);
         if (g) {
                 unsigned i = g->ring_next[acq->device]++ % RELEASE_RING;

@@ -76,15 +76,15 @@ struct gpu_pub {
 };
 
 /* What a CUDA acquire keeps with its tensor until release (gpu.c). */
-#define DLX_SYNC_STREAMS 4
+#define DLX_SYNC_STREAMS 64
 struct gpu_acq {
         int device;
         void *stream;        /* the consumer's stream: release is recorded on it */
         struct gpu_ipc *ipc; /* the opened IPC allocation, one reference; NULL for VMM */
         struct seg_map *vmm; /* the VMM mapping (its reference is the tensor's) */
         /* more streams the tensor is used on (dlx_tensor_sync): release waits for them */
-        void *also[DLX_SYNC_STREAMS];
-        unsigned nalso;
+        void **also;
+        unsigned nalso, cap;
         bool has_event; /* the producer's event, for those streams to wait on */
         uint8_t event[DLX_CUDA_HANDLE];
 };

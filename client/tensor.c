@@ -288,8 +288,12 @@ int dlx_alloc(dlx_client *c, const DLTensor *proto, DLManagedTensorVersioned **r
         a = calloc(1, sizeof(*a) + 2 * (size_t)proto->ndim * sizeof(int64_t));
         if (!a)
                 return dlx__fail(-ENOMEM, "out of memory");
+        /* the tensor's reference, taken first: the allocator may drop the lock to read
+         * notices, and a dlx_close() racing it must not free the client under it */
+        dlx__client_ref(c);
         err = dlx__arena_alloc(c, kind, device, bytes, &m, &off);
         if (err < 0) {
+                dlx__client_unref(c);
                 free(a);
                 return err;
         }
@@ -314,7 +318,6 @@ int dlx_alloc(dlx_client *c, const DLTensor *proto, DLManagedTensorVersioned **r
         a->mt.dl_tensor.shape = proto->ndim ? a->dims : NULL;
         a->mt.dl_tensor.strides = proto->ndim ? a->dims + proto->ndim : NULL;
         a->mt.dl_tensor.byte_offset = 0;
-        dlx__client_ref(c);
         *ret_tensor = &a->mt;
         return 0;
 }

@@ -221,14 +221,16 @@ int dlx_tensor_info(const DLManagedTensorVersioned *tensor, const char **ret_nam
 
 /*
  * A tensor dlx_acquire() returned (or an export of it through libdlx's exchange
- * API) is also going to be used on stream (a CUstream; NULL, 0x1 and 0x2 are the
- * driver's legacy and per-thread default streams), as DLPack's
+ * API) is also going to be used on stream (a CUstream; NULL and 0x1 are the
+ * legacy default stream, 0x2 the per-thread one), as DLPack's
  * __dlpack__(stream=) asks: stream waits, on the GPU, for the producer's write,
  * and the tensor's release waits for the work queued on stream before it (the
  * release is recorded on acquire's stream, which then waits for stream). No host
- * wait. acquire's own stream, or one given before, is a no-op; CPU tensors need
- * nothing. Returns 0, -EINVAL (not an acquired tensor), -ENOSPC (more than 4
- * streams besides acquire's) or a CUDA failure (-ENODEV, -EIO).
+ * wait. The stream must stay valid until the tensor is released, and 0x2 then
+ * means the releasing thread's stream. acquire's own stream, or one given
+ * before, is a no-op; CPU tensors need nothing. Returns 0, -EINVAL (not an
+ * acquired tensor), -ENOSPC (more than 64 streams besides acquire's), -ENOMEM
+ * or a CUDA failure (-ENODEV, -EIO).
  */
 int dlx_tensor_sync(DLManagedTensorVersioned *tensor, void *stream);
 

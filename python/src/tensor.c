@@ -261,9 +261,10 @@ static void legacy_capsule_destructor(PyObject *cap)
 }
 
 /*
- * __dlpack__'s stream, for a CUDA tensor: the consumer will use it there, so that
- * stream waits for the producer's write and the lease's release for its work
- * (dlx_tensor_sync). The array API's values: None or 1 the legacy default stream,
+ * __dlpack__'s stream, for an acquired CUDA tensor: the consumer will use it
+ * there, so that stream waits for the producer's write and the lease's release
+ * for its work (dlx_tensor_sync); the stream must live until the tensor is
+ * released. The array API's values: None or 1 the legacy default stream,
  * 2 the per-thread default, -1 "the consumer orders itself", 0 is ambiguous;
  * anything else is a CUstream. Host memory needs no ordering: stream is ignored.
  */
@@ -293,7 +294,9 @@ static int order_on_stream(DlxPy_Tensor *t, const DLTensor *d, PyObject *stream)
                 PyErr_NoMemory();
                 return -1;
         }
-        err = dlx_tensor_sync(mt, (void *)(uintptr_t)s);
+        /* only acquired tensors have a producer to order after: alloc()'s memory is ours */
+        err = dlx_tensor_info(mt, NULL, NULL, NULL) < 0 ? 0
+                                                        : dlx_tensor_sync(mt, (void *)(uintptr_t)s);
         mt->deleter(mt);
         if (err < 0) {
                 dlxpy_raise(err, dlx_last_error());
