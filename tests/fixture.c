@@ -2,7 +2,6 @@
 #include "fixture.h"
 
 #include <check.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -20,28 +19,6 @@
 #endif
 
 struct dlxd_fixture fx;
-
-int count_fds(pid_t pid)
-{
-        char path[64];
-        struct dirent *d;
-        DIR *dir;
-        int n = 0;
-
-        if (pid)
-                snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
-        else
-                snprintf(path, sizeof(path), "/proc/self/fd");
-        dir = opendir(path);
-        if (!dir)
-                return -1;
-        while ((d = readdir(dir)))
-                if (d->d_name[0] != '.')
-                        n++;
-        closedir(dir);
-        /* opendir's own fd is counted for ourselves */
-        return pid ? n : n - 1;
-}
 
 int64_t fx_now_ms(void)
 {

@@ -17,6 +17,8 @@
 
 #include <dlx/dlx.h>
 
+#include "fdcount.h"
+
 struct dlxd_fixture {
         char dir[64];
         char socket[108];
@@ -48,8 +50,6 @@ void dlxd_stop(struct dlxd_fixture *f);
 void fx_setup(void);
 void fx_teardown(void);
 
-/* Open fds of a process (0: this one). */
-int count_fds(pid_t pid);
 /* Polls until the daemon has n fds open, up to timeout_ms; returns the last count. */
 int wait_daemon_fds(const struct dlxd_fixture *f, int n, int timeout_ms);
 

@@ -18,7 +18,6 @@
 #include "registry.h"
 
 #include <check.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
@@ -32,6 +31,7 @@
 #include <uv.h>
 
 #include "dlx.pb-c.h"
+#include "fdcount.h"
 #include "log.h"
 #include "session.h"
 #include "store.h"
@@ -1222,20 +1222,6 @@ static void scenario(void)
         client_close(w);
 }
 
-static int count_fds(void)
-{
-        DIR *d = opendir("/proc/self/fd");
-        struct dirent *de;
-        int n = 0;
-
-        ck_assert_ptr_nonnull(d);
-        while ((de = readdir(d)))
-                if (de->d_name[0] != '.')
-                        n++;
-        closedir(d);
-        return n;
-}
-
 /* A fresh loop, store and registry (unarmed); returns the fd count before them. */
 static int registry_setup(void)
 {
@@ -1250,7 +1236,7 @@ static int registry_setup(void)
         ck_assert_int_eq(uv_loop_init(&R.loop), 0);
         ck_assert_int_eq(uv_loop_close(&R.loop), 0);
         tzset();
-        fds_before = count_fds();
+        fds_before = count_fds(0);
 
         memset(&R.cl, 0, sizeof(R.cl));
         R.next_id = 1;
@@ -1294,8 +1280,8 @@ static void registry_teardown(int fds_before, const char *what, unsigned fail_at
         ck_assert_msg(live == 0,
                       "%s, %s = %u fails: %u blocks leaked (the oldest from allocation #%u)", what,
                       mode_names[mode], fail_at, live, live ? af_oldest() : 0);
-        ck_assert_msg(count_fds() == fds_before, "%s, %s = %u fails: %d fds leaked", what,
-                      mode_names[mode], fail_at, count_fds() - fds_before);
+        ck_assert_msg(count_fds(0) == fds_before, "%s, %s = %u fails: %d fds leaked", what,
+                      mode_names[mode], fail_at, count_fds(0) - fds_before);
 }
 
 /* The scenario with a fresh registry; returns its attempts and failures. */

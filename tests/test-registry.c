@@ -14,7 +14,6 @@
 
 #include <check.h>
 #include <sys/eventfd.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
@@ -27,6 +26,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "fdcount.h"
 #include "log.h"
 #include "session.h"
 #include "store.h"
@@ -129,20 +129,6 @@ static void client_close(struct client *c)
         c->s = NULL;
 }
 
-static int count_fds(void)
-{
-        DIR *d = opendir("/proc/self/fd");
-        struct dirent *de;
-        int n = 0;
-
-        ck_assert_ptr_nonnull(d);
-        while ((de = readdir(d)))
-                if (de->d_name[0] != '.')
-                        n++;
-        closedir(d);
-        return n;
-}
-
 static void setup(void)
 {
         log_level = LOG_DEBUG; /* every log line's format runs under the sanitizers too */
@@ -154,7 +140,7 @@ static void setup(void)
          */
         ck_assert_int_eq(uv_loop_init(&E.loop), 0);
         ck_assert_int_eq(uv_loop_close(&E.loop), 0);
-        E.fds_before = count_fds();
+        E.fds_before = count_fds(0);
         ck_assert_int_eq(uv_loop_init(&E.loop), 0);
         store_init(&E.store);
         struct wire_limit_set lim;
@@ -185,7 +171,7 @@ static void teardown(void)
                 }
                 free(c->log);
         }
-        ck_assert_int_eq(count_fds(), E.fds_before);
+        ck_assert_int_eq(count_fds(0), E.fds_before);
 }
 
 /* ---- reading the logs -------------------------------------------------------------------- */
@@ -1687,7 +1673,7 @@ START_TEST(test_done_closes_everything)
         ck_assert_ptr_null(acquire(c, "never", 0, 60000, NULL));
         ck_assert_ptr_null(acquire(c, "never2", 0, -1, NULL));
 
-        during = count_fds();
+        during = count_fds(0);
         /* 5 segments (persist, x v1, ro, x v2, alloc) + the read-only reopen */
         ck_assert_int_ge(during - E.fds_before, 6);
 }
