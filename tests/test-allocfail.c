@@ -373,13 +373,21 @@ static void fill_info(struct wire_info *info, const char *name, int32_t ndim)
         wire_strcpy(info->producer_name, sizeof(info->producer_name), "producer");
 }
 
-static struct wire_request *add_request(const char *what, enum wire_request_type type)
+/* The next case, cleared and named. */
+static struct codec_case *add_case(const char *what)
 {
         struct codec_case *k = &cases[ncases++];
 
         ck_assert_uint_le(ncases, sizeof(cases) / sizeof(cases[0]));
         memset(k, 0, sizeof(*k));
         wire_strcpy(k->what, sizeof(k->what), what);
+        return k;
+}
+
+static struct wire_request *add_request(const char *what, enum wire_request_type type)
+{
+        struct codec_case *k = add_case(what);
+
         k->request = true;
         k->req.id = 1000 + ncases;
         k->req.type = type;
@@ -388,11 +396,8 @@ static struct wire_request *add_request(const char *what, enum wire_request_type
 
 static struct wire_reply *add_reply(const char *what, enum wire_reply_type type, bool allocates)
 {
-        struct codec_case *k = &cases[ncases++];
+        struct codec_case *k = add_case(what);
 
-        ck_assert_uint_le(ncases, sizeof(cases) / sizeof(cases[0]));
-        memset(k, 0, sizeof(*k));
-        wire_strcpy(k->what, sizeof(k->what), what);
         k->allocates = allocates;
         k->rep.id = 2000 + ncases;
         k->rep.type = type;
