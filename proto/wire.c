@@ -79,7 +79,7 @@ static const char *const request_names[WIRE_REQ_COUNT] = {
         [WIRE_REQ_WATCH] = "watch",     [WIRE_REQ_UNWATCH] = "unwatch",
         [WIRE_REQ_ALLOC] = "alloc",     [WIRE_REQ_FREE] = "free",
         [WIRE_REQ_FORGET] = "forget",   [WIRE_REQ_STATS] = "stats",
-        [WIRE_REQ_PING] = "ping",
+        [WIRE_REQ_PING] = "ping",       [WIRE_REQ_BYE] = "bye",
 };
 
 const char *wire_request_name(enum wire_request_type type)
@@ -379,6 +379,7 @@ struct request_pb {
                 Dlxp__Forget forget;
                 Dlxp__Stats stats;
                 Dlxp__Ping ping;
+                Dlxp__Bye bye;
         };
         struct tensor_pb tensor;
 };
@@ -503,6 +504,11 @@ static int request_to_pb(const struct wire_request *q, struct request_pb *s)
                 s->ping.nonce = q->ping.nonce;
                 r->body_case = DLXP__REQUEST__BODY_PING;
                 r->ping = &s->ping;
+                return 0;
+        case WIRE_REQ_BYE:
+                dlxp__bye__init(&s->bye);
+                r->body_case = DLXP__REQUEST__BODY_BYE;
+                r->bye = &s->bye;
                 return 0;
         case WIRE_REQ_NONE:
         case WIRE_REQ_COUNT:
@@ -640,6 +646,9 @@ static int request_from_pb(const Dlxp__Request *r, struct wire_request *q, char 
                 q->type = WIRE_REQ_PING;
                 q->ping.nonce = r->ping->nonce;
                 return 0;
+        case DLXP__REQUEST__BODY_BYE:
+                q->type = WIRE_REQ_BYE;
+                return 0;
         default:
                 return fail(err, errsz, -EINVAL, "unknown request type");
         }
@@ -688,7 +697,7 @@ struct reply_pb {
                 Dlxp__Event event;
         };
         Dlxp__Info info;
-        Dlxp__Limits limits; /* a stats reply's, beside it */
+        Dlxp__Limits limits; /* a stats or hello reply's, beside it */
         struct tensor_pb tensor;
         /* RELEASED events: one binary per consumer event, allocated */
         ProtobufCBinaryData *events;
@@ -711,6 +720,8 @@ static void limits_to_pb(const struct wire_limit_set *l, Dlxp__Limits *pb)
         pb->max_watches = l->max_watches;
         pb->max_queued = l->max_queued;
         pb->timeout_ms = l->timeout_ms;
+        pb->max_fds = l->max_fds;
+        pb->max_fds_per_uid = l->max_fds_per_uid;
 }
 
 /* An older daemon sends none: all zero, "no limit known". */
@@ -729,6 +740,8 @@ static void limits_from_pb(const Dlxp__Limits *pb, struct wire_limit_set *l)
         l->max_watches = pb->max_watches;
         l->max_queued = pb->max_queued;
         l->timeout_ms = pb->timeout_ms;
+        l->max_fds = pb->max_fds;
+        l->max_fds_per_uid = pb->max_fds_per_uid;
 }
 
 static void reply_pb_done(struct reply_pb *s)
@@ -768,6 +781,8 @@ static int reply_to_pb(const struct wire_reply *p, struct reply_pb *s)
                 s->hello.max_frame = p->hello.max_frame;
                 s->hello.max_inflight = p->hello.max_inflight;
                 s->hello.release_ring = p->hello.release_ring;
+                limits_to_pb(&p->hello.limits, &s->limits);
+                s->hello.limits = &s->limits;
                 r->body_case = DLXP__REPLY__BODY_HELLO;
                 r->hello = &s->hello;
                 return 0;
@@ -854,6 +869,8 @@ static int reply_to_pb(const struct wire_reply *p, struct reply_pb *s)
                 s->stats.uid_clients = p->stats.uid_clients;
                 s->stats.uid_bytes = p->stats.uid_bytes;
                 s->stats.uid_names = p->stats.uid_names;
+                s->stats.fds = p->stats.fds;
+                s->stats.uid_fds = p->stats.uid_fds;
                 r->body_case = DLXP__REPLY__BODY_STATS;
                 r->stats = &s->stats;
                 return 0;
@@ -948,6 +965,7 @@ static int reply_from_pb(const Dlxp__Reply *r, struct wire_reply *p, char *err, 
                 p->hello.max_frame = r->hello->max_frame;
                 p->hello.max_inflight = r->hello->max_inflight;
                 p->hello.release_ring = r->hello->release_ring;
+                limits_from_pb(r->hello->limits, &p->hello.limits);
                 return 0;
         case DLXP__REPLY__BODY_PUBLISH:
                 p->type = WIRE_REP_PUBLISH;
@@ -1017,6 +1035,8 @@ static int reply_from_pb(const Dlxp__Reply *r, struct wire_reply *p, char *err, 
                 p->stats.uid_clients = r->stats->uid_clients;
                 p->stats.uid_bytes = r->stats->uid_bytes;
                 p->stats.uid_names = r->stats->uid_names;
+                p->stats.fds = r->stats->fds;
+                p->stats.uid_fds = r->stats->uid_fds;
                 return 0;
         case DLXP__REPLY__BODY_PONG:
                 p->type = WIRE_REP_PONG;

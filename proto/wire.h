@@ -114,6 +114,7 @@ enum wire_request_type {
         WIRE_REQ_FORGET,
         WIRE_REQ_STATS,
         WIRE_REQ_PING,
+        WIRE_REQ_BYE,
         WIRE_REQ_COUNT
 };
 
@@ -199,6 +200,7 @@ enum wire_event_kind {
         WIRE_EVENT_UNPUBLISHED = 3,
         WIRE_EVENT_RELEASED = 4,
         WIRE_EVENT_SEGMENT_GONE = 5,
+        WIRE_EVENT_LOST = 6,
 };
 
 /* The daemon's limits (0: none); dlxd's configuration and what stats reports. */
@@ -212,7 +214,9 @@ struct wire_limit_set {
         uint32_t max_leases;          /* leases one connection holds at once */
         uint32_t max_watches;         /* watches of one connection */
         uint64_t max_queued;          /* reply bytes a connection leaves unread */
-        uint32_t timeout_ms;          /* for hello, and for the rest of a started frame */
+        uint32_t timeout_ms;          /* for hello, a started frame, and a peer not reading */
+        uint64_t max_fds;             /* descriptors held for segments, in all */
+        uint64_t max_fds_per_uid;     /* ... charged to one uid */
 };
 
 struct wire_stats {
@@ -222,6 +226,7 @@ struct wire_stats {
         struct wire_limit_set limits;
         uint32_t uid, uid_clients; /* the asking client's uid, and its usage */
         uint64_t uid_bytes, uid_names;
+        uint64_t fds, uid_fds; /* descriptors held for segments: in all, and for uid */
 };
 
 struct wire_reply {
@@ -239,6 +244,7 @@ struct wire_reply {
                         uint32_t max_frame;
                         uint32_t max_inflight;
                         bool release_ring;
+                        struct wire_limit_set limits; /* all zero from a 1.0 daemon */
                 } hello;
                 struct {
                         uint64_t version;
