@@ -251,7 +251,9 @@ static struct pending *pending_take(dlx_client *c, uint64_t id)
 /* Watch events kept for dlx_next_event() before new ones are dropped. */
 #define MAX_QUEUED_EVENTS 65536
 
-static void queue_event(dlx_client *c, const struct wire_reply *rep)
+/* Appends an event; a dropped one (queue full, no memory) leaves a LOST to report. */
+static void enqueue_event(dlx_client *c, enum dlx_event_kind kind, uint64_t watch, uint64_t version,
+                          const char *name)
 {
         struct event_node *n;
 
@@ -265,14 +267,14 @@ static void queue_event(dlx_client *c, const struct wire_reply *rep)
         }
         n = calloc(1, sizeof(*n));
         if (!n) {
-                dlx__log(c, DLX_LOG_WARNING, "out of memory: watch event on '%s' dropped",
-                         rep->event.name);
+                dlx__log(c, DLX_LOG_WARNING, "out of memory: watch event on '%s' dropped", name);
+                c->events_dropped = true;
                 return;
         }
-        n->ev.kind = (enum dlx_event_kind)rep->event.kind;
-        n->ev.watch = rep->event.watch;
-        n->ev.version = rep->event.version;
-        snprintf(n->ev.name, sizeof(n->ev.name), "%s", rep->event.name);
+        n->ev.kind = kind;
+        n->ev.watch = watch;
+        n->ev.version = version;
+        wire_strcpy(n->ev.name, sizeof(n->ev.name), name);
         if (c->ev_tail)
                 c->ev_tail->next = n;
         else
@@ -283,6 +285,12 @@ static void queue_event(dlx_client *c, const struct wire_reply *rep)
                 uint64_t one = 1;
                 (void)!write(c->efd, &one, sizeof(one));
         }
+}
+
+static void queue_event(dlx_client *c, const struct wire_reply *rep)
+{
+        enqueue_event(c, (enum dlx_event_kind)rep->event.kind, rep->event.watch, rep->event.version,
+                      rep->event.name);
 }
 
 static int cmp_token(const void *key, const struct avl_node *n)
@@ -319,6 +327,10 @@ static void on_event(dlx_client *c, const struct wire_reply *rep)
         case WIRE_EVENT_REPLACED:
         case WIRE_EVENT_UNPUBLISHED:
                 queue_event(c, rep);
+                break;
+        case WIRE_EVENT_LOST:
+                /* the daemon dropped some for want of room: say so where they would be */
+                enqueue_event(c, DLX_EVENT_LOST, 0, 0, "");
                 break;
         case WIRE_EVENT_RELEASED:
                 n = avl_find(&c->held, &rep->event.token, cmp_token);
@@ -891,7 +903,11 @@ int dlx_next_event(dlx_client *c, struct dlx_event *ret_event, int64_t timeout_m
         if (--c->nevents == 0) {
                 uint64_t count;
                 (void)!read(c->efd, &count, sizeof(count));
+        }
+        /* room again after dropping some: the caller learns it after what came before */
+        if (c->events_dropped) {
                 c->events_dropped = false;
+                enqueue_event(c, DLX_EVENT_LOST, 0, 0, "");
         }
         pthread_mutex_unlock(&c->lock);
         *ret_event = n->ev;

@@ -44,6 +44,10 @@ struct seg_map {
         struct seg_map *idle_prev, *idle_next; /* idle LRU while refs == 0 */
         struct arena_seg *arena;               /* set while this client's allocator uses it */
         bool host_registered;                  /* pinned with the CUDA driver (cuda-host) */
+        /* an allocator segment of ours carries read-only versions: dlxd sealed it */
+        bool sealed;
+        /* ... writable ones: readers may map it writable, so it never carries read-only ones */
+        bool shared_rw;
         uint32_t kind;                         /* enum wire_storage of the segment */
         int device;                            /* cuda-vmm: the device it is mapped on */
         uint64_t vmm_handle;                   /* cuda-vmm: the imported or created handle */

@@ -451,10 +451,26 @@ int dlx_publish(dlx_client *c, const char *name, DLManagedTensorVersioned *tenso
 
         pthread_mutex_lock(&c->lock);
         bool cuda = t->device.device_type == kDLCUDA;
+        const char *mixed = NULL;
         /* any tensor whose bytes lie in our allocator's memory goes as is */
         if (o.copy != DLX_COPY_ALWAYS && t->data)
                 map = dlx__arena_find(c, cuda ? WIRE_STORAGE_CUDA_VMM : WIRE_STORAGE_MEMFD, t->data,
                                       lo, hi);
+        /*
+         * ... unless its segment already went the other way: dlxd seals a
+         * segment against writing for its first read-only version, and one
+         * whose readers may map it writable can carry no read-only version.
+         */
+        if (map && !cuda && !o.writable && map->shared_rw)
+                mixed = "its segment carries a writable version, whose readers may write it";
+        else if (map && !cuda && o.writable && map->sealed)
+                mixed = "its segment is sealed against writing by a read-only version";
+        if (mixed)
+                map = NULL;
+        else if (map && !cuda && o.writable)
+                map->shared_rw = true;
+        else if (map && !cuda)
+                map->sealed = true;
         /* other device memory goes as is too, through its allocation's IPC handle */
         bool zero_copy = map != NULL || cuda;
         if (zero_copy) {
@@ -489,6 +505,13 @@ int dlx_publish(dlx_client *c, const char *name, DLManagedTensorVersioned *tenso
 
         if (!zero_copy) {
                 uint64_t size;
+                if (o.copy == DLX_COPY_NEVER && mixed) {
+                        err = dlx__fail(-EXDEV,
+                                        "publish '%s' %s: %s, and copying is not allowed; "
+                                        "allocate it from another client",
+                                        name, o.writable ? "writable" : "read-only", mixed);
+                        goto out_delete;
+                }
                 if (o.copy == DLX_COPY_NEVER) {
                         err = dlx__fail(-EXDEV,
                                         "publish '%s': the memory is not from dlx_alloc() on "

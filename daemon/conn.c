@@ -15,6 +15,7 @@
 #include "registry.h"
 #include "server.h"
 #include "session.h"
+#include "store.h"
 #include "wire.h"
 
 /* Reads per wakeup before yielding to other connections. */
@@ -23,28 +24,49 @@
 #define CONN_IOV_MAX 64
 /* Replies up to this size are packed on the stack, in one pass. */
 #define CONN_SMALL_REPLY 1024
-/* Descriptors one peer may leave unread in its output queue. */
-#define CONN_MAX_QUEUED_FDS 64
 
+/*
+ * A queued frame. Its fd is attached when it leaves: a segment's (a queued
+ * reply costs a reference, not a descriptor) or an owned duplicate (the
+ * release ring's, at hello).
+ */
 struct outbuf {
         struct list link;
         size_t len;
         size_t off;
-        int fd; /* owned duplicate, -1 for none */
+        struct segment *seg; /* one reference, or NULL */
+        int fd;              /* owned duplicate, -1 for none */
         uint8_t data[];
 };
+
+static bool outbuf_has_fd(const struct outbuf *b)
+{
+        return b->seg || b->fd >= 0;
+}
 
 static void conn_flush(struct conn *c);
 static bool fd_may_go(struct conn *c);
 static void on_poll(uv_poll_t *h, int status, int events);
 static void watch_stall(struct conn *c, bool progressed);
+static void watch_unread(struct conn *c);
+
+/* The frame's fd went with its first byte, or it will not go at all. */
+static void outbuf_drop_fd(struct conn *c, struct outbuf *b)
+{
+        if (!outbuf_has_fd(b))
+                return;
+        if (b->seg)
+                segment_unref(c->srv->reg->store, b->seg);
+        else
+                close(b->fd);
+        b->seg = NULL;
+        b->fd = -1;
+        c->queued_fds--;
+}
 
 static void outbuf_free(struct conn *c, struct outbuf *b)
 {
-        if (b->fd >= 0) {
-                close(b->fd);
-                c->queued_fds--;
-        }
+        outbuf_drop_fd(c, b);
         free(b);
 }
 
@@ -59,28 +81,37 @@ static void on_closed(uv_handle_t *h)
         free(c);
 }
 
+static void unlink_if(struct list *n)
+{
+        if (list_linked(n))
+                list_remove(n);
+}
+
+/* What a connection has in flight leaves the counts (the server's and its uid's). */
+static void fds_forget(struct conn *c)
+{
+        c->srv->fds_unread -= c->fds_unread;
+        c->session->use->unread -= c->fds_unread;
+        c->fds_unread = 0;
+}
+
 void conn_close(struct conn *c)
 {
         if (c->closing)
                 return;
         c->closing = true;
-        log_info("session %llu pid %d uid %u: closed", (unsigned long long)c->session->id,
-                 (int)c->session->pid, (unsigned)c->session->uid);
+        log_session(info, c->session, "closed");
+        /* what it left unread stays charged to us until its peer closes: not ours to know */
+        fds_forget(c);
         registry_session_free(c->session);
         c->session = NULL;
         list_remove(&c->link);
-        if (list_linked(&c->doom_link))
-                list_remove(&c->doom_link);
-        if (list_linked(&c->dirty_link))
-                list_remove(&c->dirty_link);
-        if (list_linked(&c->awake_link))
-                list_remove(&c->awake_link);
-        if (list_linked(&c->stall_link))
-                list_remove(&c->stall_link);
-        if (list_linked(&c->fd_wait_link))
-                list_remove(&c->fd_wait_link);
-        /* what it left unread stays charged to us until its peer closes: not ours to know */
-        c->srv->fds_unread -= c->fds_unread;
+        unlink_if(&c->doom_link);
+        unlink_if(&c->dirty_link);
+        unlink_if(&c->awake_link);
+        unlink_if(&c->stall_link);
+        unlink_if(&c->unread_link);
+        unlink_if(&c->fd_wait_link);
         server_conn_gone(c->srv);
         uv_poll_stop(&c->poll);
         uv_close((uv_handle_t *)&c->poll, on_closed);
@@ -88,40 +119,57 @@ void conn_close(struct conn *c)
 
 /* ---- descriptors in flight ---------------------------------------------------------- */
 
-/* Whether the peer has read all we sent: the socket's unread output is empty. */
-static bool peer_read_all(const struct conn *c)
+/* Bytes sent that the peer has not read yet, or -1 if the socket cannot say. */
+static int peer_unread(const struct conn *c)
 {
         int unread = 0;
 
-        return ioctl(c->fd, SIOCOUTQ, &unread) == 0 && unread == 0;
+        return ioctl(c->fd, SIOCOUTQ, &unread) == 0 ? unread : -1;
 }
 
 /* What the peer has read is no longer in flight. */
 static void fds_refresh(struct conn *c)
 {
-        if (c->fds_unread && peer_read_all(c)) {
-                c->srv->fds_unread -= c->fds_unread;
-                c->fds_unread = 0;
-        }
+        if (c->fds_unread && peer_unread(c) == 0)
+                fds_forget(c);
 }
 
+/*
+ * Descriptors in flight count against our uid's limit in the kernel. Each
+ * connection may have a few unread, all of them together a budget, and the
+ * connections of one uid half of it, so that no number of peers that do not
+ * read can stop the others (or new clients) from getting theirs.
+ */
 static bool fd_room(const struct conn *c)
 {
-        return c->fds_unread < CONN_MAX_FDS_UNREAD && c->srv->fds_unread < c->srv->fds_budget;
+        const struct server *srv = c->srv;
+
+        return c->fds_unread < CONN_MAX_FDS_UNREAD && srv->fds_unread < srv->fds_budget &&
+               c->session->use->unread < srv->fds_budget / 2;
+}
+
+bool conn_fd_room(void *ctx)
+{
+        struct conn *c = ctx;
+
+        if (fd_room(c))
+                return true;
+        fds_refresh(c);
+        return fd_room(c);
 }
 
 /* Whether one more fd may go to c now; if not, c waits on srv->fd_wait for a tick. */
 static bool fd_may_go(struct conn *c)
 {
-        if (fd_room(c))
-                return true;
-        fds_refresh(c);
-        if (fd_room(c))
+        if (conn_fd_room(c))
                 return true;
         if (!list_linked(&c->fd_wait_link)) {
                 list_insert_tail(&c->srv->fd_wait, &c->fd_wait_link);
                 server_schedule_fd_wait(c->srv);
         }
+        /* waiting for the shared budget: the watchdog finds who holds it and reads nothing */
+        if (c->fds_unread < CONN_MAX_FDS_UNREAD && c->srv->reg->lim.timeout_ms)
+                server_schedule_watchdog(c->srv);
         return false;
 }
 
@@ -130,7 +178,7 @@ void conn_check_fd_wait(struct server *srv)
         struct list *pos, *tmp;
 
         /* over the budget, anyone's count may be stale: look at all who hold some */
-        if (srv->fds_unread >= srv->fds_budget)
+        if (srv->fds_unread >= srv->fds_budget / 2)
                 for (pos = srv->conns.next; pos != &srv->conns; pos = pos->next)
                         fds_refresh(list_entry(pos, struct conn, link));
         list_for_each_safe(pos, tmp, &srv->fd_wait)
@@ -172,9 +220,7 @@ void conn_sweep_rings(struct server *srv)
                 /* quiet for a whole period: take its last releases, then sleep on its ring */
                 list_remove(&c->awake_link);
                 if (registry_ring_sleep(c->session) < 0) {
-                        log_notice("session %llu pid %d uid %u: dropped: corrupt release ring",
-                                   (unsigned long long)c->session->id, (int)c->session->pid,
-                                   (unsigned)c->session->uid);
+                        log_session(notice, c->session, "dropped: corrupt release ring");
                         conn_close(c);
                 }
         }
@@ -188,10 +234,19 @@ static void set_events(struct conn *c, int events)
         uv_poll_start(&c->poll, events, on_poll);
 }
 
-/* Queues one reply; called by the session. fd is borrowed and duplicated. */
-static int conn_send(void *ctx, const struct wire_reply *rep, int fd)
+/* Watch events may be dropped when the peer leaves too much unread; nothing else is. */
+static bool droppable(const struct wire_reply *rep)
+{
+        return rep->type == WIRE_REP_EVENT &&
+               (rep->event.kind == WIRE_EVENT_PUBLISHED || rep->event.kind == WIRE_EVENT_REPLACED ||
+                rep->event.kind == WIRE_EVENT_UNPUBLISHED);
+}
+
+/* Queues one reply; called by the session. fd is borrowed and duplicated; seg referenced. */
+static int conn_send(void *ctx, const struct wire_reply *rep, int fd, struct segment *seg)
 {
         struct conn *c = ctx;
+        uint64_t max_queued = c->srv->reg->lim.max_queued;
         struct outbuf *b;
         /* most replies are packed once, here; a list page is sized first, then packed */
         uint8_t small[CONN_SMALL_REPLY];
@@ -205,24 +260,22 @@ static int conn_send(void *ctx, const struct wire_reply *rep, int fd)
                 return err;
         if (size > DLX_MAX_FRAME)
                 return -EMSGSIZE;
-        if (c->srv->reg->lim.max_queued && c->outq_bytes + size > c->srv->reg->lim.max_queued) {
-                log_notice("session %llu pid %d uid %u: not reading its replies, disconnected",
-                           (unsigned long long)c->session->id, (int)c->session->pid,
-                           (unsigned)c->session->uid);
-                c->close_pending = true;
-                conn_doom(c);
-                return -ENOBUFS;
-        }
-        if (fd >= 0 && c->queued_fds >= CONN_MAX_QUEUED_FDS) {
-                log_notice("session %llu pid %d uid %u: %d descriptors unread, disconnected",
-                           (unsigned long long)c->session->id, (int)c->session->pid,
-                           (unsigned)c->session->uid, CONN_MAX_QUEUED_FDS);
-                c->close_pending = true;
-                conn_doom(c);
+        /*
+         * Replies cannot pile up (requests wait while output does), but
+         * another client's publishes can bury a slow watcher in events: past
+         * the limit they are dropped, and the peer is told once it has read.
+         */
+        if (droppable(rep) && max_queued && c->outq_bytes + size > max_queued) {
+                if (!c->events_lost)
+                        log_session(notice, c->session,
+                                    "%zu bytes unread: dropping watch events until it reads",
+                                    c->outq_bytes);
+                c->events_lost = true;
                 return -ENOBUFS;
         }
         b = malloc(sizeof(*b) + FRAME_HEADER_SIZE + size);
         if (b) {
+                b->seg = NULL;
                 b->fd = -1;
                 if (fd >= 0 && (b->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0) {
                         free(b);
@@ -235,16 +288,19 @@ static int conn_send(void *ctx, const struct wire_reply *rep, int fd)
                  * (nor with a lease it never heard of): end the session instead.
                  */
                 err = errno ? -errno : -ENOMEM;
-                log_warn("session %llu pid %d uid %u: cannot queue a reply (%s), disconnected",
-                         (unsigned long long)c->session->id, (int)c->session->pid,
-                         (unsigned)c->session->uid, strerror(-err));
+                log_session(warn, c->session, "cannot queue a reply (%s), disconnected",
+                            strerror(-err));
                 c->close_pending = true;
                 conn_doom(c);
                 return err;
         }
-        if (b->fd >= 0)
+        if (seg && seg->fd >= 0) {
+                segment_ref(seg);
+                b->seg = seg;
+        }
+        if (outbuf_has_fd(b))
                 c->queued_fds++;
-        frame_header_put(b->data, (uint32_t)size, fd >= 0 ? 1 : 0);
+        frame_header_put(b->data, (uint32_t)size, outbuf_has_fd(b) ? 1 : 0);
         if (size <= sizeof(small))
                 memcpy(b->data + FRAME_HEADER_SIZE, small, size);
         else
@@ -259,7 +315,7 @@ static int conn_send(void *ctx, const struct wire_reply *rep, int fd)
          * made while dispatching go out at the end of the batch; others as
          * soon as the loop sees the socket writable.
          */
-        if (!c->dispatching && !list_linked(&c->dirty_link)) {
+        if (!c->dispatching && !c->blocked && !list_linked(&c->dirty_link)) {
                 list_insert_tail(&c->srv->dirty, &c->dirty_link);
                 server_schedule_flush(c->srv);
         }
@@ -275,9 +331,24 @@ void conn_flush_dirty(struct server *srv)
         }
 }
 
-/* Sends as much of the output queue as the socket takes, in few syscalls. */
-static void conn_flush(struct conn *c)
+/* Tells a peer whose watch events were dropped, once there is room again. */
+static void report_lost(struct conn *c)
 {
+        struct wire_reply rep = {.id = 0, .status = WIRE_OK, .type = WIRE_REP_EVENT};
+
+        rep.event.kind = WIRE_EVENT_LOST;
+        c->events_lost = false;
+        conn_send(c, &rep, -1, NULL);
+}
+
+/*
+ * Sends as much of the output queue as the socket takes, in few syscalls.
+ * Returns true when all of it went, false when some waits for the peer
+ * (socket full: *ret_full; or the fd budget) or the connection closed.
+ */
+static bool send_queued(struct conn *c, bool *ret_full)
+{
+        *ret_full = c->full = false;
         while (!list_empty(&c->outq) && !c->closing) {
                 struct iovec iov[CONN_IOV_MAX];
                 union frame_cmsg_one cbuf;
@@ -289,20 +360,12 @@ static void conn_flush(struct conn *c)
                 for (pos = c->outq.next; pos != &c->outq && niov < CONN_IOV_MAX; pos = pos->next) {
                         struct outbuf *b = list_entry(pos, struct outbuf, link);
                         /* an fd rides on the first byte of its frame, alone in its sendmsg */
-                        if (b->fd >= 0 && niov > 0)
+                        if (outbuf_has_fd(b) && niov > 0)
                                 break;
-                        if (b->fd >= 0 && b->off == 0) {
-                                if (!fd_may_go(c)) {
-                                        /* a peer being dropped is not waited for */
-                                        if (c->close_pending) {
-                                                conn_close(c);
-                                                return;
-                                        }
-                                        /* the rest waits for the peer to read (a tick) */
-                                        set_events(c, UV_READABLE);
-                                        return;
-                                }
-                                frame_attach_fd(&msg, &cbuf, b->fd);
+                        if (outbuf_has_fd(b) && b->off == 0) {
+                                if (!fd_may_go(c))
+                                        return false; /* the fd ticker looks again */
+                                frame_attach_fd(&msg, &cbuf, b->seg ? b->seg->fd : b->fd);
                         }
                         iov[niov].iov_base = b->data + b->off;
                         iov[niov].iov_len = b->len - b->off;
@@ -314,22 +377,20 @@ static void conn_flush(struct conn *c)
                         if (errno == EINTR)
                                 continue;
                         if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                                /* a peer being dropped gets no more of our time */
-                                if (c->close_pending)
-                                        conn_close(c);
-                                else
-                                        set_events(c, UV_READABLE | UV_WRITABLE);
-                                return;
+                                *ret_full = c->full = true;
+                                return false;
                         }
-                        log_info("session %llu: send failed: %s",
-                                 (unsigned long long)c->session->id, strerror(errno));
+                        log_session(info, c->session, "send failed: %s", strerror(errno));
                         conn_close(c);
-                        return;
+                        return false;
                 }
                 c->outq_bytes -= (size_t)n;
+                /* the peer read enough to make room: progress, whatever else it owes */
+                c->unread_since = uv_now(c->srv->loop);
                 if (msg.msg_control && n > 0) {
                         c->fds_unread++;
                         c->srv->fds_unread++;
+                        c->session->use->unread++;
                 }
                 while (n > 0) {
                         struct outbuf *b = list_entry(c->outq.next, struct outbuf, link);
@@ -337,11 +398,7 @@ static void conn_flush(struct conn *c)
                         if ((size_t)n < left) {
                                 b->off += (size_t)n;
                                 /* the fd went with the first byte: never send it twice */
-                                if (b->fd >= 0) {
-                                        close(b->fd);
-                                        b->fd = -1;
-                                        c->queued_fds--;
-                                }
+                                outbuf_drop_fd(c, b);
                                 break;
                         }
                         n -= (ssize_t)left;
@@ -349,13 +406,59 @@ static void conn_flush(struct conn *c)
                         outbuf_free(c, b);
                 }
         }
-        if (c->closing)
-                return;
-        if (c->close_pending) {
+        return !c->closing;
+}
+
+static void dispatch_frames(struct conn *c, bool *ret_progressed);
+
+/* Output queued past which no more requests are read until the peer reads. */
+static bool over_pause(const struct conn *c)
+{
+        uint64_t max = c->srv->reg->lim.max_queued;
+
+        return c->outq_bytes >= (max ? max : DLX_DEFAULT_MAX_QUEUED) ||
+               c->queued_fds >= CONN_MAX_QUEUED_FDS;
+}
+
+/*
+ * Sends what is queued. Output the peer does not take yet stays queued, and
+ * past over_pause() the connection reads no more requests until it shrinks
+ * (flow control, not a drop); requests received meanwhile are answered then.
+ */
+static void conn_flush(struct conn *c)
+{
+        bool all, full, progressed = false;
+
+        for (;;) {
+                if (c->closing)
+                        return;
+                all = send_queued(c, &full);
+                if (c->closing)
+                        return;
+                /* a peer being dropped gets no more of our time */
+                if (c->close_pending) {
+                        conn_close(c);
+                        return;
+                }
+                if (all && c->events_lost) {
+                        report_lost(c);
+                        continue;
+                }
+                if (!c->blocked || over_pause(c) || c->dispatching)
+                        break;
+                /* room again: go on with the requests that waited */
+                c->blocked = false;
+                dispatch_frames(c, &progressed);
+                watch_stall(c, progressed);
+        }
+        watch_unread(c);
+        /* a peer that sends no more is answered in full, then closed */
+        if (all && c->eof && !c->dispatching && frame_reader_pending(&c->reader) == 0) {
                 conn_close(c);
                 return;
         }
-        set_events(c, UV_READABLE);
+        /* full socket: writable wakes us; an fd waiting for the budget: the fd ticker does */
+        set_events(c, (full ? UV_WRITABLE : 0) | (c->blocked || c->eof ? 0 : UV_READABLE));
 }
 
 /* Reads once; returns bytes read, 0 at EOF, -EAGAIN, or another -errno. */
@@ -390,70 +493,82 @@ static ssize_t conn_read(struct conn *c, bool *ret_drained)
         return n;
 }
 
-static void on_poll(uv_poll_t *h, int status, int events)
+/*
+ * Answers the complete requests received, in order, until output has to
+ * wait for the peer: a batch that queued a lot is sent at once, and what
+ * the socket does not take stops the batch (conn_flush() resumes it).
+ */
+static void dispatch_frames(struct conn *c, bool *ret_progressed)
 {
-        struct conn *c = h->data;
-
-        if (status < 0) {
-                conn_close(c);
-                return;
-        }
-        if (events & UV_WRITABLE)
-                conn_flush(c);
-        if (c->closing || !(events & UV_READABLE) || c->close_pending)
-                return;
+        struct frame f;
+        int r = 1;
 
         c->dispatching = true;
+        while (!c->closing && !c->close_pending) {
+                if (c->outq_bytes >= CONN_BATCH_BYTES || c->queued_fds >= CONN_BATCH_FDS) {
+                        bool full;
+                        send_queued(c, &full);
+                        if (c->closing)
+                                return;
+                }
+                if (over_pause(c)) {
+                        c->blocked = true;
+                        break;
+                }
+                r = frame_reader_next(&c->reader, &f);
+                if (r == 0)
+                        break;
+                if (r < 0) {
+                        log_session(notice, c->session, "dropped: bad frame: %s", strerror(-r));
+                        session_fail(c->session, 0, r, "bad frame: %s", strerror(-r));
+                        c->close_pending = true;
+                        break;
+                }
+                if (dispatch_frame(c->session, &f) == DISPATCH_CLOSE)
+                        c->close_pending = true;
+                *ret_progressed = true;
+        }
+        c->dispatching = false;
+        /* a peer that has sent its last byte leaves no partial frame worth waiting for */
+        if (c->eof && r == 0 && (frame_reader_pending(&c->reader) > 0 || c->reader.nfds > 0)) {
+                log_session(info, c->session, "ended inside a frame");
+                frame_reader_discard(&c->reader);
+        }
+}
+
+static void on_readable(struct conn *c)
+{
         bool progressed = false;
+
         /* releases posted in the ring came before anything this batch holds */
         if (c->session->ring && registry_ring_wake(c->session) < 0) {
-                log_notice("session %llu pid %d uid %u: dropped: corrupt release ring",
-                           (unsigned long long)c->session->id, (int)c->session->pid,
-                           (unsigned)c->session->uid);
+                log_session(notice, c->session, "dropped: corrupt release ring");
                 conn_close(c);
                 return;
         }
-        for (int i = 0; i < CONN_READS_PER_WAKEUP && !c->close_pending && !c->closing; i++) {
+        for (int i = 0; i < CONN_READS_PER_WAKEUP && !c->close_pending && !c->closing &&
+                        !c->blocked && !c->eof;
+             i++) {
                 bool drained = false;
                 ssize_t n = conn_read(c, &drained);
-                struct frame f;
-                int r;
 
                 if (n == -EAGAIN || n == -EWOULDBLOCK)
                         break;
                 if (n == 0) {
                         /* the peer is done sending: answer what it asked, then close */
-                        c->close_pending = true;
-                        break;
-                }
-                if (n < 0) {
+                        c->eof = true;
+                } else if (n < 0) {
                         if (n == -EMFILE)
-                                log_notice("session %llu pid %d uid %u: dropped: too many fds",
-                                           (unsigned long long)c->session->id, (int)c->session->pid,
-                                           (unsigned)c->session->uid);
+                                log_session(notice, c->session, "dropped: too many fds");
                         else if (n != -ECONNRESET)
-                                log_info("session %llu: read failed: %s",
-                                         (unsigned long long)c->session->id, strerror((int)-n));
+                                log_session(info, c->session, "read failed: %s", strerror((int)-n));
                         conn_close(c);
                         return;
                 }
-                while (!c->close_pending && (r = frame_reader_next(&c->reader, &f)) != 0) {
-                        if (r < 0) {
-                                log_notice("session %llu pid %d uid %u: dropped: bad frame: %s",
-                                           (unsigned long long)c->session->id, (int)c->session->pid,
-                                           (unsigned)c->session->uid, strerror(-r));
-                                session_fail(c->session, 0, r, "bad frame: %s", strerror(-r));
-                                c->close_pending = true;
-                                break;
-                        }
-                        if (dispatch_frame(c->session, &f) == DISPATCH_CLOSE)
-                                c->close_pending = true;
-                        progressed = true;
-                }
+                dispatch_frames(c, &progressed);
                 if (drained)
                         break; /* level-triggered: the loop wakes us when more comes */
         }
-        c->dispatching = false;
         /* no timer per batch: a flag, and a sweep of all awake rings once a period */
         if (!c->closing && c->session->ring) {
                 c->active = true;
@@ -464,6 +579,22 @@ static void on_poll(uv_poll_t *h, int status, int events)
         }
         if (!c->closing)
                 watch_stall(c, progressed);
+}
+
+static void on_poll(uv_poll_t *h, int status, int events)
+{
+        struct conn *c = h->data;
+
+        if (status < 0) {
+                conn_close(c);
+                return;
+        }
+        if (events & UV_WRITABLE)
+                conn_flush(c);
+        if (c->closing)
+                return;
+        if ((events & UV_READABLE) && !c->close_pending && !c->blocked && !c->eof)
+                on_readable(c);
         if (!c->closing)
                 conn_flush(c);
 }
@@ -472,18 +603,18 @@ static void on_poll(uv_poll_t *h, int status, int events)
  * A peer that has not said hello, or has sent part of a frame, is on the
  * clock: the rest must come within the timeout (from the last frame that did
  * complete), or it is dropped. Slow senders cannot hold a connection open
- * with a byte at a time.
+ * with a byte at a time. A connection whose requests wait for output to go
+ * is not: it is the peer's reading that is timed then (watch_unread).
  */
 static void watch_stall(struct conn *c, bool progressed)
 {
         struct server *srv = c->srv;
-        bool stalled = srv->reg->lim.timeout_ms &&
+        bool stalled = srv->reg->lim.timeout_ms && !c->blocked && !c->eof &&
                        (!c->session->greeted || frame_reader_pending(&c->reader) > 0 ||
                         c->reader.nfds > 0);
 
         if (!stalled) {
-                if (list_linked(&c->stall_link))
-                        list_remove(&c->stall_link);
+                unlink_if(&c->stall_link);
                 return;
         }
         if (progressed || !list_linked(&c->stall_link))
@@ -491,6 +622,58 @@ static void watch_stall(struct conn *c, bool progressed)
         if (!list_linked(&c->stall_link)) {
                 list_insert_tail(&srv->stalled, &c->stall_link);
                 server_schedule_watchdog(srv);
+        }
+}
+
+/* Whether c waits for its own peer: a full socket, or its own descriptors unread. */
+static bool waits_for_peer(const struct conn *c)
+{
+        return !list_empty(&c->outq) && (c->full || c->fds_unread >= CONN_MAX_FDS_UNREAD);
+}
+
+/*
+ * A peer owes us a read while its output waits for it to read (watch_unread),
+ * and, while others wait for the shared descriptor budget, while descriptors
+ * sent to it are unread. It must make progress (read something) within the
+ * timeout, or it is dropped. A peer that reads, however slowly its requests
+ * are served, is not; nor is an idle one holding nothing anybody waits for.
+ */
+static void watch_unread(struct conn *c)
+{
+        struct server *srv = c->srv;
+
+        if (!srv->reg->lim.timeout_ms || list_linked(&c->unread_link) || !waits_for_peer(c))
+                return;
+        c->unread_since = uv_now(srv->loop);
+        c->unread_seen = peer_unread(c);
+        list_insert_tail(&srv->unread, &c->unread_link);
+        server_schedule_watchdog(srv);
+}
+
+/* Whether a connection waits for the shared descriptor budget, not for its own peer. */
+static bool budget_pressure(struct server *srv)
+{
+        for (struct list *pos = srv->fd_wait.next; pos != &srv->fd_wait; pos = pos->next)
+                if (list_entry(pos, struct conn, fd_wait_link)->fds_unread < CONN_MAX_FDS_UNREAD)
+                        return true;
+        return false;
+}
+
+static void drop_stalled(struct conn *c, uint64_t limit)
+{
+        struct session *s = c->session;
+
+        log_session(notice, s, "dropped: %s for %llu ms",
+                    s->greeted ? "inside a frame" : "no hello", (unsigned long long)limit);
+        session_fail(s, 0, -ETIMEDOUT,
+                     s->greeted ? "timed out: a frame started %llu ms ago is not complete"
+                                : "timed out: no hello within %llu ms",
+                     (unsigned long long)limit);
+        /* the message goes out with the next flush, and the connection closes */
+        c->close_pending = true;
+        if (!list_linked(&c->dirty_link)) {
+                list_insert_tail(&c->srv->dirty, &c->dirty_link);
+                server_schedule_flush(c->srv);
         }
 }
 
@@ -502,24 +685,45 @@ void conn_check_stalled(struct server *srv)
         list_for_each_safe(pos, tmp, &srv->stalled)
         {
                 struct conn *c = list_entry(pos, struct conn, stall_link);
-                struct session *s = c->session;
 
                 if (now - c->stalled_since < limit)
                         continue;
                 list_remove(&c->stall_link);
-                log_notice("session %llu pid %d uid %u: dropped: %s for %llu ms",
-                           (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid,
-                           s->greeted ? "inside a frame" : "no hello", (unsigned long long)limit);
-                session_fail(s, 0, -ETIMEDOUT,
-                             s->greeted ? "timed out: a frame started %llu ms ago is not complete"
-                                        : "timed out: no hello within %llu ms",
-                             (unsigned long long)limit);
-                /* the message goes out with the next flush, and the connection closes */
-                c->close_pending = true;
-                if (!list_linked(&c->dirty_link)) {
-                        list_insert_tail(&srv->dirty, &c->dirty_link);
-                        server_schedule_flush(srv);
+                drop_stalled(c, limit);
+        }
+        /* the budget is short: whoever holds some and reads nothing owes it */
+        bool pressure = budget_pressure(srv);
+        if (pressure && limit) {
+                for (pos = srv->conns.next; pos != &srv->conns; pos = pos->next) {
+                        struct conn *c = list_entry(pos, struct conn, link);
+                        fds_refresh(c);
+                        if (c->fds_unread && !list_linked(&c->unread_link)) {
+                                c->unread_since = now;
+                                c->unread_seen = peer_unread(c);
+                                list_insert_tail(&srv->unread, &c->unread_link);
+                        }
                 }
+        }
+        list_for_each_safe(pos, tmp, &srv->unread)
+        {
+                struct conn *c = list_entry(pos, struct conn, unread_link);
+                int unread = peer_unread(c);
+
+                fds_refresh(c);
+                if (!waits_for_peer(c) && !(pressure && c->fds_unread)) {
+                        list_remove(&c->unread_link); /* it owes nothing now */
+                        continue;
+                }
+                if (unread >= 0 && unread < c->unread_seen)
+                        c->unread_since = now; /* it reads: slowly is fine */
+                c->unread_seen = unread;
+                if (now - c->unread_since < limit)
+                        continue;
+                log_session(notice, c->session,
+                            "dropped: read nothing for %llu ms (%u descriptors unread, %zu bytes "
+                            "waiting)",
+                            (unsigned long long)limit, c->fds_unread, c->outq_bytes);
+                conn_close(c);
         }
 }
 
@@ -554,6 +758,7 @@ int conn_start(struct server *srv, int fd, struct session *session)
         list_init(&c->dirty_link);
         list_init(&c->awake_link);
         list_init(&c->stall_link);
+        list_init(&c->unread_link);
         list_init(&c->fd_wait_link);
         err = frame_reader_init(&c->reader);
         if (err == 0)
@@ -566,10 +771,19 @@ int conn_start(struct server *srv, int fd, struct session *session)
         }
         c->poll.data = c;
         session->io.send = conn_send;
+        session->io.fd_room = conn_fd_room;
         session->io.ctx = c;
         list_insert_tail(&srv->conns, &c->link);
         c->events = UV_READABLE;
-        uv_poll_start(&c->poll, UV_READABLE, on_poll);
+        err = uv_poll_start(&c->poll, UV_READABLE, on_poll);
+        if (err < 0) {
+                /* the caller frees the session; the handle closes, then frees c */
+                session->io.send = NULL;
+                list_remove(&c->link);
+                c->closing = true;
+                uv_close((uv_handle_t *)&c->poll, on_closed);
+                return err;
+        }
         watch_stall(c, false);
         return 0;
 }

@@ -30,6 +30,19 @@ struct session;
 /* Descriptors one connection may have sent and its peer not yet read. */
 #define CONN_MAX_FDS_UNREAD 32
 
+/*
+ * Flow control. Replies are queued while a batch of requests is dispatched
+ * and sent when it ends (or once a batch has queued CONN_BATCH_*). What the
+ * peer does not read yet stays queued; past --max-queued bytes or
+ * CONN_MAX_QUEUED_FDS descriptors the connection reads no more requests
+ * until the queue shrinks: a peer that pipelines is slowed down, never
+ * dropped. Only a peer that reads nothing for the timeout (--timeout-ms)
+ * while its output waits for it is dropped.
+ */
+#define CONN_BATCH_BYTES (256u << 10)
+#define CONN_BATCH_FDS 8
+#define CONN_MAX_QUEUED_FDS 64
+
 struct conn {
         uv_poll_t poll;
         int fd;
@@ -43,15 +56,22 @@ struct conn {
         unsigned fds_unread;      /* sent since the peer was last seen to have read everything */
         struct list fd_wait_link; /* in server.fd_wait while an fd must wait for reading */
         bool dispatching;         /* replies are coalesced until the batch ends */
-        bool close_pending;       /* close once the output queue is sent */
+        bool blocked;             /* too much output waits: no request is read meanwhile */
+        bool full;                /* the socket took not all we had to send */
+        bool eof;                 /* the peer sends no more: answer what came, then close */
+        bool close_pending;       /* being dropped: send what goes without waiting, then close */
         bool closing;
-        bool active;            /* frames came since the last sweep of the rings */
-        struct list link;       /* in server.conns */
-        struct list awake_link; /* in server.awake while the release ring is awake */
-        struct list stall_link; /* in server.stalled while on the clock (watch_stall) */
-        uint64_t stalled_since; /* loop time it went on the clock */
-        struct list doom_link;  /* in server.doomed while a close is scheduled */
-        struct list dirty_link; /* in server.dirty while replies wait for the flush */
+        bool events_lost;        /* watch events were dropped for want of room: say so */
+        bool active;             /* frames came since the last sweep of the rings */
+        struct list link;        /* in server.conns */
+        struct list awake_link;  /* in server.awake while the release ring is awake */
+        struct list stall_link;  /* in server.stalled while on the clock (watch_stall) */
+        uint64_t stalled_since;  /* loop time it went on the clock */
+        struct list unread_link; /* in server.unread while the peer owes us a read */
+        uint64_t unread_since;   /* loop time its reading last made progress */
+        int unread_seen;         /* bytes it had not read at the last look */
+        struct list doom_link;   /* in server.doomed while a close is scheduled */
+        struct list dirty_link;  /* in server.dirty while replies wait for the flush */
 };
 
 /* Takes ownership of fd (a connected, non-blocking socket). Returns 0 or -errno. */
@@ -84,8 +104,14 @@ void conn_flush_dirty(struct server *srv);
  */
 void conn_sweep_rings(struct server *srv);
 
-/* Drops connections on the clock (no hello, or inside a frame) past the timeout. */
+/*
+ * Drops connections on the clock past the timeout: no hello, inside a frame,
+ * or not reading what waits for them.
+ */
 void conn_check_stalled(struct server *srv);
+
+/* Whether one more descriptor may be sent to this session's peer without waiting. */
+bool conn_fd_room(void *ctx);
 
 /* Sends again to connections whose next fd waited for their peer to read (a tick). */
 void conn_check_fd_wait(struct server *srv);

@@ -42,8 +42,12 @@ static enum dispatch_result hello(struct session *s, const struct wire_request *
         rep.hello.max_inflight = DLX_MAX_INFLIGHT;
         /* releases without a system call; without a ring they simply travel as frames */
         int ring = registry_ring_create(s);
-        if (ring >= 0 && registry_ring_spare_fd(ring) < 0) {
-                /* short of descriptors: greet without a ring rather than not at all */
+        if (ring >= 0 &&
+            (registry_ring_spare_fd(ring) < 0 || (s->io.fd_room && !s->io.fd_room(s->io.ctx)))) {
+                /*
+                 * Short of descriptors, or of room to send one without waiting:
+                 * greet without a ring rather than late or not at all.
+                 */
                 registry_ring_destroy(s);
                 close(ring);
                 ring = -1;

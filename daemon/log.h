@@ -18,4 +18,9 @@ void log_msg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
 #define log_warn(...) (log_level >= LOG_WARNING ? log_msg(LOG_WARNING, __VA_ARGS__) : (void)0)
 #define log_err(...) (log_level >= LOG_ERR ? log_msg(LOG_ERR, __VA_ARGS__) : (void)0)
 
+/* One line about a session: "session ID pid PID uid UID: ...". */
+#define log_session(level, s, fmt, ...)                                                            \
+        log_##level("session %llu pid %d uid %u: " fmt, (unsigned long long)(s)->id,               \
+                    (int)(s)->pid, (unsigned)(s)->uid, ##__VA_ARGS__)
+
 #endif /* DLX_DAEMON_LOG_H */

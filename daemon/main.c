@@ -190,6 +190,36 @@ static void on_signal(uv_signal_t *h, int signum)
         uv_close((uv_handle_t *)&d->sigterm, NULL);
 }
 
+static void on_leftover(uv_handle_t *h, void *arg)
+{
+        (void)arg;
+        log_err("a %s handle is still open at exit%s", uv_handle_type_name(uv_handle_get_type(h)),
+                uv_is_closing(h) ? " (closing)" : "");
+}
+
+/*
+ * Frees the registry and the store, runs the close callbacks they caused, and
+ * closes the loop. A handle left open is a leak: it is named and the exit
+ * status says so, so that the tests (which check dlxd exits 0) notice.
+ */
+static int finish(struct daemon *d, int status)
+{
+        int err;
+
+        registry_done(&d->reg);
+        store_done(&d->store);
+        uv_run(&d->loop, UV_RUN_DEFAULT);
+        err = uv_loop_close(&d->loop);
+        if (err < 0) {
+                uv_walk(&d->loop, on_leftover, NULL);
+                log_err("the event loop did not close cleanly: %s", uv_strerror(err));
+                return 1;
+        }
+        if (status == 0)
+                log_notice("stopped");
+        return status;
+}
+
 int main(int argc, char **argv)
 {
         static const struct option fixed[] = {
@@ -287,23 +317,39 @@ int main(int argc, char **argv)
                 setrlimit(RLIMIT_NOFILE, &rl);
         }
         memset(&d, 0, sizeof(d));
-        uv_loop_init(&d.loop);
+        err = uv_loop_init(&d.loop);
+        if (err < 0) {
+                fprintf(stderr, "dlxd: cannot create the event loop: %s\n", uv_strerror(err));
+                return 1;
+        }
         store_init(&d.store);
         registry_init(&d.reg, &d.loop, &d.store, &lim);
         err = server_start(&d.srv, &d.loop, &d.reg, path, shared, group);
         if (err < 0) {
                 fprintf(stderr, "dlxd: cannot start on %s: %s\n", path, strerror(-err));
-                registry_done(&d.reg);
-                store_done(&d.store);
-                uv_run(&d.loop, UV_RUN_DEFAULT); /* close callbacks */
-                uv_loop_close(&d.loop);
-                return 1;
+                return finish(&d, 1);
         }
-        uv_signal_init(&d.loop, &d.sigint);
-        uv_signal_init(&d.loop, &d.sigterm);
-        d.sigint.data = d.sigterm.data = &d;
-        uv_signal_start(&d.sigint, on_signal, SIGINT);
-        uv_signal_start(&d.sigterm, on_signal, SIGTERM);
+        err = uv_signal_init(&d.loop, &d.sigint);
+        if (err == 0) {
+                err = uv_signal_init(&d.loop, &d.sigterm);
+                if (err < 0)
+                        uv_close((uv_handle_t *)&d.sigint, NULL);
+        }
+        if (err == 0) {
+                d.sigint.data = d.sigterm.data = &d;
+                err = uv_signal_start(&d.sigint, on_signal, SIGINT);
+                if (err == 0)
+                        err = uv_signal_start(&d.sigterm, on_signal, SIGTERM);
+                if (err < 0) {
+                        uv_close((uv_handle_t *)&d.sigint, NULL);
+                        uv_close((uv_handle_t *)&d.sigterm, NULL);
+                }
+        }
+        if (err < 0) {
+                fprintf(stderr, "dlxd: cannot watch SIGINT and SIGTERM: %s\n", uv_strerror(err));
+                server_stop(&d.srv);
+                return finish(&d, 1);
+        }
 
         if (shared)
                 log_notice("listening on %s, shared with group %u (max %u clients, max bytes %llu)",
@@ -318,14 +364,5 @@ int main(int argc, char **argv)
         }
 
         uv_run(&d.loop, UV_RUN_DEFAULT);
-
-        registry_done(&d.reg);
-        store_done(&d.store);
-        /* close callbacks of whatever registry_done closed (waiter timers) */
-        uv_run(&d.loop, UV_RUN_DEFAULT);
-        err = uv_loop_close(&d.loop);
-        if (err < 0)
-                log_warn("loop not empty at exit: %s", uv_strerror(err));
-        log_notice("stopped");
-        return 0;
+        return finish(&d, 0);
 }

@@ -362,11 +362,11 @@ static void grant(struct session *s, uint64_t req_id, struct version *v)
 {
         struct registry *reg = s->reg;
         struct segment *seg = v->seg;
-        bool writable = !(v->flags & DLPACK_FLAG_BITMASK_READ_ONLY) && !seg->write_sealed;
+        bool writable = !(v->flags & DLPACK_FLAG_BITMASK_READ_ONLY) && !seg->write_sealed &&
+                        !seg->fd_readonly;
         struct wire_reply rep;
         struct lease *l;
         struct known *k;
-        int fd = -1;
 
         if (reg->lim.max_leases && s->leases.count >= reg->lim.max_leases) {
                 session_fail(s, req_id, -EAGAIN, "this client holds %u leases already (the limit)",
@@ -382,17 +382,12 @@ static void grant(struct session *s, uint64_t req_id, struct version *v)
                 session_fail(s, req_id, -ENOMEM, "out of memory");
                 return;
         }
-        /* a read-only tensor is mapped through the read-only fd, never inside a writable view */
-        if (k && (writable ? !k->rw : !(k->ro || (k->rw && seg->write_sealed)))) {
-                fd = segment_fd(seg, writable);
-                if (fd < 0) {
-                        free(l);
-                        known_drop_unsent(s, k);
-                        session_fail(s, req_id, fd, "cannot share segment %llu: %s",
-                                     (unsigned long long)seg->id, strerror(-fd));
-                        return;
-                }
-        }
+        /*
+         * The fd goes again when the peer needs a mapping of another mode: a
+         * read-only tensor is mapped read-only, never inside a writable view
+         * (unless the segment is sealed, when no view of it writes anyway).
+         */
+        bool send_fd = k && (writable ? !k->rw : !(k->ro || (k->rw && seg->write_sealed)));
         l->id = reg->next_lease++;
         l->v = v;
         avl_insert(&s->leases, &l->node, &l->id, cmp_lease);
@@ -407,7 +402,7 @@ static void grant(struct session *s, uint64_t req_id, struct version *v)
         rep.acquire.lease = l->id;
         rep.acquire.segment_size = seg->size;
         rep.acquire.writable = writable;
-        if (session_send(s, &rep, fd) == 0 && k && fd >= 0) {
+        if (session_send_segment(s, &rep, send_fd ? seg : NULL) == 0 && send_fd) {
                 if (writable)
                         k->rw = true;
                 else
@@ -808,6 +803,39 @@ static int check_extent(const struct wire_tensor *t, const struct segment *seg, 
         return 0;
 }
 
+/*
+ * A read-only version must not change under its readers: its memfd is sealed
+ * against writing before anyone can acquire it, and a segment readers may
+ * map writable cannot carry one. A writable version needs a segment its
+ * readers can map writable. CUDA memory has no such seal: read-only there
+ * is what libdlx maps (README, "Access").
+ */
+static int check_access(const struct wire_tensor *t, struct segment *seg, char *why, size_t whysz)
+{
+        const char *reason = NULL;
+        int err;
+
+        if (seg->kind != WIRE_STORAGE_MEMFD && seg->kind != WIRE_STORAGE_CUDA_HOST)
+                return 0;
+        if (t->flags & DLPACK_FLAG_BITMASK_READ_ONLY) {
+                err = segment_seal_ro(seg, &reason);
+                if (err < 0)
+                        snprintf(why, whysz, "'%s' cannot be read-only: %s", t->name, reason);
+                return err;
+        }
+        if (seg->write_sealed || seg->fd_readonly) {
+                snprintf(why, whysz,
+                         "'%s' cannot be writable: segment %llu is %s, so readers could not map "
+                         "it writable",
+                         t->name, (unsigned long long)seg->id,
+                         seg->fd_readonly ? "a read-only fd"
+                                          : "sealed against writing (it carries read-only "
+                                            "versions)");
+                return -EBUSY;
+        }
+        return 0;
+}
+
 /* The device each storage kind lives on. */
 static int32_t storage_device(uint32_t storage)
 {
@@ -973,6 +1001,8 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
         }
 
         err = check_extent(t, seg, why, sizeof(why));
+        if (err == 0)
+                err = check_access(t, seg, why, sizeof(why));
         /*
          * The entry and the version before the hold: a publish failing after
          * it would leave the segment held, its bytes charged, and the peer
@@ -1025,6 +1055,8 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
         list_insert_tail(&e->versions, &v->link);
         list_insert_tail(&s->published, &v->plink);
         v->own_fd = fd >= 0 && !req->publish.hold;
+        if (!(v->flags & DLPACK_FLAG_BITMASK_READ_ONLY))
+                seg->shared_rw = true; /* never sealed read-only now: readers may write */
         s->nfd_versions += v->own_fd;
         reg->nversions++;
         reg->publishes++;
@@ -1086,7 +1118,13 @@ void registry_acquire(struct session *s, const struct wire_request *req)
         w->req_id = req->id;
         w->min_version = req->acquire.min_version;
         if (req->acquire.timeout_ms > 0) {
-                uv_timer_init(reg->loop, &w->timer);
+                int err = uv_timer_init(reg->loop, &w->timer);
+                if (err < 0) {
+                        free(w);
+                        entry_maybe_free(reg, e);
+                        session_fail(s, req->id, err, "cannot time the wait: %s", strerror(-err));
+                        return;
+                }
                 w->timer.data = w;
                 w->timed = true;
                 uv_timer_start(&w->timer, on_waiter_timeout, (uint64_t)req->acquire.timeout_ms, 0);
@@ -1297,7 +1335,7 @@ void registry_alloc(struct session *s, const struct wire_request *req, int fd)
         rep.alloc.segment = seg->id;
         rep.alloc.size = seg->size;
         /* a segment the client brought needs no fd back: it holds one already */
-        if (session_send(s, &rep, fd >= 0 ? -1 : seg->fd) == 0)
+        if (session_send_segment(s, &rep, fd >= 0 ? NULL : seg) == 0)
                 k->rw = true;
 }
 

@@ -270,10 +270,17 @@ static int ticker_init(struct server *srv, struct ticker *t, uint64_t period_ms,
         t->tick = tick;
         t->period_ms = period_ms;
         t->armed = false;
+        int err;
+
         t->fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
         if (t->fd < 0)
                 return -errno;
-        uv_poll_init(srv->loop, &t->poll, t->fd);
+        err = uv_poll_init(srv->loop, &t->poll, t->fd);
+        if (err < 0) {
+                close(t->fd);
+                t->fd = -1;
+                return err;
+        }
         t->poll.data = t;
         return 0;
 }
@@ -303,7 +310,8 @@ static bool sweep_tick(struct server *srv)
 static bool watchdog_tick(struct server *srv)
 {
         conn_check_stalled(srv);
-        return !list_empty(&srv->stalled);
+        return !list_empty(&srv->stalled) || !list_empty(&srv->unread) ||
+               !list_empty(&srv->fd_wait);
 }
 
 static bool fd_wait_tick(struct server *srv)
@@ -350,6 +358,7 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
         list_init(&srv->dirty);
         list_init(&srv->awake);
         list_init(&srv->stalled);
+        list_init(&srv->unread);
         list_init(&srv->fd_wait);
         srv->sweep.fd = -1;
         srv->watchdog.fd = -1;
@@ -392,24 +401,35 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
                 err = ticker_init(srv, &srv->watchdog, watchdog_period(reg), watchdog_tick);
         if (err == 0)
                 err = ticker_init(srv, &srv->fd_ticker, CONN_FD_WAIT_MS, fd_wait_tick);
+        /* on failure every handle made is closed again: the loop must close empty */
+        uv_handle_t *made[4];
+        int nmade = 0;
+        if (err == 0 && (err = uv_poll_init(loop, &srv->listen_poll, fd)) == 0)
+                made[nmade++] = (uv_handle_t *)&srv->listen_poll;
+        if (err == 0 && (err = uv_timer_init(loop, &srv->backoff)) == 0)
+                made[nmade++] = (uv_handle_t *)&srv->backoff;
+        if (err == 0 && (err = uv_idle_init(loop, &srv->reaper)) == 0)
+                made[nmade++] = (uv_handle_t *)&srv->reaper;
+        if (err == 0 && (err = uv_idle_init(loop, &srv->flusher)) == 0)
+                made[nmade++] = (uv_handle_t *)&srv->flusher;
+        if (err == 0)
+                err = uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
         if (err < 0) {
-                log_err("timerfd: %s", strerror(-err));
+                log_err("cannot watch %s: %s", path, strerror(-err));
+                while (nmade > 0)
+                        uv_close(made[--nmade], NULL);
                 ticker_close(&srv->sweep);
                 ticker_close(&srv->watchdog);
+                ticker_close(&srv->fd_ticker);
                 close(fd);
                 unlink(path);
                 return err;
         }
         srv->listen_fd = fd;
-        uv_poll_init(loop, &srv->listen_poll, fd);
         srv->listen_poll.data = srv;
-        uv_timer_init(loop, &srv->backoff);
         srv->backoff.data = srv;
-        uv_idle_init(loop, &srv->reaper);
         srv->reaper.data = srv;
-        uv_idle_init(loop, &srv->flusher);
         srv->flusher.data = srv;
-        uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
         srv->listening = true;
         return 0;
 }

@@ -46,6 +46,7 @@ struct server {
         struct list awake; /* conns whose release ring is awake: swept every CONN_QUIET_MS */
         struct ticker sweep;
         struct list stalled; /* conns not greeted yet or inside a frame: timed out */
+        struct list unread;  /* conns whose peer has output or fds to read: timed out */
         struct ticker watchdog;
         /*
          * Descriptors in flight (sent, not yet received) are charged to our uid,
@@ -55,7 +56,7 @@ struct server {
          * budget, and a connection over either waits for its peer to read.
          */
         unsigned fds_unread; /* sum of the connections' fds_unread */
-        unsigned fds_budget; /* half the descriptor limit */
+        unsigned fds_budget; /* half the descriptor limit; one uid may use half of it */
         struct list fd_wait; /* conns whose next fd waits */
         struct ticker fd_ticker;
         unsigned nconns;
@@ -92,7 +93,8 @@ void server_schedule_flush(struct server *srv);
 /* Runs conn_sweep_rings() every CONN_QUIET_MS while srv->awake is not empty. */
 void server_schedule_sweep(struct server *srv);
 
-/* Runs conn_check_stalled() a few times per timeout while srv->stalled is not empty. */
+/* Runs conn_check_stalled() a few times per timeout while srv->stalled or srv->unread is not
+ * empty. */
 void server_schedule_watchdog(struct server *srv);
 
 /* Runs conn_check_fd_wait() every few milliseconds while srv->fd_wait is not empty. */

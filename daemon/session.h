@@ -17,12 +17,19 @@
 #include "wire.h"
 
 struct registry;
+struct segment;
 struct uid_use;
 
 /* How a session's replies leave: set by the connection that owns it. */
 struct session_io {
-        /* Queues a reply, with one fd (borrowed; -1 for none). Returns 0 or -errno. */
-        int (*send)(void *ctx, const struct wire_reply *rep, int fd);
+        /*
+         * Queues a reply, with one fd: fd (borrowed; -1 for none), or the fd
+         * of seg (NULL for none), attached when the reply leaves and held by
+         * a reference until then. Returns 0 or -errno.
+         */
+        int (*send)(void *ctx, const struct wire_reply *rep, int fd, struct segment *seg);
+        /* Whether an fd sent now would go without waiting for the peer to read (NULL: yes). */
+        bool (*fd_room)(void *ctx);
         void *ctx;
 };
 
@@ -53,6 +60,8 @@ struct session {
 
 /* Sends a reply or an event; a failure to queue is logged and ends nothing here. */
 int session_send(struct session *s, const struct wire_reply *rep, int fd);
+/* The same, with seg's fd attached (seg may be NULL: none). */
+int session_send_segment(struct session *s, const struct wire_reply *rep, struct segment *seg);
 
 /* Sends a status-only reply with a formatted message. */
 int session_fail(struct session *s, uint64_t id, int err, const char *fmt, ...)

@@ -60,7 +60,7 @@ struct uid_use *store_uid(struct store *st, uid_t uid, bool create)
 
 void store_uid_put(struct store *st, struct uid_use *u)
 {
-        if (!u || u->clients || u->names || u->bytes)
+        if (!u || u->clients || u->names || u->bytes || u->fds || u->unread)
                 return;
         avl_remove(&st->uids, &u->node);
         free(u);
@@ -114,8 +114,6 @@ static void segment_destroy(struct store *st, struct segment *seg)
                 }
                 close(seg->fd);
         }
-        if (seg->fd_ro >= 0)
-                close(seg->fd_ro);
         log_debug("segment %llu destroyed (%llu bytes)", (unsigned long long)seg->id,
                   (unsigned long long)seg->size);
         free(seg);
@@ -138,7 +136,7 @@ void store_done(struct store *st)
 }
 
 static int insert(struct store *st, int fd, uint32_t kind, uint64_t size, uid_t uid,
-                  bool write_sealed, struct segment **ret)
+                  struct segment **ret)
 {
         struct segment *seg = calloc(1, sizeof(*seg));
         struct uid_use *u = fd >= 0 ? store_uid(st, uid, true) : NULL;
@@ -151,10 +149,8 @@ static int insert(struct store *st, int fd, uint32_t kind, uint64_t size, uid_t 
         seg->id = st->next_id++;
         seg->kind = kind;
         seg->fd = fd;
-        seg->fd_ro = -1;
         seg->size = size;
         seg->uid = uid;
-        seg->write_sealed = write_sealed;
         seg->refs = 1;
         list_init(&seg->known);
         avl_insert(&st->segments, &seg->node, &seg->id, cmp_id);
@@ -194,17 +190,17 @@ int store_alloc(struct store *st, uint64_t size, uid_t uid, struct segment **ret
         if (fd < 0)
                 return -errno;
         /*
-         * Mode 0400: a consumer handed the read-only reopen cannot turn it
-         * writable again through /proc/self/fd (only root could). Writable
-         * versions travel on this original fd, which the mode does not affect.
+         * Only the size is sealed now: the allocating client fills it through
+         * a writable mapping. A read-only publish from it seals it against
+         * writing (segment_seal_ro()); no file mode is relied on, since the
+         * same uid, or root, can change those.
          */
-        if (fchmod(fd, 0400) < 0 || ftruncate(fd, (off_t)size) < 0 ||
-            fcntl(fd, F_ADD_SEALS, REQUIRED_SEALS) < 0) {
+        if (ftruncate(fd, (off_t)size) < 0 || fcntl(fd, F_ADD_SEALS, REQUIRED_SEALS) < 0) {
                 err = -errno;
                 close(fd);
                 return err;
         }
-        err = insert(st, fd, WIRE_STORAGE_MEMFD, size, uid, false, ret);
+        err = insert(st, fd, WIRE_STORAGE_MEMFD, size, uid, ret);
         if (err < 0)
                 close(fd);
         return err;
@@ -229,7 +225,7 @@ static int adopt_vmm(struct store *st, int fd, const struct stat *sb, uint64_t d
                 *ret_why = st->why;
         }
         if (err == 0)
-                err = insert(st, fd, WIRE_STORAGE_CUDA_VMM, declared_size, uid, false, ret);
+                err = insert(st, fd, WIRE_STORAGE_CUDA_VMM, declared_size, uid, ret);
         if (err < 0)
                 close(fd);
         return err;
@@ -274,16 +270,15 @@ int store_adopt(struct store *st, int fd, uint32_t kind, uint64_t declared_size,
                         close(fd);
                         return err == -EINVAL ? -EBADF : err;
                 }
-                /* as for our own memfds; not ours to change when another uid made it */
-                (void)fchmod(fd, 0400);
-                /* either write seal leaves no way to map it writable from here on */
-                err = insert(st, fd, kind, (uint64_t)sb.st_size, uid,
-                             (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) ||
-                                     (mode & O_ACCMODE) == O_RDONLY,
-                             ret);
-                if (err < 0)
+                err = insert(st, fd, kind, (uint64_t)sb.st_size, uid, ret);
+                if (err < 0) {
                         close(fd);
-                return err;
+                        return err;
+                }
+                /* either write seal leaves no way to map it writable from here on */
+                (*ret)->write_sealed = (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0;
+                (*ret)->fd_readonly = (mode & O_ACCMODE) == O_RDONLY;
+                return 0;
         }
         close(fd);
         return -EBADF;
@@ -296,7 +291,7 @@ int store_ipc(struct store *st, const uint8_t handle[DLX_CUDA_HANDLE], uint64_t 
 
         if (size == 0 || size > DLX_MAX_SEGMENT)
                 return -EINVAL;
-        err = insert(st, -1, WIRE_STORAGE_CUDA_IPC, size, uid, false, ret);
+        err = insert(st, -1, WIRE_STORAGE_CUDA_IPC, size, uid, ret);
         if (err == 0)
                 memcpy((*ret)->ipc_handle, handle, DLX_CUDA_HANDLE);
         return err;
@@ -319,21 +314,21 @@ void segment_unref(struct store *st, struct segment *seg)
                 segment_destroy(st, seg);
 }
 
-int segment_fd(struct segment *seg, bool writable)
+int segment_seal_ro(struct segment *seg, const char **ret_why)
 {
-        char path[64];
-
-        if (seg->fd < 0 || seg->kind == WIRE_STORAGE_CUDA_VMM || writable || seg->write_sealed)
-                return seg->fd;
-        if (seg->fd_ro < 0) {
-                /*
-                 * A fresh open file description that is read-only: a consumer
-                 * given it cannot map the segment writable, whatever it tries.
-                 */
-                snprintf(path, sizeof(path), "/proc/self/fd/%d", seg->fd);
-                seg->fd_ro = open(path, O_RDONLY | O_CLOEXEC);
-                if (seg->fd_ro < 0)
-                        return -errno;
+        if (seg->write_sealed)
+                return 0;
+        if (seg->shared_rw) {
+                *ret_why = "its segment carries a writable version, whose readers may map it "
+                           "writable";
+                return -EBUSY;
         }
-        return seg->fd_ro;
+        if (seg->fd_readonly || fcntl(seg->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) < 0) {
+                *ret_why = "its memfd is not sealed against writing (F_SEAL_WRITE or "
+                           "F_SEAL_FUTURE_WRITE) and dlxd cannot seal it (read-only fd, or "
+                           "F_SEAL_SEAL)";
+                return -EPERM;
+        }
+        seg->write_sealed = true;
+        return 0;
 }

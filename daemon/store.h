@@ -23,13 +23,20 @@ struct segment {
         uint64_t id;
         uint32_t kind; /* enum wire_storage: how consumers reach the memory */
         int fd;        /* as created or received; -1 for a CUDA IPC handle */
-        int fd_ro;     /* read-only reopen for read-only consumers, -1 until first needed */
         uint64_t size;
-        uid_t uid;                           /* who created or sent it */
-        struct session *holder;              /* session holding it as an allocation, or NULL */
-        bool write_sealed;                   /* F_SEAL_WRITE: no writable mapping is possible */
-        unsigned refs;                       /* versions using it, plus one while held */
-        struct list known;                   /* struct known records: sessions that hold its fd */
+        uid_t uid;              /* who created or sent it: its bytes and fd are charged there */
+        struct session *holder; /* session holding it as an allocation, or NULL */
+        /*
+         * F_SEAL_WRITE or F_SEAL_FUTURE_WRITE: no new writable mapping of it
+         * can exist, through any fd, in any process. Every read-only version
+         * lives in a sealed segment (segment_seal_ro()), so its fd can be
+         * handed out as is.
+         */
+        bool write_sealed;
+        bool fd_readonly;  /* our fd is O_RDONLY: consumers cannot map it writable either */
+        bool shared_rw;    /* a writable version was published from it: never sealed after */
+        unsigned refs;     /* versions using it, plus one while held */
+        struct list known; /* struct known records: sessions that hold its fd */
         uint8_t ipc_handle[DLX_CUDA_HANDLE]; /* CUDA IPC: the allocation's handle */
 };
 
@@ -40,6 +47,8 @@ struct uid_use {
         uint32_t clients; /* sessions (the registry counts them) */
         uint64_t names;   /* names it owns with a current version (likewise) */
         uint64_t bytes;   /* bytes of the segments it created or sent */
+        uint64_t fds;     /* descriptors held for those segments */
+        uint32_t unread;  /* descriptors sent to its connections and not yet read (conn counts) */
 };
 
 struct store {
@@ -103,11 +112,15 @@ void segment_ref(struct segment *seg);
 void segment_unref(struct store *st, struct segment *seg);
 
 /*
- * The fd to hand a consumer: for memfds the original when writable, else a
- * read-only one; a VMM fd as it is (its access is set when mapped); -1 for an
- * IPC handle. -errno on failure.
+ * Seals a memfd segment against writing (F_SEAL_FUTURE_WRITE) so that it can
+ * carry read-only versions: from then on nobody can map it writable or
+ * write() to it, whatever fd they hold; mappings made before stay (the
+ * producer's own). Returns 0 (sealed, or sealed already), -EBUSY (a
+ * writable version was published from it: consumers may hold writable
+ * mappings) or -EPERM (the fd cannot be sealed: opened read-only, or
+ * F_SEAL_SEAL), with the reason in *ret_why.
  */
-int segment_fd(struct segment *seg, bool writable);
+int segment_seal_ro(struct segment *seg, const char **ret_why);
 
 /*
  * Which sessions hold a segment's fd, so a repeated acquire sends none and a

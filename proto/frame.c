@@ -184,6 +184,14 @@ size_t frame_reader_pending(const struct frame_reader *r)
         return r->end - r->start;
 }
 
+void frame_reader_discard(struct frame_reader *r)
+{
+        for (unsigned i = 0; i < r->nfds; i++)
+                close(r->fds[i]);
+        r->nfds = 0;
+        r->start = r->end = 0;
+}
+
 void frame_close_fds(struct frame *f)
 {
         for (unsigned i = 0; i < f->nfds; i++)

@@ -103,6 +103,9 @@ int frame_reader_next(struct frame_reader *r, struct frame *ret);
 /* Bytes buffered but not yet returned as a frame (a partial frame pending). */
 size_t frame_reader_pending(const struct frame_reader *r);
 
+/* Forgets the buffered bytes (a partial frame that will never complete) and closes queued fds. */
+void frame_reader_discard(struct frame_reader *r);
+
 /* Closes the fds a frame still owns and forgets them. */
 void frame_close_fds(struct frame *f);
 

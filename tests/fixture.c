@@ -264,3 +264,40 @@ bool fx_vec_is(const DLManagedTensorVersioned *t, int64_t n, float base)
                         return false;
         return true;
 }
+
+struct plain {
+        DLManagedTensorVersioned mt;
+        int64_t shape[1];
+        int *deleted;
+        float data[];
+};
+
+static void plain_deleter(DLManagedTensorVersioned *t)
+{
+        struct plain *p = t->manager_ctx;
+
+        if (p->deleted)
+                __atomic_add_fetch(p->deleted, 1, __ATOMIC_SEQ_CST);
+        free(p);
+}
+
+DLManagedTensorVersioned *fx_plain_f32(int64_t n, float base, int *deleted)
+{
+        struct plain *p = calloc(1, sizeof(*p) + (size_t)n * sizeof(float));
+
+        ck_assert_ptr_nonnull(p);
+        for (int64_t i = 0; i < n; i++)
+                p->data[i] = base + (float)i;
+        p->shape[0] = n;
+        p->deleted = deleted;
+        p->mt.version.major = 1;
+        p->mt.version.minor = 3;
+        p->mt.manager_ctx = p;
+        p->mt.deleter = plain_deleter;
+        p->mt.dl_tensor = (DLTensor){.data = p->data,
+                                     .device = {kDLCPU, 0},
+                                     .ndim = 1,
+                                     .dtype = {kDLFloat, 32, 1},
+                                     .shape = p->shape};
+        return &p->mt;
+}

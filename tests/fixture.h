@@ -69,6 +69,11 @@ int fx_wait(pid_t pid);
 
 /* A 1-D float32 tensor of n elements from dlx_alloc() (the test fails if it cannot be had). */
 DLManagedTensorVersioned *fx_alloc_f32(dlx_client *c, int64_t n);
+/*
+ * A 1-D float32 vector of n elements in plain heap memory, element i = base + i:
+ * published by copy. Its deleter adds one to *deleted (when not NULL).
+ */
+DLManagedTensorVersioned *fx_plain_f32(int64_t n, float base, int *deleted);
 /* Whether t is a 1-D float32 vector of n elements, element i = base + i. */
 bool fx_vec_is(const DLManagedTensorVersioned *t, int64_t n, float base);
 

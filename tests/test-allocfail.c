@@ -849,8 +849,10 @@ static struct {
  * would pack it (allocations included, inside the armed region) and noted in
  * a log sized beforehand, which takes nothing from the heap.
  */
-static int rec_send(void *ctx, const struct wire_reply *rep, int fd)
+static int rec_send(void *ctx, const struct wire_reply *rep, int fd_arg, struct segment *seg)
 {
+        /* a segment's fd is what the connection would attach */
+        int fd = seg ? seg->fd : fd_arg;
         struct rclient *c = ctx;
         struct rec *r;
         size_t size;

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "fixture.h"
+#include "rawpeer.h"
 #include "frame.h"
 #include "wire.h"
 
@@ -236,44 +237,6 @@ enum {
 
 /* ---- framing and requests ------------------------------------------------------------ */
 
-/* Sends bytes with fds on the first byte. Returns 0 or -errno (the daemon may have hung up). */
-static int send_raw(int fd, const void *buf, size_t len, const int *fds, unsigned nfds)
-{
-        union {
-                struct cmsghdr align;
-                char buf[CMSG_SPACE(sizeof(int) * MAX_SEND_FDS)];
-        } cbuf;
-        struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
-        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-        size_t off = 0;
-
-        ck_assert_uint_le(nfds, MAX_SEND_FDS);
-        if (nfds) {
-                memset(&cbuf, 0, sizeof(cbuf));
-                msg.msg_control = cbuf.buf;
-                msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
-                struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-                cm->cmsg_level = SOL_SOCKET;
-                cm->cmsg_type = SCM_RIGHTS;
-                cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
-                memcpy(CMSG_DATA(cm), fds, sizeof(int) * nfds);
-        }
-        while (off < len) {
-                ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
-                if (n < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        return -errno;
-                }
-                off += (size_t)n;
-                iov.iov_base = (uint8_t *)buf + off;
-                iov.iov_len = len - off;
-                msg.msg_control = NULL;
-                msg.msg_controllen = 0;
-        }
-        return 0;
-}
-
 /* A frame whose header announces `announced` fds while nfds travel with it. */
 static int send_frame_ex(int fd, const void *payload, uint32_t len, unsigned announced,
                          const int *fds, unsigned nfds)
@@ -285,7 +248,7 @@ static int send_frame_ex(int fd, const void *payload, uint32_t len, unsigned ann
         frame_header_put(buf, len, announced);
         if (len)
                 memcpy(buf + FRAME_HEADER_SIZE, payload, len);
-        r = send_raw(fd, buf, FRAME_HEADER_SIZE + (size_t)len, fds, nfds);
+        r = rp_send_raw(fd, buf, FRAME_HEADER_SIZE + (size_t)len, fds, nfds);
         free(buf);
         return r;
 }
@@ -315,141 +278,9 @@ static void send_request(int fd, const struct wire_request *req, int attach_fd)
         free(buf);
 }
 
-/*
- * Reads exactly len bytes before the deadline, collecting any fds into fds[]
- * (up to *nfds; extras are closed). Returns len, the bytes read before EOF,
- * -ETIMEDOUT or -errno (ECONNRESET).
- */
-static ssize_t read_exact(int fd, uint8_t *buf, size_t len, int64_t deadline, int *fds,
-                          unsigned *nfds, unsigned maxfds)
-{
-        size_t off = 0;
-
-        while (off < len) {
-                union {
-                        struct cmsghdr align;
-                        char buf[CMSG_SPACE(sizeof(int) * 64)];
-                } cbuf;
-                struct iovec iov = {.iov_base = buf + off, .iov_len = len - off};
-                struct msghdr msg = {.msg_iov = &iov,
-                                     .msg_iovlen = 1,
-                                     .msg_control = cbuf.buf,
-                                     .msg_controllen = sizeof(cbuf.buf)};
-                struct pollfd pfd = {.fd = fd, .events = POLLIN};
-                int64_t left = deadline - fx_now_ms();
-                ssize_t n;
-                int r;
-
-                if (left < 0)
-                        left = 0;
-                r = poll(&pfd, 1, (int)left);
-                if (r < 0 && errno == EINTR)
-                        continue;
-                if (r == 0)
-                        return -ETIMEDOUT;
-                n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-                if (n < 0) {
-                        if (errno == EINTR || errno == EAGAIN)
-                                continue;
-                        return -errno;
-                }
-                for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
-                        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-                                continue;
-                        unsigned k = (unsigned)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-                        for (unsigned i = 0; i < k; i++) {
-                                int got;
-                                memcpy(&got, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-                                if (*nfds < maxfds)
-                                        fds[(*nfds)++] = got;
-                                else
-                                        close(got);
-                        }
-                }
-                if (n == 0)
-                        return (ssize_t)off;
-                off += (size_t)n;
-        }
-        return (ssize_t)off;
-}
-
-/*
- * Reads one reply frame and decodes it. Returns 1 with *rep filled (list entries
- * already freed), 0 at a clean EOF, -ECONNRESET, -ETIMEDOUT, or -EPROTO for a
- * truncated or undecodable frame. An fd that came with the reply goes to
- * *ret_fd when given (else -1 there), and is closed otherwise.
- */
-static int read_reply_fd(int fd, struct wire_reply *rep, int timeout_ms, int *ret_fd)
-{
-        int64_t deadline = fx_now_ms() + timeout_ms;
-        uint8_t hdr[FRAME_HEADER_SIZE], *payload;
-        int fds[4];
-        unsigned nfds = 0, announced;
-        uint32_t len;
-        char err[DLX_ERROR_MAX + 1];
-        ssize_t n;
-        int r;
-
-        if (ret_fd)
-                *ret_fd = -1;
-        memset(rep, 0, sizeof(*rep));
-        n = read_exact(fd, hdr, sizeof(hdr), deadline, fds, &nfds, 4);
-        if (n == 0 && nfds == 0)
-                return 0;
-        if (n < 0 && n != -ETIMEDOUT && nfds == 0)
-                return (int)n;
-        if (n != (ssize_t)sizeof(hdr)) {
-                r = n == -ETIMEDOUT ? -ETIMEDOUT : -EPROTO;
-                goto out_fds;
-        }
-        r = frame_header_get(hdr, &len, &announced);
-        ck_assert_msg(r == 0, "the daemon sent a bad frame header: %s", strerror(-r));
-        payload = malloc(len ? len : 1);
-        ck_assert_ptr_nonnull(payload);
-        n = read_exact(fd, payload, len, deadline, fds, &nfds, 4);
-        if (n != (ssize_t)len) {
-                free(payload);
-                r = n == -ETIMEDOUT ? -ETIMEDOUT : -EPROTO;
-                goto out_fds;
-        }
-        ck_assert_msg(announced == nfds, "reply announces %u fds, %u came", announced, nfds);
-        r = wire_reply_decode(payload, len, rep, err, sizeof(err));
-        free(payload);
-        ck_assert_msg(r == 0, "the daemon sent an undecodable reply: %s", err);
-        wire_reply_done(rep);
-        if (ret_fd && nfds) {
-                *ret_fd = fds[0];
-                fds[0] = -1;
-        }
-        r = 1;
-out_fds:
-        for (unsigned i = 0; i < nfds; i++)
-                if (fds[i] >= 0)
-                        close(fds[i]);
-        return r;
-}
-
 static int read_reply(int fd, struct wire_reply *rep, int timeout_ms)
 {
-        return read_reply_fd(fd, rep, timeout_ms, NULL);
-}
-
-/* One reply with this id, status OK and body type; fails the test otherwise. */
-static void expect_ok(int fd, uint64_t id, enum wire_reply_type type, struct wire_reply *ret,
-                      int *ret_fd)
-{
-        struct wire_reply rep;
-        int r = read_reply_fd(fd, &rep, REPLY_TIMEOUT_MS, ret_fd);
-
-        ck_assert_msg(r == 1, "request %llu: no reply (%s)", (unsigned long long)id,
-                      r == 0 ? "EOF" : strerror(-r));
-        ck_assert_msg(rep.id == id && rep.status == WIRE_OK && rep.type == type,
-                      "request %llu: expected an OK reply of type %d, got id %llu status %d "
-                      "type %d: %s",
-                      (unsigned long long)id, (int)type, (unsigned long long)rep.id, rep.status,
-                      (int)rep.type, rep.error);
-        if (ret)
-                *ret = rep;
+        return rp_read(fd, rep, timeout_ms, NULL);
 }
 
 /* One status-only reply with this id and status, with a non-empty message; returns it. */
@@ -495,7 +326,7 @@ static void ping(int fd, uint64_t id)
 
         req.ping.nonce = id * 7919 + 1;
         send_request(fd, &req, -1);
-        expect_ok(fd, id, WIRE_REP_PONG, &rep, NULL);
+        rp_expect_ok(fd, id, WIRE_REP_PONG, &rep, NULL);
         ck_assert_uint_eq(rep.pong.nonce, id * 7919 + 1);
 }
 
@@ -515,7 +346,7 @@ static void hello(int fd)
         struct wire_reply rep;
 
         send_hello(fd, HELLO_ID, DLX_PROTO_MAJOR, -1);
-        expect_ok(fd, HELLO_ID, WIRE_REP_HELLO, &rep, NULL);
+        rp_expect_ok(fd, HELLO_ID, WIRE_REP_HELLO, &rep, NULL);
         ck_assert_uint_eq(rep.hello.major, DLX_PROTO_MAJOR);
 }
 
@@ -554,7 +385,7 @@ static void publish_expect(int fd, uint64_t id, const struct tspec *t, int attac
         send_pb(fd, &p, attach_fd);
         pb_done(&p);
         if (status == WIRE_OK)
-                expect_ok(fd, id, WIRE_REP_PUBLISH, NULL, NULL);
+                rp_expect_ok(fd, id, WIRE_REP_PUBLISH, NULL, NULL);
         else
                 expect_error(fd, id, status);
 }
@@ -577,7 +408,7 @@ static uint64_t raw_alloc(int fd, uint64_t id, uint64_t size)
 
         req.alloc.size = size;
         send_request(fd, &req, -1);
-        expect_ok(fd, id, WIRE_REP_ALLOC, &rep, &seg_fd);
+        rp_expect_ok(fd, id, WIRE_REP_ALLOC, &rep, &seg_fd);
         ck_assert_msg(seg_fd >= 0, "alloc reply without its fd");
         close(seg_fd);
         ck_assert_uint_eq(rep.alloc.size, size);
@@ -662,8 +493,8 @@ START_TEST(test_truncated_frame_then_close)
 
         /* a header promising 100 bytes, 10 of them, and the writer goes away */
         frame_header_put(hdr, 100, 0);
-        ck_assert_int_eq(send_raw(fd, hdr, sizeof(hdr), NULL, 0), 0);
-        ck_assert_int_eq(send_raw(fd, junk, sizeof(junk), NULL, 0), 0);
+        ck_assert_int_eq(rp_send_raw(fd, hdr, sizeof(hdr), NULL, 0), 0);
+        ck_assert_int_eq(rp_send_raw(fd, junk, sizeof(junk), NULL, 0), 0);
         ck_assert_int_eq(shutdown(fd, SHUT_WR), 0);
         expect_closed(fd);
         close(fd);
@@ -672,7 +503,7 @@ START_TEST(test_truncated_frame_then_close)
         fd = raw_hello();
         mfd = sealed_memfd(4096);
         frame_header_put(hdr, 100, 1);
-        ck_assert_int_eq(send_raw(fd, hdr, sizeof(hdr), &mfd, 1), 0);
+        ck_assert_int_eq(rp_send_raw(fd, hdr, sizeof(hdr), &mfd, 1), 0);
         close(mfd);
         ck_assert_int_eq(shutdown(fd, SHUT_WR), 0);
         expect_closed(fd);
@@ -680,7 +511,7 @@ START_TEST(test_truncated_frame_then_close)
 
         /* and without waiting for anything: an abrupt close mid-header */
         fd = raw_hello();
-        ck_assert_int_eq(send_raw(fd, hdr, 3, NULL, 0), 0);
+        ck_assert_int_eq(rp_send_raw(fd, hdr, 3, NULL, 0), 0);
         close(fd);
         attack_end(good);
 }
@@ -696,7 +527,7 @@ START_TEST(test_oversized_length)
                 int fd = raw_hello();
 
                 frame_header_put(hdr, lengths[i], 0);
-                ck_assert_int_eq(send_raw(fd, hdr, sizeof(hdr), NULL, 0), 0);
+                ck_assert_int_eq(rp_send_raw(fd, hdr, sizeof(hdr), NULL, 0), 0);
                 expect_error(fd, 0, WIRE_TOO_BIG);
                 expect_closed(fd);
                 close(fd);
@@ -741,7 +572,7 @@ START_TEST(test_reserved_header_bytes)
                 frame_header_put(frame, (uint32_t)size, 0);
                 frame[6] = reserved[i][0];
                 frame[7] = reserved[i][1];
-                ck_assert_int_eq(send_raw(fd, frame, FRAME_HEADER_SIZE + size, NULL, 0), 0);
+                ck_assert_int_eq(rp_send_raw(fd, frame, FRAME_HEADER_SIZE + size, NULL, 0), 0);
                 expect_error(fd, 0, WIRE_PROTOCOL);
                 expect_closed(fd);
                 close(fd);
@@ -922,7 +753,7 @@ START_TEST(test_unknown_fields_ignored)
         send_pb(fd, &p, -1);
         pb_done(&p);
         pb_done(&body);
-        expect_ok(fd, 3, WIRE_REP_PONG, &rep, NULL);
+        rp_expect_ok(fd, 3, WIRE_REP_PONG, &rep, NULL);
         ck_assert_uint_eq(rep.pong.nonce, 4242);
         close(fd);
         attack_end(good);
@@ -1193,7 +1024,7 @@ static void fd_flood(int fd, int rounds, unsigned per)
                 fds[i] = i % 2 ? pfd[1] : pfd[0];
         for (int i = 0; i < rounds; i++) {
                 /* the daemon may hang up halfway: later sends then fail, which is fine */
-                if (send_raw(fd, &byte, 1, fds, per) < 0)
+                if (rp_send_raw(fd, &byte, 1, fds, per) < 0)
                         break;
         }
         close(pfd[0]);
@@ -1243,7 +1074,7 @@ START_TEST(test_unannounced_fd)
         wire_request_pack(&req, payload);
         ck_assert_int_eq(send_frame_ex(fd, payload, (uint32_t)size, 0, &mfd, 1), 0);
         close(mfd);
-        expect_ok(fd, 2, WIRE_REP_PONG, NULL, NULL);
+        rp_expect_ok(fd, 2, WIRE_REP_PONG, NULL, NULL);
         ping(fd, 3);
         close(fd);
         attack_end(good);
@@ -1801,7 +1632,7 @@ START_TEST(test_release_bad_leases)
         publish_expect(owner, 3, &t, -1, WIRE_OK);
         snprintf(req.acquire.name, sizeof(req.acquire.name), "badinput/lease");
         send_request(owner, &req, -1);
-        expect_ok(owner, 4, WIRE_REP_ACQUIRE, &rep, NULL);
+        rp_expect_ok(owner, 4, WIRE_REP_ACQUIRE, &rep, NULL);
         lease = rep.acquire.lease;
 
         /* someone else's lease */
@@ -1865,9 +1696,9 @@ START_TEST(test_free_unwatch_unknown)
         req = (struct wire_request){.id = 3, .type = WIRE_REQ_FREE};
         req.free.segment = seg;
         send_request(owner, &req, -1);
-        expect_ok(owner, 3, WIRE_REP_NONE, NULL, NULL);
+        rp_expect_ok(owner, 3, WIRE_REP_NONE, NULL, NULL);
         /* its last reference gone, the segment is destroyed and the owner told */
-        expect_ok(owner, 0, WIRE_REP_EVENT, &rep, NULL);
+        rp_expect_ok(owner, 0, WIRE_REP_EVENT, &rep, NULL);
         ck_assert_int_eq(rep.event.kind, WIRE_EVENT_SEGMENT_GONE);
         ck_assert_uint_eq(rep.event.segment, seg);
         req.id = 4;
@@ -1892,7 +1723,7 @@ START_TEST(test_watch_flood)
                 struct wire_request req = {.id = id, .type = WIRE_REQ_WATCH};
                 snprintf(req.watch.prefix, sizeof(req.watch.prefix), "badinput/w%d", i);
                 send_request(fd, &req, -1);
-                expect_ok(fd, id, WIRE_REP_WATCH, NULL, NULL);
+                rp_expect_ok(fd, id, WIRE_REP_WATCH, NULL, NULL);
         }
         for (int i = 0; i < 10; i++, id++) {
                 struct wire_request req = {.id = id, .type = WIRE_REQ_WATCH};
@@ -1974,7 +1805,7 @@ START_TEST(test_acquire_flood)
                 ck_assert_uint_eq(wire_request_pack(&req, buf + off + FRAME_HEADER_SIZE), frame);
                 off += FRAME_HEADER_SIZE + frame;
         }
-        ck_assert_int_eq(send_raw(fd, buf, off, NULL, 0), 0);
+        ck_assert_int_eq(rp_send_raw(fd, buf, off, NULL, 0), 0);
         free(buf);
 
         /* the first DLX_MAX_INFLIGHT wait silently; every later one is refused, in order */
@@ -1990,7 +1821,7 @@ START_TEST(test_acquire_flood)
         ck_assert_int_eq(dlx_alloc(good, &proto, &t), 0);
         ck_assert_int_eq(dlx_publish(good, "badinput/flood/missing", t, NULL, NULL), 0);
         for (uint64_t i = 1; i <= DLX_MAX_INFLIGHT; i++) {
-                expect_ok(fd, base + i, WIRE_REP_ACQUIRE, &rep, NULL);
+                rp_expect_ok(fd, base + i, WIRE_REP_ACQUIRE, &rep, NULL);
                 ck_assert_str_eq(rep.acquire.tensor.name, "badinput/flood/missing");
         }
         ping(fd, 3);
@@ -2017,28 +1848,28 @@ START_TEST(test_slow_partial_frame)
         wire_request_pack(&req, frame + FRAME_HEADER_SIZE);
 
         /* half a header, then the rest of the world carries on */
-        ck_assert_int_eq(send_raw(fd, frame, 3, NULL, 0), 0);
+        ck_assert_int_eq(rp_send_raw(fd, frame, 3, NULL, 0), 0);
         assert_daemon_serves(good);
         /* a byte at a time, the good client interleaved */
         for (size_t i = 3; i < FRAME_HEADER_SIZE + size; i++) {
-                ck_assert_int_eq(send_raw(fd, frame + i, 1, NULL, 0), 0);
+                ck_assert_int_eq(rp_send_raw(fd, frame + i, 1, NULL, 0), 0);
                 ck_assert_int_eq(dlx_ping(good), 0);
                 fx_sleep_ms(2);
                 /* nothing may come back before the frame is whole */
                 if (i + 1 < FRAME_HEADER_SIZE + size)
                         ck_assert_int_eq(read_reply(fd, &rep, 0), -ETIMEDOUT);
         }
-        expect_ok(fd, HELLO_ID, WIRE_REP_HELLO, NULL, NULL);
+        rp_expect_ok(fd, HELLO_ID, WIRE_REP_HELLO, NULL, NULL);
 
         /* a ping split exactly at the header/payload boundary, with a pause there */
         req = (struct wire_request){.id = 2, .type = WIRE_REQ_PING};
         ck_assert_int_eq(wire_request_size(&req, &size), 0);
         frame_header_put(frame, (uint32_t)size, 0);
         wire_request_pack(&req, frame + FRAME_HEADER_SIZE);
-        ck_assert_int_eq(send_raw(fd, frame, FRAME_HEADER_SIZE, NULL, 0), 0);
+        ck_assert_int_eq(rp_send_raw(fd, frame, FRAME_HEADER_SIZE, NULL, 0), 0);
         assert_daemon_serves(good);
-        ck_assert_int_eq(send_raw(fd, frame + FRAME_HEADER_SIZE, size, NULL, 0), 0);
-        expect_ok(fd, 2, WIRE_REP_PONG, NULL, NULL);
+        ck_assert_int_eq(rp_send_raw(fd, frame + FRAME_HEADER_SIZE, size, NULL, 0), 0);
+        rp_expect_ok(fd, 2, WIRE_REP_PONG, NULL, NULL);
         close(fd);
         attack_end(good);
 }
@@ -2100,11 +1931,13 @@ START_TEST(test_peer_not_reading)
         ck_assert_int_gt(sent, 400);
 
         /*
-         * Given up on, the peer is disconnected: its session (and its 64 names)
-         * go without its help, and the daemon does not spin on it meanwhile.
+         * The daemon stopped reading it (flow control), and once it has read
+         * nothing for the timeout the peer is disconnected: its session (and
+         * its 64 names) go without its help, and the daemon does not spin on
+         * it meanwhile.
          */
         long ticks = sysconf(_SC_CLK_TCK), cpu0 = daemon_cpu_ticks();
-        int64_t start = fx_now_ms(), deadline = start + 5000;
+        int64_t start = fx_now_ms(), deadline = start + DLX_DEFAULT_TIMEOUT_MS + 5000;
         do {
                 fx_sleep_ms(50);
                 ck_assert_int_eq(dlx_stats(good, &st), 0);
@@ -2113,7 +1946,7 @@ START_TEST(test_peer_not_reading)
         int64_t waited = fx_now_ms() - start;
         ck_assert_msg(st.clients == 1 && st.names == 0,
                       "a peer that stopped reading its replies is still connected %lld ms after "
-                      "overrunning its output queue (%u clients, %llu names); meanwhile dlxd "
+                      "the daemon stopped reading it (%u clients, %llu names); meanwhile dlxd "
                       "used %ld ms of CPU",
                       (long long)waited, st.clients, (unsigned long long)st.names,
                       used * 1000 / ticks);
@@ -2238,22 +2071,22 @@ START_TEST(test_slowloris_partial_frame)
 
         /* three bytes of a header, and nothing more */
         fd = raw_hello();
-        ck_assert_int_eq(send_raw(fd, frame, 3, NULL, 0), 0);
+        ck_assert_int_eq(rp_send_raw(fd, frame, 3, NULL, 0), 0);
         expect_timed_out(fd, "a frame started 300 ms ago is not complete");
         close(fd);
 
         /* a whole header and half a payload: the same */
         fd = raw_hello();
-        ck_assert_int_eq(send_raw(fd, frame, FRAME_HEADER_SIZE + size / 2, NULL, 0), 0);
+        ck_assert_int_eq(rp_send_raw(fd, frame, FRAME_HEADER_SIZE + size / 2, NULL, 0), 0);
         expect_timed_out(fd, "is not complete");
         close(fd);
 
         /* dribbling a frame out a byte every 50 ms: it must be whole within the timeout */
         fd = raw_hello();
-        ck_assert_int_eq(send_raw(fd, frame, 1, NULL, 0), 0);
+        ck_assert_int_eq(rp_send_raw(fd, frame, 1, NULL, 0), 0);
         for (size_t i = 1; i < FRAME_HEADER_SIZE + size; i++) {
                 fx_sleep_ms(50);
-                if (send_raw(fd, frame + i, 1, NULL, 0) < 0)
+                if (rp_send_raw(fd, frame + i, 1, NULL, 0) < 0)
                         break; /* already hung up on */
         }
         expect_timed_out(fd, "is not complete");
@@ -2326,7 +2159,7 @@ START_TEST(test_daemon_out_of_fds)
                 if (conns[i] < 0)
                         continue;
                 nwaiting++;
-                expect_ok(conns[i], HELLO_ID, WIRE_REP_HELLO, NULL, NULL);
+                rp_expect_ok(conns[i], HELLO_ID, WIRE_REP_HELLO, NULL, NULL);
                 ping(conns[i], 2);
                 close(conns[i]);
         }

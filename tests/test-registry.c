@@ -42,6 +42,8 @@ struct sent {
         bool fd_cloexec; /* and it was close-on-exec */
         int fd_accmode;  /* O_RDONLY / O_RDWR of its open file description */
         int64_t fd_size; /* fstat size, -1 when unknown */
+        /* a shared writable mapping of it could be made, or one through /proc reopened O_RDWR */
+        bool fd_maps_writable;
 };
 
 /* Fixed capacity so pointers into the log stay valid for a whole test. */
@@ -65,8 +67,40 @@ static struct {
         uint64_t next_id;
 } E;
 
-static int fake_send(void *ctx, const struct wire_reply *rep, int fd)
+/*
+ * Whether a consumer holding fd could write the memory: map it writable, or
+ * reopen it read-write through /proc (what a consumer of the same uid, or
+ * root, can do whatever the fd's mode) and map that.
+ */
+static bool maps_writable(int fd, int64_t size)
 {
+        char path[64];
+        void *p;
+        int rw;
+
+        if (size <= 0)
+                return false;
+        p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p != MAP_FAILED) {
+                munmap(p, (size_t)size);
+                return true;
+        }
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        rw = open(path, O_RDWR | O_CLOEXEC);
+        if (rw < 0)
+                return false;
+        p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+        close(rw);
+        if (p == MAP_FAILED)
+                return false;
+        munmap(p, (size_t)size);
+        return true;
+}
+
+static int fake_send(void *ctx, const struct wire_reply *rep, int fd_arg, struct segment *seg)
+{
+        /* a segment's fd is what the connection would attach */
+        int fd = seg ? seg->fd : fd_arg;
         struct client *c = ctx;
         struct sent *e;
 
@@ -101,6 +135,7 @@ static int fake_send(void *ctx, const struct wire_reply *rep, int fd)
                 e->fd_accmode = fl >= 0 ? (fl & O_ACCMODE) : -1;
                 if (fstat(fd, &sb) == 0)
                         e->fd_size = sb.st_size;
+                e->fd_maps_writable = maps_writable(fd, e->fd_size);
         }
         return 0;
 }
@@ -667,7 +702,7 @@ START_TEST(test_read_only_and_writable)
         struct client *c2 = client_new(1001, 1001, 201, "consumer2");
         const struct sent *r;
         struct wire_tensor t;
-        uint64_t seg;
+        uint64_t seg, seg2;
 
         publish_flags(p, "ro", false, 1, DLPACK_FLAG_BITMASK_READ_ONLY);
         publish_flags(p, "rw", false, 2, 0);
@@ -676,55 +711,55 @@ START_TEST(test_read_only_and_writable)
         ck_assert(!r->rep.acquire.writable);
         ck_assert(r->rep.acquire.tensor.flags & DLPACK_FLAG_BITMASK_READ_ONLY);
         ck_assert(r->had_fd && r->fd_valid && r->fd_cloexec);
-        /* a read-only consumer gets a descriptor that cannot map writable */
-        ck_assert_int_eq(r->fd_accmode, O_RDONLY);
+        /* sealed: no fd, reopened or not, maps a read-only version writable */
+        ck_assert(!r->fd_maps_writable);
 
         r = acquire_ok(c, "rw");
         ck_assert(r->rep.acquire.writable);
         ck_assert_uint_eq(r->rep.acquire.tensor.flags & DLPACK_FLAG_BITMASK_READ_ONLY, 0);
         ck_assert(r->had_fd);
-        ck_assert_int_eq(r->fd_accmode, O_RDWR);
+        ck_assert(r->fd_maps_writable);
 
-        /* a memfd sealed against writes is read-only whatever the flags say */
+        /* a memfd sealed against writes cannot carry a writable version, and says why */
         tensor_f32(&t, "sealed", 16, 0, SEG_BYTES);
+        r = publish_t(p, &t, make_memfd(SEG_BYTES, F_SEAL_WRITE), false, 3);
+        expect_status(r, WIRE_BUSY);
+        ck_assert_ptr_nonnull(strstr(r->rep.error, "sealed against writing"));
+        t.flags = DLPACK_FLAG_BITMASK_READ_ONLY;
         expect_ok(publish_t(p, &t, make_memfd(SEG_BYTES, F_SEAL_WRITE), false, 3),
                   WIRE_REP_PUBLISH);
         r = acquire_ok(c, "sealed");
         ck_assert(!r->rep.acquire.writable);
         ck_assert(r->rep.acquire.tensor.flags & DLPACK_FLAG_BITMASK_READ_ONLY);
-        ck_assert(r->had_fd && r->fd_valid);
+        ck_assert(r->had_fd && r->fd_valid && !r->fd_maps_writable);
 
         /*
-         * One segment under a read-only and a writable name: a session first
-         * given the read-only fd must get the writable one for the writable
-         * version; one given the writable fd still gets the read-only one for
-         * the read-only version, so it is never mapped inside a writable view.
+         * One segment cannot carry both: once a read-only version sealed it,
+         * a writable one is refused; once a writable one went out (readers
+         * may map it writable), a read-only one is.
          */
         seg = alloc_ok(p, SEG_BYTES);
         expect_ok(publish_seg(p, "seg/ro", seg, DLPACK_FLAG_BITMASK_READ_ONLY, 4),
                   WIRE_REP_PUBLISH);
-        expect_ok(publish_seg(p, "seg/rw", seg, 0, 5), WIRE_REP_PUBLISH);
+        expect_status(publish_seg(p, "seg/rw", seg, 0, 5), WIRE_BUSY);
         r = acquire_ok(c, "seg/ro");
-        ck_assert(r->had_fd && !r->rep.acquire.writable);
-        ck_assert_int_eq(r->fd_accmode, O_RDONLY);
-        r = acquire_ok(c, "seg/rw");
-        ck_assert(r->had_fd && r->rep.acquire.writable);
-        ck_assert_int_eq(r->fd_accmode, O_RDWR);
-        r = acquire_ok(c, "seg/ro");
-        ck_assert(!r->had_fd);
-
-        r = acquire_ok(c2, "seg/rw");
-        ck_assert(r->had_fd && r->rep.acquire.writable);
+        ck_assert(r->had_fd && !r->rep.acquire.writable && !r->fd_maps_writable);
         r = acquire_ok(c2, "seg/ro");
-        ck_assert(r->had_fd && !r->rep.acquire.writable);
-        ck_assert_int_eq(r->fd_accmode, O_RDONLY);
-        ck_assert(r->rep.acquire.tensor.flags & DLPACK_FLAG_BITMASK_READ_ONLY);
-        r = acquire_ok(c2, "seg/ro");
-        ck_assert(!r->had_fd);
+        ck_assert(r->had_fd && !r->fd_maps_writable);
+        ck_assert(!acquire_ok(c2, "seg/ro")->had_fd);
 
-        /* the allocating session already holds the writable fd */
-        r = acquire_ok(p, "seg/rw");
-        ck_assert(!r->had_fd);
+        seg2 = alloc_ok(p, SEG_BYTES);
+        expect_ok(publish_seg(p, "seg2/rw", seg2, 0, 6), WIRE_REP_PUBLISH);
+        r = publish_seg(p, "seg2/ro", seg2, DLPACK_FLAG_BITMASK_READ_ONLY, 7);
+        expect_status(r, WIRE_BUSY);
+        ck_assert_ptr_nonnull(strstr(r->rep.error, "writable version"));
+        r = acquire_ok(c, "seg2/rw");
+        ck_assert(r->had_fd && r->rep.acquire.writable && r->fd_maps_writable);
+        ck_assert(!acquire_ok(c, "seg2/rw")->had_fd);
+
+        /* the allocating session already holds the fd */
+        ck_assert(!acquire_ok(p, "seg2/rw")->had_fd);
+        ck_assert(!acquire_ok(p, "seg/ro")->had_fd);
 }
 END_TEST
 
@@ -991,17 +1026,18 @@ START_TEST(test_session_free_self_references)
 {
         struct client *p = client_new(1000, 1000, 100, "p");
         struct client *c = client_new(1001, 1001, 200, "c");
-        uint64_t seg, lease, seg_a2;
+        uint64_t seg, seg_p, lease, seg_a2;
         struct wire_tensor t;
         size_t before;
         struct wire_stats st;
 
         seg = alloc_ok(p, SEG_BYTES);
+        seg_p = alloc_ok(p, SEG_BYTES);
         expect_ok(publish_seg(p, "self/a", seg, 0, 1), WIRE_REP_PUBLISH);
         acquire_ok(p, "self/a");
         seg_a2 = publish(p, "self/a", false, 2)->rep.publish.segment;
         tensor_f32(&t, "self/p", 16, 0, SEG_BYTES);
-        t.segment = seg;
+        t.segment = seg_p;
         t.flags = DLPACK_FLAG_BITMASK_READ_ONLY;
         expect_ok(publish_t(p, &t, -1, true, 3), WIRE_REP_PUBLISH);
         ck_assert_ptr_null(acquire(p, "self/none", 0, 60000, NULL));
@@ -1033,7 +1069,7 @@ START_TEST(test_session_free_self_references)
         ck_assert_uint_eq(st.segments, 1);
         ck_assert_uint_eq(st.names, 1);
         ck_assert(!acquire_ok(c, "self/p")->rep.acquire.writable);
-        ck_assert_uint_eq(stat_ok(c, "self/p")->tensor.segment, seg);
+        ck_assert_uint_eq(stat_ok(c, "self/p")->tensor.segment, seg_p);
 }
 END_TEST
 

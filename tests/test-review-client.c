@@ -27,43 +27,6 @@
 
 /* ---- helpers ------------------------------------------------------------------------- */
 
-/* A plain malloc'd float32 vector: published by copy. */
-struct plain {
-        DLManagedTensorVersioned mt;
-        int64_t shape[1];
-        int *deleted;
-        float data[];
-};
-
-static void plain_deleter(DLManagedTensorVersioned *t)
-{
-        struct plain *p = t->manager_ctx;
-        if (p->deleted)
-                __atomic_add_fetch(p->deleted, 1, __ATOMIC_SEQ_CST);
-        free(p);
-}
-
-static DLManagedTensorVersioned *plain_f32(int64_t n, float base, int *deleted)
-{
-        struct plain *p = calloc(1, sizeof(*p) + (size_t)n * sizeof(float));
-
-        ck_assert_ptr_nonnull(p);
-        for (int64_t i = 0; i < n; i++)
-                p->data[i] = base + (float)i;
-        p->shape[0] = n;
-        p->deleted = deleted;
-        p->mt.version.major = 1;
-        p->mt.version.minor = 3;
-        p->mt.manager_ctx = p;
-        p->mt.deleter = plain_deleter;
-        p->mt.dl_tensor = (DLTensor){.data = p->data,
-                                     .device = {kDLCPU, 0},
-                                     .ndim = 1,
-                                     .dtype = {kDLFloat, 32, 1},
-                                     .shape = p->shape};
-        return &p->mt;
-}
-
 static void publish_ok(dlx_client *c, const char *name, DLManagedTensorVersioned *t,
                        const struct dlx_publish_options *o)
 {
@@ -135,7 +98,7 @@ START_TEST(mmap_failure_poisons_segment)
         struct rlimit old, low;
         int err;
 
-        publish_ok(p, "poison/big", plain_f32(n, 1.0f, NULL), NULL);
+        publish_ok(p, "poison/big", fx_plain_f32(n, 1.0f, NULL), NULL);
 
         /* a transient shortage of address space: this mmap cannot succeed */
         ck_assert_int_eq(getrlimit(RLIMIT_AS, &old), 0);
@@ -396,7 +359,7 @@ START_TEST(forget_crossing_fdless_reply)
 
         for (int i = 0; i < 32; i++) {
                 snprintf(name, sizeof(name), "x/d%d", i);
-                publish_ok(p, name, plain_f32(16, (float)i, NULL), NULL);
+                publish_ok(p, name, fx_plain_f32(16, (float)i, NULL), NULL);
         }
         for (int trial = 0; trial < 100; trial++) {
                 dlx_client *q = fx_connect(&fx, "consumer");
@@ -406,7 +369,7 @@ START_TEST(forget_crossing_fdless_reply)
                 uint64_t id0;
                 pthread_t th;
 
-                publish_ok(p, "x/s", plain_f32(16, 100.0f, NULL), NULL);
+                publish_ok(p, "x/s", fx_plain_f32(16, 100.0f, NULL), NULL);
                 /* S first in the idle cache, then 31 others: 32 idle, one held */
                 t = acquire_ok(q, "x/s");
                 ino = inode_of(t->dl_tensor.data);
@@ -433,7 +396,7 @@ START_TEST(forget_crossing_fdless_reply)
                 ck_assert_int_eq(dlx_ping(q), 0);
 
                 /* S dies: the consumer must not keep it mapped */
-                publish_ok(p, "x/s", plain_f32(16, 200.0f, NULL), NULL);
+                publish_ok(p, "x/s", fx_plain_f32(16, 200.0f, NULL), NULL);
                 ck_assert_int_eq(dlx_ping(q), 0);
                 ck_assert_int_eq(dlx_ping(q), 0);
                 if (inode_mapped(ino))

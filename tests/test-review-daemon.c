@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "fixture.h"
+#include "rawpeer.h"
 #include "frame.h"
 #include "wire.h"
 
@@ -221,117 +222,11 @@ static void send_request(int sock, const struct wire_request *req, int fd)
         ck_assert_msg(r == 0, "send: %s", strerror(-r));
 }
 
-/* Reads exactly len bytes before deadline; fds that come along go to *fd (extras closed). */
-static ssize_t read_exact(int sock, uint8_t *buf, size_t len, int64_t deadline, int *fd)
-{
-        size_t off = 0;
-
-        while (off < len) {
-                union {
-                        struct cmsghdr align;
-                        char buf[CMSG_SPACE(sizeof(int) * 16)];
-                } cbuf;
-                struct iovec iov = {.iov_base = buf + off, .iov_len = len - off};
-                struct msghdr msg = {.msg_iov = &iov,
-                                     .msg_iovlen = 1,
-                                     .msg_control = cbuf.buf,
-                                     .msg_controllen = sizeof(cbuf.buf)};
-                struct pollfd pfd = {.fd = sock, .events = POLLIN};
-                int64_t left = deadline - fx_now_ms();
-                ssize_t n;
-                int r;
-
-                r = poll(&pfd, 1, left < 0 ? 0 : (int)left);
-                if (r < 0 && errno == EINTR)
-                        continue;
-                if (r == 0)
-                        return -ETIMEDOUT;
-                n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-                if (n < 0) {
-                        if (errno == EINTR || errno == EAGAIN)
-                                continue;
-                        return -errno;
-                }
-                for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
-                        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-                                continue;
-                        unsigned k = (unsigned)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-                        for (unsigned i = 0; i < k; i++) {
-                                int got;
-                                memcpy(&got, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-                                if (*fd < 0)
-                                        *fd = got;
-                                else
-                                        close(got);
-                        }
-                }
-                if (n == 0)
-                        return (ssize_t)off;
-                off += (size_t)n;
-        }
-        return (ssize_t)off;
-}
-
-/*
- * One reply: 1 with *rep (list entries freed), 0 at EOF, -ETIMEDOUT, -ECONNRESET.
- * An fd that came with it goes to *ret_fd (when given; else closed).
- */
-static int read_reply_ex(int sock, struct wire_reply *rep, int timeout_ms, int *ret_fd, bool keep);
-
-static int read_reply_fd(int sock, struct wire_reply *rep, int timeout_ms, int *ret_fd)
-{
-        return read_reply_ex(sock, rep, timeout_ms, ret_fd, false);
-}
-
-/* keep: the reply's allocations (RELEASED events) stay, for wire_reply_done(). */
-static int read_reply_ex(int sock, struct wire_reply *rep, int timeout_ms, int *ret_fd, bool keep)
-{
-        int64_t deadline = fx_now_ms() + timeout_ms;
-        uint8_t hdr[FRAME_HEADER_SIZE], *payload;
-        char err[DLX_ERROR_MAX + 1];
-        unsigned announced;
-        uint32_t len;
-        int fd = -1, r;
-        ssize_t n;
-
-        memset(rep, 0, sizeof(*rep));
-        if (ret_fd)
-                *ret_fd = -1;
-        n = read_exact(sock, hdr, sizeof(hdr), deadline, &fd);
-        if (n != (ssize_t)sizeof(hdr)) {
-                if (fd >= 0)
-                        close(fd);
-                return n < 0 ? (int)n : 0;
-        }
-        ck_assert_int_eq(frame_header_get(hdr, &len, &announced), 0);
-        payload = malloc(len ? len : 1);
-        ck_assert_ptr_nonnull(payload);
-        n = read_exact(sock, payload, len, deadline, &fd);
-        if (n != (ssize_t)len) {
-                free(payload);
-                if (fd >= 0)
-                        close(fd);
-                return n < 0 ? (int)n : 0;
-        }
-        r = wire_reply_decode(payload, len, rep, err, sizeof(err));
-        free(payload);
-        ck_assert_msg(r == 0, "undecodable reply: %s", err);
-        if (!keep)
-                wire_reply_done(rep);
-        ck_assert_msg(announced == (fd >= 0 ? 1u : 0u), "reply announces %u fds, got %s", announced,
-                      fd >= 0 ? "one" : "none");
-        if (ret_fd)
-                *ret_fd = fd;
-        else if (fd >= 0)
-                close(fd);
-        return 1;
-}
-
 /* The next reply that is not an event. */
 static int read_answer(int sock, struct wire_reply *rep, int timeout_ms, int *ret_fd)
 {
         for (;;) {
-                int r = read_reply_fd(sock, rep, timeout_ms, ret_fd);
+                int r = rp_read(sock, rep, timeout_ms, ret_fd);
                 if (r != 1 || rep->type != WIRE_REP_EVENT)
                         return r;
                 if (ret_fd && *ret_fd >= 0)
@@ -483,18 +378,33 @@ static int ro_consumer(void *p)
                 return 3;
         if (rep.acquire.writable || !(rep.acquire.tensor.flags & DLPACK_FLAG_BITMASK_READ_ONLY))
                 return 4;
-        if ((fcntl(cfd, F_GETFL) & O_ACCMODE) != O_RDONLY)
+        /* the fd itself: a writable mapping, a write, a read-only mapping made writable */
+        float *w = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, cfd, 0);
+        if (w != MAP_FAILED) {
+                w[0] = -7.0f;
+                return 1;
+        }
+        if (pwrite(cfd, "\0\0\0\0", 4, 0) == 4)
+                return 1;
+        w = mmap(NULL, 4096, PROT_READ, MAP_SHARED, cfd, 0);
+        if (w == MAP_FAILED)
                 return 5;
+        if (mprotect(w, 4096, PROT_READ | PROT_WRITE) == 0) {
+                w[0] = -7.0f;
+                return 1;
+        }
+        munmap(w, 4096);
+        /* and a read-write reopen through /proc, whatever the fd's mode or file's mode */
         snprintf(path, sizeof(path), "/proc/self/fd/%d", cfd);
         rw = open(path, O_RDWR | O_CLOEXEC);
         if (rw < 0)
                 return 0;
-        float *w = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
-        if (w == MAP_FAILED)
-                return 0;
-        w[0] = -7.0f;
-        munmap(w, 4096);
-        return 1;
+        w = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+        if (w != MAP_FAILED) {
+                w[0] = -7.0f;
+                return 1;
+        }
+        return pwrite(rw, "\0\0\0\0", 4, 0) == 4 ? 1 : 0;
 }
 
 /*
@@ -928,7 +838,7 @@ START_TEST(rd_release_events_crowded_out)
         snprintf(req.unpublish.name, sizeof(req.unpublish.name), "review/gpu");
         send_request(prod, &req, -1);
         for (;;) {
-                int r = read_reply_ex(prod, &rep, REPLY_TIMEOUT_MS, NULL, true);
+                int r = rp_read_keep(prod, &rep, REPLY_TIMEOUT_MS, NULL);
                 ck_assert_msg(r == 1, "no RELEASED for the producer (%s)", outcome(r));
                 if (rep.type == WIRE_REP_EVENT && rep.event.kind == WIRE_EVENT_RELEASED) {
                         nevents = rep.event.nevents;

@@ -328,6 +328,12 @@ enum dlx_event_kind {
         DLX_EVENT_PUBLISHED = 1,   /* a name got its first version */
         DLX_EVENT_REPLACED = 2,    /* a name got a newer version */
         DLX_EVENT_UNPUBLISHED = 3, /* a name was removed (or its producer left) */
+        /*
+         * Events were dropped: this client left too many unread (dlxd --max-queued,
+         * or 65536 in the library's queue). name is empty and watch 0; list the
+         * watched prefixes again to catch up.
+         */
+        DLX_EVENT_LOST = 4,
 };
 
 struct dlx_event {

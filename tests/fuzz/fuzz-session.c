@@ -140,8 +140,10 @@ static void take_reply(struct peer *p, uint64_t id)
                    (unsigned long long)p->s->id, (unsigned long long)id);
 }
 
-static int fake_send(void *ctx, const struct wire_reply *rep, int fd)
+static int fake_send(void *ctx, const struct wire_reply *rep, int fd_arg, struct segment *seg)
 {
+        /* a segment's fd is what the connection would attach */
+        int fd = seg ? seg->fd : fd_arg;
         struct peer *p = ctx;
         uint8_t small[SMALL_REPLY], *buf = small;
         struct wire_reply back;

@@ -1,0 +1,515 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Flow control between dlxd and its peers: a client that follows the
+ * protocol is never dropped, however it pipelines or however slowly it
+ * reads; only a peer that reads nothing for the timeout while something
+ * waits for it is; a half-closed peer gets every reply it asked for; idle
+ * peers holding descriptors unread cannot stop new clients; and a watcher
+ * that falls behind loses events, is told so, and stays connected.
+ *
+ * Most peers here are raw (tests/rawpeer.h) so that they can misbehave
+ * exactly; the well-behaved side is libdlx.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <check.h>
+
+#include "fixture.h"
+#include "rawpeer.h"
+
+/* Publishes n names prefix/0 .. prefix/n-1, each a copy in a segment of its own. */
+static void publish_copies(dlx_client *c, const char *prefix, int n)
+{
+        char name[DLX_NAME_MAX + 1];
+
+        for (int i = 0; i < n; i++) {
+                snprintf(name, sizeof(name), "%s/%d", prefix, i);
+                int err = dlx_publish(c, name, fx_plain_f32(4, (float)i, NULL), NULL, NULL);
+                ck_assert_msg(err == 0, "publish %s: %s (%s)", name, dlx_strerror(err),
+                              dlx_last_error());
+        }
+}
+
+static void acquire_req(struct wire_request *req, uint64_t id, const char *name)
+{
+        memset(req, 0, sizeof(*req));
+        req->id = id;
+        req->type = WIRE_REQ_ACQUIRE;
+        snprintf(req->acquire.name, sizeof(req->acquire.name), "%s", name);
+}
+
+static struct dlx_stats stats_of(dlx_client *c)
+{
+        struct dlx_stats st;
+
+        ck_assert_int_eq(dlx_stats(c, &st), 0);
+        return st;
+}
+
+/* Polls until the daemon counts n clients, up to timeout_ms; returns the last count. */
+static uint32_t wait_clients(dlx_client *c, uint32_t n, int timeout_ms)
+{
+        int64_t deadline = fx_now_ms() + timeout_ms;
+        uint32_t got;
+
+        while ((got = stats_of(c).clients) != n && fx_now_ms() < deadline)
+                fx_sleep_ms(10);
+        return got;
+}
+
+/* ---- pipelining ---------------------------------------------------------------------------- */
+
+/*
+ * n acquires of n different segments, each reply carrying an fd, written in
+ * one go; then every reply is read: all n come, in order, each with its fd,
+ * and the peer stays connected.
+ */
+static void pipelined_acquires(int n)
+{
+        dlx_client *good = fx_connect(&fx, "producer");
+        int sock = rp_connect(fx.socket, "pipeliner");
+        size_t cap = (size_t)n * 512, off = 0;
+        uint8_t *buf = malloc(cap);
+        char name[DLX_NAME_MAX + 1];
+        struct wire_request req;
+        struct wire_reply rep;
+
+        ck_assert_ptr_nonnull(buf);
+        publish_copies(good, "flow/pipe", n);
+        for (int i = 0; i < n; i++) {
+                snprintf(name, sizeof(name), "flow/pipe/%d", i);
+                acquire_req(&req, 100 + (uint64_t)i, name);
+                off += rp_frame(&req, 0, buf + off, cap - off);
+        }
+        ck_assert_int_eq(rp_send_raw(sock, buf, off, NULL, 0), 0);
+        free(buf);
+        for (int i = 0; i < n; i++) {
+                int fd = -1;
+                int r = rp_read(sock, &rep, 10000, &fd);
+                ck_assert_msg(r == 1, "%d acquires in one write: reply %d is %s", n, i,
+                              r == 0 ? "EOF (dropped)" : strerror(-r));
+                ck_assert_msg(rep.id == 100 + (uint64_t)i && rep.status == WIRE_OK,
+                              "reply %d: id %llu status %d '%s'", i, (unsigned long long)rep.id,
+                              rep.status, rep.error);
+                ck_assert_msg(fd >= 0, "reply %d carries no fd", i);
+                close(fd);
+        }
+        /* still connected and served */
+        req = (struct wire_request){.id = 7, .type = WIRE_REQ_PING};
+        rp_send(sock, &req, -1);
+        rp_expect_ok(sock, 7, WIRE_REP_PONG, NULL, NULL);
+        close(sock);
+        ck_assert_int_eq(fx_wait_leases(good, 0, 5000), 0);
+        dlx_close(good);
+}
+
+START_TEST(pipelined_fd_replies_70)
+{
+        dlxd_start(&fx, NULL);
+        pipelined_acquires(70);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/* Past every per-connection count of queued and unread descriptors. */
+START_TEST(pipelined_fd_replies_300)
+{
+        dlxd_start(&fx, NULL);
+        pipelined_acquires(300);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+#define THREADS 100
+
+struct racer {
+        dlx_client *c;
+        int i;
+        int err;
+        char why[256];
+};
+
+static void *race_acquire(void *p)
+{
+        struct racer *r = p;
+        char name[DLX_NAME_MAX + 1];
+        DLManagedTensorVersioned *t = NULL;
+        struct dlx_acquire_options o = {.timeout_ms = 10000};
+
+        snprintf(name, sizeof(name), "flow/threads/%d", r->i);
+        r->err = dlx_acquire(r->c, name, &o, &t);
+        if (r->err == 0) {
+                if (!fx_vec_is(t, 4, (float)r->i))
+                        r->err = -EILSEQ;
+                t->deleter(t);
+        } else {
+                snprintf(r->why, sizeof(r->why), "%s", dlx_last_error());
+        }
+        return NULL;
+}
+
+/* 100 threads of one client acquire 100 fresh segments at once, several rounds. */
+START_TEST(threads_acquire_fresh_segments)
+{
+        dlx_client *prod, *cons;
+        struct racer r[THREADS];
+        pthread_t th[THREADS];
+
+        dlxd_start(&fx, NULL);
+        prod = fx_connect(&fx, "producer");
+        cons = fx_connect(&fx, "threads");
+        for (int round = 0; round < 3; round++) {
+                /* new versions each round: new segments, every reply carries an fd */
+                publish_copies(prod, "flow/threads", THREADS);
+                for (int i = 0; i < THREADS; i++) {
+                        r[i] = (struct racer){.c = cons, .i = i};
+                        ck_assert_int_eq(pthread_create(&th[i], NULL, race_acquire, &r[i]), 0);
+                }
+                for (int i = 0; i < THREADS; i++) {
+                        pthread_join(th[i], NULL);
+                        ck_assert_msg(r[i].err == 0, "round %d thread %d: %s (%s)", round, i,
+                                      dlx_strerror(r[i].err), r[i].why);
+                }
+        }
+        ck_assert_int_eq(dlx_ping(cons), 0);
+        dlx_close(cons);
+        dlx_close(prod);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/* ---- half-closed peers and slow readers ------------------------------------------------------ */
+
+/* 512 names of 200 bytes: a list page of them is over 100 KiB, more than a socket holds. */
+static void publish_long_names(dlx_client *c, int n)
+{
+        DLManagedTensorVersioned *t;
+        char name[DLX_NAME_MAX + 1];
+
+        for (int i = 0; i < n; i++) {
+                memset(name, 'n', 200);
+                snprintf(name, sizeof(name), "flow/long/%04d/", i);
+                name[strlen(name)] = 'n';
+                name[200] = '\0';
+                t = fx_alloc_f32(c, 4);
+                int err = dlx_publish(c, name, t, NULL, NULL);
+                ck_assert_msg(err == 0, "publish: %s (%s)", dlx_strerror(err), dlx_last_error());
+        }
+}
+
+static void list_req(struct wire_request *req, uint64_t id)
+{
+        memset(req, 0, sizeof(*req));
+        req->id = id;
+        req->type = WIRE_REQ_LIST;
+        req->list.limit = DLX_LIST_PAGE_MAX;
+        snprintf(req->list.prefix, sizeof(req->list.prefix), "flow/long/");
+}
+
+/*
+ * A peer asks for big lists, shuts down its sending side and only then
+ * reads, slowly: it gets every reply whole, then EOF.
+ */
+START_TEST(half_closed_peer_gets_every_reply)
+{
+        dlx_client *good;
+        struct wire_request req;
+        struct wire_reply rep;
+        uint8_t buf[4096];
+        size_t off = 0;
+        int sock;
+
+        dlxd_start(&fx, NULL);
+        good = fx_connect(&fx, "producer");
+        publish_long_names(good, 512);
+        sock = rp_connect(fx.socket, "half-closed");
+        for (uint64_t id = 10; id < 13; id++) {
+                list_req(&req, id);
+                off += rp_frame(&req, 0, buf + off, sizeof(buf) - off);
+        }
+        ck_assert_int_eq(rp_send_raw(sock, buf, off, NULL, 0), 0);
+        ck_assert_int_eq(shutdown(sock, SHUT_WR), 0);
+        /* long enough for the daemon to fill the socket and find it full */
+        fx_sleep_ms(200);
+        for (uint64_t id = 10; id < 13; id++) {
+                int r = rp_read(sock, &rep, 10000, NULL);
+                ck_assert_msg(r == 1, "list %llu after SHUT_WR: %s", (unsigned long long)id,
+                              r == 0 ? "EOF before the reply" : strerror(-r));
+                ck_assert_msg(rep.id == id && rep.status == WIRE_OK && rep.type == WIRE_REP_LIST,
+                              "list %llu: id %llu status %d '%s'", (unsigned long long)id,
+                              (unsigned long long)rep.id, rep.status, rep.error);
+                fx_sleep_ms(20);
+        }
+        ck_assert_int_eq(rp_read(sock, &rep, 10000, NULL), 0);
+        close(sock);
+        ck_assert_uint_eq(wait_clients(good, 1, 5000), 1);
+        dlx_close(good);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/* A half-closed peer that never reads is dropped after the timeout, like any other. */
+START_TEST(half_closed_nonreader_dropped)
+{
+        static const char *const args[] = {"--timeout-ms", "300", NULL};
+        dlx_client *good;
+        struct wire_request req;
+        int sock;
+
+        dlxd_start(&fx, args);
+        good = fx_connect(&fx, "producer");
+        publish_long_names(good, 512);
+        sock = rp_connect(fx.socket, "mute");
+        for (uint64_t id = 10; id < 20; id++) {
+                list_req(&req, id);
+                rp_send(sock, &req, -1);
+        }
+        ck_assert_int_eq(shutdown(sock, SHUT_WR), 0);
+        ck_assert_uint_eq(wait_clients(good, 1, 5000), 1);
+        close(sock);
+        dlx_close(good);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/*
+ * A peer that pipelines list requests and reads its replies steadily but
+ * slowly, for several times the timeout, is never dropped: it reads.
+ */
+START_TEST(slow_reader_not_dropped)
+{
+        static const char *const args[] = {"--timeout-ms", "300", "--max-queued", "256K", NULL};
+        const int lists = 40;
+        dlx_client *good;
+        struct wire_request req;
+        struct wire_reply rep;
+        int sock;
+
+        dlxd_start(&fx, args);
+        good = fx_connect(&fx, "producer");
+        publish_long_names(good, 512);
+        sock = rp_connect(fx.socket, "slow");
+        for (int i = 0; i < lists; i++) {
+                list_req(&req, 100 + (uint64_t)i);
+                rp_send(sock, &req, -1);
+        }
+        /* 40 replies of ~110 KiB, one every 50 ms: 2 s, over six timeouts */
+        for (int i = 0; i < lists; i++) {
+                int r = rp_read(sock, &rep, 10000, NULL);
+                ck_assert_msg(r == 1, "reply %d: %s", i, r == 0 ? "EOF (dropped)" : strerror(-r));
+                ck_assert_uint_eq(rep.id, 100 + (uint64_t)i);
+                ck_assert_int_eq(rep.status, WIRE_OK);
+                fx_sleep_ms(50);
+        }
+        req = (struct wire_request){.id = 7, .type = WIRE_REQ_PING};
+        rp_send(sock, &req, -1);
+        rp_expect_ok(sock, 7, WIRE_REP_PONG, NULL, NULL);
+        close(sock);
+        dlx_close(good);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/* ---- idle peers and the descriptor budget ------------------------------------------------------
+ */
+
+/*
+ * Peers that acquire segments and never read their replies hold descriptors
+ * in flight, which the kernel charges to dlxd. However many there are, a
+ * new client connects at once and its acquires go through: the idle peers
+ * are capped, and once others wait for them they are dropped after the
+ * timeout.
+ */
+START_TEST(idle_fd_hogs_cannot_stop_new_clients)
+{
+        static const char *const args[] = {"--timeout-ms", "500", NULL};
+        enum { HOGS = 8, PER_HOG = 40 };
+        struct rlimit low = {.rlim_cur = 256, .rlim_max = 256};
+        dlx_client *prod, *late;
+        DLManagedTensorVersioned *t;
+        struct dlx_acquire_options o = {.timeout_ms = 0};
+        struct wire_request req;
+        char name[DLX_NAME_MAX + 1];
+        int hogs[HOGS];
+        int64_t t0;
+        int err;
+
+        struct rlimit saved;
+
+        /* dlxd inherits 256 descriptors: a budget of 128 in flight, a uid's share 64 */
+        ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &saved), 0);
+        if (saved.rlim_max < low.rlim_max)
+                low = saved;
+        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+        dlxd_start(&fx, args);
+        setrlimit(RLIMIT_NOFILE, &saved); /* root may raise it again; others keep 256 */
+        prod = fx_connect(&fx, "producer");
+        publish_copies(prod, "flow/hog", PER_HOG);
+        for (int h = 0; h < HOGS; h++) {
+                hogs[h] = rp_connect(fx.socket, "hog");
+                for (int i = 0; i < PER_HOG; i++) {
+                        snprintf(name, sizeof(name), "flow/hog/%d", i);
+                        acquire_req(&req, 100 + (uint64_t)i, name);
+                        rp_send(hogs[h], &req, -1);
+                }
+        }
+        ck_assert_int_eq(dlx_ping(prod), 0);
+
+        /* a new client connects at once, and acquires a fresh segment */
+        t0 = fx_now_ms();
+        late = fx_connect(&fx, "late");
+        ck_assert_msg(fx_now_ms() - t0 < 400, "connecting took %lld ms behind idle peers",
+                      (long long)(fx_now_ms() - t0));
+        ck_assert_int_eq(dlx_publish(prod, "flow/late", fx_plain_f32(4, 9.0f, NULL), NULL, NULL),
+                         0);
+        err = dlx_acquire(late, "flow/late", &o, &t);
+        ck_assert_msg(err == 0, "acquire behind idle peers: %s (%s)", dlx_strerror(err),
+                      dlx_last_error());
+        ck_assert(fx_vec_is(t, 4, 9.0f));
+        ck_assert_msg(fx_now_ms() - t0 < 5000, "the acquire took %lld ms",
+                      (long long)(fx_now_ms() - t0));
+        t->deleter(t);
+        ck_assert_int_eq(dlx_ping(late), 0);
+
+        /* hogs that kept others waiting are gone; the readers stay */
+        ck_assert_uint_lt(stats_of(prod).clients, HOGS + 2);
+        for (int h = 0; h < HOGS; h++)
+                close(hogs[h]);
+        ck_assert_uint_eq(wait_clients(prod, 2, 5000), 2);
+        dlx_close(late);
+        dlx_close(prod);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/*
+ * A peer that holds the per-connection number of descriptors unread and a
+ * further fd reply waiting is dropped after the timeout; a peer with fewer
+ * unread and nothing waiting is left alone (it may simply be idle).
+ */
+START_TEST(peer_at_fd_cap_not_reading_dropped)
+{
+        static const char *const args[] = {"--timeout-ms", "300", NULL};
+        dlx_client *prod;
+        struct wire_request req;
+        struct wire_reply rep;
+        char name[DLX_NAME_MAX + 1];
+        int capped, idle;
+
+        dlxd_start(&fx, args);
+        prod = fx_connect(&fx, "producer");
+        publish_copies(prod, "flow/cap", 40);
+        capped = rp_connect(fx.socket, "capped");
+        idle = rp_connect(fx.socket, "idle");
+        for (int i = 0; i < 40; i++) {
+                snprintf(name, sizeof(name), "flow/cap/%d", i);
+                acquire_req(&req, 100 + (uint64_t)i, name);
+                rp_send(capped, &req, -1);
+                if (i < 4)
+                        rp_send(idle, &req, -1);
+        }
+        ck_assert_uint_eq(wait_clients(prod, 2, 5000), 2);
+        /* the idle one was not: it reads what it asked for, hours later as it may */
+        for (int i = 0; i < 4; i++) {
+                int fd = -1;
+                ck_assert_int_eq(rp_read(idle, &rep, 5000, &fd), 1);
+                ck_assert_int_eq(rep.status, WIRE_OK);
+                ck_assert_int_ge(fd, 0);
+                close(fd);
+        }
+        close(capped);
+        close(idle);
+        ck_assert_int_eq(fx_wait_leases(prod, 0, 5000), 0);
+        dlx_close(prod);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/* ---- watchers that fall behind ----------------------------------------------------------------
+ */
+
+/*
+ * A watcher that reads nothing while thousands of names are published gets
+ * its events dropped past --max-queued instead of being disconnected, and a
+ * LOST event once it reads; it stays connected and later events arrive.
+ */
+START_TEST(slow_watcher_loses_events_not_connection)
+{
+        static const char *const args[] = {"--max-queued", "64K", NULL};
+        dlx_client *prod, *w;
+        struct dlx_event ev;
+        uint64_t id;
+        int published = 0, events = 0, lost = 0, err;
+
+        dlxd_start(&fx, args);
+        prod = fx_connect(&fx, "producer");
+        w = fx_connect(&fx, "watcher");
+        ck_assert_int_eq(dlx_watch(w, "flow/w/", &id), 0);
+        /* several MiB of events: far past the 64 KiB queue and the socket */
+        for (int round = 0; round < 4; round++) {
+                for (int i = 0; i < 2000; i++) {
+                        char name[DLX_NAME_MAX + 1];
+                        snprintf(name, sizeof(name), "flow/w/%d/%0200d", i, 0);
+                        ck_assert_int_eq(dlx_publish(prod, name, fx_alloc_f32(prod, 1), NULL, NULL),
+                                         0);
+                        published++;
+                }
+        }
+        ck_assert_uint_eq(stats_of(prod).clients, 2);
+        while ((err = dlx_next_event(w, &ev, 200)) == 0) {
+                if (ev.kind == DLX_EVENT_LOST)
+                        lost++;
+                else
+                        events++;
+        }
+        ck_assert_int_eq(err, -ETIMEDOUT);
+        ck_assert_msg(lost >= 1 && events < published, "%d events and %d LOST for %d publishes",
+                      events, lost, published);
+        /* connected, and what comes now arrives */
+        ck_assert_int_eq(dlx_publish(prod, "flow/w/after", fx_alloc_f32(prod, 1), NULL, NULL), 0);
+        ck_assert_int_eq(dlx_next_event(w, &ev, 5000), 0);
+        ck_assert_int_eq(ev.kind, DLX_EVENT_PUBLISHED);
+        ck_assert_str_eq(ev.name, "flow/w/after");
+        dlx_close(w);
+        dlx_close(prod);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+Suite *flow_suite(void)
+{
+        Suite *s = suite_create("flow");
+        TCase *pipe = tcase_create("pipelining");
+        TCase *slow = tcase_create("slow");
+        TCase *idle = tcase_create("idle");
+        TCase *watch = tcase_create("watchers");
+
+        tcase_set_timeout(pipe, 120);
+        tcase_add_test(pipe, pipelined_fd_replies_70);
+        tcase_add_test(pipe, pipelined_fd_replies_300);
+        tcase_add_test(pipe, threads_acquire_fresh_segments);
+        suite_add_tcase(s, pipe);
+
+        tcase_set_timeout(slow, 120);
+        tcase_add_test(slow, half_closed_peer_gets_every_reply);
+        tcase_add_test(slow, half_closed_nonreader_dropped);
+        tcase_add_test(slow, slow_reader_not_dropped);
+        suite_add_tcase(s, slow);
+
+        tcase_set_timeout(idle, 120);
+        tcase_add_test(idle, idle_fd_hogs_cannot_stop_new_clients);
+        tcase_add_test(idle, peer_at_fd_cap_not_reading_dropped);
+        suite_add_tcase(s, idle);
+
+        tcase_set_timeout(watch, 120);
+        tcase_add_test(watch, slow_watcher_loses_events_not_connection);
+        suite_add_tcase(s, watch);
+        return s;
+}
