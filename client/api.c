@@ -216,11 +216,15 @@ int dlx_stats(dlx_client *c, struct dlx_stats *ret_stats)
                         .max_watches = s->limits.max_watches,
                         .max_queued = s->limits.max_queued,
                         .timeout_ms = s->limits.timeout_ms,
+                        .max_fds = s->limits.max_fds,
+                        .max_fds_per_uid = s->limits.max_fds_per_uid,
                 };
                 ret_stats->uid = s->uid;
                 ret_stats->uid_clients = s->uid_clients;
                 ret_stats->uid_bytes = s->uid_bytes;
                 ret_stats->uid_names = s->uid_names;
+                ret_stats->fds = s->fds;
+                ret_stats->uid_fds = s->uid_fds;
         }
         dlx__pending_done(c, &p);
         return err;

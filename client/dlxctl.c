@@ -516,6 +516,8 @@ static int limit_rows(const struct dlx_limits *l, struct limit_row *rows)
         rows[n++] = (struct limit_row){"max-names-per-uid", l->max_names_per_uid, false};
         rows[n++] = (struct limit_row){"max-leases", l->max_leases, false};
         rows[n++] = (struct limit_row){"max-watches", l->max_watches, false};
+        rows[n++] = (struct limit_row){"max-fds", l->max_fds, false};
+        rows[n++] = (struct limit_row){"max-fds-per-uid", l->max_fds_per_uid, false};
         rows[n++] = (struct limit_row){"max-queued", l->max_queued, true};
         rows[n++] = (struct limit_row){"timeout-ms", l->timeout_ms, false};
         return n;
@@ -539,7 +541,7 @@ static const char *of_limit(uint64_t limit, bool size, char *buf, size_t len)
 static int cmd_stats(int argc, char **argv)
 {
         struct limit_row rows[16];
-        char a[48], b[48], c[48], d[48];
+        char a[48], b[48], c[48], d[48], e[48];
         struct dlx_stats s;
         int err, n;
 
@@ -568,9 +570,9 @@ static int cmd_stats(int argc, char **argv)
                                 *p = *p == '-' ? '_' : *p;
                         printf("%s\"%s\":%" PRIu64, i ? "," : "", key, rows[i].value);
                 }
-                printf("},\"uid\":{\"uid\":%u,\"clients\":%u,\"bytes\":%" PRIu64
-                       ",\"names\":%" PRIu64 "}}\n",
-                       s.uid, s.uid_clients, s.uid_bytes, s.uid_names);
+                printf("},\"fds\":%" PRIu64 ",\"uid\":{\"uid\":%u,\"clients\":%u,\"bytes\":%" PRIu64
+                       ",\"names\":%" PRIu64 ",\"fds\":%" PRIu64 "}}\n",
+                       s.fds, s.uid, s.uid_clients, s.uid_bytes, s.uid_names, s.uid_fds);
                 return 0;
         }
         printf("server:    %s\n"
@@ -580,19 +582,22 @@ static int cmd_stats(int argc, char **argv)
                "leases:    %" PRIu64 "\n"
                "segments:  %" PRIu64 "\n"
                "bytes:     %s %s\n"
+               "fds:       %" PRIu64 " %s\n"
                "clients:   %u %s\n"
                "watchers:  %u\n"
                "requests:  %" PRIu64 " (publishes %" PRIu64 ", acquires %" PRIu64 ")\n",
                dlx_server_version(ctl_client()), (double)s.uptime_ms / 1000.0, s.names,
                of_limit(s.limits.max_names, false, a, sizeof(a)), s.versions, s.leases, s.segments,
-               human_size(s.bytes, c, sizeof(c)), of_limit(s.max_bytes, true, b, sizeof(b)),
-               s.clients, of_limit(s.max_clients, false, d, sizeof(d)), s.watchers, s.requests,
-               s.publishes, s.acquires);
-        printf("uid %u:   %u clients %s, %s %s, %" PRIu64 " names %s\n", s.uid, s.uid_clients,
-               of_limit(s.limits.max_clients_per_uid, false, a, sizeof(a)),
+               human_size(s.bytes, c, sizeof(c)), of_limit(s.max_bytes, true, b, sizeof(b)), s.fds,
+               of_limit(s.limits.max_fds, false, e, sizeof(e)), s.clients,
+               of_limit(s.max_clients, false, d, sizeof(d)), s.watchers, s.requests, s.publishes,
+               s.acquires);
+        printf("uid %u:   %u clients %s, %s %s, %" PRIu64 " names %s, %" PRIu64 " fds %s\n", s.uid,
+               s.uid_clients, of_limit(s.limits.max_clients_per_uid, false, a, sizeof(a)),
                human_size(s.uid_bytes, c, sizeof(c)),
                of_limit(s.limits.max_bytes_per_uid, true, b, sizeof(b)), s.uid_names,
-               of_limit(s.limits.max_names_per_uid, false, d, sizeof(d)));
+               of_limit(s.limits.max_names_per_uid, false, d, sizeof(d)), s.uid_fds,
+               of_limit(s.limits.max_fds_per_uid, false, e, sizeof(e)));
         printf("limits (dlxd options; 0: none):\n");
         for (int i = 0; i < n; i++) {
                 if (rows[i].size && rows[i].value)

@@ -52,8 +52,14 @@ static const struct limit_opt limit_opts[] = {
         LIMIT(max_names_per_uid, "N", "published names one uid owns"),
         LIMIT(max_leases, "N", "leases one client holds at once"),
         LIMIT(max_watches, "N", "watches of one client"),
-        LIMIT(max_queued, "SIZE", "reply bytes a client leaves unread before it is dropped"),
-        LIMIT(timeout_ms, "MS", "for hello, and for the rest of a started frame"),
+        LIMIT(max_fds, "N", "descriptors held for segments"),
+        LIMIT(max_fds_per_uid, "N", "descriptors held for the segments of one uid"),
+        LIMIT(max_queued, "SIZE",
+              "output queued for a client before its requests wait (and its watch events "
+              "are dropped)"),
+        LIMIT(timeout_ms, "MS",
+              "for hello, a started frame, and a client that reads nothing while output "
+              "waits"),
 };
 #define NLIMITS (sizeof(limit_opts) / sizeof(limit_opts[0]))
 /* getopt values of the limit options */
@@ -111,9 +117,42 @@ static void usage(FILE *f)
                 char opt[64], left[96];
                 option_name(&limit_opts[i], opt, sizeof(opt));
                 snprintf(left, sizeof(left), "--%s %s", opt, limit_opts[i].arg);
-                fprintf(f, "  %-30s %s (default %llu)\n", left, limit_opts[i].help,
-                        (unsigned long long)limit_get(&def, &limit_opts[i]));
+                if (limit_get(&def, &limit_opts[i]) == DLX_FDS_AUTO)
+                        fprintf(f, "  %-30s %s (default: from the descriptor limit)\n", left,
+                                limit_opts[i].help);
+                else
+                        fprintf(f, "  %-30s %s (default %llu)\n", left, limit_opts[i].help,
+                                (unsigned long long)limit_get(&def, &limit_opts[i]));
         }
+        fprintf(f, "\nBy default the daemon keeps 64 descriptors and 4 per --max-clients for\n"
+                   "itself and its connections, gives the rest (at least half the limit) to\n"
+                   "segments, and one uid at most half of that.\n");
+}
+
+/*
+ * Descriptors for segments: what the descriptor limit leaves beside the
+ * daemon's own and its connections' (a socket, a release ring on its way,
+ * what a frame brings), and one uid at most half of that, so that no client
+ * or uid can take the table from the others or from connecting at all.
+ */
+static void derive_fd_limits(struct wire_limit_set *lim)
+{
+        uint64_t nofile = 1u << 20, reserve;
+        struct rlimit rl;
+
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+                nofile = rl.rlim_cur;
+        reserve = 64 + 4 * (uint64_t)(lim->max_clients ? lim->max_clients : DLX_DEFAULT_MAX_CLIENTS);
+        if (lim->max_fds == DLX_FDS_AUTO) {
+                lim->max_fds = nofile >= 2 * reserve ? nofile - reserve : nofile / 2;
+                if (nofile < 2 * reserve)
+                        log_warn("a descriptor limit of %llu leaves little room for %u clients: "
+                                 "segments get %llu descriptors",
+                                 (unsigned long long)nofile, lim->max_clients,
+                                 (unsigned long long)lim->max_fds);
+        }
+        if (lim->max_fds_per_uid == DLX_FDS_AUTO)
+                lim->max_fds_per_uid = (lim->max_fds ? lim->max_fds : nofile) / 2;
 }
 
 static int parse_uint(const char *s, unsigned long max, unsigned long *ret)
@@ -316,6 +355,7 @@ int main(int argc, char **argv)
                 rl.rlim_cur = rl.rlim_max;
                 setrlimit(RLIMIT_NOFILE, &rl);
         }
+        derive_fd_limits(&lim);
         memset(&d, 0, sizeof(d));
         err = uv_loop_init(&d.loop);
         if (err < 0) {

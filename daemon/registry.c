@@ -43,7 +43,6 @@ struct version {
         uint32_t leases;
         pid_t producer_pid;
         bool persist;
-        bool own_fd; /* its segment came attached to its publish, not held */
         bool has_event;
         char producer_name[DLX_CLIENT_NAME_MAX + 1];
         uint8_t event[DLX_CUDA_HANDLE]; /* the producer's, recorded at publish */
@@ -215,7 +214,6 @@ static void version_destroy(struct registry *reg, struct version *v)
                         send_event_with(v->producer, WIRE_EVENT_RELEASED, 0, e->name, v->version,
                                         v->token, v->seg->id, v->rel_events, v->nrel_events);
                 list_remove(&v->plink);
-                v->producer->nfd_versions -= v->own_fd;
         }
         free(v->rel_events);
         free(v->rel_owners);
@@ -525,6 +523,8 @@ void registry_default_limits(struct wire_limit_set *lim)
         lim->max_names = DLX_DEFAULT_MAX_NAMES;
         lim->max_leases = DLX_MAX_LEASES_PER_SESSION;
         lim->max_watches = DLX_DEFAULT_MAX_WATCHES;
+        lim->max_fds = DLX_FDS_AUTO;
+        lim->max_fds_per_uid = DLX_FDS_AUTO;
         lim->max_queued = DLX_DEFAULT_MAX_QUEUED;
         lim->timeout_ms = DLX_DEFAULT_TIMEOUT_MS;
 }
@@ -548,6 +548,8 @@ void registry_init(struct registry *reg, uv_loop_t *loop, struct store *st,
                 registry_default_limits(&reg->lim);
         st->max_bytes = reg->lim.max_bytes;
         st->max_bytes_per_uid = reg->lim.max_bytes_per_uid;
+        st->max_fds = reg->lim.max_fds;
+        st->max_fds_per_uid = reg->lim.max_fds_per_uid;
         st->on_gone = on_segment_gone;
 }
 
@@ -713,7 +715,6 @@ void registry_session_free(struct session *s)
                 struct entry *e = v->entry;
 
                 list_remove(&v->plink);
-                s->nfd_versions -= v->own_fd;
                 v->producer = NULL;
                 /* the producer's event went with its process: nothing left to wait on */
                 v->has_event = false;
@@ -986,14 +987,6 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
                 session_fail(s, req->id, -EAGAIN, "publish '%s': %s", t->name, why);
                 return;
         }
-        if (fd >= 0 && !req->publish.hold && s->nfd_versions >= DLX_MAX_FD_VERSIONS_PER_SESSION) {
-                close(fd);
-                session_fail(s, req->id, -EAGAIN,
-                             "this session has %d live versions with an fd of their own; "
-                             "publish from dlx_alloc() memory instead",
-                             DLX_MAX_FD_VERSIONS_PER_SESSION);
-                return;
-        }
         err = publish_segment(s, req, fd, &seg, why, sizeof(why));
         if (err < 0) {
                 session_fail(s, req->id, err, "publish '%s': %s", t->name, why);
@@ -1054,10 +1047,8 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
         memcpy(v->dims + t->ndim, t->strides, (size_t)t->ndim * sizeof(int64_t));
         list_insert_tail(&e->versions, &v->link);
         list_insert_tail(&s->published, &v->plink);
-        v->own_fd = fd >= 0 && !req->publish.hold;
         if (!(v->flags & DLPACK_FLAG_BITMASK_READ_ONLY))
                 seg->shared_rw = true; /* never sealed read-only now: readers may write */
-        s->nfd_versions += v->own_fd;
         reg->nversions++;
         reg->publishes++;
 
@@ -1308,12 +1299,7 @@ void registry_alloc(struct session *s, const struct wire_request *req, int fd)
         if (fd >= 0)
                 err = store_adopt(reg->store, fd, storage, req->alloc.size, s->uid, &seg, &reason);
         else
-                err = store_alloc(reg->store, req->alloc.size, s->uid, &seg);
-        if (err == -ENOSPC && !reason) {
-                store_nospace_why(reg->store, req->alloc.size, s->uid, reg->store->why,
-                                  sizeof(reg->store->why));
-                reason = reg->store->why;
-        }
+                err = store_alloc(reg->store, req->alloc.size, s->uid, &seg, &reason);
         if (err < 0) {
                 session_fail(s, req->id, err, "alloc of %llu bytes: %s",
                              (unsigned long long)req->alloc.size, reason ? reason : strerror(-err));
@@ -1393,6 +1379,8 @@ void registry_stats(struct session *s, const struct wire_request *req)
         rep.stats.uid_clients = s->use->clients;
         rep.stats.uid_bytes = s->use->bytes;
         rep.stats.uid_names = s->use->names;
+        rep.stats.fds = reg->store->fds;
+        rep.stats.uid_fds = s->use->fds;
         rep.stats.watchers = (uint32_t)reg->nwatches;
         rep.stats.uptime_ms = now_ms(reg->loop) - reg->started_ms;
         rep.stats.requests = reg->requests;

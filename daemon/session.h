@@ -47,7 +47,6 @@ struct session {
         struct list published;  /* struct version this session produced */
         struct avl_tree known;  /* struct known, by segment id: fds this peer holds */
         struct avl_tree held;   /* struct hold, by segment id: its allocations */
-        unsigned nfd_versions;  /* live versions it published with their own fd */
         unsigned nheld;
         unsigned nwatches;
         struct uid_use *use;       /* its uid's counts, in the store */

@@ -40,6 +40,9 @@ void store_init(struct store *st)
         st->bytes = 0;
         st->max_bytes = 0;
         st->max_bytes_per_uid = 0;
+        st->fds = 0;
+        st->max_fds = 0;
+        st->max_fds_per_uid = 0;
         st->on_gone = NULL;
 }
 
@@ -66,31 +69,6 @@ void store_uid_put(struct store *st, struct uid_use *u)
         free(u);
 }
 
-static uint64_t uid_bytes(const struct store *st, uid_t uid)
-{
-        struct avl_node *n = avl_find(&st->uids, &uid, cmp_uid);
-
-        return n ? avl_entry(n, struct uid_use, node)->bytes : 0;
-}
-
-void store_nospace_why(const struct store *st, uint64_t size, uid_t uid, char *buf, size_t len)
-{
-        uint64_t mine = uid_bytes(st, uid);
-
-        if (st->max_bytes_per_uid &&
-            (size > st->max_bytes_per_uid || mine > st->max_bytes_per_uid - size))
-                snprintf(buf, len,
-                         "%llu more bytes would pass uid %u's limit of %llu shared bytes "
-                         "(%llu in use)",
-                         (unsigned long long)size, (unsigned)uid,
-                         (unsigned long long)st->max_bytes_per_uid, (unsigned long long)mine);
-        else
-                snprintf(buf, len,
-                         "%llu more bytes would pass the limit of %llu shared bytes (%llu in use)",
-                         (unsigned long long)size, (unsigned long long)st->max_bytes,
-                         (unsigned long long)st->bytes);
-}
-
 static void segment_destroy(struct store *st, struct segment *seg)
 {
         struct list *pos, *tmp;
@@ -108,8 +86,10 @@ static void segment_destroy(struct store *st, struct segment *seg)
         if (seg->fd >= 0) {
                 struct uid_use *u = store_uid(st, seg->uid, false);
                 st->bytes -= seg->size;
+                st->fds--;
                 if (u) {
                         u->bytes -= seg->size;
+                        u->fds--;
                         store_uid_put(st, u);
                 }
                 close(seg->fd);
@@ -157,32 +137,70 @@ static int insert(struct store *st, int fd, uint32_t kind, uint64_t size, uid_t 
         if (fd >= 0) {
                 st->bytes += size;
                 u->bytes += size;
+                st->fds++;
+                u->fds++;
         }
         *ret = seg;
         return 0;
 }
 
-static int room_for(const struct store *st, uint64_t size, uid_t uid)
+/*
+ * Whether one more segment of size bytes, and its descriptor, fit the limits
+ * in all and for uid: 0, or -ENOSPC (bytes) or -EAGAIN (descriptors) with the
+ * reason in st->why. -EINVAL for a size no segment may have.
+ */
+static int room_for(struct store *st, uint64_t size, uid_t uid)
 {
-        uint64_t mine;
+        const struct uid_use *u = store_uid(st, uid, false);
+        uint64_t bytes = u ? u->bytes : 0, fds = u ? u->fds : 0;
 
         if (size == 0 || size > DLX_MAX_SEGMENT)
                 return -EINVAL;
-        if (st->max_bytes && (size > st->max_bytes || st->bytes > st->max_bytes - size))
-                return -ENOSPC;
-        mine = uid_bytes(st, uid);
+        if (st->max_fds && st->fds >= st->max_fds) {
+                snprintf(st->why, sizeof(st->why),
+                         "the daemon holds %llu descriptors for segments (the limit, --max-fds)",
+                         (unsigned long long)st->fds);
+                return -EAGAIN;
+        }
+        if (st->max_fds_per_uid && fds >= st->max_fds_per_uid) {
+                snprintf(st->why, sizeof(st->why),
+                         "uid %u holds %llu descriptors for segments (the limit, "
+                         "--max-fds-per-uid); unpublish some, or publish from dlx_alloc() "
+                         "memory, which packs many tensors into one segment",
+                         (unsigned)uid, (unsigned long long)fds);
+                return -EAGAIN;
+        }
         if (st->max_bytes_per_uid &&
-            (size > st->max_bytes_per_uid || mine > st->max_bytes_per_uid - size))
+            (size > st->max_bytes_per_uid || bytes > st->max_bytes_per_uid - size)) {
+                snprintf(st->why, sizeof(st->why),
+                         "%llu more bytes would pass uid %u's limit of %llu shared bytes "
+                         "(%llu in use)",
+                         (unsigned long long)size, (unsigned)uid,
+                         (unsigned long long)st->max_bytes_per_uid, (unsigned long long)bytes);
                 return -ENOSPC;
+        }
+        if (st->max_bytes && (size > st->max_bytes || st->bytes > st->max_bytes - size)) {
+                snprintf(st->why, sizeof(st->why),
+                         "%llu more bytes would pass the limit of %llu shared bytes (%llu in use)",
+                         (unsigned long long)size, (unsigned long long)st->max_bytes,
+                         (unsigned long long)st->bytes);
+                return -ENOSPC;
+        }
         return 0;
 }
 
-int store_alloc(struct store *st, uint64_t size, uid_t uid, struct segment **ret)
+int store_alloc(struct store *st, uint64_t size, uid_t uid, struct segment **ret,
+                const char **ret_why)
 {
         char name[32];
         int fd, err;
 
+        *ret_why = NULL;
         err = room_for(st, size, uid);
+        if (err == -EINVAL)
+                *ret_why = "a segment is 1 byte to 1 TiB";
+        else if (err < 0)
+                *ret_why = st->why;
         if (err < 0)
                 return err;
         snprintf(name, sizeof(name), "dlx-%llu", (unsigned long long)st->next_id);
@@ -220,10 +238,8 @@ static int adopt_vmm(struct store *st, int fd, const struct stat *sb, uint64_t d
         err = room_for(st, declared_size, uid);
         if (err == -EINVAL)
                 *ret_why = "a cuda-vmm segment needs a size of 1 byte to 1 TiB";
-        if (err == -ENOSPC) {
-                store_nospace_why(st, declared_size, uid, st->why, sizeof(st->why));
+        else if (err < 0)
                 *ret_why = st->why;
-        }
         if (err == 0)
                 err = insert(st, fd, WIRE_STORAGE_CUDA_VMM, declared_size, uid, ret);
         if (err < 0)
@@ -262,10 +278,8 @@ int store_adopt(struct store *st, int fd, uint32_t kind, uint64_t declared_size,
                 err = room_for(st, (uint64_t)sb.st_size, uid);
                 if (err == -EINVAL)
                         *ret_why = "the memfd is empty or larger than 1 TiB";
-                if (err == -ENOSPC) {
-                        store_nospace_why(st, (uint64_t)sb.st_size, uid, st->why, sizeof(st->why));
+                else if (err < 0)
                         *ret_why = st->why;
-                }
                 if (err < 0) {
                         close(fd);
                         return err == -EINVAL ? -EBADF : err;

@@ -58,7 +58,10 @@ struct store {
         uint64_t bytes;
         uint64_t max_bytes;         /* 0: no limit */
         uint64_t max_bytes_per_uid; /* 0: no limit */
-        char why[160];              /* the reason store_adopt() gives for -ENOSPC */
+        uint64_t fds;               /* descriptors held for segments */
+        uint64_t max_fds;           /* 0: no limit */
+        uint64_t max_fds_per_uid;   /* 0: no limit */
+        char why[224];              /* the reason for the last -ENOSPC or -EAGAIN */
         /* called for each session that holds the fd of a segment being destroyed */
         void (*on_gone)(struct session *s, uint64_t segment_id);
 };
@@ -74,25 +77,23 @@ struct uid_use *store_uid(struct store *st, uid_t uid, bool create);
 void store_uid_put(struct store *st, struct uid_use *u);
 
 /*
- * Why size more bytes for uid do not fit (for -ENOSPC messages): the global
- * or the per-uid limit, with figures.
+ * Creates a memfd of size bytes sealed against shrinking and growing, charged
+ * (bytes and one descriptor) to uid. Returns 0 with *ret (one reference), or
+ * -EINVAL (size 0 or over DLX_MAX_SEGMENT), -ENOSPC (over max_bytes, in all or
+ * for uid), -EAGAIN (over max_fds, in all or for uid) with the reason in
+ * *ret_why, or -errno.
  */
-void store_nospace_why(const struct store *st, uint64_t size, uid_t uid, char *buf, size_t len);
+int store_alloc(struct store *st, uint64_t size, uid_t uid, struct segment **ret,
+                const char **ret_why);
 
 /*
- * Creates a sealed memfd of size bytes. Returns 0 with *ret (one reference),
- * -EINVAL (size 0 or over DLX_MAX_SEGMENT), -ENOSPC (over max_bytes, in all
- * or for uid) or -errno.
- */
-int store_alloc(struct store *st, uint64_t size, uid_t uid, struct segment **ret);
-
-/*
- * Adopts a received fd as a segment of the given kind; consumed on every
- * path. A memfd kind (memfd, cuda-host) must be a memfd sealed against
- * shrinking and growing, and is measured with fstat. A CUDA VMM fd cannot be
- * inspected without a driver: it must merely not be a file, directory, pipe
- * or socket, and declared_size is its size. Returns 0 with *ret (one
- * reference), -EBADF, -EINVAL or -ENOSPC with a reason in *ret_why, or -errno.
+ * Adopts a received fd as a segment of the given kind, charged to uid;
+ * consumed on every path. A memfd kind (memfd, cuda-host) must be a memfd
+ * sealed against shrinking and growing, and is measured with fstat. A CUDA
+ * VMM fd cannot be inspected without a driver: it must merely not be a file,
+ * directory, pipe or socket, and declared_size is its size. Returns 0 with
+ * *ret (one reference), -EBADF, -EINVAL, -ENOSPC or -EAGAIN with a reason in
+ * *ret_why, or -errno.
  */
 int store_adopt(struct store *st, int fd, uint32_t kind, uint64_t declared_size, uid_t uid,
                 struct segment **ret, const char **ret_why);

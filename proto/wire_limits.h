@@ -36,9 +36,8 @@
 #define DLX_DEFAULT_MAX_WATCHES 256
 #define DLX_DEFAULT_MAX_QUEUED (16u << 20)
 #define DLX_DEFAULT_TIMEOUT_MS 10000
-/* Live versions one session may publish with an fd of their own (each pins a daemon fd);
- * versions in a held segment cost none and are not counted. */
-#define DLX_MAX_FD_VERSIONS_PER_SESSION 4096
+/* --max-fds and --max-fds-per-uid by default: derived from the descriptor limit at start. */
+#define DLX_FDS_AUTO UINT64_MAX
 /* Segments one session may hold for publishing by id (each pins a daemon fd). */
 #define DLX_MAX_HELD_SEGMENTS 256
 /* Bytes of a CUDA IPC memory or event handle. */

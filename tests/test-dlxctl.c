@@ -1367,8 +1367,10 @@ START_TEST(test_stats)
                 char uid[96];
                 snprintf(uid, sizeof(uid), "\"uid\":{\"uid\":%u,\"clients\":1,",
                          (unsigned)getuid());
-                ck_assert_msg(strstr(out, uid) && strstr(out, "\"names\":2}}"), "uid usage: %s",
-                              out);
+                /* two persistent puts: two segments, a descriptor each, charged to this uid */
+                ck_assert_msg(strstr(out, uid) && strstr(out, "\"names\":2,\"fds\":2}}") &&
+                                      strstr(out, "},\"fds\":2,\"uid\":"),
+                              "uid usage: %s", out);
         }
         free(out);
 
@@ -1376,7 +1378,8 @@ START_TEST(test_stats)
         ck_assert_msg(strstr(out, "server:    ") && strstr(out, "names:     2 of 1000000\n") &&
                               strstr(out, "versions:  2\n") &&
                               strstr(out, "(publishes 4, acquires 2)\n") &&
-                              strstr(out, "watchers:  0\n") &&
+                              strstr(out, "watchers:  0\n") && strstr(out, "fds:       2 of ") &&
+                              strstr(out, " 2 fds of ") &&
                               strstr(out, "  --max-names            1000000\n") &&
                               strstr(out, "  --max-queued           16777216 (16 MiB)\n"),
                       "stats: %s", out);

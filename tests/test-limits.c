@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -301,6 +302,168 @@ START_TEST(watches_per_client)
 }
 END_TEST
 
+/* ---- descriptors ---------------------------------------------------------------------------- */
+
+/*
+ * Publishes persistent copies of heap memory (a memfd, so a daemon descriptor,
+ * each) until refused.
+ */
+static int fill_with_copies(dlx_client *c, const char *prefix, int max, int *ret_err)
+{
+        struct dlx_publish_options o = {.persist = true};
+        char name[64];
+        int n = 0;
+
+        *ret_err = 0;
+        for (; n < max; n++) {
+                snprintf(name, sizeof(name), "%s/%d", prefix, n);
+                *ret_err = dlx_publish(c, name, fx_plain_f32(2, 1.0f, NULL), &o, NULL);
+                if (*ret_err < 0)
+                        break;
+        }
+        return n;
+}
+
+/* As nobody: its own copies go in beside root's, and root's names can be acquired. */
+static int nobody_copies(dlx_client *c)
+{
+        DLManagedTensorVersioned *t;
+        int err, n = fill_with_copies(c, "nobody/fd", 5, &err);
+
+        if (n != 5)
+                return 2;
+        if (dlx_acquire(c, "fd/0", NULL, &t) < 0)
+                return 3;
+        t->deleter(t);
+        for (int i = 0; i < 5; i++) {
+                char name[64];
+                snprintf(name, sizeof(name), "nobody/fd/%d", i);
+                if (dlx_unpublish(c, name) < 0)
+                        return 4;
+        }
+        return 0;
+}
+
+/*
+ * Every descriptor dlxd holds for a segment is charged to a uid: persistent
+ * versions outlive the session that sent them, so reconnecting does not get
+ * round the limit; the offender gets -EAGAIN naming it, everyone else
+ * (other uids, and acquires of what exists) goes on.
+ */
+START_TEST(fds_per_uid)
+{
+        static const char *const args[] = {"--max-fds-per-uid", "20", "--group", "65534", NULL};
+        DLManagedTensorVersioned *t;
+        struct dlx_stats st;
+        dlx_client *c;
+        int total = 0, err;
+
+        dlxd_start(&fx, args);
+        /* a few sessions, each leaving persistent tensors behind */
+        for (int round = 0; round < 4; round++) {
+                char prefix[16];
+                c = fx_connect(&fx, "hog");
+                snprintf(prefix, sizeof(prefix), "fd/r%d", round);
+                total += fill_with_copies(c, prefix, 8, &err);
+                dlx_close(c);
+        }
+        ck_assert_int_eq(total, 20);
+        ck_assert_int_eq(err, -EAGAIN);
+        c = fx_connect(&fx, "hog-again");
+        ck_assert_int_eq(fill_with_copies(c, "fd", 1, &err), 0);
+        ck_assert_int_eq(err, -EAGAIN);
+        expect_msg("--max-fds-per-uid");
+        /* an allocation needs a descriptor too */
+        int64_t shape[1] = {8};
+        DLTensor proto = {.device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLUInt, 8, 1}};
+        proto.shape = shape;
+        t = NULL;
+        ck_assert_int_eq(dlx_alloc(c, &proto, &t), -EAGAIN);
+        ck_assert_ptr_null(t);
+        ck_assert_int_eq(dlx_stats(c, &st), 0);
+        ck_assert_uint_eq(st.limits.max_fds_per_uid, 20);
+        ck_assert_uint_eq(st.uid_fds, 20);
+        ck_assert_uint_eq(st.fds, 20);
+        /* what exists can still be acquired, by this uid and others */
+        ck_assert_int_eq(dlx_acquire(c, "fd/r0/0", NULL, &t), 0);
+        t->deleter(t);
+        if (can_switch_uid()) {
+                ck_assert_int_eq(dlx_unpublish(c, "fd/r2/3"), 0); /* fd/0 for nobody to read */
+                ck_assert_int_eq(dlx_publish(c, "fd/0", fx_plain_f32(2, 1.0f, NULL), NULL, NULL),
+                                 0);
+                ck_assert_int_eq(run_as_nobody(nobody_copies), 0);
+        }
+        /* freed, the room comes back */
+        ck_assert_int_eq(dlx_unpublish(c, "fd/r0/0"), 0);
+        ck_assert_int_eq(fill_with_copies(c, "fd/again", 1, &err), 1);
+        dlx_close(c);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/* The limit in all: one uid under its own limit can still meet it, with its own message. */
+START_TEST(fds_in_all)
+{
+        static const char *const args[] = {"--max-fds", "12", "--max-fds-per-uid", "0", NULL};
+        struct dlx_stats st;
+        dlx_client *c;
+        int err;
+
+        dlxd_start(&fx, args);
+        c = fx_connect(&fx, "all");
+        ck_assert_int_eq(fill_with_copies(c, "all", 100, &err), 12);
+        ck_assert_int_eq(err, -EAGAIN);
+        expect_msg("--max-fds)");
+        ck_assert_int_eq(dlx_stats(c, &st), 0);
+        ck_assert_uint_eq(st.limits.max_fds, 12);
+        ck_assert_uint_eq(st.limits.max_fds_per_uid, 0);
+        ck_assert_uint_eq(st.fds, 12);
+        dlx_close(c);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/*
+ * By default the limits come from the descriptor limit: a daemon with 1024
+ * descriptors keeps half for itself and its connections, gives a uid half of
+ * the rest, and a uid publishing persistent memfds until refused leaves
+ * others connecting, acquiring and publishing.
+ */
+START_TEST(fds_default_from_rlimit)
+{
+        struct rlimit low = {.rlim_cur = 1024, .rlim_max = 1024}, saved;
+        DLManagedTensorVersioned *t;
+        struct dlx_stats st;
+        dlx_client *c, *other;
+        int n, err;
+
+        ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &saved), 0);
+        if (saved.rlim_max < low.rlim_max)
+                low = saved;
+        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+        dlxd_start(&fx, NULL);
+        setrlimit(RLIMIT_NOFILE, &saved);
+        c = fx_connect(&fx, "hog");
+        ck_assert_int_eq(dlx_stats(c, &st), 0);
+        ck_assert_uint_gt(st.limits.max_fds, 0);
+        ck_assert_uint_lt(st.limits.max_fds, low.rlim_cur);
+        ck_assert_uint_eq(st.limits.max_fds_per_uid, st.limits.max_fds / 2);
+        n = fill_with_copies(c, "hog", 5000, &err);
+        ck_assert_int_eq(err, -EAGAIN);
+        ck_assert_uint_eq((uint64_t)n, st.limits.max_fds_per_uid);
+        /* a hundred more clients connect, acquire what is there, and each another copy */
+        for (int i = 0; i < 100; i++) {
+                other = fx_connect(&fx, "other");
+                ck_assert_int_eq(dlx_acquire(other, "hog/7", NULL, &t), 0);
+                ck_assert_msg(t->dl_tensor.data != NULL, "no data");
+                t->deleter(t);
+                dlx_close(other);
+        }
+        dlx_close(c);
+        dlxd_stop(&fx);
+}
+END_TEST
+
 /* ---- configuration ------------------------------------------------------------------------- */
 
 /* Every limit reaches stats as given, sizes with their suffixes; no limit is 0. */
@@ -391,6 +554,9 @@ Suite *limits_suite(void)
         tcase_add_test(tc, names_in_all);
         tcase_add_test(tc, leases_per_client);
         tcase_add_test(tc, watches_per_client);
+        tcase_add_test(tc, fds_per_uid);
+        tcase_add_test(tc, fds_in_all);
+        tcase_add_test(tc, fds_default_from_rlimit);
         tcase_add_test(tc, all_limits_in_stats);
         tcase_add_test(tc, zero_is_no_limit);
         suite_add_tcase(s, tc);

@@ -302,10 +302,18 @@ struct dlx_limits {
         uint64_t max_names, max_names_per_uid;     /* published names (a uid's: it owns) */
         uint32_t max_leases;                       /* leases one client holds at once */
         uint32_t max_watches;                      /* watches of one client */
-        uint64_t max_queued; /* reply bytes a client may leave unread before it is dropped */
-        uint32_t timeout_ms; /* for hello, and for the rest of a started frame */
+        /* output queued for a client before its requests wait and its watch events drop */
+        uint64_t max_queued;
+        /* for hello, a started frame, and a client reading nothing while output waits */
+        uint32_t timeout_ms;
+        uint64_t max_fds, max_fds_per_uid; /* descriptors held for segments */
 };
 
+/*
+ * The daemon's counters and limits, and what the calling client's uid uses of
+ * the per-uid limits (names it owns, bytes and descriptors of the segments it
+ * created or sent, clients connected). Returns 0, or a connection error.
+ */
 struct dlx_stats {
         uint64_t names, versions, leases, segments;
         uint64_t bytes, max_bytes; /* shared bytes held; 0: no limit */
@@ -315,6 +323,7 @@ struct dlx_stats {
         /* the calling client's uid, and what that uid uses of the per-uid limits */
         uint32_t uid, uid_clients;
         uint64_t uid_bytes, uid_names;
+        uint64_t fds, uid_fds; /* descriptors held for segments: in all, and for uid */
 };
 
 int dlx_stats(dlx_client *client, struct dlx_stats *ret_stats);

@@ -384,7 +384,7 @@ static bool is_live_session(const struct session *s)
 static void check_counts(void)
 {
         const struct wire_limit_set *lim = &F.reg.lim;
-        uint64_t leases = 0, watches = 0, sessions = 0, bytes = 0, uid_bytes = 0;
+        uint64_t leases = 0, watches = 0, sessions = 0, bytes = 0, uid_bytes = 0, fds = 0, uid_fds = 0;
 
         for (unsigned i = 0; i < NPEERS; i++) {
                 const struct session *s = F.peers[i].s;
@@ -404,8 +404,6 @@ static void check_counts(void)
                            s->nwatches);
                 FUZZ_CHECK(!lim->max_watches || s->nwatches <= lim->max_watches,
                            "session has %u watches", s->nwatches);
-                FUZZ_CHECK(s->nfd_versions <= DLX_MAX_FD_VERSIONS_PER_SESSION,
-                           "session has %u fd versions", s->nfd_versions);
         }
         FUZZ_CHECK(F.reg.nsessions == sessions, "registry counts %llu sessions, %llu are open",
                    (unsigned long long)F.reg.nsessions, (unsigned long long)sessions);
@@ -421,8 +419,10 @@ static void check_counts(void)
                 const struct segment *seg = avl_entry(n, struct segment, node);
                 FUZZ_CHECK(seg->refs > 0, "segment %llu without references",
                            (unsigned long long)seg->id);
-                if (seg->fd >= 0)
+                if (seg->fd >= 0) {
                         bytes += seg->size;
+                        fds++;
+                }
                 for (const struct list *pos = seg->known.next; pos != &seg->known;
                      pos = pos->next) {
                         const struct known *k = list_entry(pos, struct known, link);
@@ -439,15 +439,25 @@ static void check_counts(void)
         FUZZ_CHECK(!F.store.max_bytes || F.store.bytes <= F.store.max_bytes,
                    "%llu bytes held, the limit is %llu", (unsigned long long)F.store.bytes,
                    (unsigned long long)F.store.max_bytes);
+        FUZZ_CHECK(F.store.fds == fds, "store counts %llu fds, its segments have %llu",
+                   (unsigned long long)F.store.fds, (unsigned long long)fds);
+        FUZZ_CHECK(!F.store.max_fds || F.store.fds <= F.store.max_fds,
+                   "%llu fds held, the limit is %llu", (unsigned long long)F.store.fds,
+                   (unsigned long long)F.store.max_fds);
         for (struct avl_node *n = avl_first(&F.store.uids); n; n = avl_next(n)) {
                 const struct uid_use *u = avl_entry(n, struct uid_use, node);
                 uid_bytes += u->bytes;
+                uid_fds += u->fds;
+                FUZZ_CHECK(!F.store.max_fds_per_uid || u->fds <= F.store.max_fds_per_uid,
+                           "uid %u holds %llu fds", (unsigned)u->uid, (unsigned long long)u->fds);
                 FUZZ_CHECK(!F.store.max_bytes_per_uid || u->bytes <= F.store.max_bytes_per_uid,
                            "uid %u holds %llu bytes", (unsigned)u->uid,
                            (unsigned long long)u->bytes);
         }
         FUZZ_CHECK(uid_bytes == bytes, "uids are charged %llu bytes, segments have %llu",
                    (unsigned long long)uid_bytes, (unsigned long long)bytes);
+        FUZZ_CHECK(uid_fds == fds, "uids are charged %llu fds, segments have %llu",
+                   (unsigned long long)uid_fds, (unsigned long long)fds);
 }
 
 /* ---- one input ------------------------------------------------------------------------------- */
@@ -475,6 +485,8 @@ static void setup(uint8_t config)
         case 2:
                 lim.max_bytes = 1 << 30;
                 lim.max_bytes_per_uid = 64 << 10;
+                lim.max_fds = 12;
+                lim.max_fds_per_uid = 8;
                 break;
         default:
                 memset(&lim, 0, sizeof(lim));
