@@ -409,9 +409,9 @@ static void check_counts(void)
                    (unsigned long long)F.reg.nsessions, (unsigned long long)sessions);
         FUZZ_CHECK(F.reg.nleases == leases, "registry counts %llu leases, sessions hold %llu",
                    (unsigned long long)F.reg.nleases, (unsigned long long)leases);
-        FUZZ_CHECK(F.reg.nwatches == watches && watches == list_length(&F.reg.watches),
+        FUZZ_CHECK(F.reg.watches.count == watches && watches == list_length(&F.reg.watches.all),
                    "registry counts %llu watches, sessions have %llu",
-                   (unsigned long long)F.reg.nwatches, (unsigned long long)watches);
+                   (unsigned long long)F.reg.watches.count, (unsigned long long)watches);
         FUZZ_CHECK(!lim->max_names || F.reg.nnames <= lim->max_names, "%llu names",
                    (unsigned long long)F.reg.nnames);
 
@@ -506,11 +506,11 @@ static void teardown(uint8_t config)
                    F.store.uids.count);
         FUZZ_CHECK(F.reg.names.count == 0, "%zu names outlive every session", F.reg.names.count);
         FUZZ_CHECK(F.reg.nnames == 0 && F.reg.nversions == 0 && F.reg.nleases == 0 &&
-                           F.reg.nwatches == 0 && F.reg.nsessions == 0,
+                           F.reg.watches.count == 0 && F.reg.nsessions == 0,
                    "counts left: %llu names, %llu versions, %llu leases, %llu watches, %llu "
                    "sessions",
                    (unsigned long long)F.reg.nnames, (unsigned long long)F.reg.nversions,
-                   (unsigned long long)F.reg.nleases, (unsigned long long)F.reg.nwatches,
+                   (unsigned long long)F.reg.nleases, (unsigned long long)F.reg.watches.count,
                    (unsigned long long)F.reg.nsessions);
         store_done(&F.store);
         FUZZ_CHECK(F.store.bytes == 0, "%llu bytes counted in an empty store",
