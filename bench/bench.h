@@ -33,6 +33,7 @@ enum scenario {
         SC_THROUGHPUT = 1u << 6,
         SC_EXCHANGE = 1u << 7,
         SC_CUDA = 1u << 8,
+        SC_WATCHES = 1u << 9,
 };
 
 /* Where latency measurements run: see pin_self(). */
@@ -265,6 +266,7 @@ int run_hot(void);
 int run_cold(void);
 int run_publish(void);
 int run_watch(void);
+int run_watches(void);
 int run_throughput(void);
 int run_exchange(void);
 int run_cuda(void);

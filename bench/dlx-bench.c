@@ -16,8 +16,9 @@
  * Scenarios (in this order): floor, scale (daemon RSS per entry, list), hot
  * (acquire + release of a mapped segment, per size), cold (first acquire of a
  * new segment), publish (zero-copy vs one copy), watch (publish-to-event),
- * throughput (1..64 consumers vs an epoll echo server), exchange (the
- * DLPackExchangeAPI slots), cuda (with --cuda; skipped without a driver).
+ * watches (publish while many watches match nothing), throughput (1..64
+ * consumers vs an epoll echo server), exchange (the DLPackExchangeAPI slots),
+ * cuda (with --cuda; skipped without a driver).
  *
  * This file holds the options, the daemon's lifetime and cleanup on every path.
  */
@@ -64,7 +65,8 @@ static void usage(FILE *f)
                 "  --dlxd PATH         the dlxd to start (default: $DLXD, else %s)\n"
                 "  --max-size BYTES    largest tensor to use (suffixes K, M, G; default 1G)\n"
                 "  --only LIST         scenarios to run, comma-separated: floor, scale, hot,\n"
-                "                      cold, publish, watch, throughput, exchange, cuda\n"
+                "                      cold, publish, watch, watches, throughput, exchange,\n"
+                "                      cuda\n"
                 "  --iterations N      timed samples per latency measurement (default 10000)\n"
                 "  --duration SECONDS  length of each throughput run (default 2)\n"
                 "  --pin MODE          where latency measurements and servers run: same\n"
@@ -80,14 +82,9 @@ static const struct {
         const char *name;
         unsigned bit;
 } scenario_names[] = {
-        {"floor", SC_FLOOR},
-        {"scale", SC_SCALE},
-        {"hot", SC_HOT},
-        {"cold", SC_COLD},
-        {"publish", SC_PUBLISH},
-        {"watch", SC_WATCH},
-        {"throughput", SC_THROUGHPUT},
-        {"exchange", SC_EXCHANGE},
+        {"floor", SC_FLOOR},     {"scale", SC_SCALE},           {"hot", SC_HOT},
+        {"cold", SC_COLD},       {"publish", SC_PUBLISH},       {"watch", SC_WATCH},
+        {"watches", SC_WATCHES}, {"throughput", SC_THROUGHPUT}, {"exchange", SC_EXCHANGE},
         {"cuda", SC_CUDA},
 };
 
@@ -312,6 +309,7 @@ int main(int argc, char **argv)
                 {SC_COLD, run_cold, "cold"},
                 {SC_PUBLISH, run_publish, "publish"},
                 {SC_WATCH, run_watch, "watch"},
+                {SC_WATCHES, run_watches, "watches"},
                 {SC_THROUGHPUT, run_throughput, "throughput"},
                 {SC_EXCHANGE, run_exchange, "exchange"},
                 {SC_CUDA, run_cuda, "cuda"},
@@ -406,7 +404,7 @@ int main(int argc, char **argv)
         if (!have_dur)
                 opt.duration = opt.quick ? 0.2 : 2.0;
         /* every ratio needs its floor from this run */
-        if (opt.only & (SC_SCALE | SC_HOT | SC_COLD | SC_PUBLISH | SC_WATCH | SC_CUDA))
+        if (opt.only & (SC_SCALE | SC_HOT | SC_COLD | SC_PUBLISH | SC_WATCH | SC_WATCHES | SC_CUDA))
                 opt.only |= SC_FLOOR;
         snprintf(opt.prefix, sizeof(opt.prefix), "dlx-bench-%d", (int)getpid());
         pin_init();
@@ -451,8 +449,8 @@ int main(int argc, char **argv)
 
         /* the floor is sampled alongside every latency measurement */
         if ((opt.only & SC_FLOOR) && floor_service_start() < 0)
-                opt.only &=
-                        ~(unsigned)(SC_FLOOR | SC_SCALE | SC_HOT | SC_COLD | SC_PUBLISH | SC_WATCH);
+                opt.only &= ~(unsigned)(SC_FLOOR | SC_SCALE | SC_HOT | SC_COLD | SC_PUBLISH |
+                                        SC_WATCH | SC_WATCHES);
         for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
                 if (!(opt.only & order[i].bit))
                         continue;

@@ -794,6 +794,196 @@ out:
         return err;
 }
 
+/* ---- watches: publish latency against many watches that do not match ------------------------ */
+
+/*
+ * A daemon serving many watchers must not make every publish pay for the watches it does
+ * not match. One child holds clients x per watches, none matching the name published;
+ * another publishes that name (zero-copy, 64 B) in paced blocks. The name is 255 bytes, the
+ * longest there is, so that an index probing one prefix length at a time probes all it can.
+ */
+enum watches_kind {
+        WATCHES_NONE,
+        WATCHES_ELSEWHERE, /* each client its own prefixes, under another folder */
+        WATCHES_NEAR_MISS, /* every prefix length, each one byte or two short of matching */
+        WATCHES_KINDS
+};
+
+struct holder_arg {
+        int clients, per;
+        enum watches_kind kind;
+        char name[256]; /* the publisher's */
+};
+
+/*
+ * Watch k of a holder. A near miss is the name's first L bytes with the last one or two
+ * made upper case (the name has none), for L = 1..255 in turn: a scan compares up to L
+ * bytes before it misses, and an index finds a prefix of every length to look up.
+ */
+static void holder_prefix(const struct holder_arg *a, long k, char *buf, size_t len)
+{
+        size_t nlen = strlen(a->name), l;
+        long j;
+
+        if (a->kind == WATCHES_ELSEWHERE) {
+                bench_name(buf, len, "watches/elsewhere/%03ld/%03ld/", k / a->per, k % a->per);
+                return;
+        }
+        l = 1 + (size_t)k % nlen;
+        j = k / (long)nlen;
+        memcpy(buf, a->name, l);
+        buf[l] = '\0';
+        buf[l - 1] = (char)('A' + j % 26);
+        if (l >= 2)
+                buf[l - 2] = (char)('A' + (j / 26) % 26);
+}
+
+static int watch_holder(int ctl, void *p)
+{
+        struct holder_arg *a = p;
+        dlx_client **c = calloc((size_t)a->clients, sizeof(*c));
+        char prefix[256];
+        uint64_t done;
+        int rc = 1;
+
+        if (!c)
+                return 1;
+        for (int i = 0; i < a->clients; i++) {
+                c[i] = bench_connect("bench-watch-holder");
+                if (!c[i])
+                        goto out;
+                for (int w = 0; w < a->per; w++) {
+                        int err;
+                        holder_prefix(a, (long)i * a->per + w, prefix, sizeof(prefix));
+                        err = dlx_watch(c[i], prefix, NULL);
+                        if (err < 0) {
+                                dlx_fail("watches: dlx_watch", err);
+                                goto out;
+                        }
+                }
+        }
+        if (msg_send(ctl, 1) == 0 && msg_recv(ctl, &done, -1) == 0)
+                rc = 0;
+out:
+        for (int i = 0; i < a->clients; i++)
+                dlx_close(c[i]);
+        free(c);
+        return rc;
+}
+
+static int watches_publisher(int ctl, void *p)
+{
+        struct pub_arg *a = p;
+        DLTensor proto;
+        int64_t shape[1];
+        int err;
+
+        pin_self(ROLE_CLIENT);
+        a->c = bench_connect("bench-watches-publisher");
+        if (!a->c)
+                return 1;
+        proto_u8(&proto, shape, a->size, CPU);
+        err = dlx_alloc(a->c, &proto, &a->t);
+        if (err < 0) {
+                dlx_fail("watches: dlx_alloc", err);
+                dlx_close(a->c);
+                return 1;
+        }
+        err = paced_loop(ctl, a->warm, BLOCK_WARM, a->n_zc, a->zc, zero_copy_op, a);
+        a->t->deleter(a->t);
+        dlx_close(a->c); /* the name goes with its producer */
+        return err < 0;
+}
+
+/* One paced publisher with kind of watches held meanwhile; its ratio to rt into *ret. */
+static int watches_run(struct holder_arg *h, struct pub_arg *a, double *floor, double *ret)
+{
+        static const char *const keys[] = {"publish_none", "publish_elsewhere",
+                                           "publish_near_miss"};
+        long total = (long)h->clients * h->per;
+        struct child holder = {.pid = 0}, ch;
+        char label[64];
+        uint64_t ready;
+        int err;
+
+        if (h->kind != WATCHES_NONE) {
+                if (child_start(&holder, "watch-holder", watch_holder, h) < 0) {
+                        report_error("watches", "fork failed");
+                        return -1;
+                }
+                if (msg_recv(holder.ctl, &ready, LONG_MS) < 0) {
+                        child_done(&holder, 1000, "watches");
+                        return -1;
+                }
+        }
+        if (child_start(&ch, "publisher", watches_publisher, a) < 0) {
+                report_error("watches", "fork failed");
+                err = -1;
+        } else {
+                err = paced_end(&ch, paced_run(&ch, a->n_zc, FLOOR_RT, floor), "watches");
+        }
+        if (h->kind != WATCHES_NONE) {
+                msg_send(holder.ctl, 1);
+                if (child_done(&holder, SHORT_MS, "watches") < 0)
+                        err = -1;
+        }
+        if (err < 0)
+                return -1;
+        if (h->kind == WATCHES_NONE)
+                snprintf(label, sizeof(label), "publish, no watches");
+        else
+                snprintf(label, sizeof(label), "publish, %ld %s watches", total,
+                         h->kind == WATCHES_ELSEWHERE ? "other" : "near-miss");
+        *ret = sample_row("watches", keys[h->kind], label, a->zc, (size_t)a->n_zc, floor, "rt",
+                          NULL);
+        return 0;
+}
+
+int run_watches(void)
+{
+        /* per: dlxd's default --max-watches */
+        struct holder_arg h = {.clients = opt.quick ? 8 : 200, .per = 256};
+        struct pub_arg a = {.size = 64};
+        double ratio[WATCHES_KINDS] = {0}, *floor;
+        char what[96];
+        size_t bytes, nlen;
+        int err = 0;
+
+        snprintf(what, sizeof(what),
+                 "publish (zero-copy, 64 B, 255-byte name); %d clients x %d watches, no match",
+                 h.clients, h.per);
+        report_heading("watches", what);
+        /* a valid name of exactly DLX_NAME_MAX bytes, without upper case (see holder_prefix) */
+        bench_name(h.name, sizeof(h.name), "watches/");
+        for (nlen = strlen(h.name); nlen < DLX_NAME_MAX; nlen++)
+                h.name[nlen] = (char)('a' + nlen % 16);
+        h.name[nlen] = '\0';
+        snprintf(a.name, sizeof(a.name), "%s", h.name);
+        a.n_zc = opt.iterations < 2000 ? opt.iterations : 2000;
+        a.warm = warm_of(a.n_zc);
+        bytes = (size_t)a.n_zc * sizeof(double);
+        a.zc = shm_alloc(bytes);
+        floor = malloc(bytes);
+        if (!a.zc || !floor) {
+                report_error("watches", "out of memory");
+                err = -1;
+        }
+        for (int k = 0; k < WATCHES_KINDS && err == 0; k++) {
+                h.kind = (enum watches_kind)k;
+                err = watches_run(&h, &a, floor, &ratio[k]);
+        }
+        /* the claim; the near misses are the worst shape, reported as measured */
+        if (err == 0 && ratio[WATCHES_NONE] > 0) {
+                snprintf(what, sizeof(what), "publish with %d other watches <= 1.2x with none",
+                         h.clients * h.per);
+                report_target("watches.elsewhere", what,
+                              ratio[WATCHES_ELSEWHERE] / ratio[WATCHES_NONE], true, 1.2, "x");
+        }
+        shm_free(a.zc, bytes);
+        free(floor);
+        return err;
+}
+
 /* ---- throughput: many consumers for a fixed time --------------------------------------------- */
 
 struct tp_arg {

@@ -65,15 +65,6 @@ struct hold {
         struct segment *seg;
 };
 
-struct watch {
-        struct list rlink; /* in registry.watches */
-        struct list slink; /* in session.watches */
-        struct session *s;
-        uint64_t id;
-        size_t plen;
-        char prefix[];
-};
-
 struct waiter {
         struct list elink; /* in entry.waiters */
         struct list slink; /* in session.waiters */
@@ -159,14 +150,7 @@ static void send_event(struct session *s, enum wire_event_kind kind, uint64_t wa
 static void notify_watchers(struct registry *reg, enum wire_event_kind kind, struct entry *e,
                             uint64_t version)
 {
-        struct list *pos, *tmp;
-
-        list_for_each_safe(pos, tmp, &reg->watches)
-        {
-                struct watch *w = list_entry(pos, struct watch, rlink);
-                if (w->plen <= e->len && memcmp(w->prefix, e->name, w->plen) == 0)
-                        send_event(w->s, kind, w->id, e->name, version, 0, 0);
-        }
+        watch_notify(&reg->watches, kind, e->name, e->len, version);
 }
 
 /* ---- entries and versions ------------------------------------------------------------ */
@@ -537,10 +521,9 @@ void registry_init(struct registry *reg, uv_loop_t *loop, struct store *st,
         reg->store = st;
         avl_init(&reg->names);
         list_init(&reg->sessions);
-        list_init(&reg->watches);
+        watch_index_init(&reg->watches);
         reg->next_session = 1;
         reg->next_lease = 1;
-        reg->next_watch = 1;
         reg->started_ms = now_ms(loop);
         if (lim)
                 reg->lim = *lim;
@@ -697,14 +680,7 @@ void registry_session_free(struct session *s)
         s->io.send = NULL;
 
         list_for_each_safe(pos, tmp, &s->waiters) waiter_end(list_entry(pos, struct waiter, slink));
-        list_for_each_safe(pos, tmp, &s->watches)
-        {
-                struct watch *w = list_entry(pos, struct watch, slink);
-                list_remove(&w->rlink);
-                list_remove(&w->slink);
-                reg->nwatches--;
-                free(w);
-        }
+        watch_session_drop(&reg->watches, s);
         for (n = avl_first(&s->leases); n; n = next) {
                 next = avl_next(n);
                 lease_drop(s, avl_entry(n, struct lease, node));
@@ -1228,53 +1204,37 @@ void registry_stat(struct session *s, const struct wire_request *req)
 void registry_watch(struct session *s, const struct wire_request *req)
 {
         struct registry *reg = s->reg;
-        size_t plen = strlen(req->watch.prefix);
         struct wire_reply rep;
-        struct watch *w;
+        uint64_t id;
+        int err;
 
         if (reg->lim.max_watches && s->nwatches >= reg->lim.max_watches) {
                 session_fail(s, req->id, -EAGAIN, "this client has %u watches already (the limit)",
                              reg->lim.max_watches);
                 return;
         }
-        w = calloc(1, sizeof(*w) + plen + 1);
-        if (!w) {
-                session_fail(s, req->id, -ENOMEM, "out of memory");
+        err = watch_add(&reg->watches, s, req->watch.prefix, &id);
+        if (err < 0) {
+                session_fail(s, req->id, err, "%s",
+                             err == -ENOMEM ? "out of memory" : "prefix longer than 255 bytes");
                 return;
         }
-        w->s = s;
-        w->id = reg->next_watch++;
-        w->plen = plen;
-        memcpy(w->prefix, req->watch.prefix, plen + 1);
-        list_insert_tail(&reg->watches, &w->rlink);
-        list_insert_tail(&s->watches, &w->slink);
-        reg->nwatches++;
-        s->nwatches++;
         reply_init(&rep, req->id, WIRE_REP_WATCH);
-        rep.watch.watch = w->id;
+        rep.watch.watch = id;
         session_send(s, &rep, -1);
 }
 
 void registry_unwatch(struct session *s, const struct wire_request *req)
 {
-        struct list *pos, *tmp;
         struct wire_reply rep;
 
-        list_for_each_safe(pos, tmp, &s->watches)
-        {
-                struct watch *w = list_entry(pos, struct watch, slink);
-                if (w->id != req->unwatch.watch)
-                        continue;
-                list_remove(&w->rlink);
-                list_remove(&w->slink);
-                s->reg->nwatches--;
-                s->nwatches--;
-                free(w);
-                reply_init(&rep, req->id, WIRE_REP_NONE);
-                session_send(s, &rep, -1);
+        if (watch_remove(&s->reg->watches, s, req->unwatch.watch) < 0) {
+                session_fail(s, req->id, -ENOENT, "no watch %llu",
+                             (unsigned long long)req->unwatch.watch);
                 return;
         }
-        session_fail(s, req->id, -ENOENT, "no watch %llu", (unsigned long long)req->unwatch.watch);
+        reply_init(&rep, req->id, WIRE_REP_NONE);
+        session_send(s, &rep, -1);
 }
 
 void registry_alloc(struct session *s, const struct wire_request *req, int fd)
@@ -1381,7 +1341,7 @@ void registry_stats(struct session *s, const struct wire_request *req)
         rep.stats.uid_names = s->use->names;
         rep.stats.fds = reg->store->fds;
         rep.stats.uid_fds = s->use->fds;
-        rep.stats.watchers = (uint32_t)reg->nwatches;
+        rep.stats.watchers = (uint32_t)reg->watches.count;
         rep.stats.uptime_ms = now_ms(reg->loop) - reg->started_ms;
         rep.stats.requests = reg->requests;
         rep.stats.publishes = reg->publishes;

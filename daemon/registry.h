@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The namespace: names -> versions -> leases, plus watchers and waiting
- * acquires. Every operation takes the acting session; ownership, limits and
- * lifetimes are decided here. Replies and events leave through
+ * The namespace: names -> versions -> leases, plus watchers (watch.h) and
+ * waiting acquires. Every operation takes the acting session; ownership,
+ * limits and lifetimes are decided here. Replies and events leave through
  * session_send(); nothing here knows about sockets.
  *
  * Lifetimes:
@@ -25,6 +25,7 @@
 #include "list.h"
 #include "session.h"
 #include "store.h"
+#include "watch.h"
 #include "wire.h"
 
 struct registry {
@@ -32,14 +33,13 @@ struct registry {
         struct store *store;
         struct avl_tree names; /* struct entry, by name */
         struct list sessions;
-        struct list watches;
+        struct watch_index watches;
         uint64_t next_session;
         uint64_t next_lease;
-        uint64_t next_watch;
         uint64_t started_ms;
         struct wire_limit_set lim; /* 0: none; max_bytes* are the store's */
         /* counters for stats; nnames counts names with a current version */
-        uint64_t nnames, nversions, nleases, nwatches, nsessions;
+        uint64_t nnames, nversions, nleases, nsessions;
         uint64_t requests, publishes, acquires;
 };
 

@@ -1269,7 +1269,7 @@ static void registry_teardown(int fds_before, const char *what, unsigned fail_at
         ck_assert_uint_eq(R.reg.nnames, 0);
         ck_assert_uint_eq(R.reg.nversions, 0);
         ck_assert_uint_eq(R.reg.nleases, 0);
-        ck_assert_uint_eq(R.reg.nwatches, 0);
+        ck_assert_uint_eq(R.reg.watches.count, 0);
         ck_assert_uint_eq(R.reg.names.count, 0);
         ck_assert_uint_eq(R.store.uids.count, 0);
         store_done(&R.store);

@@ -30,6 +30,7 @@
 #include "log.h"
 #include "session.h"
 #include "store.h"
+#include "watch.h"
 #include "wire.h"
 
 /* ---- a fake connection: records what the registry sends --------------------------------- */
@@ -185,6 +186,18 @@ static void setup(void)
         registry_init(&E.reg, &E.loop, &E.store, &lim);
 }
 
+/* Forgets what c was sent so far (its log has a fixed capacity). */
+static void log_clear(struct client *c)
+{
+        for (size_t j = 0; j < c->n; j++) {
+                if (c->log[j].rep.type == WIRE_REP_LIST)
+                        free(c->log[j].rep.list.entries);
+                if (c->log[j].rep.type == WIRE_REP_EVENT)
+                        free(c->log[j].rep.event.events);
+        }
+        c->n = 0;
+}
+
 static void teardown(void)
 {
         registry_done(&E.reg);
@@ -197,14 +210,8 @@ static void teardown(void)
         uv_run(&E.loop, UV_RUN_DEFAULT);
         ck_assert_int_eq(uv_loop_close(&E.loop), 0);
         for (size_t i = 0; i < E.nclients; i++) {
-                struct client *c = &E.clients[i];
-                for (size_t j = 0; j < c->n; j++) {
-                        if (c->log[j].rep.type == WIRE_REP_LIST)
-                                free(c->log[j].rep.list.entries);
-                        if (c->log[j].rep.type == WIRE_REP_EVENT)
-                                free(c->log[j].rep.event.events);
-                }
-                free(c->log);
+                log_clear(&E.clients[i]);
+                free(E.clients[i].log);
         }
         ck_assert_int_eq(count_fds(0), E.fds_before);
 }
@@ -634,6 +641,411 @@ START_TEST(test_publish_versions_and_watch_events)
         /* the producer watches nothing and gets no watch events */
         ck_assert_uint_eq(count_events(p, WIRE_EVENT_PUBLISHED), 0);
         ck_assert_uint_eq(count_events(p, WIRE_EVENT_REPLACED), 0);
+}
+END_TEST
+
+/* ---- watches: the prefix index ----------------------------------------------------------- */
+
+/* Buckets in the registry's watch index, of every prefix length: one per distinct prefix. */
+static size_t index_buckets(void)
+{
+        size_t n = 0;
+
+        for (size_t l = 0; l <= DLX_NAME_MAX; l++)
+                n += E.reg.watches.by_len[l].count;
+        return n;
+}
+
+/*
+ * Everything c was sent from log position from on must be events of kind
+ * about name, for the watches want[0..nwant), in that order.
+ */
+static void expect_events_since(const struct client *c, size_t from, enum wire_event_kind kind,
+                                const char *name, const uint64_t *want, size_t nwant)
+{
+        const char *who = c->s ? c->s->name : "a closed session";
+        size_t k = 0;
+
+        for (size_t i = from; i < c->n; i++) {
+                const struct wire_reply *r = &c->log[i].rep;
+
+                ck_assert_msg(r->type == WIRE_REP_EVENT, "%s: a reply of type %d among events", who,
+                              r->type);
+                ck_assert_msg(r->event.kind == kind && strcmp(r->event.name, name) == 0,
+                              "%s: event %d about '%s', expected %d about '%s'", who, r->event.kind,
+                              r->event.name, kind, name);
+                ck_assert_msg(k < nwant, "%s: more than %zu events about '%s'", who, nwant, name);
+                ck_assert_msg(r->event.watch == want[k],
+                              "%s: event %zu about '%s' for watch %llu, expected %llu", who, k,
+                              name, (unsigned long long)r->event.watch,
+                              (unsigned long long)want[k]);
+                ck_assert_uint_eq(r->id, 0);
+                k++;
+        }
+        ck_assert_msg(k == nwant, "%s: %zu events about '%s', expected %zu", who, k, name, nwant);
+}
+
+#define IDS(...)                                                                                   \
+        (const uint64_t[]){__VA_ARGS__}, sizeof((uint64_t[]){__VA_ARGS__}) / sizeof(uint64_t)
+#define NO_IDS NULL, 0
+
+/* p publishes name; w must hear of it from exactly the watches want, in that order. */
+static void publish_heard(struct client *p, const char *name, struct client *w,
+                          const uint64_t *want, size_t nwant)
+{
+        size_t at = w->n;
+        uint64_t version = publish(p, name, false, 0)->rep.publish.version;
+
+        expect_events_since(w, at, version == 1 ? WIRE_EVENT_PUBLISHED : WIRE_EVENT_REPLACED, name,
+                            want, nwant);
+}
+
+/* The same for an unpublish. */
+static void unpublish_heard(struct client *p, const char *name, struct client *w,
+                            const uint64_t *want, size_t nwant)
+{
+        size_t at = w->n;
+
+        expect_ok(unpublish(p, name), WIRE_REP_NONE);
+        expect_events_since(w, at, WIRE_EVENT_UNPUBLISHED, name, want, nwant);
+}
+
+/* A prefix matches a name equal to it, and every name it starts (a string prefix, not a path). */
+START_TEST(test_watch_prefix_equal_to_name)
+{
+        struct client *p = client_new(1000, 1000, 100, "producer");
+        struct client *w = client_new(1000, 1000, 101, "watcher");
+        uint64_t id = watch(w, "m/x");
+
+        publish_heard(p, "m/x", w, IDS(id));
+        publish_heard(p, "m/x", w, IDS(id)); /* REPLACED */
+        publish_heard(p, "m/xy", w, IDS(id));
+        unpublish_heard(p, "m/x", w, IDS(id));
+        /* one byte short of the prefix, or one different, is no match */
+        publish_heard(p, "m/", w, NO_IDS);
+        publish_heard(p, "m/y", w, NO_IDS);
+        publish_heard(p, "n/x", w, NO_IDS);
+        ck_assert_uint_eq(index_buckets(), 1);
+}
+END_TEST
+
+/* A prefix longer than the name never matches it, however much of it the name shares. */
+START_TEST(test_watch_prefix_longer_than_name)
+{
+        struct client *p = client_new(1000, 1000, 100, "producer");
+        struct client *w = client_new(1000, 1000, 101, "watcher");
+        char name[DLX_NAME_MAX + 1];
+        uint64_t id;
+
+        watch(w, "long/prefix/");
+        publish_heard(p, "long", w, NO_IDS);
+        publish_heard(p, "long/prefix", w, NO_IDS);
+        /* the longest prefix there is, and a name one byte shorter */
+        memset(name, 'z', DLX_NAME_MAX);
+        name[DLX_NAME_MAX] = '\0';
+        id = watch(w, name);
+        name[DLX_NAME_MAX - 1] = '\0';
+        publish_heard(p, name, w, NO_IDS);
+        name[DLX_NAME_MAX - 1] = 'z';
+        publish_heard(p, name, w, IDS(id));
+}
+END_TEST
+
+/* The empty prefix matches every name, the longest included. */
+START_TEST(test_watch_empty_prefix)
+{
+        struct client *p = client_new(1000, 1000, 100, "producer");
+        struct client *w = client_new(1000, 1000, 101, "watcher");
+        uint64_t id = watch(w, "");
+        char name[DLX_NAME_MAX + 1];
+        size_t at;
+
+        memset(name, 'q', DLX_NAME_MAX);
+        name[DLX_NAME_MAX] = '\0';
+        publish_heard(p, "x", w, IDS(id));
+        publish_heard(p, name, w, IDS(id));
+        at = w->n;
+        client_close(p); /* its names go, and say so */
+        ck_assert_uint_eq(count_name_events(w, WIRE_EVENT_UNPUBLISHED, "x"), 1);
+        ck_assert_uint_eq(count_name_events(w, WIRE_EVENT_UNPUBLISHED, name), 1);
+        ck_assert_uint_eq(w->n - at, 2);
+        ck_assert_uint_eq(E.reg.watches.by_len[0].count, 1);
+        ck_assert_uint_eq(index_buckets(), 1);
+}
+END_TEST
+
+/*
+ * One prefix watched by several sessions, and twice by one: a bucket each
+ * prefix, an event each watch, in the order the watches were made.
+ */
+START_TEST(test_watch_one_prefix_many_watches)
+{
+        struct client *p = client_new(1000, 1000, 100, "producer");
+        struct client *w[4], *twice;
+        uint64_t id[4][3], t1, t2;
+        size_t at[4];
+
+        for (int i = 0; i < 4; i++)
+                w[i] = client_new(1000 + (uid_t)i, 1000, 200 + i, "watcher");
+        /* interleaved: ids of one session are not consecutive */
+        for (int j = 0; j < 3; j++)
+                for (int i = 0; i < 4; i++)
+                        id[i][j] = watch(w[i], "many/");
+        ck_assert_uint_eq(index_buckets(), 1);
+        ck_assert_uint_eq(E.reg.watches.count, 12);
+        ck_assert_uint_eq(stats(p).watchers, 12);
+
+        for (int i = 0; i < 4; i++)
+                at[i] = w[i]->n;
+        publish(p, "many/t", false, 1);
+        for (int i = 0; i < 4; i++)
+                expect_events_since(w[i], at[i], WIRE_EVENT_PUBLISHED, "many/t",
+                                    IDS(id[i][0], id[i][1], id[i][2]));
+
+        /* the same prefix twice by one session: two events, one per watch */
+        twice = client_new(1005, 1005, 300, "twice");
+        t1 = watch(twice, "two");
+        t2 = watch(twice, "two");
+        ck_assert_uint_ne(t1, t2);
+        ck_assert_uint_eq(index_buckets(), 2);
+        publish_heard(p, "two/x", twice, IDS(t1, t2));
+        /* either one may go, and the other stays */
+        expect_ok(unwatch(twice, t1), WIRE_REP_NONE);
+        publish_heard(p, "two/x", twice, IDS(t2));
+        ck_assert_uint_eq(index_buckets(), 2);
+}
+END_TEST
+
+/*
+ * Prefixes that are prefixes of each other each match, and a session with
+ * several matching watches hears from them in the order it made them, not
+ * in the order of their lengths.
+ */
+START_TEST(test_watch_nested_prefixes)
+{
+        struct client *p = client_new(1000, 1000, 100, "producer");
+        struct client *w = client_new(1000, 1000, 101, "watcher");
+        struct client *v = client_new(1000, 1000, 102, "other");
+        uint64_t ab = watch(w, "a/b"), all = watch(w, ""), a = watch(w, "a");
+        uint64_t vab = watch(v, "a/b"), aslash = watch(w, "a/"), abcd = watch(w, "a/b/c/d");
+        size_t vat = v->n;
+
+        ck_assert_uint_eq(index_buckets(), 5);
+        publish_heard(p, "a/b/c", w, IDS(ab, all, a, aslash));
+        expect_events_since(v, vat, WIRE_EVENT_PUBLISHED, "a/b/c", IDS(vab));
+        publish_heard(p, "a/bc", w, IDS(ab, all, a, aslash));
+        publish_heard(p, "a/b/c/d/e", w, IDS(ab, all, a, aslash, abcd));
+        publish_heard(p, "a", w, IDS(all, a));
+        publish_heard(p, "ab", w, IDS(all, a));
+        unpublish_heard(p, "a/b/c", w, IDS(ab, all, a, aslash));
+        /* dropping the shortest leaves the longer ones */
+        expect_ok(unwatch(w, a), WIRE_REP_NONE);
+        expect_ok(unwatch(w, all), WIRE_REP_NONE);
+        publish_heard(p, "a/b/c/d/e", w, IDS(ab, aslash, abcd));
+        ck_assert_uint_eq(index_buckets(), 3);
+}
+END_TEST
+
+/* Unwatch and a closing session take watches out of the index: no event after, no bucket left. */
+START_TEST(test_watch_removed_from_index)
+{
+        struct client *p = client_new(1000, 1000, 100, "producer");
+        struct client *a = client_new(1000, 1000, 101, "a");
+        struct client *b = client_new(1000, 1000, 102, "b");
+        struct client *c;
+        uint64_t a1 = watch(a, "u/"), a2 = watch(a, "u/"), b1 = watch(b, "u/");
+
+        watch(b, "v/");
+        watch(b, "");
+        ck_assert_uint_eq(index_buckets(), 3);
+        expect_ok(unwatch(a, a1), WIRE_REP_NONE);
+        expect_status(unwatch(a, a1), WIRE_NOT_FOUND);
+        /* another session's watch is not ours to end */
+        expect_status(unwatch(a, b1), WIRE_NOT_FOUND);
+        expect_ok(unwatch(a, a2), WIRE_REP_NONE);
+        ck_assert_uint_eq(a->s->nwatches, 0);
+        ck_assert_uint_eq(index_buckets(), 3); /* b's "u/" keeps the bucket */
+        publish_heard(p, "u/x", a, NO_IDS);
+        ck_assert_uint_eq(count_name_events(b, WIRE_EVENT_PUBLISHED, "u/x"), 2);
+
+        client_close(b);
+        ck_assert_uint_eq(index_buckets(), 0);
+        ck_assert_uint_eq(E.reg.watches.count, 0);
+        ck_assert_uint_eq(stats(p).watchers, 0);
+        publish_heard(p, "u/x", a, NO_IDS);
+        publish_heard(p, "v/y", a, NO_IDS);
+        /* a session closing with its watches and its names: it hears nothing of its own */
+        c = client_new(1000, 1000, 103, "c");
+        watch(c, "c/");
+        publish(c, "c/own", false, 4);
+        client_close(c);
+        ck_assert_uint_eq(index_buckets(), 0);
+}
+END_TEST
+
+/* A bucket emptied is freed; a watch of its prefix later makes a new one, which works. */
+START_TEST(test_watch_bucket_emptied_and_refilled)
+{
+        struct client *p = client_new(1000, 1000, 100, "producer");
+        struct client *w = client_new(1000, 1000, 101, "watcher");
+        struct client *x = client_new(1000, 1000, 102, "other");
+        uint64_t first = watch(w, "r/"), again, third;
+
+        expect_ok(unwatch(w, first), WIRE_REP_NONE);
+        ck_assert_uint_eq(index_buckets(), 0);
+        publish_heard(p, "r/x", w, NO_IDS);
+
+        again = watch(w, "r/");
+        ck_assert_uint_gt(again, first); /* ids are never reused */
+        ck_assert_uint_eq(index_buckets(), 1);
+        publish_heard(p, "r/x", w, IDS(again));
+
+        /* emptied by a closing session, refilled by another */
+        client_close(w);
+        ck_assert_uint_eq(index_buckets(), 0);
+        third = watch(x, "r/");
+        publish_heard(p, "r/x", x, IDS(third));
+}
+END_TEST
+
+/* --max-watches: the same refusal as ever, and the index untouched by it. */
+START_TEST(test_watch_limit)
+{
+        struct client *w = client_new(1000, 1000, 101, "watcher");
+        struct client *o = client_new(1000, 1000, 102, "other");
+        struct wire_request req;
+        const struct sent *r;
+        uint64_t first = 0;
+
+        for (unsigned i = 0; i < DLX_DEFAULT_MAX_WATCHES; i++) {
+                char prefix[32];
+                snprintf(prefix, sizeof(prefix), "lim/%u", i);
+                uint64_t id = watch(w, prefix);
+                if (i == 0)
+                        first = id;
+        }
+        req_init(&req, WIRE_REQ_WATCH);
+        snprintf(req.watch.prefix, sizeof(req.watch.prefix), "lim/over");
+        registry_watch(w->s, &req);
+        r = reply_for(w, req.id);
+        expect_status(r, WIRE_LIMIT);
+        ck_assert_str_eq(r->rep.error, "this client has 256 watches already (the limit)");
+        ck_assert_uint_eq(index_buckets(), DLX_DEFAULT_MAX_WATCHES);
+        ck_assert_uint_eq(E.reg.watches.count, DLX_DEFAULT_MAX_WATCHES);
+        /* the limit is per client, and an unwatch makes room */
+        watch(o, "lim/over");
+        expect_ok(unwatch(w, first), WIRE_REP_NONE);
+        watch(w, "lim/over");
+        ck_assert_uint_eq(index_buckets(), DLX_DEFAULT_MAX_WATCHES);
+}
+END_TEST
+
+/*
+ * The index against a scan of every watch, which is what it replaces:
+ * random watches, unwatches, closing sessions and publishes over prefixes
+ * and names that nest, share bytes and miss by one; after each publish every
+ * session must have heard exactly from the watches a scan would find, in
+ * the order of their ids.
+ */
+START_TEST(test_watch_index_matches_a_scan)
+{
+        static const char *const prefixes[] = {"",   "a", "a/",  "a/b",     "a/b/", "a/bc",
+                                               "ab", "b", "b/a", "a/b/c/d", "c/"};
+        static const char *const names[] = {"a", "ab",  "a/b",     "a/bc", "a/b/c",
+                                            "b", "b/a", "a/b/c/d", "c",    "a/b/c/de"};
+        enum {
+                NPREFIXES = sizeof(prefixes) / sizeof(prefixes[0]),
+                NNAMES = sizeof(names) / sizeof(names[0]),
+                NW = 6,
+                MAXW = 512
+        };
+        struct {
+                int who;      /* the slot in w[] */
+                unsigned gen; /* which session in that slot: a closed one's are dead */
+                uint64_t id;
+                const char *prefix;
+                bool live;
+        } model[MAXW];
+        struct client *p = client_new(1000, 1000, 100, "producer");
+        struct client *w[NW];
+        unsigned gen[NW] = {0}, seed = 20261201;
+        size_t nmodel = 0, distinct = 0;
+        int reopen = MAX_CLIENTS - 1 - NW;
+
+        for (int i = 0; i < NW; i++)
+                w[i] = client_new(1000, 1000, 200 + i, "watcher");
+        for (int step = 0; step < 3000; step++) {
+                int op = rand_r(&seed) % 16, k = rand_r(&seed) % NW;
+
+                if (op < 5 && nmodel < MAXW && w[k]->s->nwatches < 12) {
+                        const char *prefix = prefixes[rand_r(&seed) % NPREFIXES];
+                        model[nmodel].who = k;
+                        model[nmodel].gen = gen[k];
+                        model[nmodel].prefix = prefix;
+                        model[nmodel].live = true;
+                        model[nmodel++].id = watch(w[k], prefix);
+                } else if (op < 8 && nmodel > 0) {
+                        size_t m = (size_t)rand_r(&seed) % nmodel;
+                        bool mine = model[m].who == k && model[m].gen == gen[k];
+                        const struct sent *r = unwatch(w[k], model[m].id);
+                        if (mine && model[m].live) {
+                                expect_ok(r, WIRE_REP_NONE);
+                                model[m].live = false;
+                        } else {
+                                expect_status(r, WIRE_NOT_FOUND);
+                        }
+                } else if (op < 9 && reopen > 0) {
+                        client_close(w[k]);
+                        for (size_t m = 0; m < nmodel; m++)
+                                if (model[m].who == k && model[m].gen == gen[k])
+                                        model[m].live = false;
+                        w[k] = client_new(1000, 1000, 300 + step, "watcher");
+                        gen[k]++;
+                        reopen--;
+                } else {
+                        const char *name = names[rand_r(&seed) % NNAMES];
+                        size_t at[NW];
+                        enum wire_event_kind kind;
+                        uint64_t want[MAXW];
+
+                        for (int i = 0; i < NW; i++) {
+                                if (w[i]->n > LOG_CAP / 2)
+                                        log_clear(w[i]);
+                                at[i] = w[i]->n;
+                        }
+                        if (p->n > LOG_CAP / 2)
+                                log_clear(p);
+                        if (op == 15) {
+                                const struct sent *r = unpublish(p, name);
+                                if (r->rep.status != WIRE_OK)
+                                        continue; /* nothing there: nothing to hear */
+                                kind = WIRE_EVENT_UNPUBLISHED;
+                        } else {
+                                kind = publish(p, name, false, 0)->rep.publish.version == 1
+                                               ? WIRE_EVENT_PUBLISHED
+                                               : WIRE_EVENT_REPLACED;
+                        }
+                        for (int i = 0; i < NW; i++) {
+                                size_t n = 0;
+                                for (size_t m = 0; m < nmodel; m++)
+                                        if (model[m].live && model[m].who == i &&
+                                            model[m].gen == gen[i] &&
+                                            strncmp(model[m].prefix, name,
+                                                    strlen(model[m].prefix)) == 0)
+                                                want[n++] = model[m].id;
+                                expect_events_since(w[i], at[i], kind, name, want, n);
+                        }
+                }
+        }
+        /* one bucket per distinct prefix still watched, and nothing else */
+        for (size_t i = 0; i < NPREFIXES; i++) {
+                bool used = false;
+                for (size_t m = 0; m < nmodel; m++)
+                        used |= model[m].live && model[m].prefix == prefixes[i];
+                distinct += used;
+        }
+        ck_assert_uint_gt(distinct, 0);
+        ck_assert_uint_eq(index_buckets(), distinct);
 }
 END_TEST
 
@@ -1933,6 +2345,15 @@ Suite *registry_suite(void)
 
         tcase_add_checked_fixture(tc, setup, teardown);
         tcase_add_test(tc, test_publish_versions_and_watch_events);
+        tcase_add_test(tc, test_watch_prefix_equal_to_name);
+        tcase_add_test(tc, test_watch_prefix_longer_than_name);
+        tcase_add_test(tc, test_watch_empty_prefix);
+        tcase_add_test(tc, test_watch_one_prefix_many_watches);
+        tcase_add_test(tc, test_watch_nested_prefixes);
+        tcase_add_test(tc, test_watch_removed_from_index);
+        tcase_add_test(tc, test_watch_bucket_emptied_and_refilled);
+        tcase_add_test(tc, test_watch_limit);
+        tcase_add_test(tc, test_watch_index_matches_a_scan);
         tcase_add_test(tc, test_acquire_fd_once_then_after_forget);
         tcase_add_test(tc, test_read_only_and_writable);
         tcase_add_test(tc, test_replace_while_leased);

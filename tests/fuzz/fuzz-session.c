@@ -381,6 +381,38 @@ static bool is_live_session(const struct session *s)
         return false;
 }
 
+/*
+ * The watches in the registry's index, each bucket checked on the way: in the
+ * tree of its prefix's length, never empty, its watches its own, of live
+ * sessions and in rising id order (the order events go out in).
+ */
+static uint64_t index_watches(const struct watch_index *ix)
+{
+        uint64_t total = 0;
+
+        for (size_t l = 0; l <= DLX_NAME_MAX; l++) {
+                for (struct avl_node *n = avl_first(&ix->by_len[l]); n; n = avl_next(n)) {
+                        const struct watch_bucket *b = avl_entry(n, struct watch_bucket, node);
+                        uint64_t last = 0;
+
+                        FUZZ_CHECK(b->plen == l && strlen(b->prefix) == l,
+                                   "bucket '%s' in the tree of length %zu", b->prefix, l);
+                        FUZZ_CHECK(!list_empty(&b->watches), "bucket '%s' is empty", b->prefix);
+                        for (const struct list *pos = b->watches.next; pos != &b->watches;
+                             pos = pos->next) {
+                                const struct watch *w = list_entry(pos, struct watch, blink);
+                                FUZZ_CHECK(w->bucket == b && is_live_session(w->s) && w->id > last,
+                                           "watch %llu in bucket '%s' is not its own, live or "
+                                           "in order",
+                                           (unsigned long long)w->id, b->prefix);
+                                last = w->id;
+                                total++;
+                        }
+                }
+        }
+        return total;
+}
+
 static void check_counts(void)
 {
         const struct wire_limit_set *lim = &F.reg.lim;
@@ -409,9 +441,9 @@ static void check_counts(void)
                    (unsigned long long)F.reg.nsessions, (unsigned long long)sessions);
         FUZZ_CHECK(F.reg.nleases == leases, "registry counts %llu leases, sessions hold %llu",
                    (unsigned long long)F.reg.nleases, (unsigned long long)leases);
-        FUZZ_CHECK(F.reg.nwatches == watches && watches == list_length(&F.reg.watches),
+        FUZZ_CHECK(F.reg.watches.count == watches && watches == index_watches(&F.reg.watches),
                    "registry counts %llu watches, sessions have %llu",
-                   (unsigned long long)F.reg.nwatches, (unsigned long long)watches);
+                   (unsigned long long)F.reg.watches.count, (unsigned long long)watches);
         FUZZ_CHECK(!lim->max_names || F.reg.nnames <= lim->max_names, "%llu names",
                    (unsigned long long)F.reg.nnames);
 
@@ -520,11 +552,11 @@ static void teardown(uint8_t config)
                    F.store.uids.count);
         FUZZ_CHECK(F.reg.names.count == 0, "%zu names outlive every session", F.reg.names.count);
         FUZZ_CHECK(F.reg.nnames == 0 && F.reg.nversions == 0 && F.reg.nleases == 0 &&
-                           F.reg.nwatches == 0 && F.reg.nsessions == 0,
+                           F.reg.watches.count == 0 && F.reg.nsessions == 0,
                    "counts left: %llu names, %llu versions, %llu leases, %llu watches, %llu "
                    "sessions",
                    (unsigned long long)F.reg.nnames, (unsigned long long)F.reg.nversions,
-                   (unsigned long long)F.reg.nleases, (unsigned long long)F.reg.nwatches,
+                   (unsigned long long)F.reg.nleases, (unsigned long long)F.reg.watches.count,
                    (unsigned long long)F.reg.nsessions);
         store_done(&F.store);
         FUZZ_CHECK(F.store.bytes == 0, "%llu bytes counted in an empty store",
