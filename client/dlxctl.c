@@ -42,7 +42,7 @@ static void usage(FILE *f)
         fputs("Usage: dlxctl [OPTIONS] COMMAND [ARGS]\n"
               "\n"
               "Commands:\n"
-              "  list [PREFIX]                    names, versions, dtypes and shapes\n"
+              "  list [PREFIX]                    names, versions, dtypes, shapes and devices\n"
               "  stat NAME                        everything the daemon knows of NAME\n"
               "  put NAME FILE.npy [--writable]   publish a .npy file (persistent: it stays\n"
               "                                   after dlxctl exits, until rm or replaced)\n"
@@ -132,9 +132,10 @@ static void json_str(const char *s)
 
 static void print_info_json(const struct dlx_info *in)
 {
-        char dt[48];
+        char dt[48], dev[48];
 
         layout_dtype_name(in->dtype, dt, sizeof(dt));
+        layout_device_name(in->device, dev, sizeof(dev));
         printf("{\"name\":");
         json_str(in->name);
         printf(",\"version\":%" PRIu64 ",\"dtype\":\"%s\",\"dtype_code\":%u,\"bits\":%u,"
@@ -143,11 +144,11 @@ static void print_info_json(const struct dlx_info *in)
         json_dims(in->shape, in->ndim);
         printf(",\"strides\":");
         json_dims(in->strides, in->ndim);
-        printf(",\"byte_offset\":%" PRIu64 ",\"device\":[%d,%d],\"read_only\":%s,"
-               "\"storage\":\"%s\",\"nbytes\":%" PRIu64 ",\"segment\":%" PRIu64
+        printf(",\"byte_offset\":%" PRIu64 ",\"device\":[%d,%d],\"device_name\":\"%s\","
+               "\"read_only\":%s,\"storage\":\"%s\",\"nbytes\":%" PRIu64 ",\"segment\":%" PRIu64
                ",\"segment_size\":%" PRIu64 ",\"owner_uid\":%u,\"producer_pid\":%d,"
                "\"producer\":",
-               in->byte_offset, (int)in->device.device_type, in->device.device_id,
+               in->byte_offset, (int)in->device.device_type, in->device.device_id, dev,
                in->flags & DLPACK_FLAG_BITMASK_READ_ONLY ? "true" : "false", in->storage,
                in->nbytes, in->segment, in->segment_size, in->owner_uid, in->producer_pid);
         json_str(in->producer_name);
@@ -164,16 +165,17 @@ struct list_ctx {
 static int list_one(void *ctx, const struct dlx_info *in)
 {
         struct list_ctx *l = ctx;
-        char dt[48], shape[256];
+        char dt[48], shape[256], dev[48];
 
         if (json) {
                 printf("%s", l->count ? ",\n " : "");
                 print_info_json(in);
         } else {
                 layout_dtype_name(in->dtype, dt, sizeof(dt));
+                layout_device_name(in->device, dev, sizeof(dev));
                 dims_str(in->shape, in->ndim, shape, sizeof(shape));
-                printf("%-32s %8" PRIu64 " %-14s %-20s %12" PRIu64 " %6u %s%s%s\n", in->name,
-                       in->version, dt, shape, in->nbytes, in->leases, in->storage,
+                printf("%-32s %8" PRIu64 " %-14s %-20s %-11s %12" PRIu64 " %6u %s%s%s\n", in->name,
+                       in->version, dt, shape, dev, in->nbytes, in->leases, in->storage,
                        in->persist ? ",persist" : "",
                        in->flags & DLPACK_FLAG_BITMASK_READ_ONLY ? "" : ",writable");
         }
@@ -190,8 +192,8 @@ static int cmd_list(const struct cmdline *cl)
         if (json)
                 printf("[");
         else
-                printf("%-32s %8s %-14s %-20s %12s %6s %s\n", "NAME", "VERSION", "DTYPE", "SHAPE",
-                       "BYTES", "LEASES", "FLAGS");
+                printf("%-32s %8s %-14s %-20s %-11s %12s %6s %s\n", "NAME", "VERSION", "DTYPE",
+                       "SHAPE", "DEVICE", "BYTES", "LEASES", "FLAGS");
         n = dlx_list(c, cl->argc == 2 ? cl->argv[1] : "", list_one, &l);
         if (json)
                 printf("]\n");
@@ -204,7 +206,7 @@ static int cmd_stat(const struct cmdline *cl)
 {
         const char *name = cl->argv[1];
         struct dlx_info in;
-        char dt[48], shape[512], strides[512];
+        char dt[48], shape[512], strides[512], dev[48];
         int err;
 
         err = dlx_stat(ctl_client(), name, &in);
@@ -216,6 +218,7 @@ static int cmd_stat(const struct cmdline *cl)
                 return 0;
         }
         layout_dtype_name(in.dtype, dt, sizeof(dt));
+        layout_device_name(in.device, dev, sizeof(dev));
         dims_str(in.shape, in.ndim, shape, sizeof(shape));
         dims_str(in.strides, in.ndim, strides, sizeof(strides));
         printf("name:          %s\n"
@@ -224,7 +227,7 @@ static int cmd_stat(const struct cmdline *cl)
                "shape:         %s\n"
                "strides:       %s\n"
                "byte_offset:   %" PRIu64 "\n"
-               "device:        %d:%d\n"
+               "device:        %s\n"
                "access:        %s\n"
                "storage:       %s (segment %" PRIu64 ", %" PRIu64 " bytes; tensor spans %" PRIu64
                ")\n"
@@ -234,7 +237,7 @@ static int cmd_stat(const struct cmdline *cl)
                "leases:        %u\n"
                "live versions: %u\n",
                in.name, in.version, dt, in.dtype.code, in.dtype.bits, in.dtype.lanes, shape,
-               strides, in.byte_offset, (int)in.device.device_type, in.device.device_id,
+               strides, in.byte_offset, dev,
                in.flags & DLPACK_FLAG_BITMASK_READ_ONLY ? "read-only" : "writable", in.storage,
                in.segment, in.segment_size, in.nbytes, in.owner_uid, in.producer_name,
                in.producer_pid, in.producer_pid ? "" : ", gone", in.persist ? "yes" : "no",

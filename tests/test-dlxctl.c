@@ -1183,12 +1183,14 @@ START_TEST(test_list)
         ck_assert_msg(count_lines(out) == 4, "list: header and 3 names expected: %s", out);
         line_of(out, 0, line, sizeof(line));
         ck_assert_msg(strncmp(line, "NAME ", 5) == 0 && strstr(line, "VERSION") &&
-                              strstr(line, "DTYPE") && strstr(line, "SHAPE"),
+                              strstr(line, "DTYPE") && strstr(line, "SHAPE") &&
+                              strstr(line, "DEVICE"),
                       "list header: %s", line);
         line_of(out, 1, line, sizeof(line));
         ck_assert_msg(strncmp(line, "a/x ", 4) == 0 && strstr(line, " 1 ") &&
                               strstr(line, " float32 ") && strstr(line, " (2, 3) ") &&
-                              strstr(line, " 24 ") && strstr(line, "memfd,persist"),
+                              strstr(line, " cpu:0 ") && strstr(line, " 24 ") &&
+                              strstr(line, "memfd,persist"),
                       "list line for a/x: %s", line);
         line_of(out, 2, line, sizeof(line));
         ck_assert_msg(strncmp(line, "a/y ", 4) == 0 && strstr(line, " int64 ") &&
@@ -1243,6 +1245,7 @@ START_TEST(test_list_json)
                         json_has(entry, "\"strides\":[3,1]") &&
                         json_has(entry, "\"byte_offset\":0") &&
                         json_has(entry, "\"device\":[1,0]") &&
+                        json_has(entry, "\"device_name\":\"cpu:0\"") &&
                         json_has(entry, "\"read_only\":true") &&
                         json_has(entry, "\"storage\":\"memfd\"") &&
                         json_has(entry, "\"nbytes\":24") && json_has(entry, "\"persist\":true") &&
@@ -1273,6 +1276,7 @@ START_TEST(test_stat)
                               strstr(out, "dtype:         float32 (code 2, 32 bits, 1 lanes)\n") &&
                               strstr(out, "shape:         (2, 3)\n") &&
                               strstr(out, "strides:       (3, 1)\n") &&
+                              strstr(out, "device:        cpu:0\n") &&
                               strstr(out, "access:        read-only\n") &&
                               strstr(out, "persistent:    yes\n") &&
                               strstr(out, "leases:        0\n") &&
@@ -1289,6 +1293,8 @@ START_TEST(test_stat)
         ck_assert_msg(json_has(out, "\"name\":\"a/y\"") && json_has(out, "\"dtype\":\"int64\"") &&
                               json_has(out, "\"shape\":[4]") && json_has(out, "\"strides\":[1]") &&
                               json_has(out, "\"nbytes\":32") && json_has(out, "\"version\":1") &&
+                              json_has(out, "\"device\":[1,0]") &&
+                              json_has(out, "\"device_name\":\"cpu:0\"") &&
                               json_has(out, "\"persist\":true"),
                       "--json stat a/y: %s", out);
         free(out);
