@@ -121,10 +121,7 @@ static int client_init(DlxPy_Client *self, PyObject *args, PyObject *kwargs)
         Py_END_ALLOW_THREADS;
         Py_XDECREF(path);
         if (e.err < 0) {
-                /* no daemon at all is a connection failure too */
-                if (e.err == -ENOENT)
-                        e.err = -ECONNREFUSED;
-                dlxpy_raise(e.err, e.msg);
+                dlxpy_raise_connect(e.err, e.msg);
                 return -1;
         }
         self->c = c;

@@ -41,6 +41,12 @@ int dlxpy_errors_init(PyObject *module);
  * Returns NULL.
  */
 PyObject *dlxpy_raise(int err, const char *detail);
+/*
+ * The same for dlx_connect()'s failures, where the errno keeps its meaning
+ * but a missing socket (ENOENT, ENOTDIR) is dlx.Disconnected, as a refused
+ * one is, rather than dlx.NotFound, which is about names.
+ */
+PyObject *dlxpy_raise_connect(int err, const char *detail);
 
 /* A copy of dlx_last_error(), taken where the GIL may not be held. */
 struct dlxpy_err {
