@@ -222,7 +222,7 @@ static PyObject *client_publish(DlxPy_Client *self, PyObject *args, PyObject *kw
         if (dlxpy_client_enter(self) < 0)
                 return NULL;
         /* with the GIL: the producer's table and __dlpack__ are Python-level calls */
-        if (dlxpy_take_tensor(obj, stream, &mt, &legacy, &o.stream) < 0) {
+        if (dlxpy_take_tensor(obj, name, stream, &mt, &legacy, &o.stream) < 0) {
                 dlxpy_client_leave(self);
                 return NULL;
         }

@@ -77,10 +77,12 @@ PyObject *dlxpy_exchange_counts(PyObject *self, PyObject *unused);
  * (1.3 capsule, then 1.2 integer), else __dlpack__(max_version=(1, 3)), else
  * a capsule passed as obj. Exactly one of *ret_versioned / *ret_legacy is set;
  * the caller owns it. *ret_stream gets the producer's current stream for a
- * device tensor when stream_in is NULL. Returns 0 or -1 (raised).
+ * device tensor when stream_in is NULL. Returns 0 or -1 (raised: the error
+ * names publish and name, with the producer's own exception as __cause__).
  */
-int dlxpy_take_tensor(PyObject *obj, PyObject *stream_obj, DLManagedTensorVersioned **ret_versioned,
-                      DLManagedTensor **ret_legacy, void **ret_stream);
+int dlxpy_take_tensor(PyObject *obj, const char *name, PyObject *stream_obj,
+                      DLManagedTensorVersioned **ret_versioned, DLManagedTensor **ret_legacy,
+                      void **ret_stream);
 
 /* ---- tensor.c ---- */
 typedef struct {

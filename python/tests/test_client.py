@@ -101,6 +101,53 @@ def test_a_socket_the_user_may_not_open_is_permission_denied(daemon):
     assert os.strerror(errno.EACCES) in message and daemon.socket in message
 
 
+class Refusing:
+    """A producer whose __dlpack__ raises what it is given."""
+
+    def __init__(self, exc):
+        self.exc = exc
+
+    def __dlpack__(self, **kwargs):
+        raise self.exc
+
+
+@pytest.mark.parametrize("exc, kind", [
+    (BufferError("cannot export: not contiguous"), BufferError),
+    (TypeError("unsupported dtype"), TypeError),
+    (ValueError("bad layout"), ValueError),
+    (RuntimeError("device lost"), RuntimeError),
+    (KeyError("k"), BufferError),
+    (BufferError(), BufferError),
+])
+def test_a_producers_refusal_names_publish_and_the_tensor(client, name, exc, kind):
+    with pytest.raises(kind) as e:
+        client.publish(name, Refusing(exc))
+    assert str(e.value).startswith(f"publish '{name}': {Refusing.__module__}.Refusing cannot be "
+                                   "exported through DLPack: ")
+    assert e.value.__cause__ is exc
+    assert (str(exc) or type(exc).__name__) in str(e.value)
+    with pytest.raises(dlx.NotFound):
+        client.stat(name)
+
+
+def test_interrupts_from_a_producer_pass_as_they_are(client, name):
+    for exc in (KeyboardInterrupt(), MemoryError()):
+        with pytest.raises(type(exc)) as e:
+            client.publish(name, Refusing(exc))
+        assert e.value is exc
+
+
+def test_a_closed_tensor_refuses_through_the_exchange_api(client, name):
+    client.publish(name, np.arange(3.0))
+    t = client.acquire(name)
+    t.close()
+    with pytest.raises(BufferError) as e:
+        client.publish(name + "/again", t)
+    assert str(e.value) == (f"publish '{name}/again': dlx.Tensor cannot be exported through "
+                            "DLPack: dlx.Tensor is closed")
+    assert isinstance(e.value.__cause__, BufferError)
+
+
 def test_roundtrip_and_versions(client, name):
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     assert client.publish(name, a) == 1
