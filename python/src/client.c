@@ -263,7 +263,7 @@ static PyObject *client_unpublish(DlxPy_Client *self, PyObject *args)
 static PyObject *wrap_tensor(DLManagedTensorVersioned *mt, const char *storage)
 {
         const char *name = NULL, *st = NULL;
-        uint64_t version = 0, flags = mt->flags;
+        uint64_t version = 0;
         dlx_tensor *h;
         int err;
 
@@ -275,8 +275,8 @@ static PyObject *wrap_tensor(DLManagedTensorVersioned *mt, const char *storage)
         err = dlx_tensor_wrap(mt, &h);
         if (err < 0)
                 return dlxpy_raise(err, dlx_last_error());
-        /* name lives in the tensor, which h keeps alive */
-        return dlxpy_tensor_new(h, flags, name, version, st);
+        /* name lives in the tensor, which h keeps alive; its flags are as wrapping left them */
+        return dlxpy_tensor_new(h, mt->flags, name, version, st);
 }
 
 static PyObject *client_acquire(DlxPy_Client *self, PyObject *args, PyObject *kwargs)

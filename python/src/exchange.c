@@ -69,7 +69,7 @@ static int slot_to_object(DLManagedTensorVersioned *tensor, void **out_object)
 {
         PyGILState_STATE gil = PyGILState_Ensure();
         const char *name = NULL, *storage = NULL;
-        uint64_t version = 0, flags;
+        uint64_t version = 0;
         dlx_tensor *h = NULL;
         PyObject *o = NULL;
 
@@ -80,7 +80,6 @@ static int slot_to_object(DLManagedTensorVersioned *tensor, void **out_object)
                 PyErr_SetString(PyExc_ValueError, "dlx exchange API: NULL argument");
                 goto out;
         }
-        flags = tensor->flags;
         /* a tensor from dlx_acquire() (handed back to us) keeps its name and version */
         if (dlx_tensor_info(tensor, &name, &version, &storage) < 0)
                 name = storage = NULL;
@@ -89,7 +88,8 @@ static int slot_to_object(DLManagedTensorVersioned *tensor, void **out_object)
                 PyErr_Format(PyExc_BufferError, "dlx exchange API: %s", dlx_last_error());
                 goto out;
         }
-        o = dlxpy_tensor_new(h, flags, name, version, storage);
+        /* the flags as libdlx left them: read-only again if its memory is (tvm-ffi drops them) */
+        o = dlxpy_tensor_new(h, tensor->flags, name, version, storage);
 out:
         if (o)
                 *out_object = o;
