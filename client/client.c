@@ -702,6 +702,19 @@ static int hello(dlx_client *c, const char *name)
         return err;
 }
 
+/* What connect()'s commonest failures mean for dlx, after the system's words. */
+static const char *connect_hint(int err)
+{
+        switch (err) {
+        case -ENOENT:
+                return " (no socket there: is dlxd running, and on this path?)";
+        case -ECONNREFUSED:
+                return " (a socket file no daemon listens on: dlxd stopped or died)";
+        default:
+                return "";
+        }
+}
+
 int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
 {
         struct sockaddr_un addr = {.sun_family = AF_UNIX};
@@ -716,7 +729,10 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
         err = sockpath_resolve(opts ? opts->socket_path : NULL, addr.sun_path,
                                sizeof(addr.sun_path));
         if (err < 0)
-                return dlx__fail(err, "socket path too long");
+                return dlx__fail(err,
+                                 "socket path '%.40s...' is too long: a Unix socket path holds "
+                                 "at most %zu bytes",
+                                 addr.sun_path, sizeof(addr.sun_path) - 1);
 
         c = calloc(1, sizeof(*c));
         if (!c)
@@ -766,8 +782,8 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
                 err = -errno;
                 close(c->fd);
                 dlx__client_unref(c);
-                return dlx__fail(err, "cannot connect to dlxd at %s: %s", addr.sun_path,
-                                 strerror(-err));
+                return dlx__fail(err, "cannot connect to dlxd at %s: %s%s", addr.sun_path,
+                                 strerror(-err), connect_hint(err));
         }
         if (opts && opts->client_name)
                 snprintf(name, sizeof(name), "%s", opts->client_name);

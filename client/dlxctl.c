@@ -24,12 +24,25 @@
 static const char *socket_path;
 static bool json;
 
+/*
+ * A command line taken apart: the command and its operands (names, prefixes,
+ * files) in order, and the options of commands that have some. main() checks
+ * the operand count and which options the command takes before calling it.
+ */
+struct cmdline {
+        int argc;            /* the command itself is argv[0]; argc may pass 4, argv[] keeps 4 */
+        char *argv[4];       /* no command takes more than a command and two operands */
+        bool writable;       /* put --writable */
+        const char *timeout; /* get, watch --timeout MS */
+        const char *count;   /* watch --count N */
+};
+
 static void usage(FILE *f)
 {
-        fputs("Usage: dlxctl [--socket PATH] [--json] COMMAND [ARGS]\n"
+        fputs("Usage: dlxctl [OPTIONS] COMMAND [ARGS]\n"
               "\n"
               "Commands:\n"
-              "  list [PREFIX]                    names, versions, dtypes and shapes\n"
+              "  list [PREFIX]                    names, versions, dtypes, shapes and devices\n"
               "  stat NAME                        everything the daemon knows of NAME\n"
               "  put NAME FILE.npy [--writable]   publish a .npy file (persistent: it stays\n"
               "                                   after dlxctl exits, until rm or replaced)\n"
@@ -39,7 +52,8 @@ static void usage(FILE *f)
               "                                   print events as names change\n"
               "  stats                            the daemon's counters and limits\n"
               "\n"
-              "Options:\n"
+              "Options (before or after the command; after \"--\" every argument is a name,\n"
+              "prefix or file, even one that starts with '-'):\n"
               "  -s, --socket PATH  daemon socket (default: $DLX_SOCKET, then\n"
               "                     $XDG_RUNTIME_DIR/dlx/dlxd.sock, then /tmp/dlx-$UID/dlxd.sock)\n"
               "  -j, --json         machine-readable output (list, stat, watch, stats, put, get)\n"
@@ -118,9 +132,10 @@ static void json_str(const char *s)
 
 static void print_info_json(const struct dlx_info *in)
 {
-        char dt[48];
+        char dt[48], dev[48];
 
         layout_dtype_name(in->dtype, dt, sizeof(dt));
+        layout_device_name(in->device, dev, sizeof(dev));
         printf("{\"name\":");
         json_str(in->name);
         printf(",\"version\":%" PRIu64 ",\"dtype\":\"%s\",\"dtype_code\":%u,\"bits\":%u,"
@@ -129,11 +144,11 @@ static void print_info_json(const struct dlx_info *in)
         json_dims(in->shape, in->ndim);
         printf(",\"strides\":");
         json_dims(in->strides, in->ndim);
-        printf(",\"byte_offset\":%" PRIu64 ",\"device\":[%d,%d],\"read_only\":%s,"
-               "\"storage\":\"%s\",\"nbytes\":%" PRIu64 ",\"segment\":%" PRIu64
+        printf(",\"byte_offset\":%" PRIu64 ",\"device\":[%d,%d],\"device_name\":\"%s\","
+               "\"read_only\":%s,\"storage\":\"%s\",\"nbytes\":%" PRIu64 ",\"segment\":%" PRIu64
                ",\"segment_size\":%" PRIu64 ",\"owner_uid\":%u,\"producer_pid\":%d,"
                "\"producer\":",
-               in->byte_offset, (int)in->device.device_type, in->device.device_id,
+               in->byte_offset, (int)in->device.device_type, in->device.device_id, dev,
                in->flags & DLPACK_FLAG_BITMASK_READ_ONLY ? "true" : "false", in->storage,
                in->nbytes, in->segment, in->segment_size, in->owner_uid, in->producer_pid);
         json_str(in->producer_name);
@@ -150,16 +165,17 @@ struct list_ctx {
 static int list_one(void *ctx, const struct dlx_info *in)
 {
         struct list_ctx *l = ctx;
-        char dt[48], shape[256];
+        char dt[48], shape[256], dev[48];
 
         if (json) {
                 printf("%s", l->count ? ",\n " : "");
                 print_info_json(in);
         } else {
                 layout_dtype_name(in->dtype, dt, sizeof(dt));
+                layout_device_name(in->device, dev, sizeof(dev));
                 dims_str(in->shape, in->ndim, shape, sizeof(shape));
-                printf("%-32s %8" PRIu64 " %-14s %-20s %12" PRIu64 " %6u %s%s%s\n", in->name,
-                       in->version, dt, shape, in->nbytes, in->leases, in->storage,
+                printf("%-32s %8" PRIu64 " %-14s %-20s %-11s %12" PRIu64 " %6u %s%s%s\n", in->name,
+                       in->version, dt, shape, dev, in->nbytes, in->leases, in->storage,
                        in->persist ? ",persist" : "",
                        in->flags & DLPACK_FLAG_BITMASK_READ_ONLY ? "" : ",writable");
         }
@@ -167,22 +183,18 @@ static int list_one(void *ctx, const struct dlx_info *in)
         return 0;
 }
 
-static int cmd_list(int argc, char **argv)
+static int cmd_list(const struct cmdline *cl)
 {
         struct list_ctx l = {0};
         int n;
 
-        if (argc > 2) {
-                fprintf(stderr, "dlxctl: list takes at most one PREFIX\n");
-                return EXIT_USAGE;
-        }
         dlx_client *c = ctl_client();
         if (json)
                 printf("[");
         else
-                printf("%-32s %8s %-14s %-20s %12s %6s %s\n", "NAME", "VERSION", "DTYPE", "SHAPE",
-                       "BYTES", "LEASES", "FLAGS");
-        n = dlx_list(c, argc == 2 ? argv[1] : "", list_one, &l);
+                printf("%-32s %8s %-14s %-20s %-11s %12s %6s %s\n", "NAME", "VERSION", "DTYPE",
+                       "SHAPE", "DEVICE", "BYTES", "LEASES", "FLAGS");
+        n = dlx_list(c, cl->argc == 2 ? cl->argv[1] : "", list_one, &l);
         if (json)
                 printf("]\n");
         if (n < 0)
@@ -190,25 +202,23 @@ static int cmd_list(int argc, char **argv)
         return 0;
 }
 
-static int cmd_stat(int argc, char **argv)
+static int cmd_stat(const struct cmdline *cl)
 {
+        const char *name = cl->argv[1];
         struct dlx_info in;
-        char dt[48], shape[512], strides[512];
+        char dt[48], shape[512], strides[512], dev[48];
         int err;
 
-        if (argc != 2) {
-                fprintf(stderr, "dlxctl: stat takes one NAME\n");
-                return EXIT_USAGE;
-        }
-        err = dlx_stat(ctl_client(), argv[1], &in);
+        err = dlx_stat(ctl_client(), name, &in);
         if (err < 0)
-                return fail(err, argv[1]);
+                return fail(err, name);
         if (json) {
                 print_info_json(&in);
                 putchar('\n');
                 return 0;
         }
         layout_dtype_name(in.dtype, dt, sizeof(dt));
+        layout_device_name(in.device, dev, sizeof(dev));
         dims_str(in.shape, in.ndim, shape, sizeof(shape));
         dims_str(in.strides, in.ndim, strides, sizeof(strides));
         printf("name:          %s\n"
@@ -217,7 +227,7 @@ static int cmd_stat(int argc, char **argv)
                "shape:         %s\n"
                "strides:       %s\n"
                "byte_offset:   %" PRIu64 "\n"
-               "device:        %d:%d\n"
+               "device:        %s\n"
                "access:        %s\n"
                "storage:       %s (segment %" PRIu64 ", %" PRIu64 " bytes; tensor spans %" PRIu64
                ")\n"
@@ -227,7 +237,7 @@ static int cmd_stat(int argc, char **argv)
                "leases:        %u\n"
                "live versions: %u\n",
                in.name, in.version, dt, in.dtype.code, in.dtype.bits, in.dtype.lanes, shape,
-               strides, in.byte_offset, (int)in.device.device_type, in.device.device_id,
+               strides, in.byte_offset, dev,
                in.flags & DLPACK_FLAG_BITMASK_READ_ONLY ? "read-only" : "writable", in.storage,
                in.segment, in.segment_size, in.nbytes, in.owner_uid, in.producer_name,
                in.producer_pid, in.producer_pid ? "" : ", gone", in.persist ? "yes" : "no",
@@ -254,9 +264,11 @@ static int read_full(int fd, void *buf, uint64_t len)
         return 0;
 }
 
-static int cmd_put(int argc, char **argv)
+static int cmd_put(const struct cmdline *cl)
 {
-        struct dlx_publish_options o = {.persist = true, .copy = DLX_COPY_NEVER};
+        struct dlx_publish_options o = {
+                .persist = true, .writable = cl->writable, .copy = DLX_COPY_NEVER};
+        const char *name = cl->argv[1], *path = cl->argv[2];
         struct npy_info info;
         DLManagedTensorVersioned *t;
         DLTensor proto = {.device = {kDLCPU, 0}};
@@ -264,22 +276,14 @@ static int cmd_put(int argc, char **argv)
         uint64_t version;
         int fd, err;
 
-        if (argc == 4 && strcmp(argv[3], "--writable") == 0) {
-                o.writable = true;
-                argc--;
-        }
-        if (argc != 3) {
-                fprintf(stderr, "dlxctl: put takes NAME FILE.npy [--writable]\n");
-                return EXIT_USAGE;
-        }
-        fd = open(argv[2], O_RDONLY | O_CLOEXEC);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0) {
-                fprintf(stderr, "dlxctl: %s: %s\n", argv[2], strerror(errno));
+                fprintf(stderr, "dlxctl: %s: %s\n", path, strerror(errno));
                 return EXIT_FAILURE;
         }
         err = npy_read_header(fd, &info, err_text, sizeof(err_text));
         if (err < 0) {
-                fprintf(stderr, "dlxctl: %s: %s\n", argv[2], err_text);
+                fprintf(stderr, "dlxctl: %s: %s\n", path, err_text);
                 close(fd);
                 return EXIT_FAILURE;
         }
@@ -295,7 +299,7 @@ static int cmd_put(int argc, char **argv)
         err = read_full(fd, t->dl_tensor.data, info.data_bytes);
         close(fd);
         if (err < 0) {
-                fprintf(stderr, "dlxctl: %s: %s\n", argv[2],
+                fprintf(stderr, "dlxctl: %s: %s\n", path,
                         err == -EINVAL ? "file shorter than its header says" : strerror(-err));
                 t->deleter(t);
                 return EXIT_FAILURE;
@@ -303,15 +307,15 @@ static int cmd_put(int argc, char **argv)
         npy_to_native(t->dl_tensor.data, &info);
         if (info.fortran_order)
                 npy_strides(&info, t->dl_tensor.strides);
-        err = dlx_publish(ctl_client(), argv[1], t, &o, &version);
+        err = dlx_publish(ctl_client(), name, t, &o, &version);
         if (err < 0)
-                return fail(err, argv[1]);
+                return fail(err, name);
         if (json) {
                 printf("{\"name\":");
-                json_str(argv[1]);
+                json_str(name);
                 printf(",\"version\":%" PRIu64 "}\n", version);
         } else
-                printf("%s v%" PRIu64 "\n", argv[1], version);
+                printf("%s v%" PRIu64 "\n", name, version);
         return 0;
 }
 
@@ -328,32 +332,17 @@ static int parse_ms(const char *s, int64_t *ret)
         return 0;
 }
 
-static int cmd_get(int argc, char **argv)
+static int cmd_get(const struct cmdline *cl)
 {
         struct dlx_acquire_options o = {0};
         DLManagedTensorVersioned *t;
-        const char *name = NULL, *path = NULL;
+        const char *name = cl->argv[1], *path = cl->argv[2];
         char err_text[256];
         uint64_t version = 0;
         int fd, err;
 
-        for (int i = 1; i < argc; i++) {
-                if (strcmp(argv[i], "--timeout") == 0 && i + 1 < argc) {
-                        if (parse_ms(argv[++i], &o.timeout_ms) < 0 || o.timeout_ms < 0) {
-                                fprintf(stderr, "dlxctl: bad --timeout '%s'\n", argv[i]);
-                                return EXIT_USAGE;
-                        }
-                } else if (!name) {
-                        name = argv[i];
-                } else if (!path) {
-                        path = argv[i];
-                } else {
-                        name = NULL;
-                        break;
-                }
-        }
-        if (!name || !path) {
-                fprintf(stderr, "dlxctl: get takes NAME FILE.npy [--timeout MS]\n");
+        if (cl->timeout && (parse_ms(cl->timeout, &o.timeout_ms) < 0 || o.timeout_ms < 0)) {
+                fprintf(stderr, "dlxctl: bad --timeout '%s'\n", cl->timeout);
                 return EXIT_USAGE;
         }
         err = dlx_acquire(ctl_client(), name, &o, &t);
@@ -387,17 +376,13 @@ static int cmd_get(int argc, char **argv)
         return 0;
 }
 
-static int cmd_rm(int argc, char **argv)
+static int cmd_rm(const struct cmdline *cl)
 {
         int err;
 
-        if (argc != 2) {
-                fprintf(stderr, "dlxctl: rm takes one NAME\n");
-                return EXIT_USAGE;
-        }
-        err = dlx_unpublish(ctl_client(), argv[1]);
+        err = dlx_unpublish(ctl_client(), cl->argv[1]);
         if (err < 0)
-                return fail(err, argv[1]);
+                return fail(err, cl->argv[1]);
         return 0;
 }
 
@@ -416,33 +401,22 @@ static void on_stop(int sig)
         stop = 1;
 }
 
-static int cmd_watch(int argc, char **argv)
+static int cmd_watch(const struct cmdline *cl)
 {
         static const char *const kinds[] = {"?", "published", "replaced", "unpublished"};
-        const char *prefix = "";
+        const char *prefix = cl->argc == 2 ? cl->argv[1] : "";
         int64_t count = -1, timeout = -1, seen = 0;
         struct sigaction sa = {.sa_handler = on_stop};
         uint64_t id;
         int err;
 
-        for (int i = 1; i < argc; i++) {
-                if (strcmp(argv[i], "--count") == 0 && i + 1 < argc) {
-                        if (parse_ms(argv[++i], &count) < 0 || count < 1) {
-                                fprintf(stderr, "dlxctl: bad --count '%s'\n", argv[i]);
-                                return EXIT_USAGE;
-                        }
-                } else if (strcmp(argv[i], "--timeout") == 0 && i + 1 < argc) {
-                        if (parse_ms(argv[++i], &timeout) < 0 || timeout < 0) {
-                                fprintf(stderr, "dlxctl: bad --timeout '%s'\n", argv[i]);
-                                return EXIT_USAGE;
-                        }
-                } else if (argv[i][0] != '-' && !*prefix) {
-                        prefix = argv[i];
-                } else {
-                        fprintf(stderr, "dlxctl: watch takes [PREFIX] [--count N] "
-                                        "[--timeout MS]\n");
-                        return EXIT_USAGE;
-                }
+        if (cl->count && (parse_ms(cl->count, &count) < 0 || count < 1)) {
+                fprintf(stderr, "dlxctl: bad --count '%s'\n", cl->count);
+                return EXIT_USAGE;
+        }
+        if (cl->timeout && (parse_ms(cl->timeout, &timeout) < 0 || timeout < 0)) {
+                fprintf(stderr, "dlxctl: bad --timeout '%s'\n", cl->timeout);
+                return EXIT_USAGE;
         }
         dlx_client *c = ctl_client();
         sigaction(SIGINT, &sa, NULL);
@@ -538,18 +512,14 @@ static const char *of_limit(uint64_t limit, bool size, char *buf, size_t len)
         return buf;
 }
 
-static int cmd_stats(int argc, char **argv)
+static int cmd_stats(const struct cmdline *cl)
 {
         struct limit_row rows[16];
         char a[48], b[48], c[48], d[48], e[48];
         struct dlx_stats s;
         int err, n;
 
-        (void)argv;
-        if (argc != 1) {
-                fprintf(stderr, "dlxctl: stats takes no argument\n");
-                return EXIT_USAGE;
-        }
+        (void)cl;
         err = dlx_stats(ctl_client(), &s);
         if (err < 0)
                 return fail(err, "stats");
@@ -609,30 +579,66 @@ static int cmd_stats(int argc, char **argv)
         return 0;
 }
 
+/* The options only some commands take, as bits of struct command's options. */
+enum {
+        OPT_WRITABLE = 1 << 0,
+        OPT_TIMEOUT = 1 << 1,
+        OPT_COUNT = 1 << 2,
+};
+
+static const char *const opt_names[] = {"--writable", "--timeout", "--count"};
+
+struct command {
+        const char *name;
+        int (*fn)(const struct cmdline *cl);
+        int min_operands, max_operands; /* not counting the command */
+        unsigned options;               /* OPT_* it takes */
+        const char *synopsis;
+};
+
+static const struct command commands[] = {
+        {"list", cmd_list, 0, 1, 0, "list [PREFIX]"},
+        {"ls", cmd_list, 0, 1, 0, "ls [PREFIX]"},
+        {"stat", cmd_stat, 1, 1, 0, "stat NAME"},
+        {"put", cmd_put, 2, 2, OPT_WRITABLE, "put NAME FILE.npy [--writable]"},
+        {"get", cmd_get, 2, 2, OPT_TIMEOUT, "get NAME FILE.npy [--timeout MS]"},
+        {"rm", cmd_rm, 1, 1, 0, "rm NAME"},
+        {"watch", cmd_watch, 0, 1, OPT_COUNT | OPT_TIMEOUT,
+         "watch [PREFIX] [--count N] [--timeout MS]"},
+        {"stats", cmd_stats, 0, 0, 0, "stats"},
+};
+
+/* Counts every operand; keeps the first few, enough for any valid command line. */
+static void add_operand(struct cmdline *cl, char *arg)
+{
+        if (cl->argc < (int)(sizeof(cl->argv) / sizeof(cl->argv[0])))
+                cl->argv[cl->argc] = arg;
+        cl->argc++;
+}
+
 int main(int argc, char **argv)
 {
         static const struct option opts[] = {
-                {"socket", required_argument, NULL, 's'},
-                {"json", no_argument, NULL, 'j'},
-                {"help", no_argument, NULL, 'h'},
-                {"version", no_argument, NULL, 'V'},
-                {0},
+                {"socket", required_argument, NULL, 's'}, {"json", no_argument, NULL, 'j'},
+                {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
+                {"writable", no_argument, NULL, 'W'},     {"timeout", required_argument, NULL, 'T'},
+                {"count", required_argument, NULL, 'C'},  {0},
         };
-        /* argument counts include the command itself; checked before connecting */
-        static const struct {
-                const char *name;
-                int (*fn)(int argc, char **argv);
-                int min_args, max_args;
-        } cmds[] = {
-                {"list", cmd_list, 1, 2},   {"ls", cmd_list, 1, 2},     {"stat", cmd_stat, 2, 2},
-                {"put", cmd_put, 3, 4},     {"get", cmd_get, 3, 5},     {"rm", cmd_rm, 2, 2},
-                {"watch", cmd_watch, 1, 6}, {"stats", cmd_stats, 1, 1},
-        };
+        const struct command *cmd = NULL;
+        struct cmdline cl = {0};
+        unsigned given = 0;
         int opt, rc;
 
-        /* "+": stop at the command, whose own options follow it */
-        while ((opt = getopt_long(argc, argv, "+s:jhV", opts, NULL)) != -1) {
+        /*
+         * "-": operands come back in place (as option 1), so options work on
+         * either side of the command and never pass for a name; "--" ends the
+         * options, after which a name may start with '-'.
+         */
+        while ((opt = getopt_long(argc, argv, "-s:jhV", opts, NULL)) != -1) {
                 switch (opt) {
+                case 1:
+                        add_operand(&cl, optarg);
+                        break;
                 case 's':
                         socket_path = optarg;
                         break;
@@ -646,29 +652,52 @@ int main(int argc, char **argv)
                         printf("dlxctl %d.%d.%d\n", DLX_VERSION_MAJOR, DLX_VERSION_MINOR,
                                DLX_VERSION_PATCH);
                         return 0;
+                case 'W':
+                        cl.writable = true;
+                        given |= OPT_WRITABLE;
+                        break;
+                case 'T':
+                        cl.timeout = optarg;
+                        given |= OPT_TIMEOUT;
+                        break;
+                case 'C':
+                        cl.count = optarg;
+                        given |= OPT_COUNT;
+                        break;
                 default:
                         usage(stderr);
                         return EXIT_USAGE;
                 }
         }
-        if (optind >= argc) {
+        while (optind < argc)
+                add_operand(&cl, argv[optind++]);
+        if (cl.argc == 0) {
                 usage(stderr);
                 return EXIT_USAGE;
         }
-        for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
-                int nargs = argc - optind;
-                if (strcmp(argv[optind], cmds[i].name) != 0)
-                        continue;
-                if (nargs < cmds[i].min_args || nargs > cmds[i].max_args) {
-                        fprintf(stderr, "dlxctl: wrong number of arguments for %s\n", cmds[i].name);
-                        usage(stderr);
-                        return EXIT_USAGE;
-                }
-                rc = cmds[i].fn(argc - optind, argv + optind);
-                dlx_close(client);
-                return rc;
+        for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+                if (strcmp(cl.argv[0], commands[i].name) == 0)
+                        cmd = &commands[i];
+        if (!cmd) {
+                fprintf(stderr, "dlxctl: unknown command '%s'\n", cl.argv[0]);
+                usage(stderr);
+                return EXIT_USAGE;
         }
-        fprintf(stderr, "dlxctl: unknown command '%s'\n", argv[optind]);
-        usage(stderr);
-        return EXIT_USAGE;
+        /* checked before connecting: a usage error never touches the daemon */
+        if (given & ~cmd->options) {
+                for (size_t i = 0; i < sizeof(opt_names) / sizeof(opt_names[0]); i++)
+                        if (given & ~cmd->options & (1u << i))
+                                fprintf(stderr, "dlxctl: %s takes no %s\n", cmd->name,
+                                        opt_names[i]);
+                fprintf(stderr, "usage: dlxctl [OPTIONS] %s\n", cmd->synopsis);
+                return EXIT_USAGE;
+        }
+        if (cl.argc - 1 < cmd->min_operands || cl.argc - 1 > cmd->max_operands) {
+                fprintf(stderr, "dlxctl: wrong number of arguments for %s\n", cmd->name);
+                fprintf(stderr, "usage: dlxctl [OPTIONS] %s\n", cmd->synopsis);
+                return EXIT_USAGE;
+        }
+        rc = cmd->fn(&cl);
+        dlx_close(client);
+        return rc;
 }

@@ -10,11 +10,37 @@
 #include <string.h>
 
 #include "internal.h"
+#include "layout.h"
 
 struct dlx_tensor {
         unsigned refs; /* atomic */
         DLManagedTensorVersioned *mt;
 };
+
+/*
+ * Marks tensor read-only when its bytes lie in memory libdlx mapped read-only:
+ * a consumer that took an acquired tensor and hands it back (tvm-ffi's
+ * functions do, with flags of 0) cannot make that memory writable, and a
+ * writable view of it would die at its first write.
+ */
+static void keep_read_only(DLManagedTensorVersioned *tensor)
+{
+        const DLTensor *t = &tensor->dl_tensor;
+        const char *why;
+        int64_t lo, hi;
+
+        if (tensor->flags & DLPACK_FLAG_BITMASK_READ_ONLY)
+                return;
+        /* a layout libdlx cannot measure: its first byte at least */
+        if (t->ndim < 0 || t->ndim > DLX_MAX_NDIM || (t->ndim && !t->shape) ||
+            layout_extent(t->dtype, t->ndim, t->shape, t->strides, t->byte_offset, tensor->flags,
+                          &lo, &hi, &why) < 0) {
+                lo = (int64_t)t->byte_offset;
+                hi = lo + 1;
+        }
+        if (dlx__mapped_read_only(t->data, lo, hi))
+                tensor->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
+}
 
 int dlx_tensor_wrap(DLManagedTensorVersioned *tensor, dlx_tensor **ret_handle)
 {
@@ -37,6 +63,8 @@ int dlx_tensor_wrap(DLManagedTensorVersioned *tensor, dlx_tensor **ret_handle)
                         tensor->deleter(tensor);
                 return dlx__fail(-ENOMEM, "out of memory");
         }
+        /* the tensor is ours now: its flags say what its memory allows */
+        keep_read_only(tensor);
         h->refs = 1;
         h->mt = tensor;
         *ret_handle = h;

@@ -42,6 +42,7 @@ struct seg_map {
         uint64_t forget_id; /* a Forget in flight: keep mapped until its reply */
         bool forgotten;     /* the daemon forgot it while we still used it */
         struct seg_map *idle_prev, *idle_next; /* idle LRU while refs == 0 */
+        struct avl_node ro_node;               /* in segment.c's read-only mappings, by ro */
         struct arena_seg *arena;               /* set while this client's allocator uses it */
         bool host_registered;                  /* pinned with the CUDA driver (cuda-host) */
         /* an allocator segment of ours carries read-only versions: dlxd sealed it */
@@ -222,6 +223,12 @@ DLX_HIDDEN void dlx__arena_free(dlx_client *c, struct seg_map *m, uint64_t offse
  */
 DLX_HIDDEN struct seg_map *dlx__arena_find(dlx_client *c, uint32_t kind, const void *data,
                                            int64_t lo, int64_t hi);
+/*
+ * Whether any of the bytes [data + lo, data + hi) lie in a mapping libdlx made
+ * read-only, by any client of this process (host or CUDA VMM addresses). Takes
+ * a lock of its own, the innermost of all; no client lock is needed.
+ */
+DLX_HIDDEN bool dlx__mapped_read_only(const void *data, int64_t lo, int64_t hi);
 
 /* ---- tensor.c ---- */
 DLX_HIDDEN void dlx__info_from_wire(const struct wire_info *w, struct dlx_info *info);

@@ -58,6 +58,61 @@ struct arena_seg {
         struct arena_range *free; /* sorted by offset, coalesced */
 };
 
+/*
+ * Every read-only mapping of every client in the process, by address. A
+ * tensor handed back through a consumer that dropped its DLPack flags (tvm-ffi
+ * keeps none) is still known to be read-only by where its bytes lie, and a
+ * writable view of such memory would kill the process at its first write.
+ * Mappings are added and removed under their client's lock; ro_lock nests
+ * inside it and nothing is called while it is held.
+ */
+static pthread_mutex_t ro_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct avl_tree ro_maps;
+
+static int cmp_ro(const void *key, const struct avl_node *n)
+{
+        uintptr_t a = *(const uintptr_t *)key;
+        uintptr_t b = (uintptr_t)avl_entry(n, struct seg_map, ro_node)->ro;
+
+        return a < b ? -1 : a > b;
+}
+
+static void ro_add(struct seg_map *m)
+{
+        uintptr_t key = (uintptr_t)m->ro;
+
+        pthread_mutex_lock(&ro_lock);
+        avl_insert(&ro_maps, &m->ro_node, &key, cmp_ro);
+        pthread_mutex_unlock(&ro_lock);
+}
+
+static void ro_remove(struct seg_map *m)
+{
+        pthread_mutex_lock(&ro_lock);
+        avl_remove(&ro_maps, &m->ro_node);
+        pthread_mutex_unlock(&ro_lock);
+}
+
+bool dlx__mapped_read_only(const void *data, int64_t lo, int64_t hi)
+{
+        uintptr_t start = (uintptr_t)data + (uintptr_t)lo, end = (uintptr_t)data + (uintptr_t)hi;
+        struct avl_node *n;
+        bool ro = false;
+
+        if (!data || hi <= lo)
+                return false;
+        pthread_mutex_lock(&ro_lock);
+        /* mappings do not overlap: only the last one starting before end can hold a byte */
+        n = avl_lower_bound(&ro_maps, &end, cmp_ro);
+        n = n ? avl_prev(n) : avl_last(&ro_maps);
+        if (n) {
+                const struct seg_map *m = avl_entry(n, struct seg_map, ro_node);
+                ro = (uintptr_t)m->ro + m->size > start;
+        }
+        pthread_mutex_unlock(&ro_lock);
+        return ro;
+}
+
 static int cmp_map(const void *key, const struct avl_node *n)
 {
         return avl_cmp_u64(*(const uint64_t *)key, avl_entry(n, struct seg_map, node)->id);
@@ -89,6 +144,8 @@ static void map_destroy(dlx_client *c, struct seg_map *m)
 {
         idle_remove(c, m);
         avl_remove(&c->maps, &m->node);
+        if (m->ro)
+                ro_remove(m);
         if (m->kind == WIRE_STORAGE_CUDA_VMM) {
                 dlx__gpu_vmm_unmap(m);
         } else {
@@ -103,18 +160,24 @@ static void map_destroy(dlx_client *c, struct seg_map *m)
 
 static int map_mode(struct seg_map *m, int fd, bool writable)
 {
-        if (m->kind == WIRE_STORAGE_CUDA_VMM)
-                return dlx__gpu_vmm_map(m, fd, writable);
+        if (m->kind == WIRE_STORAGE_CUDA_VMM) {
+                int err = dlx__gpu_vmm_map(m, fd, writable);
+                if (err == 0 && !writable)
+                        ro_add(m);
+                return err;
+        }
 
         void *p = mmap(NULL, m->size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd,
                        0);
 
         if (p == MAP_FAILED)
                 return -errno;
-        if (writable)
+        if (writable) {
                 m->rw = p;
-        else
+        } else {
                 m->ro = p;
+                ro_add(m);
+        }
         return 0;
 }
 

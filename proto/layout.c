@@ -349,3 +349,33 @@ void layout_dtype_name(DLDataType d, char *buf, size_t bufsz)
         if (n >= 0 && (size_t)n < bufsz && d.lanes != 1)
                 snprintf(buf + n, bufsz - (size_t)n, "x%u", (unsigned)d.lanes);
 }
+
+void layout_device_name(DLDevice d, char *buf, size_t bufsz)
+{
+        static const char *const names[] = {
+                [kDLCPU] = "cpu",
+                [kDLCUDA] = "cuda",
+                [kDLCUDAHost] = "cuda_host",
+                [kDLOpenCL] = "opencl",
+                [kDLVulkan] = "vulkan",
+                [kDLMetal] = "metal",
+                [kDLVPI] = "vpi",
+                [kDLROCM] = "rocm",
+                [kDLROCMHost] = "rocm_host",
+                [kDLExtDev] = "ext_dev",
+                [kDLCUDAManaged] = "cuda_managed",
+                [kDLOneAPI] = "oneapi",
+                [kDLWebGPU] = "webgpu",
+                [kDLHexagon] = "hexagon",
+                [kDLMAIA] = "maia",
+                [kDLTrn] = "trn",
+        };
+        unsigned type = (unsigned)d.device_type;
+        const char *name = type < sizeof(names) / sizeof(names[0]) ? names[type] : NULL;
+
+        /* a type newer than this table keeps its number rather than passing for another */
+        if (name)
+                snprintf(buf, bufsz, "%s:%d", name, (int)d.device_id);
+        else
+                snprintf(buf, bufsz, "(type %u):%d", type, (int)d.device_id);
+}

@@ -57,4 +57,7 @@ uint64_t layout_compact_bytes(DLDataType dtype, uint64_t numel, uint64_t flags);
 /* A dtype in words: "float32", "bfloat16", "float8_e4m3fn", "float32x4", "bool". */
 void layout_dtype_name(DLDataType dtype, char *buf, size_t size);
 
+/* A device in words, as DLPack names its types: "cpu:0", "cuda:1", "cuda_host:0". */
+void layout_device_name(DLDevice device, char *buf, size_t size);
+
 #endif /* DLX_PROTO_LAYOUT_H */

@@ -356,6 +356,29 @@ static void assert_nothing_live(const char *when)
                       k_ ? cuda_fake_live(leak_kinds[k_ - 1]) : 0, k_ ? leak_names[k_ - 1] : "");  \
         } while (0)
 
+/*
+ * Requires that `$DLXCTL --socket <fx.socket> args` exits 0 and prints a line
+ * that contains want: how the command-line tool shows what the daemon holds.
+ */
+static void assert_dlxctl_says(const char *args, const char *want)
+{
+        char cmd[512], line[1024], seen[4096] = "";
+        const char *ctl = getenv("DLXCTL");
+        bool found = false;
+        FILE *f;
+
+        ck_assert_msg(ctl, "DLXCTL is not set");
+        snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' %s", ctl, fx.socket, args);
+        f = popen(cmd, "r");
+        ck_assert_ptr_nonnull(f);
+        while (fgets(line, sizeof(line), f)) {
+                found = found || strstr(line, want) != NULL;
+                strncat(seen, line, sizeof(seen) - strlen(seen) - 1);
+        }
+        ck_assert_msg(pclose(f) == 0, "%s failed: %s", cmd, seen);
+        ck_assert_msg(found, "%s does not say '%s': %s", cmd, want, seen);
+}
+
 /* ---- tensors over fake device memory -------------------------------------------------------- */
 
 static uint8_t pat(unsigned seed, size_t i)
@@ -1780,6 +1803,10 @@ START_TEST(cuda_host_share)
         ck_assert_msg(err == 0, "publish: %s (%s)", dlx_strerror(err), dlx_last_error());
         ck_assert_int_eq(DLX(dlx_stat(c, "host/t", &info)), 0);
         ck_assert_str_eq(info.storage, "cuda-host");
+        assert_dlxctl_says("stat host/t", "device:        cuda_host:0\n");
+        assert_dlxctl_says("list host/", " cuda_host:0 ");
+        assert_dlxctl_says("stat host/t --json",
+                           "\"device\":[3,0],\"device_name\":\"cuda_host:0\"");
         tell(&ch, 1);
         reap(pid, "consumer");
         DLXV(dlx_close(c));
@@ -2351,6 +2378,8 @@ START_TEST(own_process_acquire)
         publish_dev(p, "own/t", x + IPC_OFF, IPC_LEN, 0, NULL);
         ev = recorded_event(me, P_STREAM, start, 0);
         ck_assert(ev);
+        assert_dlxctl_says("stat own/t", "device:        cuda:0\n");
+        assert_dlxctl_says("list own/", " cuda:0 ");
 
         before = log_now();
         err = DLX(dlx_acquire(q, "own/t", NULL, &t));

@@ -1183,12 +1183,14 @@ START_TEST(test_list)
         ck_assert_msg(count_lines(out) == 4, "list: header and 3 names expected: %s", out);
         line_of(out, 0, line, sizeof(line));
         ck_assert_msg(strncmp(line, "NAME ", 5) == 0 && strstr(line, "VERSION") &&
-                              strstr(line, "DTYPE") && strstr(line, "SHAPE"),
+                              strstr(line, "DTYPE") && strstr(line, "SHAPE") &&
+                              strstr(line, "DEVICE"),
                       "list header: %s", line);
         line_of(out, 1, line, sizeof(line));
         ck_assert_msg(strncmp(line, "a/x ", 4) == 0 && strstr(line, " 1 ") &&
                               strstr(line, " float32 ") && strstr(line, " (2, 3) ") &&
-                              strstr(line, " 24 ") && strstr(line, "memfd,persist"),
+                              strstr(line, " cpu:0 ") && strstr(line, " 24 ") &&
+                              strstr(line, "memfd,persist"),
                       "list line for a/x: %s", line);
         line_of(out, 2, line, sizeof(line));
         ck_assert_msg(strncmp(line, "a/y ", 4) == 0 && strstr(line, " int64 ") &&
@@ -1243,6 +1245,7 @@ START_TEST(test_list_json)
                         json_has(entry, "\"strides\":[3,1]") &&
                         json_has(entry, "\"byte_offset\":0") &&
                         json_has(entry, "\"device\":[1,0]") &&
+                        json_has(entry, "\"device_name\":\"cpu:0\"") &&
                         json_has(entry, "\"read_only\":true") &&
                         json_has(entry, "\"storage\":\"memfd\"") &&
                         json_has(entry, "\"nbytes\":24") && json_has(entry, "\"persist\":true") &&
@@ -1273,6 +1276,7 @@ START_TEST(test_stat)
                               strstr(out, "dtype:         float32 (code 2, 32 bits, 1 lanes)\n") &&
                               strstr(out, "shape:         (2, 3)\n") &&
                               strstr(out, "strides:       (3, 1)\n") &&
+                              strstr(out, "device:        cpu:0\n") &&
                               strstr(out, "access:        read-only\n") &&
                               strstr(out, "persistent:    yes\n") &&
                               strstr(out, "leases:        0\n") &&
@@ -1289,6 +1293,8 @@ START_TEST(test_stat)
         ck_assert_msg(json_has(out, "\"name\":\"a/y\"") && json_has(out, "\"dtype\":\"int64\"") &&
                               json_has(out, "\"shape\":[4]") && json_has(out, "\"strides\":[1]") &&
                               json_has(out, "\"nbytes\":32") && json_has(out, "\"version\":1") &&
+                              json_has(out, "\"device\":[1,0]") &&
+                              json_has(out, "\"device_name\":\"cpu:0\"") &&
                               json_has(out, "\"persist\":true"),
                       "--json stat a/y: %s", out);
         free(out);
@@ -1585,6 +1591,104 @@ END_TEST
 
 /* ---- usage, connection, escaping -------------------------------------------------------- */
 
+/* Options after the command mean what they mean before it, never a name or prefix. */
+START_TEST(test_options_after_command)
+{
+        char *out, *err, *json_first;
+        float f[2] = {1, 2};
+        int rc;
+
+        put_three();
+        json_first = ctl_ok("--json", "list", NULL);
+        out = ctl_ok("list", "--json", NULL);
+        ck_assert_msg(json_valid(out) && strstr(out, "\"name\":\"a/x\""),
+                      "list --json is not the JSON list: %s", out);
+        ck_assert_str_eq(out, json_first);
+        free(out);
+        free(json_first);
+        out = ctl_ok("list", "a/", "-j", NULL);
+        ck_assert_msg(json_valid(out) && strstr(out, "\"name\":\"a/y\"") && !strstr(out, "b/z"),
+                      "list a/ -j: %s", out);
+        free(out);
+        out = ctl_ok("stat", "a/x", "--json", NULL);
+        ck_assert_msg(out[0] == '{' && json_valid(out) && json_has(out, "\"name\":\"a/x\""),
+                      "stat NAME --json: %s", out);
+        free(out);
+
+        /* --socket after the command, in both spellings, with no --socket before it */
+        rc = run_ctl_bare(&out, &err, "list", "--socket", fx.socket, NULL);
+        ck_assert_msg(rc == 0 && count_lines(out) == 4, "list --socket S: exit %d: %s %s", rc, out,
+                      err);
+        free(out);
+        free(err);
+        char opt[sizeof(fx.socket) + 16];
+        snprintf(opt, sizeof(opt), "--socket=%s", fx.socket);
+        rc = run_ctl_bare(&out, &err, "stat", "a/y", opt, "--json", NULL);
+        ck_assert_msg(rc == 0 && json_valid(out) && json_has(out, "\"name\":\"a/y\""),
+                      "stat a/y --socket=S --json: exit %d: %s %s", rc, out, err);
+        free(out);
+        free(err);
+
+        /* every command's own options, and the global ones, mixed in any order */
+        make_npy(tpath("f.npy"), "<f4", false, "(2,)", f, sizeof(f));
+        out = ctl_ok("put", "--writable", "o/w", "--json", tpath("f.npy"), NULL);
+        ck_assert_str_eq(out, "{\"name\":\"o/w\",\"version\":1}\n");
+        free(out);
+        out = ctl_ok("--json", "stat", "o/w", NULL);
+        ck_assert_msg(json_has(out, "\"read_only\":false"), "put ... --writable: %s", out);
+        free(out);
+        out = ctl_ok("get", "o/w", "--timeout", "100", tpath("o.npy"), "--json", NULL);
+        ck_assert_msg(json_valid(out) && json_has(out, "\"name\":\"o/w\""), "get ... --json: %s",
+                      out);
+        free(out);
+        out = ctl_ok("stats", "--json", NULL);
+        ck_assert_msg(json_valid(out) && json_has(out, "\"names\":4"), "stats --json: %s", out);
+        free(out);
+        out = ctl_ok("watch", "--timeout", "0", "w/", "--json", NULL);
+        ck_assert_str_eq(out, "");
+        free(out);
+        out = ctl_ok("rm", "o/w", "--json", NULL);
+        ck_assert_str_eq(out, "");
+        free(out);
+        rc = run_ctl(&out, &err, "stat", "o/w", NULL);
+        expect_fail(1, "no tensor named", "stat after rm NAME --json", rc, out, err);
+}
+END_TEST
+
+/* A name that starts with '-' is given after "--"; before it, it is an unknown option. */
+START_TEST(test_dash_names)
+{
+        char *out, *err, descr[8];
+        float f[2] = {3, 4};
+        int rc;
+
+        snprintf(descr, sizeof(descr), "%cf4", HOST);
+        make_npy(tpath("f.npy"), descr, false, "(2,)", f, sizeof(f));
+        rc = run_ctl(&out, &err, "put", "-lead", tpath("f.npy"), NULL);
+        expect_fail(2, NULL, "put -lead FILE", rc, out, err);
+        out = ctl_ok("--json", "list", NULL);
+        ck_assert_str_eq(out, "[]\n");
+        free(out);
+
+        free(ctl_ok("put", "--", "-lead", tpath("f.npy"), NULL));
+        out = ctl_ok("--json", "stat", "--", "-lead", NULL);
+        ck_assert_msg(json_has(out, "\"name\":\"-lead\""), "stat -- -lead: %s", out);
+        free(out);
+        out = ctl_ok("list", "--json", "--", "-", NULL);
+        ck_assert_msg(json_valid(out) && json_has(out, "\"name\":\"-lead\""),
+                      "list --json -- -: %s", out);
+        free(out);
+        free(ctl_ok("get", "--", "-lead", tpath("o.npy"), NULL));
+        check_npy(tpath("o.npy"), descr, false, 1, (int64_t[]){2}, f, sizeof(f));
+        rc = run_ctl(&out, &err, "rm", "-lead", NULL);
+        expect_fail(2, NULL, "rm -lead", rc, out, err);
+        free(ctl_ok("rm", "--", "-lead", NULL));
+        out = ctl_ok("--json", "list", NULL);
+        ck_assert_str_eq(out, "[]\n");
+        free(out);
+}
+END_TEST
+
 START_TEST(test_usage)
 {
         static const char *const cases[][7] = {
@@ -1611,6 +1715,20 @@ START_TEST(test_usage)
                 {"watch", "--count", "x", NULL},
                 {"watch", "--timeout", "soon", NULL},
                 {"watch", "a", "b", NULL},
+                /* an option a command does not take, or no option at all: never a name */
+                {"list", "--writable", NULL},
+                {"list", "--timeout", "5", NULL},
+                {"stat", "a", "--count", "1", NULL},
+                {"stats", "--writable", NULL},
+                {"rm", "a", "--timeout", "5", NULL},
+                {"put", "a", "b", "--timeout", "5", NULL},
+                {"get", "a", "b", "--writable", NULL},
+                {"list", "--no-such-option", NULL},
+                {"stat", "-x", NULL},
+                {"rm", "-a", NULL},
+                {"get", "a", "b", "--timeout", NULL},
+                {"watch", "--count", NULL},
+                {"list", "--json", "--socket", NULL},
         };
         char *out, *err, what[128];
 
@@ -1815,6 +1933,8 @@ Suite *dlxctl_suite(void)
 
         tcase_add_checked_fixture(cli, setup, teardown);
         tcase_add_test(cli, test_usage);
+        tcase_add_test(cli, test_options_after_command);
+        tcase_add_test(cli, test_dash_names);
         tcase_add_test(cli, test_socket_from_env);
         tcase_add_unchecked_fixture(cli, base_setup, base_teardown);
         suite_add_tcase(s, cli);

@@ -657,6 +657,105 @@ START_TEST(test_acquired_through_exports)
 }
 END_TEST
 
+/*
+ * A consumer's own tensor over another: the same view, flags of 0, its deleter
+ * the inner one's. What tvm-ffi hands back for a tensor it was given.
+ */
+struct flagless {
+        DLManagedTensorVersioned mt;
+        DLManagedTensorVersioned *inner;
+};
+
+static void flagless_deleter(DLManagedTensorVersioned *t)
+{
+        struct flagless *f = t->manager_ctx;
+
+        f->inner->deleter(f->inner);
+        free(f);
+}
+
+static DLManagedTensorVersioned *flagless_over(DLManagedTensorVersioned *inner)
+{
+        struct flagless *f = calloc(1, sizeof(*f));
+
+        ck_assert_ptr_nonnull(f);
+        f->inner = inner;
+        f->mt.version = inner->version;
+        f->mt.manager_ctx = f;
+        f->mt.deleter = flagless_deleter;
+        f->mt.dl_tensor = inner->dl_tensor;
+        return &f->mt;
+}
+
+/* Whether a tensor handed to the table's to_object comes back (exported again) read-only. */
+static bool read_only_after_round_trip(DLManagedTensorVersioned *t)
+{
+        const DLPackExchangeAPI *api = dlx_exchange_api();
+        DLManagedTensorVersioned *out = NULL;
+        void *obj = NULL;
+        bool ro;
+
+        ck_assert_int_eq(api->managed_tensor_to_py_object_no_sync(t, &obj), 0);
+        ck_assert_int_eq(api->managed_tensor_from_py_object_no_sync(obj, &out), 0);
+        ro = out->flags & DLPACK_FLAG_BITMASK_READ_ONLY;
+        out->deleter(out);
+        dlx_tensor_unref(obj);
+        return ro;
+}
+
+/*
+ * A read-only tensor that comes back through a consumer which dropped its
+ * flags is read-only again: its bytes lie in a read-only mapping, and a
+ * writable view of it would crash at the first write. Writable versions and
+ * other memory are not marked.
+ */
+START_TEST(test_read_only_survives_a_flagless_consumer)
+{
+        const DLPackExchangeAPI *api = dlx_exchange_api();
+        DLManagedTensorVersioned *a = NULL, *x = NULL;
+        dlx_client *c = fx_connect(&fx, "ro-roundtrip");
+        struct dlx_publish_options rw = {.writable = true};
+        dlx_tensor *h = NULL;
+        int64_t shape[1] = {5}, offset_shape[1] = {2};
+
+        ck_assert_int_eq(
+                dlx_publish(c, "ex/ro", owned_new(DT(kDLFloat, 32, 1), 3, 4, 81), NULL, NULL), 0);
+        ck_assert_int_eq(
+                dlx_publish(c, "ex/rw", owned_new(DT(kDLFloat, 32, 1), 3, 4, 82), &rw, NULL), 0);
+
+        /* read-only: the flag goes out with every export, and comes back without one */
+        ck_assert_int_eq(dlx_acquire(c, "ex/ro", NULL, &a), 0);
+        ck_assert(a->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
+        ck_assert_int_eq(dlx_tensor_wrap(a, &h), 0);
+        ck_assert_int_eq(api->managed_tensor_from_py_object_no_sync(h, &x), 0);
+        ck_assert(x->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
+        ck_assert_msg(read_only_after_round_trip(flagless_over(x)),
+                      "a read-only mapping came back writable through a flagless consumer");
+        /* a view of part of it, through a byte offset and a shape of its own */
+        ck_assert_int_eq(api->managed_tensor_from_py_object_no_sync(h, &x), 0);
+        DLManagedTensorVersioned *part = flagless_over(x);
+        part->dl_tensor.byte_offset = 8;
+        part->dl_tensor.ndim = 1;
+        part->dl_tensor.shape = offset_shape;
+        part->dl_tensor.strides = NULL;
+        ck_assert(read_only_after_round_trip(part));
+        dlx_tensor_unref(h);
+
+        /* writable: nothing to add */
+        ck_assert_int_eq(dlx_acquire(c, "ex/rw", NULL, &a), 0);
+        ck_assert(!(a->flags & DLPACK_FLAG_BITMASK_READ_ONLY));
+        ck_assert(!read_only_after_round_trip(flagless_over(a)));
+
+        /* memory libdlx never mapped, and memory from dlx_alloc(): as they were */
+        ck_assert(!read_only_after_round_trip(owned_new(DT(kDLUInt, 8, 1), 2, 2, 83)));
+        DLTensor proto = {
+                .device = {kDLCPU, 0}, .ndim = 1, .dtype = DT(kDLFloat, 32, 1), .shape = shape};
+        ck_assert_int_eq(dlx_alloc(c, &proto, &a), 0);
+        ck_assert(!read_only_after_round_trip(a));
+        dlx_close(c);
+}
+END_TEST
+
 /* ---- dlx_publish_from -------------------------------------------------------------------------
  */
 
@@ -862,6 +961,7 @@ Suite *exchange_suite(void)
         tcase_add_test(tc, test_from_object_keeps_handle);
         tcase_add_test(tc, test_dltensor_view);
         tcase_add_test(tc, test_acquired_through_exports);
+        tcase_add_test(tc, test_read_only_survives_a_flagless_consumer);
         suite_add_tcase(s, tc);
 
         tc = tcase_create("allocator");

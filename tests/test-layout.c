@@ -730,6 +730,47 @@ START_TEST(test_units_parse_size)
 }
 END_TEST
 
+/* ---- names in words ----------------------------------------------------------------------- */
+
+START_TEST(test_device_name)
+{
+        static const struct {
+                DLDevice device;
+                const char *want;
+        } cases[] = {
+                {{kDLCPU, 0}, "cpu:0"},
+                {{kDLCUDA, 1}, "cuda:1"},
+                {{kDLCUDAHost, 0}, "cuda_host:0"},
+                {{kDLCUDAManaged, 3}, "cuda_managed:3"},
+                {{kDLROCM, 2}, "rocm:2"},
+                {{kDLROCMHost, 0}, "rocm_host:0"},
+                {{kDLOpenCL, 0}, "opencl:0"},
+                {{kDLVulkan, 0}, "vulkan:0"},
+                {{kDLMetal, 0}, "metal:0"},
+                {{kDLVPI, 0}, "vpi:0"},
+                {{kDLExtDev, 0}, "ext_dev:0"},
+                {{kDLOneAPI, 0}, "oneapi:0"},
+                {{kDLWebGPU, 0}, "webgpu:0"},
+                {{kDLHexagon, 0}, "hexagon:0"},
+                {{kDLMAIA, 0}, "maia:0"},
+                {{kDLTrn, 5}, "trn:5"},
+                /* the holes in DLPack's numbering, and past its end, keep their numbers */
+                {{(DLDeviceType)5, 0}, "(type 5):0"},
+                {{(DLDeviceType)0, 0}, "(type 0):0"},
+                {{(DLDeviceType)99, 7}, "(type 99):7"},
+        };
+        char buf[48], small[6];
+
+        for (size_t i = 0; i < N_ELEMS(cases); i++) {
+                layout_device_name(cases[i].device, buf, sizeof(buf));
+                ck_assert_str_eq(buf, cases[i].want);
+        }
+        /* a short buffer is cut, not overrun */
+        layout_device_name((DLDevice){kDLCUDAHost, 0}, small, sizeof(small));
+        ck_assert_str_eq(small, "cuda_");
+}
+END_TEST
+
 Suite *layout_suite(void)
 {
         Suite *s = suite_create("layout");
@@ -767,6 +808,7 @@ Suite *layout_suite(void)
         tcase_add_test(tc, test_compact_strides_are_compact);
         tcase_add_test(tc, test_compact_strides);
         tcase_add_test(tc, test_compact_bytes);
+        tcase_add_test(tc, test_device_name);
         suite_add_tcase(s, tc);
         return s;
 }

@@ -990,6 +990,68 @@ START_TEST(default_socket_from_environment)
 }
 END_TEST
 
+/* Requires dlx_connect(path) to fail with err, saying so in the system's words and naming path. */
+static void connect_fails(const char *path, int err)
+{
+        struct dlx_connect_options o = {.socket_path = path};
+        dlx_client *c = NULL;
+        int got = dlx_connect(&o, &c);
+
+        ck_assert_msg(got == err, "connect to %s: %s (%s), expected %s", path, dlx_strerror(got),
+                      dlx_last_error(), dlx_strerror(err));
+        ck_assert_ptr_null(c);
+        if (err != -ENAMETOOLONG)
+                ck_assert_msg(strstr(dlx_last_error(), path) &&
+                                      strstr(dlx_last_error(), strerror(-err)),
+                              "connect to %s: the message does not say '%s' about the path: %s",
+                              path, strerror(-err), dlx_last_error());
+}
+
+/* Each way of not reaching a daemon keeps its own errno, and the message matches it. */
+START_TEST(connect_errors)
+{
+        struct sockaddr_un addr = {.sun_family = AF_UNIX};
+        char dir[] = "/tmp/dlx-connect-XXXXXX", path[64], file[64];
+        char longer[sizeof(addr.sun_path) + 16];
+        int fd;
+
+        ck_assert_ptr_nonnull(mkdtemp(dir));
+        snprintf(path, sizeof(path), "%s/none.sock", dir);
+        connect_fails(path, -ENOENT);
+        ck_assert_ptr_nonnull(strstr(dlx_last_error(), "is dlxd running"));
+
+        /* a path through a regular file */
+        snprintf(file, sizeof(file), "%s/file", dir);
+        fd = open(file, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        close(fd);
+        snprintf(path, sizeof(path), "%s/file/dlxd.sock", dir);
+        connect_fails(path, -ENOTDIR);
+
+        /* a socket file nobody listens on: what a daemon killed with SIGKILL leaves behind */
+        snprintf(path, sizeof(path), "%s/stale.sock", dir);
+        snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path);
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(bind(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+        close(fd);
+        connect_fails(path, -ECONNREFUSED);
+        ck_assert_ptr_nonnull(strstr(dlx_last_error(), "no daemon listens"));
+
+        /* one byte more than a socket address holds */
+        memset(longer, 'x', sizeof(longer));
+        longer[0] = '/';
+        longer[sizeof(addr.sun_path)] = '\0';
+        connect_fails(longer, -ENAMETOOLONG);
+        ck_assert_msg(strstr(dlx_last_error(), "too long") && strstr(dlx_last_error(), "107"), "%s",
+                      dlx_last_error());
+
+        unlink(path);
+        unlink(file);
+        ck_assert_int_eq(rmdir(dir), 0);
+}
+END_TEST
+
 START_TEST(bad_arguments)
 {
         dlx_client *c = fx_connect(&fx, "args");
@@ -1113,6 +1175,7 @@ Suite *pubsub_suite(void)
         tcase_add_test(tc, stats_and_list);
         tcase_add_test(tc, many_names_page_through_list);
         tcase_add_test(tc, default_socket_from_environment);
+        tcase_add_test(tc, connect_errors);
         tcase_add_test(tc, bad_arguments);
         tcase_add_test(tc, socket_live_and_stale);
         suite_add_tcase(s, tc);

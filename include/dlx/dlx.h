@@ -396,7 +396,13 @@ const char *dlx_last_error(void);
  */
 typedef struct dlx_tensor dlx_tensor;
 
-/* Wraps tensor (ownership taken on every path). Returns 0 with *ret_handle, -EINVAL, -ENOMEM. */
+/*
+ * Wraps tensor (ownership taken on every path). A tensor whose bytes lie in
+ * memory libdlx mapped read-only in this process (an acquired read-only
+ * tensor handed back by a consumer that dropped its flags) gets
+ * DLPACK_FLAG_BITMASK_READ_ONLY set, so that no export of it is writable.
+ * Returns 0 with *ret_handle, -EINVAL, -ENOMEM.
+ */
 int dlx_tensor_wrap(DLManagedTensorVersioned *tensor, dlx_tensor **ret_handle);
 /* New reference. */
 dlx_tensor *dlx_tensor_ref(dlx_tensor *handle);
@@ -410,9 +416,11 @@ const DLTensor *dlx_tensor_dltensor(const dlx_tensor *handle);
  *  - managed_tensor_allocator: shared memory from dlx_alloc() on the client set
  *    with dlx_set_default_client() (else the oldest one open in this process)
  *  - managed_tensor_from_py_object_no_sync: a new owning DLManagedTensorVersioned
- *    that keeps the dlx_tensor handle alive until its deleter runs
- *  - managed_tensor_to_py_object_no_sync: wraps (steals) a tensor into a new handle
+ *    that keeps the dlx_tensor handle alive until its deleter runs; same flags
+ *  - managed_tensor_to_py_object_no_sync: wraps (steals) a tensor into a new handle,
+ *    as dlx_tensor_wrap() does (READ_ONLY restored for read-only mappings)
  *  - dltensor_from_py_object_no_sync: a non-owning view of the handle's tensor
+ *    (a DLTensor has no flags: a consumer of the view learns nothing of READ_ONLY)
  *  - current_work_stream: NULL for CPU; the current stream for CUDA devices
  */
 const DLPackExchangeAPI *dlx_exchange_api(void);

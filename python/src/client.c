@@ -121,10 +121,7 @@ static int client_init(DlxPy_Client *self, PyObject *args, PyObject *kwargs)
         Py_END_ALLOW_THREADS;
         Py_XDECREF(path);
         if (e.err < 0) {
-                /* no daemon at all is a connection failure too */
-                if (e.err == -ENOENT)
-                        e.err = -ECONNREFUSED;
-                dlxpy_raise(e.err, e.msg);
+                dlxpy_raise_connect(e.err, e.msg);
                 return -1;
         }
         self->c = c;
@@ -225,7 +222,7 @@ static PyObject *client_publish(DlxPy_Client *self, PyObject *args, PyObject *kw
         if (dlxpy_client_enter(self) < 0)
                 return NULL;
         /* with the GIL: the producer's table and __dlpack__ are Python-level calls */
-        if (dlxpy_take_tensor(obj, stream, &mt, &legacy, &o.stream) < 0) {
+        if (dlxpy_take_tensor(obj, name, stream, &mt, &legacy, &o.stream) < 0) {
                 dlxpy_client_leave(self);
                 return NULL;
         }
@@ -266,7 +263,7 @@ static PyObject *client_unpublish(DlxPy_Client *self, PyObject *args)
 static PyObject *wrap_tensor(DLManagedTensorVersioned *mt, const char *storage)
 {
         const char *name = NULL, *st = NULL;
-        uint64_t version = 0, flags = mt->flags;
+        uint64_t version = 0;
         dlx_tensor *h;
         int err;
 
@@ -278,8 +275,8 @@ static PyObject *wrap_tensor(DLManagedTensorVersioned *mt, const char *storage)
         err = dlx_tensor_wrap(mt, &h);
         if (err < 0)
                 return dlxpy_raise(err, dlx_last_error());
-        /* name lives in the tensor, which h keeps alive */
-        return dlxpy_tensor_new(h, flags, name, version, st);
+        /* name lives in the tensor, which h keeps alive; its flags are as wrapping left them */
+        return dlxpy_tensor_new(h, mt->flags, name, version, st);
 }
 
 static PyObject *client_acquire(DlxPy_Client *self, PyObject *args, PyObject *kwargs)

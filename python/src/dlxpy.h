@@ -41,6 +41,12 @@ int dlxpy_errors_init(PyObject *module);
  * Returns NULL.
  */
 PyObject *dlxpy_raise(int err, const char *detail);
+/*
+ * The same for dlx_connect()'s failures, where the errno keeps its meaning
+ * but a missing socket (ENOENT, ENOTDIR) is dlx.Disconnected, as a refused
+ * one is, rather than dlx.NotFound, which is about names.
+ */
+PyObject *dlxpy_raise_connect(int err, const char *detail);
 
 /* A copy of dlx_last_error(), taken where the GIL may not be held. */
 struct dlxpy_err {
@@ -71,10 +77,12 @@ PyObject *dlxpy_exchange_counts(PyObject *self, PyObject *unused);
  * (1.3 capsule, then 1.2 integer), else __dlpack__(max_version=(1, 3)), else
  * a capsule passed as obj. Exactly one of *ret_versioned / *ret_legacy is set;
  * the caller owns it. *ret_stream gets the producer's current stream for a
- * device tensor when stream_in is NULL. Returns 0 or -1 (raised).
+ * device tensor when stream_in is NULL. Returns 0 or -1 (raised: the error
+ * names publish and name, with the producer's own exception as __cause__).
  */
-int dlxpy_take_tensor(PyObject *obj, PyObject *stream_obj, DLManagedTensorVersioned **ret_versioned,
-                      DLManagedTensor **ret_legacy, void **ret_stream);
+int dlxpy_take_tensor(PyObject *obj, const char *name, PyObject *stream_obj,
+                      DLManagedTensorVersioned **ret_versioned, DLManagedTensor **ret_legacy,
+                      void **ret_stream);
 
 /* ---- tensor.c ---- */
 typedef struct {

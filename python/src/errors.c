@@ -27,7 +27,8 @@ static const struct {
          "The name belongs to another user, or the daemon refused this peer (EACCES, EPERM)."},
         {&disconnected, "dlx.Disconnected", &PyExc_ConnectionError,
          "No daemon, or the connection to it was lost or shut down (ECONNREFUSED, "
-         "ECONNRESET, EPIPE, ESHUTDOWN): close the client and connect again."},
+         "ECONNRESET, EPIPE, ESHUTDOWN; ENOENT or ENOTDIR when connecting: no socket at "
+         "that path): close the client and connect again."},
         {&invalid, "dlx.InvalidArgument", &PyExc_ValueError,
          "A bad name, dtype, shape or option (EINVAL, ENAMETOOLONG, EOVERFLOW)."},
         {&limit, "dlx.LimitExceeded", NULL,
@@ -103,21 +104,37 @@ static PyObject *class_for(int err)
         }
 }
 
-PyObject *dlxpy_raise(int err, const char *detail)
+static PyObject *raise_as(PyObject *cls, int e, const char *detail)
 {
         PyObject *args;
-        int e = err < 0 ? -err : err;
 
-        if (err == -ENOMEM)
+        if (e == ENOMEM)
                 return PyErr_NoMemory();
         if (!detail || !*detail)
-                detail = dlx_strerror(err);
+                detail = dlx_strerror(-e);
         args = Py_BuildValue("(is)", e, detail);
         if (args) {
-                PyErr_SetObject(class_for(e), args);
+                PyErr_SetObject(cls, args);
                 Py_DECREF(args);
         }
         return NULL;
+}
+
+PyObject *dlxpy_raise(int err, const char *detail)
+{
+        int e = err < 0 ? -err : err;
+
+        return raise_as(class_for(e), e, detail);
+}
+
+PyObject *dlxpy_raise_connect(int err, const char *detail)
+{
+        int e = err < 0 ? -err : err;
+
+        /* no socket at that path means no daemon, like a refused one: not a missing name */
+        if (e == ENOENT || e == ENOTDIR)
+                return raise_as(disconnected, e, detail);
+        return raise_as(class_for(e), e, detail);
 }
 
 void dlxpy_err_take(struct dlxpy_err *e, int err)

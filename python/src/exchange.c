@@ -69,7 +69,7 @@ static int slot_to_object(DLManagedTensorVersioned *tensor, void **out_object)
 {
         PyGILState_STATE gil = PyGILState_Ensure();
         const char *name = NULL, *storage = NULL;
-        uint64_t version = 0, flags;
+        uint64_t version = 0;
         dlx_tensor *h = NULL;
         PyObject *o = NULL;
 
@@ -80,7 +80,6 @@ static int slot_to_object(DLManagedTensorVersioned *tensor, void **out_object)
                 PyErr_SetString(PyExc_ValueError, "dlx exchange API: NULL argument");
                 goto out;
         }
-        flags = tensor->flags;
         /* a tensor from dlx_acquire() (handed back to us) keeps its name and version */
         if (dlx_tensor_info(tensor, &name, &version, &storage) < 0)
                 name = storage = NULL;
@@ -89,7 +88,8 @@ static int slot_to_object(DLManagedTensorVersioned *tensor, void **out_object)
                 PyErr_Format(PyExc_BufferError, "dlx exchange API: %s", dlx_last_error());
                 goto out;
         }
-        o = dlxpy_tensor_new(h, flags, name, version, storage);
+        /* the flags as libdlx left them: read-only again if its memory is (tvm-ffi drops them) */
+        o = dlxpy_tensor_new(h, tensor->flags, name, version, storage);
 out:
         if (o)
                 *out_object = o;
@@ -188,8 +188,150 @@ static const DLPackExchangeAPI *producer_api(PyObject *obj)
         return (const DLPackExchangeAPI *)h;
 }
 
+/* "numpy.ndarray", "torch.Tensor": the producer's type as its users spell it. New reference. */
+static PyObject *type_name(PyObject *obj)
+{
+        PyObject *type = (PyObject *)Py_TYPE(obj), *mod, *qual, *name = NULL;
+
+        mod = PyObject_GetAttrString(type, "__module__");
+        qual = PyObject_GetAttrString(type, "__qualname__");
+        if (mod && qual && PyUnicode_Check(mod) && PyUnicode_Check(qual))
+                name = PyUnicode_CompareWithASCIIString(mod, "builtins") == 0
+                               ? Py_NewRef(qual)
+                               : PyUnicode_FromFormat("%U.%U", mod, qual);
+        Py_XDECREF(mod);
+        Py_XDECREF(qual);
+        if (!name) {
+                PyErr_Clear();
+                name = PyUnicode_FromString(Py_TYPE(obj)->tp_name);
+        }
+        return name;
+}
+
+/*
+ * str(dtype) of a numpy array or scalar whose dtype DLPack has no code for
+ * (object, datetime64, timedelta64, strings, structured, longdouble, ...),
+ * else NULL. Asked only once numpy refused: numpy exports the kinds b, i, u,
+ * f and c, but not longdouble (type characters g, G), which is no IEEE type.
+ * numpy is not imported here: an array of it means it is loaded already.
+ */
+static PyObject *numpy_dtype_without_dlpack(PyObject *obj)
+{
+        PyObject *name = PyUnicode_FromString("numpy"), *np, *dtype = NULL, *kind = NULL,
+                 *chr = NULL, *text = NULL;
+        int is_numpy = 0;
+
+        np = name ? PyImport_GetModule(name) : NULL;
+        Py_XDECREF(name);
+        if (np) {
+                PyObject *ndarray = PyObject_GetAttrString(np, "ndarray");
+                PyObject *generic = PyObject_GetAttrString(np, "generic");
+                is_numpy = (ndarray && PyObject_IsInstance(obj, ndarray) == 1) ||
+                           (generic && PyObject_IsInstance(obj, generic) == 1);
+                Py_XDECREF(ndarray);
+                Py_XDECREF(generic);
+                Py_DECREF(np);
+        }
+        if (is_numpy && (dtype = PyObject_GetAttrString(obj, "dtype")) &&
+            (kind = PyObject_GetAttrString(dtype, "kind")) &&
+            (chr = PyObject_GetAttrString(dtype, "char")) && PyUnicode_Check(kind) &&
+            PyUnicode_Check(chr) && PyUnicode_GetLength(kind) == 1 &&
+            PyUnicode_GetLength(chr) == 1 &&
+            (!strchr("biufc", (int)PyUnicode_READ_CHAR(kind, 0)) ||
+             strchr("gG", (int)PyUnicode_READ_CHAR(chr, 0))))
+                text = PyObject_Str(dtype);
+        Py_XDECREF(dtype);
+        Py_XDECREF(kind);
+        Py_XDECREF(chr);
+        /* only an answer matters here: a failure to find one is no news */
+        PyErr_Clear();
+        return text;
+}
+
+/*
+ * The producer raised instead of handing over a tensor for publish(name, obj).
+ * What the user sees names the call and the tensor, with the producer's
+ * exception as __cause__: a TypeError for a numpy dtype DLPack cannot
+ * express; otherwise the same kind of error as the producer's (BufferError,
+ * the array API's "cannot export", for kinds other than TypeError, ValueError
+ * and RuntimeError) with its first line. MemoryError, interrupts and other
+ * non-Exceptions pass as they are.
+ */
+static void explain_refusal(PyObject *obj, const char *name)
+{
+        static PyObject *const *const kinds[] = {&PyExc_TypeError, &PyExc_ValueError,
+                                                 &PyExc_BufferError, &PyExc_RuntimeError};
+        PyObject *type, *value, *tb, *cls = PyExc_BufferError, *dtype, *msg = NULL, *exc = NULL;
+
+        if (!PyErr_Occurred() || !PyErr_ExceptionMatches(PyExc_Exception) ||
+            PyErr_ExceptionMatches(PyExc_MemoryError))
+                return;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (tb)
+                PyException_SetTraceback(value, tb);
+        dtype = numpy_dtype_without_dlpack(obj);
+        if (dtype) {
+                cls = PyExc_TypeError;
+                msg = PyUnicode_FromFormat("publish '%s': numpy dtype %U has no DLPack equivalent",
+                                           name, dtype);
+                Py_DECREF(dtype);
+        } else {
+                PyObject *what = type_name(obj), *text = PyObject_Str(value), *line = NULL;
+
+                for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
+                        if (PyErr_GivenExceptionMatches(value, *kinds[i])) {
+                                cls = *kinds[i];
+                                break;
+                        }
+                /* torch's messages go on with a C++ backtrace: the cause keeps all of it */
+                if (text) {
+                        Py_ssize_t nl =
+                                PyUnicode_FindChar(text, '\n', 0, PyUnicode_GetLength(text), 1);
+                        line = nl >= 0 ? PyUnicode_Substring(text, 0, nl) : Py_NewRef(text);
+                }
+                /* a bare "raise BufferError": its kind is all there is to say */
+                if (what && line)
+                        msg = PyUnicode_GetLength(line)
+                                      ? PyUnicode_FromFormat("publish '%s': %U cannot be exported "
+                                                             "through DLPack: %U",
+                                                             name, what, line)
+                                      : PyUnicode_FromFormat("publish '%s': %U cannot be exported "
+                                                             "through DLPack: %s",
+                                                             name, what, Py_TYPE(value)->tp_name);
+                Py_XDECREF(what);
+                Py_XDECREF(text);
+                Py_XDECREF(line);
+        }
+        if (msg)
+                exc = PyObject_CallOneArg(cls, msg);
+        Py_XDECREF(msg);
+        if (!exc) {
+                /* no words of our own: the producer's error is still better than none */
+                PyErr_Clear();
+                PyErr_Restore(type, value, tb);
+                return;
+        }
+        PyException_SetCause(exc, Py_NewRef(value));
+        PyException_SetContext(exc, value);
+        PyErr_SetObject(cls, exc);
+        Py_DECREF(exc);
+        Py_XDECREF(type);
+        Py_XDECREF(tb);
+}
+
+/* A producer's exchange-API slot failed: its exception explained, or ours if it raised none. */
+static void slot_failed(PyObject *obj, const char *name, PyObject *cls, const char *what)
+{
+        if (PyErr_Occurred())
+                explain_refusal(obj, name);
+        else
+                PyErr_Format(cls, "publish '%s': the DLPack exchange API of %s %s", name,
+                             Py_TYPE(obj)->tp_name, what);
+}
+
 /* Takes the tensor out of a DLPack capsule and marks the capsule used. */
-static int from_capsule(PyObject *cap, DLManagedTensorVersioned **ret_versioned,
+static int from_capsule(PyObject *cap, const char *name, DLManagedTensorVersioned **ret_versioned,
                         DLManagedTensor **ret_legacy)
 {
         void *p;
@@ -208,9 +350,10 @@ static int from_capsule(PyObject *cap, DLManagedTensorVersioned **ret_versioned,
                 *ret_legacy = p;
                 return 0;
         }
-        PyErr_SetString(PyExc_TypeError,
-                        "expected a DLPack capsule named 'dltensor_versioned' or 'dltensor' "
-                        "(a used capsule cannot be published again)");
+        PyErr_Format(PyExc_TypeError,
+                     "publish '%s': expected a DLPack capsule named 'dltensor_versioned' or "
+                     "'dltensor', not %R (a used capsule cannot be published again)",
+                     name, cap);
         return -1;
 }
 
@@ -237,8 +380,9 @@ out:
         return res;
 }
 
-int dlxpy_take_tensor(PyObject *obj, PyObject *stream_obj, DLManagedTensorVersioned **ret_versioned,
-                      DLManagedTensor **ret_legacy, void **ret_stream)
+int dlxpy_take_tensor(PyObject *obj, const char *name, PyObject *stream_obj,
+                      DLManagedTensorVersioned **ret_versioned, DLManagedTensor **ret_legacy,
+                      void **ret_stream)
 {
         const DLPackExchangeAPI *api;
         PyObject *method, *cap;
@@ -261,10 +405,7 @@ int dlxpy_take_tensor(PyObject *obj, PyObject *stream_obj, DLManagedTensorVersio
         if (api) {
                 DLManagedTensorVersioned *mt = NULL;
                 if (api->managed_tensor_from_py_object_no_sync(obj, &mt) != 0 || !mt) {
-                        if (!PyErr_Occurred())
-                                PyErr_SetString(PyExc_BufferError,
-                                                "the producer's DLPack exchange API could not "
-                                                "export the object");
+                        slot_failed(obj, name, PyExc_BufferError, "could not export it");
                         return -1;
                 }
                 if (mt->dl_tensor.device.device_type != kDLCPU && stream_obj == Py_None &&
@@ -273,10 +414,7 @@ int dlxpy_take_tensor(PyObject *obj, PyObject *stream_obj, DLManagedTensorVersio
                                              mt->dl_tensor.device.device_id, ret_stream) != 0) {
                         if (mt->deleter)
                                 mt->deleter(mt);
-                        if (!PyErr_Occurred())
-                                PyErr_SetString(PyExc_RuntimeError,
-                                                "the producer's DLPack exchange API has no "
-                                                "current stream");
+                        slot_failed(obj, name, PyExc_RuntimeError, "has no current stream");
                         return -1;
                 }
                 *ret_versioned = mt;
@@ -285,7 +423,7 @@ int dlxpy_take_tensor(PyObject *obj, PyObject *stream_obj, DLManagedTensorVersio
 
         /* 2. a capsule handed over as is */
         if (PyCapsule_CheckExact(obj))
-                return from_capsule(obj, ret_versioned, ret_legacy);
+                return from_capsule(obj, name, ret_versioned, ret_legacy);
 
         /* 3. __dlpack__: versioned first, then what an older producer gives */
         method = PyObject_GetAttrString(obj, "__dlpack__");
@@ -294,9 +432,9 @@ int dlxpy_take_tensor(PyObject *obj, PyObject *stream_obj, DLManagedTensorVersio
                         return -1;
                 PyErr_Clear();
                 PyErr_Format(PyExc_TypeError,
-                             "cannot publish %s: it supports neither the DLPack exchange API "
-                             "nor __dlpack__",
-                             Py_TYPE(obj)->tp_name);
+                             "publish '%s': %s supports neither the DLPack exchange API nor "
+                             "__dlpack__",
+                             name, Py_TYPE(obj)->tp_name);
                 return -1;
         }
         cap = call_dlpack(method, stream_obj, true);
@@ -306,9 +444,11 @@ int dlxpy_take_tensor(PyObject *obj, PyObject *stream_obj, DLManagedTensorVersio
                 cap = call_dlpack(method, stream_obj, false);
         }
         Py_DECREF(method);
-        if (!cap)
+        if (!cap) {
+                explain_refusal(obj, name);
                 return -1;
-        rc = from_capsule(cap, ret_versioned, ret_legacy);
+        }
+        rc = from_capsule(cap, name, ret_versioned, ret_legacy);
         Py_DECREF(cap);
         return rc;
 }

@@ -2,6 +2,9 @@
 """dlx.Client against a real dlxd: publish, acquire, errors, inspection, watches, threads."""
 import errno
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -30,12 +33,119 @@ def test_default_socket_from_environment(daemon, monkeypatch):
         c.ping()
 
 
-def test_no_daemon_is_a_connection_error(tmp_path):
-    with pytest.raises(dlx.Disconnected) as e:
-        dlx.Client(str(tmp_path / "nobody.sock"))
-    assert isinstance(e.value, ConnectionError)
+def connect_error(path, cls, code, words=None):
+    """dlx.Client(path) raises cls with errno code, and a message that says the same."""
+    with pytest.raises(cls) as e:
+        dlx.Client(str(path))
     assert isinstance(e.value, dlx.Error)
-    assert e.value.errno == errno.ECONNREFUSED
+    assert e.value.errno == code, f"errno {errno.errorcode.get(e.value.errno)}: {e.value}"
+    assert (words or os.strerror(code)) in e.value.strerror
+    return e.value
+
+
+def test_no_daemon_is_a_connection_error(tmp_path):
+    # no socket file: ENOENT (not ECONNREFUSED with ENOENT's words), still a ConnectionError
+    err = connect_error(tmp_path / "nobody.sock", dlx.Disconnected, errno.ENOENT)
+    assert isinstance(err, ConnectionError) and not isinstance(err, dlx.NotFound)
+    assert str(tmp_path / "nobody.sock") in err.strerror
+    connect_error("/no/such/dir/x.sock", dlx.Disconnected, errno.ENOENT)
+
+
+def test_every_connect_failure_keeps_its_errno(tmp_path):
+    import socket
+
+    # a socket file no daemon listens on (a daemon killed with SIGKILL leaves one)
+    stale = tmp_path / "stale.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(stale))
+    s.close()
+    assert isinstance(connect_error(stale, dlx.Disconnected, errno.ECONNREFUSED),
+                      ConnectionError)
+    # a path through a regular file
+    (tmp_path / "file").write_text("")
+    connect_error(tmp_path / "file" / "dlxd.sock", dlx.Disconnected, errno.ENOTDIR)
+    # longer than a Unix socket address holds
+    err = connect_error("/" + "x" * 200, dlx.InvalidArgument, errno.ENAMETOOLONG, "too long")
+    assert isinstance(err, ValueError)
+
+
+def test_a_socket_the_user_may_not_open_is_permission_denied(daemon):
+    """EACCES: the daemon's socket is 0600 in a 0700 directory; another uid may not connect."""
+    code = """
+        import sys
+        try:
+            import dlx
+        except Exception as e:
+            sys.exit(f"cannot import dlx: {e!r}")
+        try:
+            dlx.Client(sys.argv[1])
+        except dlx.PermissionDenied as e:
+            print(e.errno, isinstance(e, PermissionError), e.strerror)
+    """
+    if os.geteuid() == 0:
+        # root passes every permission check: try as nobody
+        kw = dict(user=65534, group=65534, extra_groups=[])
+    else:
+        kw = {}
+        os.chmod(daemon.dir, 0)
+    try:
+        p = subprocess.run([sys.executable, "-c", textwrap.dedent(code), daemon.socket],
+                           capture_output=True, text=True, timeout=60, **kw)
+    finally:
+        os.chmod(daemon.dir, 0o700)
+    if "cannot import dlx" in p.stderr:
+        pytest.skip(f"uid 65534 cannot import dlx here: {p.stderr.strip()}")
+    assert p.returncode == 0 and p.stdout, p.stderr
+    code, is_perm, message = p.stdout.split(" ", 2)
+    assert int(code) == errno.EACCES and is_perm == "True"
+    assert os.strerror(errno.EACCES) in message and daemon.socket in message
+
+
+class Refusing:
+    """A producer whose __dlpack__ raises what it is given."""
+
+    def __init__(self, exc):
+        self.exc = exc
+
+    def __dlpack__(self, **kwargs):
+        raise self.exc
+
+
+@pytest.mark.parametrize("exc, kind", [
+    (BufferError("cannot export: not contiguous"), BufferError),
+    (TypeError("unsupported dtype"), TypeError),
+    (ValueError("bad layout"), ValueError),
+    (RuntimeError("device lost"), RuntimeError),
+    (KeyError("k"), BufferError),
+    (BufferError(), BufferError),
+])
+def test_a_producers_refusal_names_publish_and_the_tensor(client, name, exc, kind):
+    with pytest.raises(kind) as e:
+        client.publish(name, Refusing(exc))
+    assert str(e.value).startswith(f"publish '{name}': {Refusing.__module__}.Refusing cannot be "
+                                   "exported through DLPack: ")
+    assert e.value.__cause__ is exc
+    assert (str(exc) or type(exc).__name__) in str(e.value)
+    with pytest.raises(dlx.NotFound):
+        client.stat(name)
+
+
+def test_interrupts_from_a_producer_pass_as_they_are(client, name):
+    for exc in (KeyboardInterrupt(), MemoryError()):
+        with pytest.raises(type(exc)) as e:
+            client.publish(name, Refusing(exc))
+        assert e.value is exc
+
+
+def test_a_closed_tensor_refuses_through_the_exchange_api(client, name):
+    client.publish(name, np.arange(3.0))
+    t = client.acquire(name)
+    t.close()
+    with pytest.raises(BufferError) as e:
+        client.publish(name + "/again", t)
+    assert str(e.value) == (f"publish '{name}/again': dlx.Tensor cannot be exported through "
+                            "DLPack: dlx.Tensor is closed")
+    assert isinstance(e.value.__cause__, BufferError)
 
 
 def test_roundtrip_and_versions(client, name):

@@ -92,6 +92,37 @@ def test_from_object_and_back(table, client, name):
     assert settle(client, name, 0) == 0
 
 
+def test_read_only_comes_back_through_a_consumer_that_drops_flags(table, client, name):
+    """A consumer hands our export back as its own tensor with flags 0 (tvm-ffi does)."""
+    client.publish(name, np.arange(4, dtype=np.float32))
+    with client.acquire(name) as t:
+        inner = ctypes.POINTER(DLManagedTensorVersioned)()
+        assert table.from_object(t, ctypes.byref(inner)) == 0
+    assert inner.contents.flags & 1
+    # the consumer's tensor: the same view, no flags, its deleter runs the inner one's
+    outer = DLManagedTensorVersioned(major=1, minor=3, flags=0,
+                                     dl_tensor=inner.contents.dl_tensor)
+    ran = []
+
+    @DELETER
+    def deleter(_):
+        ran.append(True)
+        inner.contents.deleter(inner)
+
+    outer.deleter = deleter
+    obj = ctypes.c_void_p()
+    assert table.to_object(ctypes.pointer(outer), ctypes.byref(obj)) == 0
+    back = steal(obj.value)
+    assert back.read_only
+    view = np.from_dlpack(back)
+    assert not view.flags.writeable
+    np.testing.assert_array_equal(view, np.arange(4, dtype=np.float32))
+    del view, back
+    gc.collect()
+    assert ran == [True]
+    assert settle(client, name, 0) == 0
+
+
 def test_view_of_a_tensor(table, client, name):
     client.publish(name, np.arange(4.0))
     with client.acquire(name) as t:

@@ -55,15 +55,43 @@ def test_dtypes_dlpack_cannot_carry_are_refused_by_numpy(client, name, code):
         a = np.zeros(3, dtype=code)
     except TypeError:
         pytest.skip(f"numpy cannot make an array of {code!r} here")
-    with pytest.raises(BufferError):
+    # a TypeError that says which publish and which dtype; numpy's own words in __cause__
+    with pytest.raises(TypeError) as e:
         client.publish(name, a)
+    assert str(e.value) == f"publish '{name}': numpy dtype {a.dtype} has no DLPack equivalent"
+    assert isinstance(e.value.__cause__, BufferError)
     with pytest.raises(dlx.NotFound):
         client.stat(name)
 
 
+@pytest.mark.parametrize("dtype", ["datetime64[ns]", "timedelta64[s]", "object", "<U3",
+                                   "i4,f8"])
+def test_the_message_names_the_tensor_and_the_dtype(client, name, dtype):
+    with pytest.raises(TypeError) as e:
+        client.publish(name, np.zeros(2, dtype=dtype))
+    assert str(e.value) == (f"publish '{name}': numpy dtype {np.dtype(dtype)} has no DLPack "
+                            "equivalent")
+    assert isinstance(e.value.__cause__, BufferError) and "DLPack" in str(e.value.__cause__)
+
+
 def test_non_native_byte_order_is_refused(client, name):
-    with pytest.raises(BufferError):
+    with pytest.raises(BufferError) as e:
         client.publish(name, np.arange(4, dtype=">f4"))
+    assert str(e.value).startswith(f"publish '{name}': numpy.ndarray cannot be exported "
+                                   "through DLPack: ")
+    assert isinstance(e.value.__cause__, BufferError)
+    assert str(e.value.__cause__) in str(e.value)  # numpy's reason, "native byte order"
+
+
+def test_strides_dlpack_cannot_express_are_refused(client, name):
+    # a field of a packed record: its stride (6 bytes) is no whole number of int32s
+    a = np.zeros(4, dtype=[("x", "<i4"), ("y", "<i2")])["x"]
+    with pytest.raises(BufferError) as e:
+        client.publish(name, a)
+    assert f"publish '{name}': numpy.ndarray cannot be exported" in str(e.value)
+    assert isinstance(e.value.__cause__, BufferError)
+    with pytest.raises(dlx.NotFound):
+        client.stat(name)
 
 
 @pytest.mark.parametrize("view", ["transposed", "stepped", "reversed", "fortran", "column",
@@ -199,7 +227,7 @@ def test_consumed_capsules_are_renamed(client, name):
     cap = a.__dlpack__(max_version=(1, 3))
     client.publish(name, cap)
     assert capsule_name(cap) == "used_dltensor_versioned"
-    with pytest.raises(TypeError, match="used"):
+    with pytest.raises(TypeError, match=f"publish '{re.escape(name)}': .*used"):
         client.publish(name, cap)
     legacy = a.__dlpack__()
     client.publish(name, legacy)
@@ -229,7 +257,7 @@ def test_legacy_producer(client, name):
 
 
 def test_not_a_tensor(client, name):
-    with pytest.raises(TypeError, match="DLPack"):
+    with pytest.raises(TypeError, match=f"publish '{re.escape(name)}': list .*DLPack"):
         client.publish(name, [1, 2, 3])
 
 

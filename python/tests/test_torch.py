@@ -101,6 +101,22 @@ def test_dlpack_1_2_integer_attribute(client, name):
         same(torch.from_dlpack(t), a)
 
 
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks")
+def test_what_torch_cannot_export_names_publish_and_the_tensor(client, name):
+    # torch's exchange API raises for a sparse tensor (it has no strided storage)
+    sparse = torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (4,))
+    with pytest.raises(RuntimeError) as e:
+        client.publish(name, sparse)
+    assert str(e.value).startswith(f"publish '{name}': torch.Tensor cannot be exported "
+                                   "through DLPack: ")
+    # the first line of torch's message; all of it, C++ backtrace too, in the cause
+    assert "\n" not in str(e.value)
+    assert isinstance(e.value.__cause__, RuntimeError)
+    assert str(e.value.__cause__).splitlines()[0] in str(e.value)
+    with pytest.raises(dlx.NotFound):
+        client.stat(name)
+
+
 def test_views_outlive_the_dlx_tensor(client, name):
     client.publish(name, torch.arange(100, dtype=torch.float32))
     t = client.acquire(name)

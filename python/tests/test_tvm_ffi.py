@@ -68,6 +68,62 @@ def test_callback_receives_dlx_tensors(client, name):
     np.testing.assert_array_equal(np.from_dlpack(out), 3)
 
 
+def test_read_only_survives_a_tvm_ffi_function(client, name):
+    # tvm-ffi keeps no DLPack flags: what its identity function gives back says nothing of
+    # READ_ONLY, and the memory is a read-only mapping a write would die on
+    client.publish(name, np.arange(6.0))
+    echo = tvm_ffi.get_global_func("testing.echo")
+    with client.acquire(name) as t:
+        assert t.read_only and not np.from_dlpack(t).flags.writeable
+        r = echo(t)
+    assert type(r) is dlx.Tensor
+    assert r.read_only
+    view = np.from_dlpack(r)
+    assert not view.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        view[0] = 1.0
+    np.testing.assert_array_equal(view, np.arange(6.0))
+    # and through tvm-ffi again, and a callback that is handed a dlx.Tensor
+    assert echo(r).read_only
+    seen = []
+    fn = tvm_ffi.convert_func(lambda x: seen.append(x.read_only) or x, tensor_cls=dlx.Tensor)
+    assert fn(r).read_only and seen == [True]
+    del view, r
+    gc.collect()
+
+
+def test_writable_stays_writable_through_tvm_ffi(client, name):
+    client.publish(name, np.zeros(4, dtype=np.int32), read_only=False)
+    echo = tvm_ffi.get_global_func("testing.echo")
+    with client.acquire(name) as t:
+        r = echo(t)
+    assert not r.read_only
+    np.from_dlpack(r)[:] = 7
+    with client.acquire(name) as t:
+        np.testing.assert_array_equal(np.from_dlpack(t), 7)
+    del r
+    gc.collect()
+
+
+def test_republishing_what_came_back_stays_read_only_unless_asked(client, name):
+    client.publish(name, np.arange(3, dtype=np.int64))
+    echo = tvm_ffi.get_global_func("testing.echo")
+    with client.acquire(name) as t:
+        r = echo(t)
+    assert client.publish(name + "/again", r) == 1
+    with client.acquire(name + "/again") as t:
+        assert t.read_only and not np.from_dlpack(t).flags.writeable
+    # asked: a writable copy for the consumers; the mapping r views stays read-only
+    client.publish(name + "/rw", r, read_only=False)
+    with client.acquire(name + "/rw") as t:
+        assert not t.read_only
+        np.from_dlpack(t)[:] = 5
+    assert r.read_only
+    np.testing.assert_array_equal(np.from_dlpack(r), np.arange(3))
+    del r
+    gc.collect()
+
+
 @pytest.mark.parametrize("producer", ["numpy", "torch"])
 def test_tvm_ffi_receives_a_tensor_published_and_reacquired_through_dlx(client, name, producer):
     if producer == "torch":
