@@ -686,6 +686,7 @@ static int hello(dlx_client *c, const char *name)
         if (err == 0) {
                 c->session = p.rep.hello.session;
                 c->uid = p.rep.hello.uid;
+                c->limits = p.rep.hello.limits;
                 snprintf(c->server, sizeof(c->server), "%s", p.rep.hello.server);
         }
         if (err == 0 && p.rep.hello.release_ring && p.fd >= 0) {

@@ -159,6 +159,7 @@ struct dlx_client {
         uint64_t session;
         uint32_t uid;
         char server[64];
+        struct wire_limit_set limits; /* the daemon's, from hello (all 0 from a 1.0 daemon) */
         dlx_log_fn log;
         void *log_ctx;
         bool log_stderr;
