@@ -341,7 +341,7 @@ int segment_seal_ro(struct segment *seg, const char **ret_why)
                 *ret_why = "its memfd is not sealed against writing (F_SEAL_WRITE or "
                            "F_SEAL_FUTURE_WRITE) and dlxd cannot seal it (read-only fd, or "
                            "F_SEAL_SEAL)";
-                return -EPERM;
+                return -EBADF;
         }
         seg->write_sealed = true;
         return 0;

@@ -118,7 +118,7 @@ void segment_unref(struct store *st, struct segment *seg);
  * write() to it, whatever fd they hold; mappings made before stay (the
  * producer's own). Returns 0 (sealed, or sealed already), -EBUSY (a
  * writable version was published from it: consumers may hold writable
- * mappings) or -EPERM (the fd cannot be sealed: opened read-only, or
+ * mappings) or -EBADF (the fd cannot be sealed: opened read-only, or
  * F_SEAL_SEAL), with the reason in *ret_why.
  */
 int segment_seal_ro(struct segment *seg, const char **ret_why);

@@ -13,12 +13,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <check.h>
 
 #include "fixture.h"
+#include "rawpeer.h"
 
 #define NOBODY 65534
 #define NOGROUP 65534
@@ -193,6 +196,193 @@ START_TEST(names_belong_to_their_uid)
 }
 END_TEST
 
+/* ---- read-only means read-only, for every consumer of any uid ------------------------------ */
+
+/* A raw publish of a 4096-byte memfd (read-only unless flags say otherwise). */
+static void raw_publish(int sock, uint64_t id, const char *name, int memfd, uint64_t flags)
+{
+        struct wire_request req = {.id = id, .type = WIRE_REQ_PUBLISH};
+        struct wire_tensor *t = &req.publish.tensor;
+
+        snprintf(t->name, sizeof(t->name), "%s", name);
+        t->dtype = (DLDataType){kDLFloat, 32, 1};
+        t->ndim = 1;
+        t->shape[0] = 1024;
+        t->strides[0] = 1;
+        t->device_type = kDLCPU;
+        t->storage = WIRE_STORAGE_MEMFD;
+        t->length = 4096;
+        t->flags = flags;
+        rp_send(sock, &req, memfd);
+}
+
+/* A memfd of 4096 bytes holding 1.0f, sealed only against resizing, mode 0777 as made. */
+static int producer_memfd(void)
+{
+        int fd = memfd_create("producer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        float v[1024];
+
+        ck_assert_int_ge(fd, 0);
+        for (int i = 0; i < 1024; i++)
+                v[i] = 1.0f;
+        ck_assert_int_eq(pwrite(fd, v, sizeof(v), 0), (ssize_t)sizeof(v));
+        ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+        return fd;
+}
+
+/*
+ * Whatever a consumer holding fd tries, nothing it does can write: a
+ * writable mapping, write(), a read-only mapping made writable, a read-write
+ * reopen through /proc (mode bits do not matter to root or the file's owner).
+ * 0: all refused; 1: it wrote.
+ */
+static int try_to_write(int fd)
+{
+        char path[64];
+        bool wrote;
+        float *w;
+        int rw;
+
+        w = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (w != MAP_FAILED) {
+                w[0] = -7.0f;
+                return 1;
+        }
+        if (pwrite(fd, "\0\0\0\0", 4, 0) == 4)
+                return 1;
+        w = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
+        if (w != MAP_FAILED && mprotect(w, 4096, PROT_READ | PROT_WRITE) == 0) {
+                w[0] = -7.0f;
+                return 1;
+        }
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        rw = open(path, O_RDWR | O_CLOEXEC);
+        if (rw < 0)
+                return 0;
+        w = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+        if (w != MAP_FAILED) {
+                w[0] = -7.0f;
+                close(rw);
+                return 1;
+        }
+        wrote = pwrite(rw, "\0\0\0\0", 4, 0) == 4;
+        close(rw);
+        return wrote ? 1 : 0;
+}
+
+/* As uid nobody (gid), on a raw connection: acquire name and try to write it. */
+struct raw_consumer {
+        const char *name;
+        gid_t gid;
+};
+
+static int raw_consumer_main(void *p)
+{
+        const struct raw_consumer *rc = p;
+        struct wire_request req = {.id = 2, .type = WIRE_REQ_ACQUIRE};
+        struct wire_reply rep;
+        int sock, fd = -1;
+
+        if (setgroups(0, NULL) != 0 || setgid(rc->gid) != 0 || setuid(NOBODY) != 0)
+                return 90;
+        sock = rp_connect(fx.socket, "consumer");
+        snprintf(req.acquire.name, sizeof(req.acquire.name), "%s", rc->name);
+        rp_send(sock, &req, -1);
+        if (rp_read(sock, &rep, 10000, &fd) != 1 || rep.status != WIRE_OK || fd < 0)
+                return 91;
+        if (rep.acquire.writable || !(rep.acquire.tensor.flags & DLPACK_FLAG_BITMASK_READ_ONLY))
+                return 92;
+        return try_to_write(fd);
+}
+
+/*
+ * A producer's own memfd, not sealed against writes, published read-only:
+ * dlxd seals it, so no consumer, of another uid or of the producer's, can
+ * write it; the producer's own mapping made before still writes (its data).
+ */
+START_TEST(producer_memfd_sealed_for_every_reader)
+{
+        struct raw_consumer other = {.name = "ro/producer", .gid = NOGROUP};
+        int sock, fd, seals;
+
+        dlxd_start(&fx, shared_args);
+        open_path(false);
+        sock = rp_connect(fx.socket, "producer");
+        fd = producer_memfd();
+        raw_publish(sock, 3, "ro/producer", fd, DLPACK_FLAG_BITMASK_READ_ONLY);
+        rp_expect_ok(sock, 3, WIRE_REP_PUBLISH, NULL, NULL);
+        seals = fcntl(fd, F_GET_SEALS);
+        ck_assert_msg(seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE), "seals %#x", seals);
+        /* another uid, and this one (root), both fail */
+        ck_assert_int_eq(fx_wait(fx_spawn(raw_consumer_main, &other)), 0);
+        ck_assert_int_eq(try_to_write(fd), 0);
+        close(fd);
+        close(sock);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/* One dlxd cannot seal (a read-only fd, or F_SEAL_SEAL): refused, saying why; nothing leaks. */
+START_TEST(unsealable_memfd_refused_read_only)
+{
+        struct wire_reply rep;
+        char path[64];
+        int sock, fd, ro;
+
+        dlxd_start(&fx, shared_args);
+        sock = rp_connect(fx.socket, "producer");
+        fd = producer_memfd();
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        ro = open(path, O_RDONLY | O_CLOEXEC);
+        ck_assert_int_ge(ro, 0);
+        raw_publish(sock, 3, "ro/rdonly", ro, DLPACK_FLAG_BITMASK_READ_ONLY);
+        rp_expect_error(sock, 3, WIRE_BAD_FD, &rep);
+        ck_assert_msg(strstr(rep.error, "cannot be read-only"), "message: %s", rep.error);
+        ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL), 0);
+        raw_publish(sock, 4, "ro/sealseal", fd, DLPACK_FLAG_BITMASK_READ_ONLY);
+        rp_expect_error(sock, 4, WIRE_BAD_FD, &rep);
+        /* writable, either is fine: its readers may write */
+        raw_publish(sock, 5, "ro/writable", fd, 0);
+        rp_expect_ok(sock, 5, WIRE_REP_PUBLISH, NULL, NULL);
+        close(ro);
+        close(fd);
+        close(sock);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/*
+ * Through libdlx: tensors from one allocator, some writable and some
+ * read-only, never leave a read-only one writable to anybody: the mixing
+ * publish is copied, and the read-only tensor's segment is sealed.
+ */
+START_TEST(mixed_allocations_stay_read_only)
+{
+        struct raw_consumer other = {.name = "ro/r", .gid = NOGROUP};
+        dlx_client *p;
+        DLManagedTensorVersioned *w, *r;
+        int64_t shape[1] = {1024};
+        DLTensor proto = {.device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLFloat, 32, 1}};
+        struct dlx_publish_options rw = {.writable = true}, never = {.copy = DLX_COPY_NEVER};
+
+        proto.shape = shape;
+        dlxd_start(&fx, shared_args);
+        open_path(false);
+        p = fx_connect(&fx, "producer");
+        ck_assert_int_eq(dlx_alloc(p, &proto, &w), 0);
+        ck_assert_int_eq(dlx_publish(p, "ro/w", w, &rw, NULL), 0);
+        /* zero-copy is impossible now, and said */
+        ck_assert_int_eq(dlx_alloc(p, &proto, &r), 0);
+        ck_assert_int_eq(dlx_publish(p, "ro/r", r, &never, NULL), -EXDEV);
+        ck_assert_ptr_nonnull(strstr(dlx_last_error(), "writable version"));
+        ck_assert_int_eq(dlx_alloc(p, &proto, &r), 0);
+        ck_assert_int_eq(dlx_publish(p, "ro/r", r, NULL, NULL), 0);
+        ck_assert_int_eq(fx_wait(fx_spawn(raw_consumer_main, &other)), 0);
+        dlx_close(p);
+        dlxd_stop(&fx);
+}
+END_TEST
+
 Suite *access_suite(void)
 {
         Suite *s;
@@ -208,6 +398,9 @@ Suite *access_suite(void)
         tcase_add_test(tc, group_socket_mode);
         tcase_add_test(tc, group_members_only);
         tcase_add_test(tc, names_belong_to_their_uid);
+        tcase_add_test(tc, producer_memfd_sealed_for_every_reader);
+        tcase_add_test(tc, unsealable_memfd_refused_read_only);
+        tcase_add_test(tc, mixed_allocations_stay_read_only);
         suite_add_tcase(s, tc);
         return s;
 }
