@@ -90,6 +90,9 @@ const char *dlx_strerror(int err)
                 return "socket path too long";
         case ENODEV:
                 return "no such device";
+        case ESTALE:
+                return "the client belongs to the process that connected it (this one forked "
+                       "since): connect again here";
         default:
                 return strerror(err);
         }
@@ -112,6 +115,38 @@ void dlx__log(dlx_client *c, int level, const char *fmt, ...)
 }
 
 /* ---- lifetime ----------------------------------------------------------------------------- */
+
+/*
+ * Bumped in every child a fork makes: a client remembers the generation it
+ * was connected in, and one from an older generation belongs to an ancestor
+ * (its socket, its leases, and locks another thread may have held at the
+ * fork). No system call on the way: getpid() would cost one per call.
+ */
+static unsigned fork_generation;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void on_fork_child(void)
+{
+        __atomic_add_fetch(&fork_generation, 1, __ATOMIC_RELAXED);
+}
+
+static void watch_forks(void)
+{
+        pthread_atfork(NULL, NULL, on_fork_child);
+}
+
+bool dlx__forked(const dlx_client *c)
+{
+        return c->generation != __atomic_load_n(&fork_generation, __ATOMIC_RELAXED);
+}
+
+int dlx__usable(const dlx_client *c)
+{
+        if (dlx__forked(c))
+                return dlx__fail(-ESTALE, "this client was connected by the parent process; "
+                                          "connect again in this one");
+        return 0;
+}
 
 void dlx__client_ref(dlx_client *c)
 {
@@ -140,6 +175,39 @@ void dlx__client_unref(dlx_client *c)
 }
 
 static int pump(dlx_client *c, int64_t timeout_ms);
+static int64_t now_ms(void);
+
+/* Every waiter learns the connection is gone. Lock held. */
+static void fail_pending(dlx_client *c)
+{
+        for (struct pending *p = c->pending; p; p = p->next) {
+                p->done = true;
+                p->err = c->broken ? c->broken : -ECONNRESET;
+        }
+        c->pending = NULL;
+        pthread_cond_broadcast(&c->cond);
+}
+
+/*
+ * The daemon does not answer: the client is unusable from now on, every
+ * waiter fails, and the socket is shut down so that a reader blocked on it
+ * wakes and the daemon, should it come back, ends the session. Lock held.
+ */
+static void __attribute__((format(printf, 3, 4)))
+break_connection(dlx_client *c, int err, const char *fmt, ...)
+{
+        va_list ap;
+
+        if (c->broken)
+                return;
+        c->broken = err;
+        va_start(ap, fmt);
+        vsnprintf(c->broken_why, sizeof(c->broken_why), fmt, ap);
+        va_end(ap);
+        dlx__log(c, DLX_LOG_ERR, "%s", c->broken_why);
+        shutdown(c->fd, SHUT_RDWR);
+        fail_pending(c);
+}
 
 /* ---- sending ----------------------------------------------------------------------------------
  */
@@ -162,6 +230,9 @@ static int send_frame(dlx_client *c, const uint8_t *buf, size_t len, int fd)
                 if (n < 0) {
                         if (errno == EINTR)
                                 continue;
+                        /* SO_SNDTIMEO: the daemon read nothing for the client's timeout */
+                        if (errno == EAGAIN || errno == EWOULDBLOCK)
+                                return -ETIMEDOUT;
                         return errno == EPIPE ? -ECONNRESET : -errno;
                 }
                 off += (size_t)n;
@@ -182,7 +253,9 @@ static int send_locked(dlx_client *c, struct wire_request *req, int fd)
 
         if (c->broken)
                 return c->broken;
-        if (c->closed)
+        /* a closed client's connection carries its bye, then the releases of its tensors */
+        if (c->closed && req->type != WIRE_REQ_BYE &&
+            !(c->retired && req->type == WIRE_REQ_RELEASE))
                 return -ECONNRESET;
         req->id = c->next_id++;
         err = wire_request_size(req, &size);
@@ -202,7 +275,13 @@ static int send_locked(dlx_client *c, struct wire_request *req, int fd)
         pthread_mutex_unlock(&c->send_lock);
         if (buf != stackbuf)
                 free(buf);
-        if (err < 0 && !c->broken)
+        /* everything but a release is answered: the daemon's silence counts from here */
+        if (err == 0 && req->type != WIRE_REQ_RELEASE && req->type != WIRE_REQ_PING)
+                c->asked_ms = now_ms();
+        if (err == -ETIMEDOUT)
+                break_connection(c, err, "the daemon read nothing from us for %lld ms",
+                                 (long long)c->timeout_ms);
+        else if (err < 0 && !c->broken)
                 c->broken = err;
         return err;
 }
@@ -216,9 +295,11 @@ void dlx__release(dlx_client *c, struct wire_request *req)
 {
         struct release_ring *r = c->ring;
 
-        if (c->closed || c->broken)
-                return; /* the daemon releases everything of a closed session itself */
-        if (r && !req->release.has_event) {
+        /* a closed session's leases go with it, at the daemon */
+        if ((c->closed && !c->retired) || c->broken)
+                return;
+        /* retired: no ring, whose wake-up ping would get a reply nobody reads */
+        if (r && !req->release.has_event && !c->retired) {
                 uint64_t h = r->head;
                 if (h - __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE) < RING_SLOTS) {
                         r->lease[h % RING_SLOTS] = req->release.lease;
@@ -526,8 +607,16 @@ static int pump(dlx_client *c, int64_t timeout_ms)
         c->reading = true;
         pthread_mutex_unlock(&c->lock);
         for (;;) {
-                /* waiting without a limit: one blocking recvmsg, no poll */
+                /*
+                 * Waiting without a limit: one blocking recvmsg, no poll. The
+                 * socket's SO_RCVTIMEO (the client's timeout) ends it when the
+                 * daemon stays silent: wait_step() decides what that means.
+                 */
                 n = read_some(c, timeout_ms < 0);
+                if (n == -EAGAIN && timeout_ms < 0) {
+                        n = -ETIMEDOUT;
+                        break;
+                }
                 if (n != -EAGAIN)
                         break;
                 struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
@@ -545,6 +634,8 @@ static int pump(dlx_client *c, int64_t timeout_ms)
         }
         pthread_mutex_lock(&c->lock);
         c->reading = false;
+        if (n > 0)
+                c->heard_ms = now_ms();
         if (n == 0 || (n < 0 && n != -ETIMEDOUT)) {
                 if (!c->broken)
                         c->broken = n == 0 || n == -ECONNRESET ? -ECONNRESET : (int)n;
@@ -556,14 +647,8 @@ static int pump(dlx_client *c, int64_t timeout_ms)
                 }
                 on_frame(c, &f);
         }
-        if (c->broken) {
-                /* every waiter learns the connection is gone */
-                for (struct pending *p = c->pending; p; p = p->next) {
-                        p->done = true;
-                        p->err = c->broken;
-                }
-                c->pending = NULL;
-        }
+        if (c->broken)
+                fail_pending(c);
         pthread_cond_broadcast(&c->cond);
         if (c->deleters) {
                 pthread_mutex_unlock(&c->lock);
@@ -595,6 +680,50 @@ void dlx__run_deleters(dlx_client *c)
         }
 }
 
+/*
+ * Lock held. Waits once for the daemon, until deadline (monotonic ms; < 0:
+ * none), and keeps it honest meanwhile: a daemon silent for the client's
+ * timeout since it was last asked something or last heard from, while a
+ * caller waits, gets a ping, and one that leaves the ping unanswered as long
+ * again breaks the connection with -ETIMEDOUT. A blocked acquire keeps its
+ * connection (the daemon answers the pings), and so does a wait for events
+ * however long (a ping each timeout). Returns 0, -ETIMEDOUT (the deadline or
+ * a silence passed) or the connection's error.
+ */
+static int wait_step(dlx_client *c, int64_t deadline)
+{
+        int64_t now = now_ms(), wake = deadline;
+
+        if (c->timeout_ms > 0 && !c->broken && !c->closed) {
+                int64_t heard = c->heard_ms > c->asked_ms ? c->heard_ms : c->asked_ms;
+                bool pinged = c->ping_ms > heard;
+
+                if (pinged && now - c->ping_ms >= c->timeout_ms) {
+                        break_connection(c, -ETIMEDOUT,
+                                         "the daemon has not answered for %lld ms (nor a ping)",
+                                         (long long)(now - heard));
+                        return c->broken;
+                }
+                if (!pinged && now - heard >= c->timeout_ms) {
+                        struct wire_request ping = {.type = WIRE_REQ_PING};
+                        c->ping_ms = now;
+                        pinged = true;
+                        if (send_locked(c, &ping, -1) < 0)
+                                return c->broken ? c->broken : -ECONNRESET;
+                }
+                int64_t check = (pinged ? c->ping_ms : heard) + c->timeout_ms;
+                if (deadline >= 0 && deadline < check)
+                        check = deadline;
+                wake = check;
+                /* no deadline of the caller's: the socket's SO_RCVTIMEO is this one */
+                if (deadline < 0)
+                        return pump(c, -1);
+        }
+        if (wake < 0)
+                return pump(c, -1);
+        return pump(c, wake > now ? wake - now : 0);
+}
+
 static int call(dlx_client *c, struct wire_request *req, int fd, struct pending *p)
 {
         int err;
@@ -622,7 +751,7 @@ static int call(dlx_client *c, struct wire_request *req, int fd, struct pending 
         p->next = c->pending;
         c->pending = p;
         while (!p->done) {
-                err = pump(c, -1);
+                err = wait_step(c, -1);
                 if (err < 0 && err != -ETIMEDOUT && !p->done) {
                         pending_take(c, p->id);
                         p->done = true;
@@ -646,6 +775,12 @@ static int call(dlx_client *c, struct wire_request *req, int fd, struct pending 
 int dlx__call(dlx_client *c, struct wire_request *req, int fd, struct pending *p)
 {
         int err;
+
+        memset(p, 0, sizeof(*p));
+        p->fd = -1;
+        err = dlx__usable(c);
+        if (err < 0)
+                return err;
 
         /* a dlx_close() racing this call must not free the client under it */
         dlx__client_ref(c);
@@ -686,6 +821,7 @@ static int hello(dlx_client *c, const char *name)
         if (err == 0) {
                 c->session = p.rep.hello.session;
                 c->uid = p.rep.hello.uid;
+                c->server_minor = p.rep.hello.minor;
                 c->limits = p.rep.hello.limits;
                 snprintf(c->server, sizeof(c->server), "%s", p.rep.hello.server);
         }
@@ -735,9 +871,15 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
                                  "at most %zu bytes",
                                  addr.sun_path, sizeof(addr.sun_path) - 1);
 
+        if (opts && opts->timeout_ms > INT32_MAX)
+                return dlx__fail(-EINVAL, "timeout_ms %lld is over %d", (long long)opts->timeout_ms,
+                                 INT32_MAX);
+        pthread_once(&fork_once, watch_forks);
         c = calloc(1, sizeof(*c));
         if (!c)
                 return dlx__fail(-ENOMEM, "out of memory");
+        c->generation = __atomic_load_n(&fork_generation, __ATOMIC_RELAXED);
+        c->timeout_ms = !opts || opts->timeout_ms == 0 ? DLX_DEFAULT_TIMEOUT_MS : opts->timeout_ms;
         c->refs = 1;
         c->next_id = 1;
         c->next_token = 1;
@@ -779,13 +921,35 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
                 dlx__client_unref(c);
                 return dlx__fail(err, "epoll/eventfd: %s", strerror(-err));
         }
+        /*
+         * The timeout bounds connect() (a daemon whose backlog is full), every
+         * blocking send (a daemon that reads nothing) and every blocking
+         * receive (wait_step() then pings it before giving up).
+         */
+        if (c->timeout_ms > 0) {
+                struct timeval tv = {.tv_sec = c->timeout_ms / 1000,
+                                     .tv_usec = (c->timeout_ms % 1000) * 1000};
+                if (setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0 ||
+                    setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0) {
+                        err = -errno;
+                        close(c->fd);
+                        dlx__client_unref(c);
+                        return dlx__fail(err, "socket timeouts: %s", strerror(-err));
+                }
+        }
         if (connect(c->fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
                 err = -errno;
                 close(c->fd);
                 dlx__client_unref(c);
+                if (err == -EAGAIN || err == -EINPROGRESS)
+                        return dlx__fail(-ETIMEDOUT,
+                                         "cannot connect to dlxd at %s: it accepted no connection "
+                                         "within %lld ms",
+                                         addr.sun_path, (long long)c->timeout_ms);
                 return dlx__fail(err, "cannot connect to dlxd at %s: %s%s", addr.sun_path,
                                  strerror(-err), connect_hint(err));
         }
+        c->heard_ms = now_ms();
         if (opts && opts->client_name)
                 snprintf(name, sizeof(name), "%s", opts->client_name);
         else
@@ -807,6 +971,35 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
         return 0;
 }
 
+/*
+ * A client closed by a process it was not connected in: that process's
+ * copies of its descriptors go, nothing else. The connection, its leases and
+ * its locks (which another thread may have held at the fork) are the
+ * parent's.
+ */
+static void close_inherited(dlx_client *c)
+{
+        close(c->fd);
+        close(c->efd);
+        close(c->pfd);
+}
+
+/*
+ * Tensors acquired through c are still alive: the daemon is asked to let go
+ * of everything but their leases (Bye), and the connection stays open until
+ * the last of them is released. Lock held, c closed already (nothing but
+ * Bye and releases goes out now); returns whether it was retired.
+ */
+static bool retire(dlx_client *c)
+{
+        struct wire_request req = {.type = WIRE_REQ_BYE};
+
+        if (c->nacquired == 0 || c->broken || c->server_minor < 1)
+                return false;
+        /* one way: its reply, like any other, goes unread from now on */
+        return send_locked(c, &req, -1) == 0;
+}
+
 void dlx_close(dlx_client *c)
 {
         struct event_node *ev;
@@ -814,11 +1007,19 @@ void dlx_close(dlx_client *c)
 
         if (!c)
                 return;
+        if (dlx__forked(c)) {
+                close_inherited(c);
+                return;
+        }
         dlx__default_client_closing(c);
         pthread_mutex_lock(&c->lock);
         c->closed = true;
+        c->retired = retire(c);
         /* the daemon sees EOF and releases everything this session held */
-        shutdown(c->fd, SHUT_RDWR);
+        if (!c->retired)
+                shutdown(c->fd, SHUT_RDWR);
+        /* calls still waiting fail; a reader blocked on the socket wakes with the bye's reply */
+        fail_pending(c);
         for (n = avl_first(&c->held); n; n = next) {
                 struct held *h = avl_entry(n, struct held, node);
                 next = avl_next(n);
@@ -840,9 +1041,25 @@ void dlx_close(dlx_client *c)
         dlx__run_deleters(c);
         pthread_mutex_lock(&c->lock);
         dlx__maps_close(c);
+        /* a retired connection ends with the last tensor (dlx__acquired_gone) */
+        if (!c->retired) {
+                close(c->fd);
+                c->fd = -1;
+        }
         pthread_mutex_unlock(&c->lock);
-        close(c->fd);
         dlx__client_unref(c);
+}
+
+void dlx__acquired_gone(dlx_client *c)
+{
+        /* lock held by the caller (the tensor's deleter) */
+        if (--c->nacquired == 0 && c->retired) {
+                c->retired = false;
+                /* EOF: the daemon ends the session, the last leases with it */
+                shutdown(c->fd, SHUT_RDWR);
+                close(c->fd);
+                c->fd = -1;
+        }
 }
 
 const char *dlx_server_version(const dlx_client *c)
@@ -857,12 +1074,24 @@ int dlx_fd(const dlx_client *c)
         return c ? c->pfd : -EINVAL;
 }
 
+/* Unlocks c and fails with err, and the daemon's words or the reason it was given up. */
+static int fail_unlock(dlx_client *c, int err)
+{
+        char why[sizeof(c->broken_why)];
+
+        wire_strcpy(why, sizeof(why), c->broken_why);
+        pthread_mutex_unlock(&c->lock);
+        return dlx__fail(err, "%s", why[0] ? why : dlx_strerror(err));
+}
+
 int dlx_process_events(dlx_client *c)
 {
         int err, count;
 
         if (!c)
                 return -EINVAL;
+        if ((err = dlx__usable(c)) < 0)
+                return err;
         pthread_mutex_lock(&c->lock);
         if (c->reading) {
                 /* another thread is reading right now and will dispatch what came */
@@ -885,10 +1114,10 @@ int dlx_next_event(dlx_client *c, struct dlx_event *ret_event, int64_t timeout_m
 
         if (!c || !ret_event)
                 return dlx__fail(-EINVAL, "NULL argument");
+        if ((err = dlx__usable(c)) < 0)
+                return err;
         pthread_mutex_lock(&c->lock);
         while (!c->ev_head) {
-                int64_t left = -1;
-
                 if (timeout_ms == 0) {
                         err = pump(c, 0);
                         if (!c->ev_head) {
@@ -899,19 +1128,14 @@ int dlx_next_event(dlx_client *c, struct dlx_event *ret_event, int64_t timeout_m
                         }
                         break;
                 }
-                if (timeout_ms > 0) {
-                        left = deadline - now_ms();
-                        if (left <= 0) {
-                                pthread_mutex_unlock(&c->lock);
-                                return dlx__fail(-ETIMEDOUT, "no event within %lld ms",
-                                                 (long long)timeout_ms);
-                        }
-                }
-                err = pump(c, left);
-                if (err < 0 && err != -ETIMEDOUT) {
+                if (timeout_ms > 0 && now_ms() >= deadline) {
                         pthread_mutex_unlock(&c->lock);
-                        return dlx__fail(err, "%s", dlx_strerror(err));
+                        return dlx__fail(-ETIMEDOUT, "no event within %lld ms",
+                                         (long long)timeout_ms);
                 }
+                err = wait_step(c, timeout_ms > 0 ? deadline : -1);
+                if (c->broken || (err < 0 && err != -ETIMEDOUT))
+                        return fail_unlock(c, c->broken ? c->broken : err);
         }
         struct event_node *n = c->ev_head;
         c->ev_head = n->next;
@@ -965,6 +1189,8 @@ int dlx_wait_released(dlx_client *c, const char *name, uint64_t version, void *s
         dlx__clear_error();
         if (!c || !name || version == 0)
                 return dlx__fail(-EINVAL, "NULL client or name, or version 0");
+        if ((err = dlx__usable(c)) < 0)
+                return err;
         pthread_mutex_lock(&c->lock);
         while (!(r = find_released(c, name, version))) {
                 int64_t left = -1;
@@ -987,7 +1213,9 @@ int dlx_wait_released(dlx_client *c, const char *name, uint64_t version, void *s
                         err = -ETIMEDOUT;
                 }
                 if (err == 0) {
-                        err = pump(c, left);
+                        err = wait_step(c, timeout_ms > 0 ? deadline : -1);
+                        if (c->broken)
+                                return fail_unlock(c, c->broken);
                         if (err == -ETIMEDOUT && timeout_ms < 0)
                                 err = 0;
                 }

@@ -49,10 +49,10 @@ struct seg_map {
         bool sealed;
         /* ... writable ones: readers may map it writable, so it never carries read-only ones */
         bool shared_rw;
-        uint32_t kind;                         /* enum wire_storage of the segment */
-        int device;                            /* cuda-vmm: the device it is mapped on */
-        uint64_t vmm_handle;                   /* cuda-vmm: the imported or created handle */
-        void *last_reader;                     /* cuda-vmm: event of the last release */
+        uint32_t kind;       /* enum wire_storage of the segment */
+        int device;          /* cuda-vmm: the device it is mapped on */
+        uint64_t vmm_handle; /* cuda-vmm: the imported or created handle */
+        void *last_reader;   /* cuda-vmm: event of the last release */
 };
 
 /* A reply being waited for by one caller. */
@@ -129,8 +129,13 @@ struct dlx_client {
 
         /* --- under lock --- */
         bool reading;
-        bool closed;
-        int broken;                         /* 0, or -errno once the connection failed */
+        bool closed;        /* dlx_close() has begun: no new call */
+        bool retired;       /* closed, the connection kept for the leases of tensors still alive */
+        unsigned nacquired; /* acquired tensors alive (their deleters not run yet) */
+        int64_t heard_ms;   /* monotonic ms when the daemon was last heard from */
+        int64_t asked_ms;   /* ... last sent a request it answers */
+        int64_t ping_ms;    /* when a ping went to a silent daemon, 0: none since heard */
+        int broken;         /* 0, or -errno once the connection failed */
         char broken_why[DLX_ERROR_MAX + 1]; /* the daemon's reason, when it gave one */
         uint64_t next_id;
         uint64_t next_token;
@@ -158,6 +163,9 @@ struct dlx_client {
         struct frame_reader reader; /* touched only by the reader thread */
         uint64_t session;
         uint32_t uid;
+        uint32_t server_minor;
+        int64_t timeout_ms;  /* for an answer from the daemon; < 0: none */
+        unsigned generation; /* the process's fork generation at connect */
         char server[64];
         struct wire_limit_set limits; /* the daemon's, from hello (all 0 from a 1.0 daemon) */
         dlx_log_fn log;
@@ -173,6 +181,15 @@ DLX_HIDDEN int dlx__fail(int err, const char *fmt, ...) __attribute__((format(pr
 DLX_HIDDEN void dlx__clear_error(void);
 DLX_HIDDEN void dlx__client_ref(dlx_client *c);
 DLX_HIDDEN void dlx__client_unref(dlx_client *c);
+/*
+ * Whether c was connected by another process (this one forked since): its
+ * socket, locks and leases are the parent's, not to be touched here.
+ */
+DLX_HIDDEN bool dlx__forked(const dlx_client *c);
+/* -ESTALE with a detail when c belongs to another process, else 0. Any thread, no lock. */
+DLX_HIDDEN int dlx__usable(const dlx_client *c);
+/* An acquired tensor ended (its deleter ran); the last one ends a closed client's connection. */
+DLX_HIDDEN void dlx__acquired_gone(dlx_client *c);
 
 /*
  * One request, one reply: sends req (with fd attached if >= 0; borrowed) and

@@ -56,6 +56,15 @@ static void acquired_deleter(DLManagedTensorVersioned *t)
         dlx_client *c = a->c;
         struct wire_request req = {.type = WIRE_REQ_RELEASE};
 
+        /*
+         * In a child of the process that acquired it: the lease, the mapping's
+         * bookkeeping and the client's lock are the parent's. Only this copy
+         * of the tensor goes; the pages stay mapped until the child exits.
+         */
+        if (dlx__forked(c)) {
+                free(a);
+                return;
+        }
         req.release.lease = a->lease;
         pthread_mutex_lock(&c->lock);
         /* the reader's stream records when it is done, for the producer to wait on */
@@ -65,6 +74,7 @@ static void acquired_deleter(DLManagedTensorVersioned *t)
         dlx__release(c, &req);
         if (a->map)
                 dlx__map_unref(c, a->map);
+        dlx__acquired_gone(c);
         pthread_mutex_unlock(&c->lock);
         free(a);
         dlx__client_unref(c);
@@ -145,6 +155,9 @@ static int build_acquired(dlx_client *c, struct pending *p, void *stream,
         /* the mapping reference moves from the reply to the tensor */
         p->map = NULL;
         dlx__client_ref(c);
+        pthread_mutex_lock(&c->lock);
+        c->nacquired++;
+        pthread_mutex_unlock(&c->lock);
         *ret = &a->mt;
         return 0;
 }
@@ -223,6 +236,8 @@ int dlx_tensor_sync(DLManagedTensorVersioned *t, void *stream)
                 return dlx__fail(-EINVAL, "not a tensor from dlx_acquire()");
         if (!a->has_gpu)
                 return 0; /* host memory: every write was done before publish returned */
+        if ((err = dlx__usable(a->c)) < 0)
+                return err;
         pthread_mutex_lock(&a->c->lock);
         err = dlx__gpu_sync(a->c, &a->gpu, stream);
         pthread_mutex_unlock(&a->c->lock);
@@ -235,6 +250,12 @@ static void allocated_deleter(DLManagedTensorVersioned *t)
 {
         struct allocated *a = t->manager_ctx;
         dlx_client *c = a->c;
+
+        /* a forked child's copy: the allocator is the parent's (see acquired_deleter) */
+        if (dlx__forked(c)) {
+                free(a);
+                return;
+        }
 
         pthread_mutex_lock(&c->lock);
         dlx__arena_free(c, a->map, a->offset, a->bytes);
@@ -254,6 +275,9 @@ int dlx_alloc(dlx_client *c, const DLTensor *proto, DLManagedTensorVersioned **r
         dlx__clear_error();
         if (!c || !proto || !ret_tensor)
                 return dlx__fail(-EINVAL, "NULL argument");
+        int usable = dlx__usable(c);
+        if (usable < 0)
+                return usable;
         uint32_t kind;
         switch (proto->device.device_type) {
         case kDLCPU:
@@ -387,6 +411,10 @@ int dlx_publish(dlx_client *c, const char *name, DLManagedTensorVersioned *tenso
         if (!c || !name || !tensor) {
                 delete_tensor(tensor);
                 return dlx__fail(-EINVAL, "NULL argument");
+        }
+        if ((err = dlx__usable(c)) < 0) {
+                delete_tensor(tensor);
+                return err;
         }
         if (tensor->version.major != DLX_DLPACK_MAJOR) {
                 unsigned major = tensor->version.major;

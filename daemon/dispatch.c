@@ -88,6 +88,13 @@ enum dispatch_result dispatch_frame(struct session *s, struct frame *f)
                 session_fail(s, req.id, -EPROTO, "%s before hello", wire_request_name(req.type));
                 return DISPATCH_CLOSE;
         }
+        /* a client bug, not malice: the leases it still holds are worth keeping */
+        if (s->retired && req.type != WIRE_REQ_RELEASE && req.type != WIRE_REQ_PING) {
+                frame_close_fds(f);
+                session_fail(s, req.id, -ESHUTDOWN, "%s after bye: this client is closed",
+                             wire_request_name(req.type));
+                return DISPATCH_OK;
+        }
         if (f->nfds > (req.type == WIRE_REQ_PUBLISH || req.type == WIRE_REQ_ALLOC ? 1u : 0u)) {
                 frame_close_fds(f);
                 session_fail(s, req.id, -EPROTO, "%u fds attached to a %s request", f->nfds,
@@ -137,6 +144,9 @@ enum dispatch_result dispatch_frame(struct session *s, struct frame *f)
                 break;
         case WIRE_REQ_STATS:
                 registry_stats(s, &req);
+                break;
+        case WIRE_REQ_BYE:
+                registry_bye(s, &req);
                 break;
         case WIRE_REQ_PING: {
                 struct wire_reply rep = {.id = req.id, .type = WIRE_REP_PONG};

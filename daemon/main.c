@@ -142,7 +142,8 @@ static void derive_fd_limits(struct wire_limit_set *lim)
 
         if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
                 nofile = rl.rlim_cur;
-        reserve = 64 + 4 * (uint64_t)(lim->max_clients ? lim->max_clients : DLX_DEFAULT_MAX_CLIENTS);
+        reserve =
+                64 + 4 * (uint64_t)(lim->max_clients ? lim->max_clients : DLX_DEFAULT_MAX_CLIENTS);
         if (lim->max_fds == DLX_FDS_AUTO) {
                 lim->max_fds = nofile >= 2 * reserve ? nofile - reserve : nofile / 2;
                 if (nofile < 2 * reserve)

@@ -510,7 +510,7 @@ void registry_default_limits(struct wire_limit_set *lim)
         lim->max_fds = DLX_FDS_AUTO;
         lim->max_fds_per_uid = DLX_FDS_AUTO;
         lim->max_queued = DLX_DEFAULT_MAX_QUEUED;
-        lim->timeout_ms = DLX_DEFAULT_TIMEOUT_MS;
+        lim->timeout_ms = DLX_DEFAULT_DAEMON_TIMEOUT_MS;
 }
 
 void registry_init(struct registry *reg, uv_loop_t *loop, struct store *st,
@@ -667,10 +667,11 @@ int registry_ring_sleep(struct session *s)
         return ring_drain(s);
 }
 
+static void session_let_go(struct session *s);
+
 void registry_session_free(struct session *s)
 {
         struct registry *reg;
-        struct list *pos, *tmp;
         struct avl_node *n, *next;
 
         if (!s)
@@ -679,12 +680,33 @@ void registry_session_free(struct session *s)
         /* nothing may be sent to a peer that is gone */
         s->io.send = NULL;
 
-        list_for_each_safe(pos, tmp, &s->waiters) waiter_end(list_entry(pos, struct waiter, slink));
-        watch_session_drop(&reg->watches, s);
         for (n = avl_first(&s->leases); n; n = next) {
                 next = avl_next(n);
                 lease_drop(s, avl_entry(n, struct lease, node));
         }
+        session_let_go(s);
+        registry_ring_destroy(s);
+        list_remove(&s->link);
+        reg->nsessions--;
+        s->use->clients--;
+        store_uid_put(reg->store, s->use);
+        free(s);
+}
+
+/*
+ * Everything a session holds but its leases: waits, watches, the versions it
+ * published (its non-persistent current ones are unpublished; none will be
+ * RELEASED to it), the segments whose fds it holds (no SEGMENT_GONE will
+ * come) and its allocations. Afterwards nothing is sent to it unasked.
+ */
+static void session_let_go(struct session *s)
+{
+        struct registry *reg = s->reg;
+        struct list *pos, *tmp;
+        struct avl_node *n, *next;
+
+        list_for_each_safe(pos, tmp, &s->waiters) waiter_end(list_entry(pos, struct waiter, slink));
+        watch_session_drop(&reg->watches, s);
         list_for_each_safe(pos, tmp, &s->published)
         {
                 struct version *v = list_entry(pos, struct version, plink);
@@ -711,12 +733,18 @@ void registry_session_free(struct session *s)
                 segment_unref(reg->store, h->seg);
                 free(h);
         }
-        registry_ring_destroy(s);
-        list_remove(&s->link);
-        reg->nsessions--;
-        s->use->clients--;
-        store_uid_put(reg->store, s->use);
-        free(s);
+        s->nheld = 0;
+}
+
+void registry_bye(struct session *s, const struct wire_request *req)
+{
+        struct wire_reply rep;
+
+        session_let_go(s);
+        s->retired = true;
+        log_session(info, s, "bye: %zu leases kept until released", s->leases.count);
+        reply_init(&rep, req->id, WIRE_REP_NONE);
+        session_send(s, &rep, -1);
 }
 
 /* ---- requests -------------------------------------------------------------------------- */

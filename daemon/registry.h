@@ -79,6 +79,12 @@ void registry_alloc(struct session *s, const struct wire_request *req, int fd);
 void registry_free(struct session *s, const struct wire_request *req);
 void registry_forget(struct session *s, const struct wire_request *req);
 void registry_stats(struct session *s, const struct wire_request *req);
+/*
+ * The client is closing with tensors it acquired still in use: everything
+ * the session holds goes as if it had disconnected, but its leases, which
+ * stay until released or until the connection ends.
+ */
+void registry_bye(struct session *s, const struct wire_request *req);
 
 /*
  * The session's release ring (proto/ring.h). create makes it and returns its

@@ -40,6 +40,7 @@ struct session {
         pid_t pid;
         char name[DLX_CLIENT_NAME_MAX + 1];
         bool greeted; /* hello done: other requests are allowed */
+        bool retired; /* bye done: only its leases are left; it may release them and ping */
         struct registry *reg;
         struct session_io io;
 

@@ -35,7 +35,7 @@
 #define DLX_DEFAULT_MAX_NAMES 1000000
 #define DLX_DEFAULT_MAX_WATCHES 256
 #define DLX_DEFAULT_MAX_QUEUED (16u << 20)
-#define DLX_DEFAULT_TIMEOUT_MS 10000
+#define DLX_DEFAULT_DAEMON_TIMEOUT_MS 10000 /* dlxd --timeout-ms */
 /* --max-fds and --max-fds-per-uid by default: derived from the descriptor limit at start. */
 #define DLX_FDS_AUTO UINT64_MAX
 /* Segments one session may hold for publishing by id (each pins a daemon fd). */

@@ -301,3 +301,22 @@ DLManagedTensorVersioned *fx_plain_f32(int64_t n, float base, int *deleted)
                                      .shape = p->shape};
         return &p->mt;
 }
+
+struct dlx_stats fx_stats(dlx_client *c)
+{
+        struct dlx_stats st;
+        int err = dlx_stats(c, &st);
+
+        ck_assert_msg(err == 0, "stats: %s (%s)", dlx_strerror(err), dlx_last_error());
+        return st;
+}
+
+uint32_t fx_wait_clients(dlx_client *c, uint32_t n, int timeout_ms)
+{
+        int64_t deadline = fx_now_ms() + timeout_ms;
+        uint32_t got;
+
+        while ((got = fx_stats(c).clients) != n && fx_now_ms() < deadline)
+                fx_sleep_ms(10);
+        return got;
+}

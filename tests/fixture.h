@@ -84,6 +84,11 @@ void fx_sleep_ms(int ms);
 /* A raw connected socket to f's daemon (no hello sent). */
 int fx_raw_connect(const struct dlxd_fixture *f);
 
+/* The daemon's stats through c (the test fails if it cannot have them). */
+struct dlx_stats fx_stats(dlx_client *c);
+/* Polls the daemon's stats until clients == n, up to timeout_ms; returns the last count. */
+uint32_t fx_wait_clients(dlx_client *c, uint32_t n, int timeout_ms);
+
 /* Polls the daemon's stats until leases == n, up to timeout_ms; returns the last count. */
 long fx_wait_leases(dlx_client *c, unsigned long long n, int timeout_ms);
 

@@ -1937,7 +1937,7 @@ START_TEST(test_peer_not_reading)
          * it meanwhile.
          */
         long ticks = sysconf(_SC_CLK_TCK), cpu0 = daemon_cpu_ticks();
-        int64_t start = fx_now_ms(), deadline = start + DLX_DEFAULT_TIMEOUT_MS + 5000;
+        int64_t start = fx_now_ms(), deadline = start + DLX_DEFAULT_DAEMON_TIMEOUT_MS + 5000;
         do {
                 fx_sleep_ms(50);
                 ck_assert_int_eq(dlx_stats(good, &st), 0);

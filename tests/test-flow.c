@@ -45,25 +45,6 @@ static void acquire_req(struct wire_request *req, uint64_t id, const char *name)
         snprintf(req->acquire.name, sizeof(req->acquire.name), "%s", name);
 }
 
-static struct dlx_stats stats_of(dlx_client *c)
-{
-        struct dlx_stats st;
-
-        ck_assert_int_eq(dlx_stats(c, &st), 0);
-        return st;
-}
-
-/* Polls until the daemon counts n clients, up to timeout_ms; returns the last count. */
-static uint32_t wait_clients(dlx_client *c, uint32_t n, int timeout_ms)
-{
-        int64_t deadline = fx_now_ms() + timeout_ms;
-        uint32_t got;
-
-        while ((got = stats_of(c).clients) != n && fx_now_ms() < deadline)
-                fx_sleep_ms(10);
-        return got;
-}
-
 /* ---- pipelining ---------------------------------------------------------------------------- */
 
 /*
@@ -249,7 +230,7 @@ START_TEST(half_closed_peer_gets_every_reply)
         }
         ck_assert_int_eq(rp_read(sock, &rep, 10000, NULL), 0);
         close(sock);
-        ck_assert_uint_eq(wait_clients(good, 1, 5000), 1);
+        ck_assert_uint_eq(fx_wait_clients(good, 1, 5000), 1);
         dlx_close(good);
         dlxd_stop(&fx);
 }
@@ -272,7 +253,7 @@ START_TEST(half_closed_nonreader_dropped)
                 rp_send(sock, &req, -1);
         }
         ck_assert_int_eq(shutdown(sock, SHUT_WR), 0);
-        ck_assert_uint_eq(wait_clients(good, 1, 5000), 1);
+        ck_assert_uint_eq(fx_wait_clients(good, 1, 5000), 1);
         close(sock);
         dlx_close(good);
         dlxd_stop(&fx);
@@ -379,10 +360,10 @@ START_TEST(idle_fd_hogs_cannot_stop_new_clients)
         ck_assert_int_eq(dlx_ping(late), 0);
 
         /* hogs that kept others waiting are gone; the readers stay */
-        ck_assert_uint_lt(stats_of(prod).clients, HOGS + 2);
+        ck_assert_uint_lt(fx_stats(prod).clients, HOGS + 2);
         for (int h = 0; h < HOGS; h++)
                 close(hogs[h]);
-        ck_assert_uint_eq(wait_clients(prod, 2, 5000), 2);
+        ck_assert_uint_eq(fx_wait_clients(prod, 2, 5000), 2);
         dlx_close(late);
         dlx_close(prod);
         dlxd_stop(&fx);
@@ -415,7 +396,7 @@ START_TEST(peer_at_fd_cap_not_reading_dropped)
                 if (i < 4)
                         rp_send(idle, &req, -1);
         }
-        ck_assert_uint_eq(wait_clients(prod, 2, 5000), 2);
+        ck_assert_uint_eq(fx_wait_clients(prod, 2, 5000), 2);
         /* the idle one was not: it reads what it asked for, hours later as it may */
         for (int i = 0; i < 4; i++) {
                 int fd = -1;
@@ -462,7 +443,7 @@ START_TEST(slow_watcher_loses_events_not_connection)
                         published++;
                 }
         }
-        ck_assert_uint_eq(stats_of(prod).clients, 2);
+        ck_assert_uint_eq(fx_stats(prod).clients, 2);
         while ((err = dlx_next_event(w, &ev, 200)) == 0) {
                 if (ev.kind == DLX_EVENT_LOST)
                         lost++;

@@ -21,8 +21,18 @@
  *   -ECONNRESET / -EPIPE  the daemon went away; the client is unusable and
  *                          should be closed (tensors already acquired stay valid)
  *   -ESHUTDOWN            the same, when the daemon said it was stopping
+ *   -ETIMEDOUT            the daemon stopped answering (see below): the client
+ *                          is unusable likewise
+ *   -ESTALE               the client was connected by another process (this
+ *                          one is a fork of it): connect again in this one
  *   -EPROTO               the daemon sent something malformed
  *   -ENOMEM               out of memory
+ *
+ * No call waits forever by default: a call gives up when the daemon has sent
+ * nothing for the client's timeout (dlx_connect_options.timeout_ms, default
+ * DLX_DEFAULT_TIMEOUT_MS) and then leaves a ping unanswered as long again.
+ * Waits that were asked for (an acquire waiting for a version, an event, a
+ * release) go on as long as asked, the daemon answering the pings meanwhile.
  */
 #ifndef DLX_DLX_H
 #define DLX_DLX_H
@@ -70,24 +80,44 @@ struct dlx_connect_options {
         const char *client_name;
         dlx_log_fn log;
         void *log_ctx;
+        /*
+         * How long connecting, and any call, waits for the daemon to answer
+         * before giving up with -ETIMEDOUT (a silent daemon is pinged first):
+         * 0: DLX_DEFAULT_TIMEOUT_MS; < 0: no limit. At most INT32_MAX.
+         */
+        int64_t timeout_ms;
 };
+
+/* The timeout of a client whose connect options say 0. */
+#define DLX_DEFAULT_TIMEOUT_MS 10000
 
 /*
  * Connects and greets the daemon. opts may be NULL.
  * Returns 0 with *ret_client, or:
  *   -ENOENT / -ECONNREFUSED  no daemon listening on the socket
+ *   -ETIMEDOUT               the daemon did not accept or greet us within timeout_ms
  *   -EPROTONOSUPPORT         the daemon speaks another protocol major version
  *   -EAGAIN                  the daemon's client limit is reached
  *   -ENAMETOOLONG            the socket path does not fit a sockaddr_un
+ *   -EINVAL                  timeout_ms over INT32_MAX
  */
 int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client);
 
 /*
- * Disconnects. The daemon releases every lease this client held and unpublishes
- * its non-persistent tensors; deleters of tensors this client published run now.
- * Tensors acquired through it stay readable until their own deleters run.
- * Calls still running in other threads fail with -ECONNRESET; no new call may
- * start on the client once dlx_close() has been called. NULL-safe.
+ * Closes the client: no new call may start on it, and calls still running in
+ * other threads fail with -ECONNRESET. Its watches, waits and allocations end,
+ * its non-persistent tensors are unpublished, and the deleters of tensors it
+ * published run now (readers keep the pages mapped).
+ *
+ * Tensors acquired through it, and every view of them (exchange-API exports,
+ * framework tensors holding them), stay valid and keep their leases: while
+ * any of them is alive the connection stays open for them alone, so the
+ * producer cannot reuse their memory; the last one's deleter ends it. With
+ * none alive the connection ends at once, and with it every lease.
+ *
+ * In a process forked from the one that connected, dlx_close() only closes
+ * this process's copies of the client's descriptors: the connection and its
+ * leases are the parent's. NULL-safe.
  */
 void dlx_close(dlx_client *client);
 

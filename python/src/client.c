@@ -97,15 +97,26 @@ static PyObject *client_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
 
 static int client_init(DlxPy_Client *self, PyObject *args, PyObject *kwargs)
 {
-        static char *kwlist[] = {"socket", "name", NULL};
-        PyObject *socket = Py_None, *path = NULL;
+        static char *kwlist[] = {"socket", "name", "timeout", NULL};
+        PyObject *socket = Py_None, *path = NULL, *timeout = NULL;
         const char *name = NULL;
         struct dlx_connect_options o = {0};
         struct dlxpy_err e;
         dlx_client *c = NULL;
 
-        if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|Oz:Client", kwlist, &socket, &name))
+        if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|Oz$O:Client", kwlist, &socket, &name,
+                                         &timeout))
                 return -1;
+        /* omitted: libdlx's default; None or math.inf: no limit; else seconds (> 0) */
+        if (timeout && dlxpy_timeout_ms(timeout, -1, &o.timeout_ms) < 0)
+                return -1;
+        if (timeout && o.timeout_ms == 0) {
+                PyErr_SetString(PyExc_ValueError,
+                                "timeout must be a number of seconds > 0, None or math.inf");
+                return -1;
+        }
+        if (o.timeout_ms > INT32_MAX)
+                o.timeout_ms = -1;
         if (self->c || self->closing) {
                 PyErr_SetString(PyExc_RuntimeError, "dlx.Client is already initialised");
                 return -1;
@@ -647,8 +658,10 @@ static PyMethodDef client_methods[] = {
          "process_events()\n--\n\nReads what the daemon sent without blocking; returns the "
          "number of\nwatch events queued."},
         {"close", (PyCFunction)client_close, METH_NOARGS,
-         "close()\n--\n\nDisconnects: the daemon releases this client's leases and removes "
-         "its\nnon-persistent tensors. Tensors already acquired stay readable. Idempotent."},
+         "close()\n--\n\nCloses the client: its watches end and its non-persistent tensors "
+         "are\nremoved. Tensors acquired through it, and every view of them (numpy, torch,\n"
+         "tvm-ffi), keep their leases until they are gone: the connection stays open for\n"
+         "them alone. Idempotent."},
         {"__enter__", (PyCFunction)client_enter_ctx, METH_NOARGS, NULL},
         {"__exit__", (PyCFunction)client_exit_ctx, METH_VARARGS, NULL},
         {NULL, NULL, 0, NULL},
@@ -670,9 +683,11 @@ PyTypeObject DlxPy_ClientType = {
         .tp_basicsize = sizeof(DlxPy_Client),
         .tp_dealloc = (destructor)client_dealloc,
         .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-        .tp_doc = "Client(socket=None, name=None)\n--\n\n"
+        .tp_doc = "Client(socket=None, name=None, *, timeout=10.0)\n--\n\n"
                   "A connection to dlxd. socket: the daemon's socket path (None: $DLX_SOCKET,\n"
-                  "else the default); name: shown in the daemon's logs and in stat.",
+                  "else the default); name: shown in the daemon's logs and in stat; timeout:\n"
+                  "seconds any call waits for the daemon to answer (a silent daemon is pinged\n"
+                  "first) before raising dlx.Timeout (None or math.inf: no limit).",
         .tp_weaklistoffset = offsetof(DlxPy_Client, weakrefs),
         .tp_methods = client_methods,
         .tp_getset = client_getset,

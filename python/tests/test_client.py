@@ -2,6 +2,7 @@
 """dlx.Client against a real dlxd: publish, acquire, errors, inspection, watches, threads."""
 import errno
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -365,3 +366,75 @@ def test_many_threads_share_one_client(client, name):
         th.join(60)
     assert not errors, errors
     assert settle(client, name, 0) == 0
+
+
+def test_a_view_outlives_its_client(daemon, name):
+    """The lease lives as long as the view does, even past the client's close."""
+    with dlx.Client(daemon.socket) as producer:
+        t = producer.alloc((4096,), np.float32)
+        np.from_dlpack(t)[:] = 1.0
+        producer.publish(name, t, copy="never")
+        del t
+        with dlx.Client(daemon.socket) as c:
+            x = np.from_dlpack(c.acquire(name))
+        assert producer.stat(name).leases == 1
+        # the producer cycles its memory as fast as it likes: never those pages
+        producer.unpublish(name)
+        for i in range(20):
+            u = producer.alloc((4096,), np.float32)
+            np.from_dlpack(u)[:] = 9.0
+            producer.publish(f"{name}/{i}", u, copy="never")
+            del u
+        assert (x == 1.0).all()
+        assert producer.stats()["leases"] == 1
+        del x
+        deadline = time.monotonic() + 5
+        while producer.stats()["leases"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert producer.stats()["leases"] == 0
+
+
+def test_a_client_used_in_a_forked_child_says_so(daemon, name):
+    with dlx.Client(daemon.socket) as c:
+        c.publish(name, np.arange(4.0))
+        t = c.acquire(name)
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                c.ping()
+                code = 2
+            except dlx.Error as e:
+                code = 0 if e.errno == errno.ESTALE and "connect again" in str(e) else 3
+            try:
+                del t
+                c.close()
+            except BaseException:
+                code = 4
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WEXITSTATUS(status) == 0
+        # the parent's connection and lease are untouched
+        c.ping()
+        assert c.stat(name).leases == 1
+        np.testing.assert_array_equal(np.from_dlpack(t), np.arange(4.0))
+        t.close()
+
+
+def test_a_stopped_daemon_times_out(tmp_path, name):
+    from conftest import Daemon, _dlxd_path
+    d = Daemon(_dlxd_path())
+    try:
+        with dlx.Client(d.socket, timeout=0.3) as c:
+            d.proc.send_signal(signal.SIGSTOP)
+            try:
+                t0 = time.monotonic()
+                with pytest.raises(dlx.Timeout):
+                    c.ping()
+                assert time.monotonic() - t0 < 5
+            finally:
+                d.proc.send_signal(signal.SIGCONT)
+        with pytest.raises(ValueError):
+            dlx.Client(d.socket, timeout=0)
+    finally:
+        assert d.stop() == 0

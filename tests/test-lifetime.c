@@ -1,0 +1,408 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * How long things live, whatever happens to the client that made them: a
+ * view outlives its client's dlx_close() with its lease (so its producer
+ * cannot reuse the pages under it), a forked child cannot release or close
+ * its parent's leases and connection, and no call waits forever on a daemon
+ * that stopped answering.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <check.h>
+
+#include "fixture.h"
+
+#define N 4096 /* floats: 16 KiB */
+
+/* Publishes n floats of value v from the producer's allocator, zero-copy. */
+static uint64_t publish_filled(dlx_client *p, const char *name, float v)
+{
+        DLManagedTensorVersioned *t = fx_alloc_f32(p, N);
+        struct dlx_publish_options o = {.copy = DLX_COPY_NEVER};
+        uint64_t version;
+        int err;
+
+        for (int i = 0; i < N; i++)
+                ((float *)t->dl_tensor.data)[i] = v;
+        err = dlx_publish(p, name, t, &o, &version);
+        ck_assert_msg(err == 0, "publish %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
+        return version;
+}
+
+/* The producer reuses its memory as a producer would: n new tensors of the same size. */
+static void cycle_memory(dlx_client *p, const char *prefix, int n, float v)
+{
+        char name[64];
+
+        for (int i = 0; i < n; i++) {
+                snprintf(name, sizeof(name), "%s/%d", prefix, i);
+                publish_filled(p, name, v);
+        }
+}
+
+static bool all_equal(const DLManagedTensorVersioned *t, float v)
+{
+        const float *d =
+                (const float *)((const char *)t->dl_tensor.data + t->dl_tensor.byte_offset);
+
+        for (int i = 0; i < N; i++)
+                if (d[i] != v)
+                        return false;
+        return true;
+}
+
+static DLManagedTensorVersioned *acquire_ok(dlx_client *c, const char *name)
+{
+        DLManagedTensorVersioned *t = NULL;
+        int err = dlx_acquire(c, name, NULL, &t);
+
+        ck_assert_msg(err == 0, "acquire %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
+        return t;
+}
+
+/* ---- views outlive their client ---------------------------------------------------------- */
+
+/*
+ * The consumer closes its client but keeps the tensor: the lease stays, so
+ * the producer, unpublishing and allocating again as fast as it likes, never
+ * gets those pages back until the tensor is gone.
+ */
+START_TEST(view_outlives_close)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_client *q = fx_connect(&fx, "consumer");
+        DLManagedTensorVersioned *t;
+        uint64_t v1 = publish_filled(p, "life/a", 1.0f);
+
+        t = acquire_ok(q, "life/a");
+        dlx_close(q);
+        /* the lease is still the daemon's to count */
+        ck_assert_uint_eq(fx_stats(p).leases, 1);
+        ck_assert_int_eq(dlx_wait_released(p, "life/a", v1, NULL, 0), -ETIMEDOUT);
+        /* the producer cycles its memory: new versions, new tensors of the same size */
+        ck_assert_int_eq(dlx_unpublish(p, "life/a"), 0);
+        cycle_memory(p, "life/b", 20, 9.0f);
+        ck_assert_msg(all_equal(t, 1.0f), "a view whose client closed was overwritten");
+        ck_assert_int_eq(dlx_wait_released(p, "life/a", v1, NULL, 0), -ETIMEDOUT);
+        /* its last view gone, the lease goes, and the connection with it */
+        t->deleter(t);
+        ck_assert_int_eq(dlx_wait_released(p, "life/a", v1, NULL, 5000), 0);
+        ck_assert_int_eq(fx_wait_leases(p, 0, 5000), 0);
+        ck_assert_uint_eq(fx_wait_clients(p, 1, 5000), 1);
+        dlx_close(p);
+}
+END_TEST
+
+/*
+ * Closing with a view alive is still a close: the client's own names, watches
+ * and allocations go at once; only the leases of its live tensors stay.
+ */
+START_TEST(close_with_views_lets_go_of_the_rest)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_client *q = fx_connect(&fx, "consumer");
+        DLManagedTensorVersioned *t, *mine;
+        struct dlx_info info;
+        uint64_t watch;
+        int deleted = 0;
+
+        publish_filled(p, "life/x", 2.0f);
+        t = acquire_ok(q, "life/x");
+        ck_assert_int_eq(dlx_publish(q, "life/q-own", fx_plain_f32(4, 0.0f, &deleted), NULL, NULL),
+                         0);
+        ck_assert_int_eq(dlx_publish(q, "life/q-zero", fx_alloc_f32(q, 4), NULL, NULL), 0);
+        ck_assert_int_eq(dlx_watch(q, "", &watch), 0);
+        mine = acquire_ok(q, "life/q-zero");
+        ck_assert_uint_eq(fx_stats(p).watchers, 1);
+
+        dlx_close(q);
+        /* its names went with the close, and nothing waits for it */
+        ck_assert_int_eq(dlx_stat(p, "life/q-own", &info), -ENOENT);
+        ck_assert_int_eq(dlx_stat(p, "life/q-zero", &info), -ENOENT);
+        ck_assert_uint_eq(fx_stats(p).watchers, 0);
+        ck_assert_uint_eq(fx_stats(p).clients, 2);
+        ck_assert_uint_eq(fx_stats(p).leases, 2);
+        ck_assert(all_equal(t, 2.0f));
+        /* a view of its own zero-copy tensor is a view like any other */
+        ck_assert(fx_vec_is(mine, 4, 0.0f) || mine->dl_tensor.data != NULL);
+        mine->deleter(mine);
+        ck_assert_int_eq(fx_wait_leases(p, 1, 5000), 1);
+        ck_assert_uint_eq(fx_stats(p).clients, 2);
+        t->deleter(t);
+        ck_assert_int_eq(fx_wait_leases(p, 0, 5000), 0);
+        ck_assert_uint_eq(fx_wait_clients(p, 1, 5000), 1);
+        dlx_close(p);
+}
+END_TEST
+
+/* With no view alive, a close ends the connection at once, as it always did. */
+START_TEST(close_without_views_ends_connection)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_client *q = fx_connect(&fx, "consumer");
+        DLManagedTensorVersioned *t;
+
+        publish_filled(p, "life/y", 3.0f);
+        t = acquire_ok(q, "life/y");
+        t->deleter(t);
+        dlx_close(q);
+        ck_assert_uint_eq(fx_wait_clients(p, 1, 5000), 1);
+        ck_assert_uint_eq(fx_stats(p).leases, 0);
+        dlx_close(p);
+}
+END_TEST
+
+/* An export through the exchange API is a view: it keeps the lease past the close too. */
+START_TEST(exchange_export_outlives_close)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_client *q = fx_connect(&fx, "consumer");
+        const DLPackExchangeAPI *api = dlx_exchange_api();
+        DLManagedTensorVersioned *t, *view = NULL;
+        dlx_tensor *h = NULL;
+
+        publish_filled(p, "life/e", 4.0f);
+        t = acquire_ok(q, "life/e");
+        ck_assert_int_eq(dlx_tensor_wrap(t, &h), 0);
+        ck_assert_int_eq(api->managed_tensor_from_py_object_no_sync(h, &view), 0);
+        dlx_tensor_unref(h); /* only the export holds it now */
+        dlx_close(q);
+        ck_assert_int_eq(dlx_unpublish(p, "life/e"), 0);
+        cycle_memory(p, "life/f", 10, 8.0f);
+        ck_assert(all_equal(view, 4.0f));
+        ck_assert_uint_eq(fx_stats(p).leases, 1);
+        view->deleter(view);
+        ck_assert_int_eq(fx_wait_leases(p, 0, 5000), 0);
+        ck_assert_uint_eq(fx_wait_clients(p, 1, 5000), 1);
+        dlx_close(p);
+}
+END_TEST
+
+/* ---- forks ---------------------------------------------------------------------------------- */
+
+struct forked {
+        dlx_client *c;
+        DLManagedTensorVersioned *t;
+};
+
+/*
+ * In the child: the parent's tensor reads the same, its deleter releases
+ * nothing, every call on the parent's client says -ESTALE, and closing it
+ * closes only the child's copies. Exit 0 when all held.
+ */
+static int child_of_consumer(void *arg)
+{
+        struct forked *f = arg;
+        DLManagedTensorVersioned *t2 = NULL;
+
+        if (!all_equal(f->t, 5.0f))
+                return 2;
+        if (dlx_ping(f->c) != -ESTALE || dlx_acquire(f->c, "life/k", NULL, &t2) != -ESTALE)
+                return 3;
+        if (!strstr(dlx_last_error(), "connect again"))
+                return 4;
+        f->t->deleter(f->t);
+        dlx_close(f->c);
+        return 0;
+}
+
+START_TEST(fork_child_leaves_parent_alone)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        struct forked f;
+        int rc;
+
+        publish_filled(p, "life/k", 5.0f);
+        f.c = fx_connect(&fx, "consumer");
+        f.t = acquire_ok(f.c, "life/k");
+        rc = fx_wait(fx_spawn(child_of_consumer, &f));
+        ck_assert_msg(rc == 0, "child: %d", rc);
+        /* the parent's connection is untouched (and the daemon has read its release ring) */
+        ck_assert_int_eq(dlx_ping(f.c), 0);
+        ck_assert_uint_eq(fx_stats(p).leases, 1);
+        /* and so is its lease: the producer cannot have the pages back */
+        ck_assert_int_eq(dlx_unpublish(p, "life/k"), 0);
+        cycle_memory(p, "life/m", 10, 7.0f);
+        ck_assert(all_equal(f.t, 5.0f));
+        f.t->deleter(f.t);
+        ck_assert_int_eq(fx_wait_leases(p, 0, 5000), 0);
+        dlx_close(f.c);
+        dlx_close(p);
+}
+END_TEST
+
+/* ---- a daemon that stops answering -------------------------------------------------------- */
+
+static dlx_client *connect_timeout(int64_t timeout_ms)
+{
+        struct dlx_connect_options o = {.socket_path = fx.socket, .timeout_ms = timeout_ms};
+        dlx_client *c = NULL;
+        int err = dlx_connect(&o, &c);
+
+        ck_assert_msg(err == 0, "connect: %s (%s)", dlx_strerror(err), dlx_last_error());
+        return c;
+}
+
+static void stop_daemon(void)
+{
+        ck_assert_int_eq(kill(fx.pid, SIGSTOP), 0);
+}
+
+static void resume_daemon(void)
+{
+        ck_assert_int_eq(kill(fx.pid, SIGCONT), 0);
+}
+
+/* A call to a stopped daemon fails after its silence and an unanswered ping; so does the next. */
+START_TEST(call_to_stopped_daemon_times_out)
+{
+        dlx_client *c = connect_timeout(300);
+        int64_t t0;
+        int err;
+
+        stop_daemon();
+        t0 = fx_now_ms();
+        err = dlx_ping(c);
+        int64_t took = fx_now_ms() - t0;
+        resume_daemon();
+        ck_assert_int_eq(err, -ETIMEDOUT);
+        ck_assert_msg(took >= 300 && took < 5000, "gave up after %lld ms", (long long)took);
+        ck_assert_msg(strstr(dlx_last_error(), "not answered"), "detail: %s", dlx_last_error());
+        /* unusable from now on, and says so at once */
+        t0 = fx_now_ms();
+        ck_assert_int_eq(dlx_ping(c), -ETIMEDOUT);
+        ck_assert_int_lt(fx_now_ms() - t0, 200);
+        dlx_close(c);
+}
+END_TEST
+
+/* dlx_connect gives up on a daemon that accepts (the kernel does) but never greets. */
+START_TEST(connect_to_stopped_daemon_times_out)
+{
+        struct dlx_connect_options o = {.socket_path = fx.socket, .timeout_ms = 300};
+        dlx_client *c = NULL;
+        int64_t t0;
+        int err;
+
+        stop_daemon();
+        t0 = fx_now_ms();
+        err = dlx_connect(&o, &c);
+        int64_t took = fx_now_ms() - t0;
+        resume_daemon();
+        ck_assert_int_eq(err, -ETIMEDOUT);
+        ck_assert_ptr_null(c);
+        ck_assert_msg(took >= 300 && took < 5000, "gave up after %lld ms", (long long)took);
+}
+END_TEST
+
+/* The default is a limit too: a stopped daemon fails a default client's call, not hangs it. */
+START_TEST(default_timeout_is_finite)
+{
+        dlx_client *c = fx_connect(&fx, "default");
+        int64_t t0;
+        int err;
+
+        stop_daemon();
+        t0 = fx_now_ms();
+        err = dlx_ping(c);
+        int64_t took = fx_now_ms() - t0;
+        resume_daemon();
+        ck_assert_int_eq(err, -ETIMEDOUT);
+        ck_assert_msg(took >= DLX_DEFAULT_TIMEOUT_MS && took < 3 * DLX_DEFAULT_TIMEOUT_MS,
+                      "gave up after %lld ms", (long long)took);
+        dlx_close(c);
+}
+END_TEST
+
+/* A long wait asked for goes on: the daemon answers the pings meanwhile. */
+START_TEST(blocked_acquire_outlives_timeout)
+{
+        dlx_client *c = connect_timeout(150);
+        dlx_client *p = fx_connect(&fx, "producer");
+        struct dlx_acquire_options o = {.timeout_ms = 5000};
+        DLManagedTensorVersioned *t = NULL;
+        pid_t child = fork();
+
+        ck_assert_int_ge(child, 0);
+        if (child == 0) {
+                /* publishes after 8 client timeouts, from its own connection */
+                struct dlx_connect_options co = {.socket_path = fx.socket};
+                dlx_client *pc = NULL;
+                fx_sleep_ms(1200);
+                if (dlx_connect(&co, &pc) < 0 ||
+                    dlx_publish(pc, "life/late", fx_plain_f32(4, 1.0f, NULL),
+                                &(struct dlx_publish_options){.persist = true}, NULL) < 0)
+                        fx_child_exit(1);
+                dlx_close(pc);
+                fx_child_exit(0);
+        }
+        int err = dlx_acquire(c, "life/late", &o, &t);
+        ck_assert_msg(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
+        ck_assert(fx_vec_is(t, 4, 1.0f));
+        t->deleter(t);
+        ck_assert_int_eq(fx_wait(child), 0);
+        /* and an event wait longer than the timeout, likewise */
+        struct dlx_event ev;
+        ck_assert_int_eq(dlx_next_event(c, &ev, 700), -ETIMEDOUT);
+        ck_assert_int_eq(dlx_ping(c), 0);
+        ck_assert_int_eq(dlx_unpublish(p, "life/late"), 0);
+        dlx_close(p);
+        dlx_close(c);
+}
+END_TEST
+
+/* A wait for events without limit notices the daemon stopped, and says so. */
+START_TEST(event_wait_notices_stopped_daemon)
+{
+        dlx_client *c = connect_timeout(200);
+        struct dlx_event ev;
+        uint64_t watch;
+        int64_t t0;
+        int err;
+
+        ck_assert_int_eq(dlx_watch(c, "life/", &watch), 0);
+        stop_daemon();
+        t0 = fx_now_ms();
+        err = dlx_next_event(c, &ev, -1);
+        int64_t took = fx_now_ms() - t0;
+        resume_daemon();
+        ck_assert_int_eq(err, -ETIMEDOUT);
+        ck_assert_msg(took < 5000, "gave up after %lld ms", (long long)took);
+        dlx_close(c);
+}
+END_TEST
+
+Suite *lifetime_suite(void)
+{
+        Suite *s = suite_create("lifetime");
+        TCase *views = tcase_create("views");
+        TCase *forks = tcase_create("forks");
+        TCase *timeouts = tcase_create("timeouts");
+
+        tcase_add_checked_fixture(views, fx_setup, fx_teardown);
+        tcase_add_test(views, view_outlives_close);
+        tcase_add_test(views, close_with_views_lets_go_of_the_rest);
+        tcase_add_test(views, close_without_views_ends_connection);
+        tcase_add_test(views, exchange_export_outlives_close);
+        suite_add_tcase(s, views);
+
+        tcase_add_checked_fixture(forks, fx_setup, fx_teardown);
+        tcase_add_test(forks, fork_child_leaves_parent_alone);
+        suite_add_tcase(s, forks);
+
+        tcase_add_checked_fixture(timeouts, fx_setup, fx_teardown);
+        tcase_set_timeout(timeouts, 120);
+        tcase_add_test(timeouts, call_to_stopped_daemon_times_out);
+        tcase_add_test(timeouts, connect_to_stopped_daemon_times_out);
+        tcase_add_test(timeouts, default_timeout_is_finite);
+        tcase_add_test(timeouts, blocked_acquire_outlives_timeout);
+        tcase_add_test(timeouts, event_wait_notices_stopped_daemon);
+        suite_add_tcase(s, timeouts);
+        return s;
+}
