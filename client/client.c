@@ -253,9 +253,9 @@ static int send_locked(dlx_client *c, struct wire_request *req, int fd)
 
         if (c->broken)
                 return c->broken;
-        /* a closed client's connection carries its bye, then the releases of its tensors */
-        if (c->closed && req->type != WIRE_REQ_BYE &&
-            !(c->retired && req->type == WIRE_REQ_RELEASE))
+        /* a closed client's connection carries the releases of its tensors (and a wake-up) */
+        if (c->closed && !(c->retired && (req->type == WIRE_REQ_RELEASE ||
+                                          req->type == WIRE_REQ_PING)))
                 return -ECONNRESET;
         req->id = c->next_id++;
         err = wire_request_size(req, &size);
@@ -984,26 +984,13 @@ static void close_inherited(dlx_client *c)
         close(c->pfd);
 }
 
-/*
- * Tensors acquired through c are still alive: the daemon is asked to let go
- * of everything but their leases (Bye), and the connection stays open until
- * the last of them is released. Lock held, c closed already (nothing but
- * Bye and releases goes out now); returns whether it was retired.
- */
-static bool retire(dlx_client *c)
-{
-        struct wire_request req = {.type = WIRE_REQ_BYE};
-
-        if (c->nacquired == 0 || c->broken || c->server_minor < 1)
-                return false;
-        /* one way: its reply, like any other, goes unread from now on */
-        return send_locked(c, &req, -1) == 0;
-}
-
 void dlx_close(dlx_client *c)
 {
+        struct wire_request bye = {.type = WIRE_REQ_BYE};
         struct event_node *ev;
         struct avl_node *n, *next;
+        struct pending p;
+        bool said_bye = false;
 
         if (!c)
                 return;
@@ -1012,13 +999,29 @@ void dlx_close(dlx_client *c)
                 return;
         }
         dlx__default_client_closing(c);
+        /*
+         * The daemon lets go of everything the session holds but its leases,
+         * and answers: when dlx_close() returns, its names, watches, waits and
+         * allocations are gone. Tensors acquired through it and still alive
+         * then keep the connection, for their leases alone, until the last
+         * one's deleter ends it (dlx__acquired_gone).
+         */
+        if (c->server_minor >= 1) {
+                said_bye = dlx__call(c, &bye, -1, &p) == 0;
+                dlx__pending_done(c, &p);
+        }
         pthread_mutex_lock(&c->lock);
         c->closed = true;
-        c->retired = retire(c);
+        c->retired = said_bye && c->nacquired > 0 && !c->broken;
         /* the daemon sees EOF and releases everything this session held */
-        if (!c->retired)
+        if (!c->retired) {
                 shutdown(c->fd, SHUT_RDWR);
-        /* calls still waiting fail; a reader blocked on the socket wakes with the bye's reply */
+        } else if (c->reading) {
+                /* a thread blocked on the socket wakes with the answer */
+                struct wire_request ping = {.type = WIRE_REQ_PING};
+                send_locked(c, &ping, -1);
+        }
+        /* calls still waiting fail */
         fail_pending(c);
         for (n = avl_first(&c->held); n; n = next) {
                 struct held *h = avl_entry(n, struct held, node);

@@ -105,8 +105,9 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
 
 /*
  * Closes the client: no new call may start on it, and calls still running in
- * other threads fail with -ECONNRESET. Its watches, waits and allocations end,
- * its non-persistent tensors are unpublished, and the deleters of tensors it
+ * other threads fail with -ECONNRESET. Its watches, waits and allocations end
+ * and its non-persistent tensors are unpublished before it returns (the daemon
+ * confirms; within the client's timeout), and the deleters of tensors it
  * published run now (readers keep the pages mapped).
  *
  * Tensors acquired through it, and every view of them (exchange-API exports,
