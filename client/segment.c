@@ -366,6 +366,30 @@ static uint64_t carve(struct arena_seg *a, uint64_t n)
         return UINT64_MAX;
 }
 
+/* Gives an allocator segment back to the daemon, whose limits stop counting it. Lock held. */
+static void arena_give_back(dlx_client *c, struct arena_seg *a)
+{
+        struct wire_request req = {.type = WIRE_REQ_FREE};
+        struct seg_map *m = a->map;
+
+        for (struct arena_seg **ap = &c->arena; *ap; ap = &(*ap)->next) {
+                if (*ap == a) {
+                        *ap = a->next;
+                        break;
+                }
+        }
+        req.free.segment = m->id;
+        dlx__send(c, &req, -1);
+        while (a->free) {
+                struct arena_range *r = a->free;
+                a->free = r->next;
+                free(r);
+        }
+        m->arena = NULL;
+        free(a);
+        dlx__map_unref(c, m);
+}
+
 /*
  * A new segment for the allocator, with one reference: from the daemon (a
  * memfd, pinned with the driver for cuda-host), or a VMM allocation of ours
@@ -550,7 +574,6 @@ void dlx__arena_free(dlx_client *c, struct seg_map *m, uint64_t offset, uint64_t
         uint64_t n = round_up(bytes ? bytes : 1, ARENA_ALIGN);
         struct arena_seg *a = m->arena, *other = NULL;
         struct arena_range **pp, *prev = NULL, *r;
-        struct wire_request req = {.type = WIRE_REQ_FREE};
 
         if (!a) {
                 dlx__map_unref(c, m);
@@ -595,24 +618,6 @@ void dlx__arena_free(dlx_client *c, struct seg_map *m, uint64_t offset, uint64_t
                         other = o;
         if (!other)
                 return;
-        if (other->size < a->size) {
-                a = other; /* give back the smaller */
-                m = a->map;
-        }
-        for (struct arena_seg **ap = &c->arena; *ap; ap = &(*ap)->next) {
-                if (*ap == a) {
-                        *ap = a->next;
-                        break;
-                }
-        }
-        req.free.segment = m->id;
-        dlx__send(c, &req, -1);
-        while (a->free) {
-                r = a->free;
-                a->free = r->next;
-                free(r);
-        }
-        m->arena = NULL;
-        free(a);
-        dlx__map_unref(c, m);
+        /* give back the smaller */
+        arena_give_back(c, other->size < a->size ? other : a);
 }
