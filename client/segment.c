@@ -37,11 +37,18 @@ _Static_assert(FORGET_BATCH <= DLX_FORGET_MAX, "one Forget carries the batch");
  * process that shares one small tensor does not pin (or get charged for) a
  * large segment, while one that shares many amortises the round trips.
  * Larger tensors get a segment of their own, rounded to ARENA_ROUND.
+ *
+ * Under a byte limit every segment counts whole, free space included, so
+ * growth stops at 1/ARENA_LIMIT_SHARE of the smaller limit: what partly
+ * filled segments leave unused stays a small share of the limit. A tensor
+ * larger than that gets a segment of exactly its 64-byte chunk, and, should
+ * even that pass the limit, of exactly its bytes (see dlx__arena_alloc).
  */
 #define ARENA_SEGMENT_MIN (UINT64_C(256) << 10)
 #define ARENA_SEGMENT_MAX (UINT64_C(64) << 20)
 #define ARENA_ROUND (UINT64_C(64) << 10)
 #define ARENA_ALIGN 64
+#define ARENA_LIMIT_SHARE 16
 
 struct arena_range {
         struct arena_range *next;
@@ -344,13 +351,32 @@ static uint64_t round_up(uint64_t v, uint64_t to)
         return (v + to - 1) / to * to;
 }
 
-/* First fit in one segment; returns the offset or UINT64_MAX. */
-static uint64_t carve(struct arena_seg *a, uint64_t n)
+/*
+ * A chunk of bytes takes round_up(bytes, ARENA_ALIGN), so that the next one
+ * starts aligned, except at the end of a segment, which may be shorter: a
+ * segment sized to exactly the bytes a limit leaves still holds its tensor.
+ * Offsets stay multiples of ARENA_ALIGN, since only a segment's last chunk is
+ * ever short.
+ */
+static uint64_t chunk_len(const struct arena_seg *a, uint64_t offset, uint64_t bytes)
 {
+        uint64_t n = round_up(bytes ? bytes : 1, ARENA_ALIGN);
+
+        return n < a->size - offset ? n : a->size - offset;
+}
+
+/* First fit in one segment; returns the offset or UINT64_MAX. */
+static uint64_t carve(struct arena_seg *a, uint64_t bytes)
+{
+        uint64_t need = bytes ? bytes : 1;
+
         for (struct arena_range **pp = &a->free; *pp; pp = &(*pp)->next) {
                 struct arena_range *r = *pp;
-                uint64_t off;
+                uint64_t off, n;
 
+                if (r->len < need)
+                        continue;
+                n = chunk_len(a, r->off, bytes);
                 if (r->len < n)
                         continue;
                 off = r->off;
@@ -364,6 +390,75 @@ static uint64_t carve(struct arena_seg *a, uint64_t n)
                 return off;
         }
         return UINT64_MAX;
+}
+
+/* Gives an allocator segment back to the daemon, whose limits stop counting it. Lock held. */
+static void arena_give_back(dlx_client *c, struct arena_seg *a)
+{
+        struct wire_request req = {.type = WIRE_REQ_FREE};
+        struct seg_map *m = a->map;
+
+        for (struct arena_seg **ap = &c->arena; *ap; ap = &(*ap)->next) {
+                if (*ap == a) {
+                        *ap = a->next;
+                        break;
+                }
+        }
+        req.free.segment = m->id;
+        dlx__send(c, &req, -1);
+        while (a->free) {
+                struct arena_range *r = a->free;
+                a->free = r->next;
+                free(r);
+        }
+        m->arena = NULL;
+        free(a);
+        dlx__map_unref(c, m);
+}
+
+/*
+ * Gives back every empty segment the allocator keeps for reuse, of any kind
+ * or device: a byte limit counts them all. Returns how many it gave back.
+ * Lock held.
+ */
+static unsigned arena_give_back_empty(dlx_client *c)
+{
+        struct arena_seg *a = c->arena, *next;
+        unsigned n = 0;
+
+        for (; a; a = next) {
+                next = a->next;
+                if (a->used == 0) {
+                        arena_give_back(c, a);
+                        n++;
+                }
+        }
+        return n;
+}
+
+/* The smaller of the daemon's byte limits, or 0 when neither is set. */
+static uint64_t byte_limit(const dlx_client *c)
+{
+        uint64_t lim = c->limits.max_bytes;
+
+        if (c->limits.max_bytes_per_uid && (!lim || c->limits.max_bytes_per_uid < lim))
+                lim = c->limits.max_bytes_per_uid;
+        return lim;
+}
+
+/*
+ * The largest segment the allocator grows to: a share of the byte limit, if
+ * any. Under a limit below ARENA_LIMIT_SHARE chunks it is 0: every tensor
+ * gets a segment sized to it.
+ */
+static uint64_t arena_growth_cap(uint64_t lim)
+{
+        uint64_t cap;
+
+        if (!lim)
+                return ARENA_SEGMENT_MAX;
+        cap = lim / ARENA_LIMIT_SHARE / ARENA_ALIGN * ARENA_ALIGN;
+        return cap < ARENA_SEGMENT_MAX ? cap : ARENA_SEGMENT_MAX;
 }
 
 /*
@@ -447,7 +542,9 @@ static int arena_segment(dlx_client *c, uint32_t kind, int device, uint64_t size
 int dlx__arena_alloc(dlx_client *c, uint32_t kind, int device, uint64_t bytes,
                      struct seg_map **ret_map, uint64_t *ret_offset)
 {
-        uint64_t n = round_up(bytes ? bytes : 1, ARENA_ALIGN), off;
+        uint64_t n = round_up(bytes ? bytes : 1, ARENA_ALIGN), exact = bytes ? bytes : 1;
+        uint64_t off, want, lim, size;
+        unsigned given_back;
         struct arena_seg *a;
         struct arena_range *r;
         struct seg_map *m = NULL;
@@ -461,7 +558,7 @@ int dlx__arena_alloc(dlx_client *c, uint32_t kind, int device, uint64_t bytes,
                 for (a = c->arena; a; a = a->next) {
                         if (a->kind != kind || a->device != device)
                                 continue;
-                        off = carve(a, n);
+                        off = carve(a, bytes);
                         if (off != UINT64_MAX) {
                                 a->map->refs++;
                                 *ret_map = a->map;
@@ -480,26 +577,53 @@ int dlx__arena_alloc(dlx_client *c, uint32_t kind, int device, uint64_t bytes,
                         break;
                 dlx__poll_notices(c);
         }
-        uint64_t want = ARENA_SEGMENT_MIN << (c->arena_grown < 8 ? c->arena_grown : 8);
-        if (want > ARENA_SEGMENT_MAX)
-                want = ARENA_SEGMENT_MAX;
+        lim = byte_limit(c);
+        want = ARENA_SEGMENT_MIN << (c->arena_grown < 8 ? c->arena_grown : 8);
+        if (want > arena_growth_cap(lim))
+                want = arena_growth_cap(lim);
         c->arena_grown++;
         pthread_mutex_unlock(&c->lock);
 
-        err = arena_segment(c, kind, device, n > want ? round_up(n, ARENA_ROUND) : want, &m);
+        if (n <= want)
+                size = want;
+        else if (lim)
+                size = n; /* under a limit, rounding would waste what it allows */
+        else
+                size = round_up(n, ARENA_ROUND);
+        err = arena_segment(c, kind, device, size, &m);
+        if (err == -ENOSPC) {
+                /*
+                 * The limit may still hold the tensor itself: without the empty
+                 * segments kept for reuse (the daemon takes the Free before the
+                 * Alloc that follows it), and without the growth or rounding.
+                 * The daemon's answer to that is the one that counts.
+                 */
+                pthread_mutex_lock(&c->lock);
+                given_back = arena_give_back_empty(c);
+                pthread_mutex_unlock(&c->lock);
+                if (size > exact || given_back > 0)
+                        err = arena_segment(c, kind, device, exact, &m);
+        }
         if (err < 0)
                 return err;
         a = calloc(1, sizeof(*a));
         r = a ? calloc(1, sizeof(*r)) : NULL;
         pthread_mutex_lock(&c->lock);
-        if (!r) {
+        /* the size came from the daemon: a smaller one would leave no offset to hand out */
+        if (!r || m->size < exact) {
                 struct wire_request fr = {.type = WIRE_REQ_FREE};
+                uint64_t got = m->size;
+                bool oom = !r;
+                free(r);
                 free(a);
                 fr.free.segment = m->id;
                 dlx__send(c, &fr, -1);
                 dlx__map_unref(c, m);
                 pthread_mutex_unlock(&c->lock);
-                return dlx__fail(-ENOMEM, "out of memory");
+                if (oom)
+                        return dlx__fail(-ENOMEM, "out of memory");
+                return dlx__fail(-EPROTO, "alloc: a segment of %llu bytes for %llu",
+                                 (unsigned long long)got, (unsigned long long)exact);
         }
         a->map = m; /* the segment's reference becomes the allocator's */
         a->size = m->size;
@@ -509,7 +633,7 @@ int dlx__arena_alloc(dlx_client *c, uint32_t kind, int device, uint64_t bytes,
         r->off = 0;
         r->len = a->size;
         a->free = r;
-        off = carve(a, n);
+        off = carve(a, bytes);
         m->refs++;
         a->next = c->arena;
         c->arena = a;
@@ -547,15 +671,15 @@ struct seg_map *dlx__arena_find(dlx_client *c, uint32_t kind, const void *data, 
 
 void dlx__arena_free(dlx_client *c, struct seg_map *m, uint64_t offset, uint64_t bytes)
 {
-        uint64_t n = round_up(bytes ? bytes : 1, ARENA_ALIGN);
         struct arena_seg *a = m->arena, *other = NULL;
         struct arena_range **pp, *prev = NULL, *r;
-        struct wire_request req = {.type = WIRE_REQ_FREE};
+        uint64_t n;
 
         if (!a) {
                 dlx__map_unref(c, m);
                 return;
         }
+        n = chunk_len(a, offset, bytes);
         for (pp = &a->free; *pp && (*pp)->off < offset; pp = &(*pp)->next)
                 prev = *pp;
         if (prev && prev->off + prev->len == offset) {
@@ -595,24 +719,6 @@ void dlx__arena_free(dlx_client *c, struct seg_map *m, uint64_t offset, uint64_t
                         other = o;
         if (!other)
                 return;
-        if (other->size < a->size) {
-                a = other; /* give back the smaller */
-                m = a->map;
-        }
-        for (struct arena_seg **ap = &c->arena; *ap; ap = &(*ap)->next) {
-                if (*ap == a) {
-                        *ap = a->next;
-                        break;
-                }
-        }
-        req.free.segment = m->id;
-        dlx__send(c, &req, -1);
-        while (a->free) {
-                r = a->free;
-                a->free = r->next;
-                free(r);
-        }
-        m->arena = NULL;
-        free(a);
-        dlx__map_unref(c, m);
+        /* give back the smaller */
+        arena_give_back(c, other->size < a->size ? other : a);
 }

@@ -188,6 +188,183 @@ START_TEST(bytes_per_uid)
 }
 END_TEST
 
+/* ---- dlx_alloc under a byte limit ------------------------------------------------------- */
+
+/* A uint8 tensor of n bytes from the allocator, or its error (*ret untouched then). */
+static int alloc_bytes(dlx_client *c, uint64_t n, DLManagedTensorVersioned **ret)
+{
+        int64_t shape[1] = {(int64_t)n};
+        DLTensor proto = {.device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLUInt, 8, 1}};
+
+        proto.shape = shape;
+        return dlx_alloc(c, &proto, ret);
+}
+
+/* What the limit leaves, as dlx_stats() tells it: for this uid (per_uid) or for everyone. */
+static uint64_t room_left(dlx_client *c, bool per_uid)
+{
+        struct dlx_stats st;
+
+        ck_assert_int_eq(dlx_stats(c, &st), 0);
+        if (per_uid)
+                return st.limits.max_bytes_per_uid - st.uid_bytes;
+        return st.limits.max_bytes - st.bytes;
+}
+
+static void free_all(DLManagedTensorVersioned **t, int n)
+{
+        for (int i = 0; i < n; i++) {
+                if (t[i])
+                        t[i]->deleter(t[i]);
+                t[i] = NULL;
+        }
+}
+
+/*
+ * dlx_alloc's promise: a tensor whose bytes fit in what the limit leaves
+ * succeeds. Six tensors of 174700 bytes (1048200) fit in a MiB only if each
+ * segment is within 63 bytes of its tensor; five of 200 KiB (1024000) fit
+ * too, and a sixth does not, and says which limit it met.
+ */
+START_TEST(alloc_fills_per_uid_limit)
+{
+        static const char *const args[] = {"--max-bytes-per-uid", "1M", NULL};
+        DLManagedTensorVersioned *t[6] = {NULL};
+        struct dlx_stats st;
+        dlx_client *c;
+
+        dlxd_start(&fx, args);
+        c = fx_connect(&fx, "filler");
+        for (int i = 0; i < 6; i++)
+                ck_assert_msg(alloc_bytes(c, 174700, &t[i]) == 0, "174700-byte tensor %d: %s", i,
+                              dlx_last_error());
+        ck_assert_int_eq(dlx_stats(c, &st), 0);
+        ck_assert_uint_eq(st.uid_bytes, 6 * 174720);
+        /* the empty segment kept for reuse makes way for the 200 KiB ones below */
+        free_all(t, 6);
+        for (int i = 0; i < 5; i++)
+                ck_assert_msg(alloc_bytes(c, 204800, &t[i]) == 0, "200 KiB tensor %d: %s", i,
+                              dlx_last_error());
+        /* each has a segment sized to it: nothing of the MiB goes to waste */
+        ck_assert_int_eq(dlx_stats(c, &st), 0);
+        ck_assert_uint_eq(st.uid_bytes, 5 * 204800);
+        ck_assert_int_eq(alloc_bytes(c, 204800, &t[5]), -ENOSPC);
+        ck_assert_ptr_null(t[5]);
+        expect_msg("limit of 1048576 shared bytes");
+        expect_msg("uid");
+        /*
+         * Freed, the room comes back, all of it: the empty segment the client
+         * keeps for reuse is given back for a tensor of the whole MiB.
+         */
+        free_all(t, 5);
+        ck_assert_msg(alloc_bytes(c, 1 << 20, &t[0]) == 0, "the whole MiB: %s", dlx_last_error());
+        ck_assert_int_eq(alloc_bytes(c, 64, &t[1]), -ENOSPC);
+        free_all(t, 2);
+        for (int i = 0; i < 5; i++)
+                ck_assert_msg(alloc_bytes(c, 204800, &t[i]) == 0, "again, tensor %d: %s", i,
+                              dlx_last_error());
+        free_all(t, 5);
+        dlx_close(c);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/*
+ * Limits below the allocator's smallest growth segment, one not a multiple of
+ * 64 or of the page, and one too small for segments shared by small tensors.
+ */
+static const struct {
+        const char *option, *value;
+        uint64_t bytes;
+} small_limits[] = {
+        {"--max-bytes-per-uid", "100K", 100 << 10}, {"--max-bytes-per-uid", "64K", 64 << 10},
+        {"--max-bytes-per-uid", "10000", 10000},    {"--max-bytes", "100K", 100 << 10},
+        {"--max-bytes", "64K", 64 << 10},           {"--max-bytes", "10000", 10000},
+        {"--max-bytes-per-uid", "1000", 1000},
+};
+
+/*
+ * Under each: a small tensor, then one of exactly what is left, then nothing
+ * that needs a new segment; freed, one tensor of the whole limit.
+ */
+START_TEST(alloc_under_small_limits)
+{
+        const char *const args[] = {small_limits[_i].option, small_limits[_i].value, NULL};
+        const uint64_t limit = small_limits[_i].bytes;
+        const bool per_uid = strcmp(args[0], "--max-bytes-per-uid") == 0;
+        DLManagedTensorVersioned *t[3] = {NULL};
+        char msg[64];
+        uint64_t left;
+        dlx_client *c;
+
+        dlxd_start(&fx, args);
+        c = fx_connect(&fx, "small");
+        ck_assert_msg(alloc_bytes(c, 100, &t[0]) == 0, "100 bytes under %s %s: %s", args[0],
+                      args[1], dlx_last_error());
+        left = room_left(c, per_uid);
+        ck_assert_uint_gt(left, limit / 2);
+        ck_assert_msg(alloc_bytes(c, left, &t[1]) == 0, "%llu bytes, what %s %s leaves: %s",
+                      (unsigned long long)left, args[0], args[1], dlx_last_error());
+        ck_assert_uint_eq(room_left(c, per_uid), 0);
+        /* full: a tensor the segments have no room for fails, and says which limit */
+        ck_assert_int_eq(alloc_bytes(c, limit / 2, &t[2]), -ENOSPC);
+        ck_assert_ptr_null(t[2]);
+        snprintf(msg, sizeof(msg), "limit of %llu shared bytes", (unsigned long long)limit);
+        expect_msg(msg);
+        /* freed, the room comes back: the whole limit in one tensor */
+        free_all(t, 2);
+        ck_assert_msg(alloc_bytes(c, limit, &t[0]) == 0, "%llu bytes, all of %s %s: %s",
+                      (unsigned long long)limit, args[0], args[1], dlx_last_error());
+        ck_assert_uint_eq(room_left(c, per_uid), 0);
+        free_all(t, 1);
+        dlx_close(c);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/* How many segments the daemon holds once n tensors of size bytes are allocated. */
+static uint64_t segments_for(dlx_client *c, int n, uint64_t size, DLManagedTensorVersioned **t)
+{
+        struct dlx_stats st;
+
+        for (int i = 0; i < n; i++)
+                ck_assert_msg(alloc_bytes(c, size, &t[i]) == 0, "tensor %d: %s", i,
+                              dlx_last_error());
+        ck_assert_int_eq(dlx_stats(c, &st), 0);
+        return st.segments;
+}
+
+/*
+ * Small tensors share segments, so most allocations cost no round trip: with
+ * no limit a thousand fit in the first segment (as before limits shaped the
+ * segments), and under a limit below that segment's size they share segments
+ * of a sixteenth of the limit.
+ */
+START_TEST(alloc_packs_small_tensors)
+{
+        static const char *const args[] = {"--max-bytes-per-uid", "200K", NULL};
+        static DLManagedTensorVersioned *t[1000];
+        dlx_client *c;
+        uint64_t n;
+
+        dlxd_start(&fx, NULL);
+        c = fx_connect(&fx, "packer");
+        ck_assert_uint_eq(segments_for(c, 1000, 100, t), 1);
+        free_all(t, 1000);
+        dlx_close(c);
+        dlxd_stop(&fx);
+
+        dlxd_start(&fx, args);
+        c = fx_connect(&fx, "packer");
+        n = segments_for(c, 1000, 100, t);
+        ck_assert_msg(n <= 16, "1000 tensors of 100 bytes took %llu segments",
+                      (unsigned long long)n);
+        free_all(t, 1000);
+        dlx_close(c);
+        dlxd_stop(&fx);
+}
+END_TEST
+
 /* ---- names --------------------------------------------------------------------------------- */
 
 static int nobody_publishes(dlx_client *c)
@@ -550,6 +727,10 @@ Suite *limits_suite(void)
         tcase_set_timeout(tc, 60);
         tcase_add_test(tc, clients_per_uid);
         tcase_add_test(tc, bytes_per_uid);
+        tcase_add_test(tc, alloc_fills_per_uid_limit);
+        tcase_add_loop_test(tc, alloc_under_small_limits, 0,
+                            (int)(sizeof(small_limits) / sizeof(small_limits[0])));
+        tcase_add_test(tc, alloc_packs_small_tensors);
         tcase_add_test(tc, names_per_uid);
         tcase_add_test(tc, names_in_all);
         tcase_add_test(tc, leases_per_client);

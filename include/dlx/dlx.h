@@ -204,8 +204,25 @@ int dlx_unpublish(dlx_client *client, const char *name);
  * aligned; its deleter returns the memory, which later allocations reuse (one
  * empty segment per device, the largest, stays mapped for them; contents are
  * not cleared).
+ *
+ * Under a byte limit (dlxd --max-bytes, --max-bytes-per-uid), a kDLCPU or
+ * kDLCUDAHost tensor of B bytes (its compact size; 0 counts as 1) fails with
+ * -ENOSPC only if, for a limit that is set, B > limit - used + cached, where
+ * used is what dlx_stats() reports just before the call (uid_bytes for
+ * --max-bytes-per-uid, bytes for --max-bytes), cached is the size of the empty
+ * segments this client keeps for reuse (it gives them back before failing),
+ * and nothing else allocates meanwhile. Every segment counts whole, so used
+ * holds more than the bytes of live tensors: the free space inside this
+ * client's segments that hold a tensor (a segment shared by small tensors is at
+ * most 1/16 of the smaller byte limit; a larger tensor gets a segment of its
+ * own, at most 63 bytes over B), the segments of every other client of the uid
+ * (each keeps up to one empty segment per device), and copies and versions
+ * still published or leased. A kDLCUDA segment is rounded up to the device's
+ * allocation granularity (often 2 MiB) and counts at that size.
+ *
  * Returns 0 with *ret_tensor, or -EINVAL, -ENOTSUP (device), -ENODEV (no CUDA
- * driver), -ENOSPC, -ENOMEM.
+ * driver), -ENOMEM, -EAGAIN (the daemon's descriptor limit), or -ENOSPC (a
+ * byte limit, as above; dlx_last_error() has the daemon's message naming it).
  */
 int dlx_alloc(dlx_client *client, const DLTensor *prototype, DLManagedTensorVersioned **ret_tensor);
 
