@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #ifndef F_SEAL_FUTURE_WRITE
@@ -43,6 +44,7 @@ void store_init(struct store *st)
         st->fds = 0;
         st->max_fds = 0;
         st->max_fds_per_uid = 0;
+        st->vmm_dev = makedev(STORE_VMM_MAJOR, STORE_VMM_MINOR);
         st->on_gone = NULL;
 }
 

@@ -18,6 +18,16 @@
 
 struct session;
 
+/*
+ * NVIDIA's driver exports a VMM allocation as a file of its control device,
+ * /dev/nvidiactl (NV_MAJOR_DEVICE_NUMBER and
+ * NV_MINOR_DEVICE_NUMBER_CONTROL_DEVICE in the driver's
+ * nv-chardev-numbers.h), and imports nothing else: store.vmm_dev unless
+ * dlxd is told otherwise (--cuda-device-number).
+ */
+#define STORE_VMM_MAJOR 195
+#define STORE_VMM_MINOR 255
+
 struct segment {
         struct avl_node node; /* in store.segments, by id */
         uint64_t id;
@@ -61,12 +71,16 @@ struct store {
         uint64_t fds;               /* descriptors held for segments */
         uint64_t max_fds;           /* 0: no limit */
         uint64_t max_fds_per_uid;   /* 0: no limit */
+        dev_t vmm_dev;              /* the character device every cuda-vmm fd is a file of */
         char why[224];              /* the reason for the last -ENOSPC or -EAGAIN */
         /* called for each session that holds the fd of a segment being destroyed */
         void (*on_gone)(struct session *s, uint64_t segment_id);
 };
 
-/* No byte limits until the registry sets them (registry_init). */
+/*
+ * No byte limits until the registry sets them (registry_init); cuda-vmm fds
+ * must be files of STORE_VMM_MAJOR:STORE_VMM_MINOR until vmm_dev is set.
+ */
 void store_init(struct store *st);
 /* Destroys every segment (daemon exit). */
 void store_done(struct store *st);
