@@ -72,7 +72,7 @@ struct store {
         uint64_t max_fds;           /* 0: no limit */
         uint64_t max_fds_per_uid;   /* 0: no limit */
         dev_t vmm_dev;              /* the character device every cuda-vmm fd is a file of */
-        char why[224];              /* the reason for the last -ENOSPC or -EAGAIN */
+        char why[224];              /* the reason for the last refusal (-ENOSPC, -EAGAIN, -EBADF) */
         /* called for each session that holds the fd of a segment being destroyed */
         void (*on_gone)(struct session *s, uint64_t segment_id);
 };
@@ -104,10 +104,11 @@ int store_alloc(struct store *st, uint64_t size, uid_t uid, struct segment **ret
  * Adopts a received fd as a segment of the given kind, charged to uid;
  * consumed on every path. A memfd kind (memfd, cuda-host) must be a memfd
  * sealed against shrinking and growing, and is measured with fstat. A CUDA
- * VMM fd cannot be inspected without a driver: it must merely not be a file,
- * directory, pipe or socket, and declared_size is its size. Returns 0 with
- * *ret (one reference), -EBADF, -EINVAL, -ENOSPC or -EAGAIN with a reason in
- * *ret_why, or -errno.
+ * VMM fd must be a file of the character device st->vmm_dev (not opened
+ * O_PATH), which is all dlxd can check without a driver: -EBADF otherwise,
+ * with a reason that names what the fd is; declared_size is its size.
+ * Returns 0 with *ret (one reference), -EBADF, -EINVAL, -ENOSPC or -EAGAIN
+ * with a reason in *ret_why (valid until the next call), or -errno.
  */
 int store_adopt(struct store *st, int fd, uint32_t kind, uint64_t declared_size, uid_t uid,
                 struct segment **ret, const char **ret_why);

@@ -1793,6 +1793,76 @@ START_TEST(vmm_persist_outlives_producer)
 }
 END_TEST
 
+/*
+ * 6c. Only what the driver makes travels: dlxd refuses an export that is not
+ *     a file of the device it was told (the fake's own memfd export here),
+ *     and libdlx says so and keeps nothing; the double's import, like the
+ *     driver's, takes its own exports and nothing else.
+ */
+START_TEST(vmm_only_driver_exports)
+{
+        int64_t shape[1] = {VMM_LEN};
+        DLTensor proto = {
+                .device = {kDLCUDA, 0}, .ndim = 1, .dtype = {kDLUInt, 8, 1}, .shape = shape};
+        CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                    .location = {CU_MEM_LOCATION_TYPE_DEVICE, 0},
+                                    .requestedHandleTypes =
+                                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR};
+        const CUmemAllocationHandleType posix = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        const struct dlx_cuda_driver *fake = cuda_fake_driver();
+        CUmemGenericAllocationHandle h, got;
+        DLManagedTensorVersioned *t = NULL;
+        struct dlx_stats st;
+        int fds, err, memfd = -1, exp = -1, other;
+        size_t gran = 0;
+        dlx_client *c;
+
+        dlx__cuda_install(fake);
+        c = fx_connect(&fx, "memfd-exporter");
+        fds = count_fds(0);
+        err = DLX(dlx_alloc(c, &proto, &t));
+        ck_assert_msg(err == -EBADF, "dlx_alloc with a memfd for an export: %s (%s)",
+                      dlx_strerror(err), dlx_last_error());
+        ck_assert_ptr_null(t);
+        ck_assert_msg(strstr(dlx_last_error(), "cuda-vmm") &&
+                              strstr(dlx_last_error(), "a regular file (a memfd)"),
+                      "message: %s", dlx_last_error());
+        assert_nothing_live("after the refused alloc");
+        ck_assert_int_eq(count_fds(0), fds);
+        ck_assert_int_eq(DLX(dlx_stats(c, &st)), 0);
+        ck_assert_uint_eq(st.segments, 0);
+        ck_assert_int_eq(DLX(dlx_ping(c)), 0);
+        DLXV(dlx_close(c));
+        dlx__cuda_install(test_driver());
+
+        ck_assert_int_eq(
+                fake->MemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+                CUDA_SUCCESS);
+        ck_assert_int_eq(fake->MemCreate(&h, gran, &prop, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(fake->MemExportToShareableHandle(&memfd, h, posix, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(driver.MemExportToShareableHandle(&exp, h, posix, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(driver.MemImportFromShareableHandle(&got, (void *)(uintptr_t)memfd, posix),
+                         CUDA_ERROR_INVALID_VALUE);
+        other = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC); /* a pty no export made */
+        ck_assert_int_ge(other, 0);
+        ck_assert_int_eq(driver.MemImportFromShareableHandle(&got, (void *)(uintptr_t)other, posix),
+                         CUDA_ERROR_INVALID_VALUE);
+        close(other);
+        other = open("/dev/null", O_RDWR | O_CLOEXEC);
+        ck_assert_int_ge(other, 0);
+        ck_assert_int_eq(driver.MemImportFromShareableHandle(&got, (void *)(uintptr_t)other, posix),
+                         CUDA_ERROR_INVALID_VALUE);
+        close(other);
+        ck_assert_int_eq(driver.MemImportFromShareableHandle(&got, (void *)(uintptr_t)exp, posix),
+                         CUDA_SUCCESS);
+        ck_assert_int_eq(fake->MemRelease(got), CUDA_SUCCESS);
+        ck_assert_int_eq(fake->MemRelease(h), CUDA_SUCCESS);
+        close(memfd);
+        close(exp);
+        assert_nothing_live("after the imports");
+}
+END_TEST
+
 /* =============================================================================================
  * 7. cuda-host: pinned host memory, registered on both sides.
  */
@@ -2578,6 +2648,7 @@ Suite *cuda_suite(void)
         add(tc, kill9_consumer_releases);
         add(tc, vmm_alloc_share);
         add(tc, vmm_persist_outlives_producer);
+        add(tc, vmm_only_driver_exports);
         add(tc, cuda_host_share);
         add(tc, no_driver);
         add(tc, faults_publish);
