@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -62,8 +63,9 @@ static const struct limit_opt limit_opts[] = {
               "waits"),
 };
 #define NLIMITS (sizeof(limit_opts) / sizeof(limit_opts[0]))
-/* getopt values of the limit options */
+/* getopt values of the limit options, and of the long options without a letter */
 #define LIMIT_KEY 256
+#define CUDA_DEVICE_KEY (LIMIT_KEY + 128)
 
 static uint64_t limit_get(const struct wire_limit_set *lim, const struct limit_opt *o)
 {
@@ -96,23 +98,30 @@ static void usage(FILE *f)
         struct wire_limit_set def;
 
         registry_default_limits(&def);
-        fprintf(f, "Usage: dlxd [OPTIONS]\n"
-                   "Keeps a namespace of named, versioned tensors shared between processes.\n"
-                   "\n"
-                   "  -s, --socket PATH      listen on PATH (default: $DLX_SOCKET, else\n"
-                   "                         $XDG_RUNTIME_DIR/dlx/dlxd.sock, else "
-                   "/tmp/dlx-$UID/dlxd.sock)\n"
-                   "  -r, --ready-fd N       write one byte to fd N once listening, then close it\n"
-                   "  -l, --log-level LEVEL  error, warning, notice (default), info or debug\n"
-                   "  -g, --group GROUP      share with GROUP (name or gid): socket 0660, its\n"
-                   "                         members may connect; names stay writable only by\n"
-                   "                         their owner (default: private to this uid)\n"
-                   "  -b SIZE                the same as --max-bytes\n"
-                   "  -c N                   the same as --max-clients\n"
-                   "  -h, --help             show this help\n"
-                   "  -V, --version          show the version\n"
-                   "\n"
-                   "Limits (0: none; dlxctl stats shows them):\n");
+        fprintf(f,
+                "Usage: dlxd [OPTIONS]\n"
+                "Keeps a namespace of named, versioned tensors shared between processes.\n"
+                "\n"
+                "  -s, --socket PATH      listen on PATH (default: $DLX_SOCKET, else\n"
+                "                         $XDG_RUNTIME_DIR/dlx/dlxd.sock, else "
+                "/tmp/dlx-$UID/dlxd.sock)\n"
+                "  -r, --ready-fd N       write one byte to fd N once listening, then close it\n"
+                "  -l, --log-level LEVEL  error, warning, notice (default), info or debug\n"
+                "  -g, --group GROUP      share with GROUP (name or gid): socket 0660, its\n"
+                "                         members may connect; names stay writable only by\n"
+                "                         their owner (default: private to this uid)\n"
+                "  --cuda-device-number MAJOR:MINOR\n"
+                "                         the character device every cuda-vmm fd must be a\n"
+                "                         file of (default %u:%u, /dev/nvidiactl: NVIDIA's\n"
+                "                         export); for drivers or test doubles that export\n"
+                "                         through another device\n"
+                "  -b SIZE                the same as --max-bytes\n"
+                "  -c N                   the same as --max-clients\n"
+                "  -h, --help             show this help\n"
+                "  -V, --version          show the version\n"
+                "\n"
+                "Limits (0: none; dlxctl stats shows them):\n",
+                STORE_VMM_MAJOR, STORE_VMM_MINOR);
         for (size_t i = 0; i < NLIMITS; i++) {
                 char opt[64], left[96];
                 option_name(&limit_opts[i], opt, sizeof(opt));
@@ -182,6 +191,23 @@ static int parse_group(const char *s, gid_t *ret)
         if (parse_uint(s, UINT32_MAX - 1, &n) < 0)
                 return -ENOENT;
         *ret = (gid_t)n;
+        return 0;
+}
+
+/* MAJOR:MINOR, each within what a Linux dev_t holds (12 and 20 bits). */
+static int parse_device(const char *s, dev_t *ret)
+{
+        const char *colon = strchr(s, ':');
+        unsigned long maj, min;
+        char buf[32];
+
+        if (!colon || (size_t)(colon - s) >= sizeof(buf))
+                return -EINVAL;
+        memcpy(buf, s, (size_t)(colon - s));
+        buf[colon - s] = '\0';
+        if (parse_uint(buf, 4095, &maj) < 0 || parse_uint(colon + 1, (1ul << 20) - 1, &min) < 0)
+                return -EINVAL;
+        *ret = makedev(maj, min);
         return 0;
 }
 
@@ -269,6 +295,7 @@ int main(int argc, char **argv)
                 {"group", required_argument, NULL, 'g'},
                 {"help", no_argument, NULL, 'h'},
                 {"version", no_argument, NULL, 'V'},
+                {"cuda-device-number", required_argument, NULL, CUDA_DEVICE_KEY},
         };
         enum { NFIXED = sizeof(fixed) / sizeof(fixed[0]) };
         static struct option opts[NFIXED + NLIMITS + 1];
@@ -279,6 +306,7 @@ int main(int argc, char **argv)
         unsigned long ready_fd = 0;
         bool have_ready = false, shared = false;
         gid_t group = 0;
+        dev_t vmm_dev = makedev(STORE_VMM_MAJOR, STORE_VMM_MINOR);
         struct daemon d;
         int c, err;
 
@@ -322,6 +350,15 @@ int main(int argc, char **argv)
                         if (set_limit(&lim, limit_index("max_clients"), optarg) < 0)
                                 return 2;
                         break;
+                case CUDA_DEVICE_KEY:
+                        if (parse_device(optarg, &vmm_dev) < 0) {
+                                fprintf(stderr,
+                                        "dlxd: bad --cuda-device-number '%s' (MAJOR:MINOR, "
+                                        "e.g. %u:%u)\n",
+                                        optarg, STORE_VMM_MAJOR, STORE_VMM_MINOR);
+                                return 2;
+                        }
+                        break;
                 case 'h':
                         usage(stdout);
                         return 0;
@@ -364,6 +401,7 @@ int main(int argc, char **argv)
                 return 1;
         }
         store_init(&d.store);
+        d.store.vmm_dev = vmm_dev;
         registry_init(&d.reg, &d.loop, &d.store, &lim);
         err = server_start(&d.srv, &d.loop, &d.reg, path, shared, group);
         if (err < 0) {
@@ -399,6 +437,10 @@ int main(int argc, char **argv)
         else
                 log_notice("listening on %s (max %u clients, max bytes %llu)", path,
                            lim.max_clients, (unsigned long long)lim.max_bytes);
+        if (vmm_dev != makedev(STORE_VMM_MAJOR, STORE_VMM_MINOR))
+                log_notice("cuda-vmm fds must be files of character device %u:%u, not "
+                           "/dev/nvidiactl",
+                           major(vmm_dev), minor(vmm_dev));
         if (have_ready) {
                 (void)!write((int)ready_fd, "R", 1);
                 close((int)ready_fd);

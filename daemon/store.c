@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #ifndef F_SEAL_FUTURE_WRITE
@@ -43,6 +44,7 @@ void store_init(struct store *st)
         st->fds = 0;
         st->max_fds = 0;
         st->max_fds_per_uid = 0;
+        st->vmm_dev = makedev(STORE_VMM_MAJOR, STORE_VMM_MINOR);
         st->on_gone = NULL;
 }
 
@@ -224,14 +226,74 @@ int store_alloc(struct store *st, uint64_t size, uid_t uid, struct segment **ret
         return err;
 }
 
-/* A CUDA VMM export: not something we can look into, but not an obvious impostor either. */
+/*
+ * What fd is, for a refusal: its file type and device number, and the name
+ * the kernel gives it where the type says too little (a memfd is a regular
+ * file; eventfd, timerfd and the other anonymous inodes have no type).
+ * fl is its file status flags.
+ */
+static void describe_fd(int fd, const struct stat *sb, int fl, char *buf, size_t len)
+{
+        char path[32], link[64] = "";
+        const char *anon = NULL;
+        ssize_t n;
+
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        n = readlink(path, link, sizeof(link) - 1);
+        link[n > 0 ? n : 0] = '\0';
+        if (strncmp(link, "anon_inode:", 11) == 0)
+                anon = link + 11 + (link[11] == '['); /* anon_inode:[eventfd] */
+        if (fl >= 0 && (fl & O_PATH))
+                snprintf(buf, len, "an O_PATH descriptor, which no driver can use");
+        else if (anon)
+                snprintf(buf, len, "an anonymous inode (%.*s)", (int)strcspn(anon, "]"), anon);
+        else if (S_ISREG(sb->st_mode))
+                snprintf(buf, len, "a regular file%s",
+                         strncmp(link, "/memfd:", 7) == 0 ? " (a memfd)" : "");
+        else if (S_ISCHR(sb->st_mode) || S_ISBLK(sb->st_mode))
+                snprintf(buf, len, "%s %u:%u",
+                         S_ISCHR(sb->st_mode) ? "character device" : "block device",
+                         major(sb->st_rdev), minor(sb->st_rdev));
+        else if (S_ISDIR(sb->st_mode))
+                snprintf(buf, len, "a directory");
+        else if (S_ISFIFO(sb->st_mode))
+                snprintf(buf, len, "a pipe");
+        else if (S_ISSOCK(sb->st_mode))
+                snprintf(buf, len, "a socket");
+        else if (S_ISLNK(sb->st_mode))
+                snprintf(buf, len, "a symbolic link");
+        else
+                snprintf(buf, len, "a file of no known type (mode %o)", (unsigned)sb->st_mode);
+}
+
+/*
+ * A CUDA VMM export. dlxd cannot ask a driver what an fd holds, but the
+ * driver imports only a file of its control device (nv_get_file_private()
+ * checks the major and the control minor), and O_PATH files not at all.
+ * Anything else (a memfd, a tmpfile, /dev/zero declared as 1 TiB) is an
+ * impostor: held, charged and handed to every consumer, it could only fail
+ * in each of them.
+ */
 static int adopt_vmm(struct store *st, int fd, const struct stat *sb, uint64_t declared_size,
                      uid_t uid, struct segment **ret, const char **ret_why)
 {
-        int err;
+        unsigned maj = major(st->vmm_dev), min = minor(st->vmm_dev);
+        int fl = fcntl(fd, F_GETFL), err;
+        char what[96];
 
-        if (S_ISDIR(sb->st_mode) || S_ISFIFO(sb->st_mode) || S_ISSOCK(sb->st_mode)) {
-                *ret_why = "a cuda-vmm fd must be a CUDA export, not a directory, pipe or socket";
+        if (!S_ISCHR(sb->st_mode) || sb->st_rdev != st->vmm_dev || fl < 0 || (fl & O_PATH)) {
+                describe_fd(fd, sb, fl, what, sizeof(what));
+                if (maj == STORE_VMM_MAJOR && min == STORE_VMM_MINOR)
+                        snprintf(st->why, sizeof(st->why),
+                                 "a cuda-vmm fd must be an NVIDIA driver export (/dev/nvidiactl, "
+                                 "char %u:%u), not %s",
+                                 maj, min, what);
+                else
+                        snprintf(st->why, sizeof(st->why),
+                                 "a cuda-vmm fd must be a driver export (char %u:%u, as "
+                                 "--cuda-device-number says), not %s",
+                                 maj, min, what);
+                *ret_why = st->why;
                 close(fd);
                 return -EBADF;
         }

@@ -18,6 +18,16 @@
 
 struct session;
 
+/*
+ * NVIDIA's driver exports a VMM allocation as a file of its control device,
+ * /dev/nvidiactl (NV_MAJOR_DEVICE_NUMBER and
+ * NV_MINOR_DEVICE_NUMBER_CONTROL_DEVICE in the driver's
+ * nv-chardev-numbers.h), and imports nothing else: store.vmm_dev unless
+ * dlxd is told otherwise (--cuda-device-number).
+ */
+#define STORE_VMM_MAJOR 195
+#define STORE_VMM_MINOR 255
+
 struct segment {
         struct avl_node node; /* in store.segments, by id */
         uint64_t id;
@@ -61,12 +71,16 @@ struct store {
         uint64_t fds;               /* descriptors held for segments */
         uint64_t max_fds;           /* 0: no limit */
         uint64_t max_fds_per_uid;   /* 0: no limit */
-        char why[224];              /* the reason for the last -ENOSPC or -EAGAIN */
+        dev_t vmm_dev;              /* the character device every cuda-vmm fd is a file of */
+        char why[224];              /* the reason for the last refusal (-ENOSPC, -EAGAIN, -EBADF) */
         /* called for each session that holds the fd of a segment being destroyed */
         void (*on_gone)(struct session *s, uint64_t segment_id);
 };
 
-/* No byte limits until the registry sets them (registry_init). */
+/*
+ * No byte limits until the registry sets them (registry_init); cuda-vmm fds
+ * must be files of STORE_VMM_MAJOR:STORE_VMM_MINOR until vmm_dev is set.
+ */
 void store_init(struct store *st);
 /* Destroys every segment (daemon exit). */
 void store_done(struct store *st);
@@ -90,10 +104,11 @@ int store_alloc(struct store *st, uint64_t size, uid_t uid, struct segment **ret
  * Adopts a received fd as a segment of the given kind, charged to uid;
  * consumed on every path. A memfd kind (memfd, cuda-host) must be a memfd
  * sealed against shrinking and growing, and is measured with fstat. A CUDA
- * VMM fd cannot be inspected without a driver: it must merely not be a file,
- * directory, pipe or socket, and declared_size is its size. Returns 0 with
- * *ret (one reference), -EBADF, -EINVAL, -ENOSPC or -EAGAIN with a reason in
- * *ret_why, or -errno.
+ * VMM fd must be a file of the character device st->vmm_dev (not opened
+ * O_PATH), which is all dlxd can check without a driver: -EBADF otherwise,
+ * with a reason that names what the fd is; declared_size is its size.
+ * Returns 0 with *ret (one reference), -EBADF, -EINVAL, -ENOSPC or -EAGAIN
+ * with a reason in *ret_why (valid until the next call), or -errno.
  */
 int store_adopt(struct store *st, int fd, uint32_t kind, uint64_t declared_size, uid_t uid,
                 struct segment **ret, const char **ret_why);

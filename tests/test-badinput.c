@@ -17,9 +17,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1174,6 +1178,195 @@ START_TEST(test_publish_unsealed_memfd)
 }
 END_TEST
 
+/* ---- cuda-vmm: only a driver export ------------------------------------------------- */
+
+#define NVIDIA_EXPORT "a cuda-vmm fd must be an NVIDIA driver export (/dev/nvidiactl, char 195:255)"
+#define VMM_BYTES 4096
+
+/* An fd a peer passes off as a VMM export, and what dlxd must call it. */
+struct impostor {
+        const char *what;
+        int fd;
+        uint64_t declared; /* the segment size claimed for it */
+        char says[64];
+        const char *unsaid; /* NULL, or what the refusal must not call it */
+};
+
+static void impostor(struct impostor *v, size_t *n, const char *what, int fd, const char *says)
+{
+        ck_assert_msg(fd >= 0, "%s: %s", what, strerror(errno));
+        v[*n] = (struct impostor){.what = what, .fd = fd, .declared = VMM_BYTES};
+        snprintf(v[*n].says, sizeof(v[*n].says), "%s", says);
+        (*n)++;
+}
+
+/* A character device, named as dlxd names it: by its number. */
+static void impostor_dev(struct impostor *v, size_t *n, const char *path)
+{
+        int fd = open(path, O_RDWR | O_NOCTTY | O_CLOEXEC);
+        struct stat sb;
+        char says[64];
+
+        ck_assert_msg(fd >= 0 && fstat(fd, &sb) == 0, "%s: %s", path, strerror(errno));
+        snprintf(says, sizeof(says), "not character device %u:%u", major(sb.st_rdev),
+                 minor(sb.st_rdev));
+        impostor(v, n, path, fd, says);
+}
+
+/*
+ * Every kind of fd that is not a file of NVIDIA's control device: what a
+ * careless or hostile peer could attach to a cuda-vmm alloc or publish.
+ * Returns how many (at most 16); impostors_close() closes them.
+ */
+static size_t impostors(struct impostor *v)
+{
+        int pfd[2], sfd[2], fd;
+        size_t n = 0;
+
+        impostor(v, &n, "an unsealed memfd", make_memfd(VMM_BYTES, 0),
+                 "not a regular file (a memfd)");
+        impostor(v, &n, "a sealed memfd",
+                 make_memfd(VMM_BYTES, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE),
+                 "not a regular file (a memfd)");
+        fd = open(fx.dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+        ck_assert_msg(fd < 0 || ftruncate(fd, VMM_BYTES) == 0, "ftruncate: %s", strerror(errno));
+        impostor(v, &n, "an O_TMPFILE file", fd, "not a regular file");
+        v[n - 1].unsaid = "memfd";
+        impostor_dev(v, &n, "/dev/zero");
+        v[n - 1].declared = DLX_MAX_SEGMENT; /* endless bytes, declared as 1 TiB */
+        impostor_dev(v, &n, "/dev/null");
+        /* a character device whose every open is distinct (tests/test-cuda.c exports through it) */
+        impostor_dev(v, &n, "/dev/ptmx");
+        impostor(v, &n, "an eventfd", eventfd(0, EFD_CLOEXEC), "not an anonymous inode (eventfd)");
+        ck_assert_int_eq(pipe2(pfd, O_CLOEXEC), 0);
+        impostor(v, &n, "a pipe's read end", pfd[0], "not a pipe");
+        impostor(v, &n, "a pipe's write end", pfd[1], "not a pipe");
+        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sfd), 0);
+        impostor(v, &n, "a socket", sfd[0], "not a socket");
+        close(sfd[1]);
+        impostor(v, &n, "a directory", open(fx.dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC),
+                 "not a directory");
+        /* which no driver can use, whatever device it is a file of */
+        impostor(v, &n, "an O_PATH fd of /dev/ptmx", open("/dev/ptmx", O_PATH | O_CLOEXEC),
+                 "not an O_PATH descriptor");
+        return n;
+}
+
+static void impostors_close(struct impostor *v, size_t n)
+{
+        for (size_t i = 0; i < n; i++)
+                close(v[i].fd);
+}
+
+/* The refusal of request id, which must say why (prefix) and name what came (says). */
+static void expect_impostor_refused(int fd, uint64_t id, const char *prefix,
+                                    const struct impostor *v)
+{
+        char msg[DLX_ERROR_MAX + 1];
+
+        expect_error_msg(fd, id, WIRE_BAD_FD, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, prefix) && strstr(msg, v->says),
+                      "%s as a cuda-vmm fd: '%s' lacks '%s' or '%s'", v->what, msg, prefix,
+                      v->says);
+        ck_assert_msg(!v->unsaid || !strstr(msg, v->unsaid), "%s as a cuda-vmm fd: '%s' says '%s'",
+                      v->what, msg, v->unsaid);
+}
+
+static void send_vmm_alloc(int fd, uint64_t id, uint64_t size, int attach_fd)
+{
+        struct wire_request req = {.id = id, .type = WIRE_REQ_ALLOC};
+
+        req.alloc.size = size;
+        req.alloc.storage = WIRE_STORAGE_CUDA_VMM;
+        send_request(fd, &req, attach_fd);
+}
+
+/* Publishes name as bytes of uint8 on cuda:0 at offset 0 of segment (0 with attach_fd). */
+static void send_vmm_publish(int fd, uint64_t id, const char *name, uint64_t segment,
+                             uint64_t segment_size, int attach_fd)
+{
+        struct wire_request req = {.id = id, .type = WIRE_REQ_PUBLISH};
+        struct wire_tensor *t = &req.publish.tensor;
+
+        snprintf(t->name, sizeof(t->name), "%s", name);
+        t->dtype = (DLDataType){kDLUInt, 8, 1};
+        t->ndim = 1;
+        t->shape[0] = VMM_BYTES;
+        t->strides[0] = 1;
+        t->device_type = kDLCUDA;
+        t->storage = WIRE_STORAGE_CUDA_VMM;
+        t->segment = segment;
+        t->length = VMM_BYTES;
+        req.publish.segment_size = segment_size;
+        send_request(fd, &req, attach_fd);
+}
+
+/*
+ * A cuda-vmm alloc with anything but a file of NVIDIA's control device is
+ * refused: BAD_FD, saying what the fd is, the fd closed, the connection kept.
+ */
+START_TEST(test_alloc_vmm_impostors)
+{
+        dlx_client *good = attack_begin();
+        int fd = raw_hello();
+        struct impostor v[16];
+        size_t n = impostors(v);
+
+        for (size_t i = 0; i < n; i++) {
+                send_vmm_alloc(fd, 2 + 2 * i, v[i].declared, v[i].fd);
+                expect_impostor_refused(fd, 2 + 2 * i, NVIDIA_EXPORT, &v[i]);
+                ping(fd, 3 + 2 * i);
+        }
+        impostors_close(v, n);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
+/*
+ * Nor does one reach a consumer through a publish: attached to it, or named
+ * by a segment id its refused alloc never got. A consumer waiting for the
+ * name gets the first tensor that is really published under it.
+ */
+START_TEST(test_publish_vmm_impostors)
+{
+        dlx_client *good = attack_begin();
+        int fd = raw_hello(), consumer = raw_hello();
+        struct wire_request acq = {.id = 2, .type = WIRE_REQ_ACQUIRE};
+        struct impostor v[16];
+        struct wire_reply rep;
+        struct tspec t;
+        size_t n = impostors(v);
+        uint64_t id = 2;
+
+        snprintf(acq.acquire.name, sizeof(acq.acquire.name), "badinput/vmm");
+        acq.acquire.timeout_ms = 4 * REPLY_TIMEOUT_MS;
+        send_request(consumer, &acq, -1);
+        for (size_t i = 0; i < n; i++) {
+                send_vmm_alloc(fd, id, v[i].declared, v[i].fd);
+                expect_impostor_refused(fd, id++, NVIDIA_EXPORT, &v[i]);
+                send_vmm_publish(fd, id, "badinput/vmm", 0, v[i].declared, v[i].fd);
+                expect_impostor_refused(fd, id++, NVIDIA_EXPORT, &v[i]);
+        }
+        for (uint64_t seg = 1; seg <= n + 2; seg++) {
+                send_vmm_publish(fd, id, "badinput/vmm", seg, VMM_BYTES, -1);
+                expect_error(fd, id++, WIRE_BAD_FD);
+        }
+        impostors_close(v, n);
+        ping(fd, id);
+
+        /* the first publish of the name that was accepted: a CPU tensor, version 1 */
+        tspec_init(&t, "badinput/vmm", VMM_BYTES);
+        publish_memfd_expect(fd, ++id, &t, VMM_BYTES, WIRE_OK);
+        rp_expect_ok(consumer, 2, WIRE_REP_ACQUIRE, &rep, NULL);
+        ck_assert_uint_eq(rep.acquire.tensor.storage, WIRE_STORAGE_MEMFD);
+        ck_assert_uint_eq(rep.acquire.tensor.version, 1);
+        close(consumer);
+        close(fd);
+        attack_end(good);
+}
+END_TEST
+
 /* ---- publish: the descriptor against its segment ------------------------------------- */
 
 START_TEST(test_publish_memfd_too_short)
@@ -2006,6 +2199,85 @@ START_TEST(test_client_limit)
 }
 END_TEST
 
+/* ---- cuda-vmm: a daemon told another device ------------------------------------------ */
+
+/*
+ * Told a device number (--cuda-device-number), dlxd takes files of that
+ * device as cuda-vmm segments, at their declared size within the bounds, and
+ * hands consumers the very file: here a /dev/ptmx master, whose pty number
+ * tells one open from another. Anything else is still refused, now naming
+ * the device asked for; an O_PATH fd of the right device too.
+ */
+START_TEST(test_vmm_device_number)
+{
+        char arg[32], want[128];
+        const char *const args[] = {"--cuda-device-number", arg, NULL};
+        struct wire_request acq = {.id = 2, .type = WIRE_REQ_ACQUIRE};
+        int m, fd, consumer, got = -1;
+        unsigned pty = 0, got_pty = ~0u;
+        struct impostor v[16];
+        struct wire_reply rep;
+        struct stat sb, gsb;
+        dlx_client *good;
+        uint64_t id = 2;
+        size_t n;
+
+        /* the fixture counts the fds open before it starts dlxd and after it stops it */
+        m = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
+        ck_assert_msg(m >= 0 && fstat(m, &sb) == 0, "/dev/ptmx: %s", strerror(errno));
+        close(m);
+        snprintf(arg, sizeof(arg), "%u:%u", major(sb.st_rdev), minor(sb.st_rdev));
+        dlxd_start(&fx, args);
+        m = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
+        ck_assert_msg(m >= 0 && ioctl(m, TIOCGPTN, &pty) == 0, "/dev/ptmx: %s", strerror(errno));
+        good = fx_connect(&fx, "good");
+        fd = raw_hello();
+        consumer = raw_hello();
+
+        /* the declared size stays bounded */
+        send_vmm_alloc(fd, id, 0, m);
+        expect_error(fd, id++, WIRE_INVALID);
+        send_vmm_alloc(fd, id, DLX_MAX_SEGMENT + 1, m);
+        expect_error(fd, id++, WIRE_INVALID);
+
+        /* adopted (nothing sent back: the client has it), published by id, acquired */
+        send_vmm_alloc(fd, id, VMM_BYTES, m);
+        rp_expect_ok(fd, id++, WIRE_REP_ALLOC, &rep, &got);
+        ck_assert_int_eq(got, -1);
+        ck_assert_uint_eq(rep.alloc.size, VMM_BYTES);
+        send_vmm_publish(fd, id, "badinput/vmm", rep.alloc.segment, 0, -1);
+        rp_expect_ok(fd, id++, WIRE_REP_PUBLISH, NULL, NULL);
+        snprintf(acq.acquire.name, sizeof(acq.acquire.name), "badinput/vmm");
+        send_request(consumer, &acq, -1);
+        rp_expect_ok(consumer, 2, WIRE_REP_ACQUIRE, &rep, &got);
+        ck_assert_uint_eq(rep.acquire.tensor.storage, WIRE_STORAGE_CUDA_VMM);
+        ck_assert_msg(got >= 0 && fstat(got, &gsb) == 0 && ioctl(got, TIOCGPTN, &got_pty) == 0,
+                      "the consumer's fd (%d) is not a pty master", got);
+        ck_assert(S_ISCHR(gsb.st_mode) && gsb.st_rdev == sb.st_rdev);
+        ck_assert_uint_eq(got_pty, pty);
+        close(got);
+
+        snprintf(want, sizeof(want),
+                 "a cuda-vmm fd must be a driver export (char %s, as --cuda-device-number says)",
+                 arg);
+        n = impostors(v);
+        for (size_t i = 0; i < n; i++) {
+                if (strcmp(v[i].what, "/dev/ptmx") == 0)
+                        continue; /* the device it was told */
+                send_vmm_alloc(fd, id, v[i].declared, v[i].fd);
+                expect_impostor_refused(fd, id++, want, &v[i]);
+        }
+        impostors_close(v, n);
+        ping(fd, id);
+        close(consumer);
+        close(fd);
+        close(m);
+        assert_daemon_serves(good);
+        dlx_close(good);
+        dlxd_stop(&fx);
+}
+END_TEST
+
 /* ---- slowloris: a daemon with a short timeout ------------------------------------------ */
 
 #define SHORT_TIMEOUT_MS 300
@@ -2209,6 +2481,8 @@ Suite *badinput_suite(void)
         tcase_add_test(fds, test_unannounced_fd);
         tcase_add_test(fds, test_publish_wrong_fd_kinds);
         tcase_add_test(fds, test_publish_unsealed_memfd);
+        tcase_add_test(fds, test_alloc_vmm_impostors);
+        tcase_add_test(fds, test_publish_vmm_impostors);
         suite_add_tcase(s, fds);
 
         tcase_add_checked_fixture(publish, fx_setup, fx_teardown);
@@ -2243,6 +2517,7 @@ Suite *badinput_suite(void)
 
         /* starts its own daemon with a client limit */
         tcase_add_test(limits, test_client_limit);
+        tcase_add_test(limits, test_vmm_device_number);
         tcase_add_test(limits, test_slowloris_no_hello);
         tcase_add_test(limits, test_slowloris_partial_frame);
         tcase_add_test(limits, test_daemon_out_of_fds);

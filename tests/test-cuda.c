@@ -20,8 +20,9 @@
  * parent published. Children report with exit status and stderr; parents
  * and children talk over pipes (struct chan), never by sleeping.
  *
- * VMM exports travel through a keeper process (see keep_export): dlxd
- * refuses the fake's memfd exports as cuda-vmm segments.
+ * VMM exports are /dev/ptmx masters, each naming a memfd that a keeper
+ * process holds (see keep_export): dlxd takes only files of one character
+ * device as cuda-vmm segments, and the fake exports memfds.
  *
  * DLX_CUDA_ONLY=<test> runs one test; DLX_TEST_CUDA_LOG=1 prints the
  * driver log when a test passes its teardown.
@@ -30,6 +31,7 @@
 #define _GNU_SOURCE
 #endif
 #include <check.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -38,9 +40,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -515,89 +519,128 @@ static void pop_own_context(void)
 /* ---- VMM exports the daemon accepts ---------------------------------------------------------- */
 
 /*
- * The fake exports a VMM allocation as a memfd: a regular file, which dlxd
- * refuses as a cuda-vmm segment (daemon/store.c adopt_vmm: "a cuda-vmm fd
- * must be a CUDA export, not a file, pipe or socket"; the real driver's
- * export is not a regular file). So the driver these tests install wraps
- * the fake's export and import: the memfd is kept by a keeper process
- * (forked with it, so it is there as soon as fork returns; until dlxd is
- * gone) and what travels is an eventfd whose count names the keeper's pid
- * and fd; the import opens the memfd again through /proc. libdlx sees an
- * opaque fd either way, and a VMM segment survives its exporter as it does
- * with the driver.
+ * NVIDIA's driver exports a VMM allocation as a file of its control device
+ * (/dev/nvidiactl, char 195:255), and dlxd takes nothing else as a cuda-vmm
+ * segment (daemon/store.c adopt_vmm); the fake exports a memfd. So the
+ * driver these tests install wraps the fake's export and import, and makes
+ * each export what the driver's is: a file of one character device, with
+ * an identity of its own, that names the allocation only to the driver.
+ * That device is /dev/ptmx, which every Linux has: each open of it is a new
+ * pty, numbered (TIOCGPTN), and dlxd is told its number
+ * (--cuda-device-number). The memfd is kept by a keeper process, forked with
+ * it (so it is there as soon as fork returns) and living until dlxd is gone;
+ * the keeper holds the pty's master too, so that its number names this
+ * export as long as anyone may import it. A file in the test's directory,
+ * vmm-pty-<number>, names the keeper's pid and fd, and the import opens the
+ * memfd again through /proc. Like the driver's, the import takes nothing
+ * else: any other fd, or a pty that no export made, is
+ * CUDA_ERROR_INVALID_VALUE. libdlx sees an opaque fd either way, and a VMM
+ * segment survives its exporter as it does with the driver.
  */
 static struct dlx_cuda_driver driver;
+static dev_t export_dev; /* /dev/ptmx's number */
+static char export_arg[32];
 
-static __attribute__((noreturn)) void keeper(int fd, pid_t dlxd)
+#define EXPORT_PREFIX "vmm-pty-"
+
+static __attribute__((noreturn)) void keeper(int a, int b, pid_t dlxd)
 {
         const struct timespec tick = {0, 10 * 1000 * 1000};
+        int lo = a < b ? a : b, hi = a < b ? b : a;
 
-        if (fd > 0)
-                close_range(0, (unsigned)fd - 1, 0);
-        close_range((unsigned)fd + 1, ~0U, 0);
+        if (lo > 0)
+                close_range(0, (unsigned)lo - 1, 0);
+        if (hi > lo + 1)
+                close_range((unsigned)lo + 1, (unsigned)hi - 1, 0);
+        close_range((unsigned)hi + 1, ~0U, 0);
         while (kill(dlxd, 0) == 0)
                 nanosleep(&tick, NULL);
         _exit(0);
 }
 
+/* Names keeper k's fd as export pty (written whole, then renamed: an import never reads half). */
+static int export_name(unsigned pty, pid_t k, int fd)
+{
+        char path[128], tmp[160];
+        FILE *f;
+        int ok;
+
+        snprintf(path, sizeof(path), "%s/" EXPORT_PREFIX "%u", fx.dir, pty);
+        snprintf(tmp, sizeof(tmp), "%s.%d", path, (int)getpid());
+        f = fopen(tmp, "wex");
+        if (!f)
+                return -1;
+        ok = fprintf(f, "%d %d\n", (int)k, fd) > 0;
+        ok = fclose(f) == 0 && ok;
+        if (ok && rename(tmp, path) == 0)
+                return 0;
+        unlink(tmp);
+        return -1;
+}
+
 static CUresult keep_export(void *shareable, CUmemGenericAllocationHandle h,
                             CUmemAllocationHandleType type, unsigned long long flags)
 {
-        int fd = -1, e;
+        unsigned pty = 0;
+        int fd = -1, m;
         CUresult r;
-        pid_t k;
+        pid_t k = -1;
 
         if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !shareable)
                 return cuda_fake_driver()->MemExportToShareableHandle(shareable, h, type, flags);
         r = cuda_fake_driver()->MemExportToShareableHandle(&fd, h, type, flags);
         if (r != CUDA_SUCCESS)
                 return r;
-        k = fork();
-        if (k == 0)
-                keeper(fd, fx.pid);
-        e = k > 0 ? eventfd(0, EFD_CLOEXEC) : -1;
-        if (e >= 0) {
-                uint64_t name = ((uint64_t)k << 32) | (uint32_t)fd;
-                if (write(e, &name, sizeof(name)) != (ssize_t)sizeof(name)) {
-                        close(e);
-                        e = -1;
-                }
+        m = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
+        if (m >= 0 && ioctl(m, TIOCGPTN, &pty) == 0) {
+                k = fork();
+                if (k == 0)
+                        keeper(fd, m, fx.pid);
+        }
+        if (k > 0 && export_name(pty, k, fd) < 0) {
+                kill(k, SIGKILL);
+                waitpid(k, NULL, 0);
+                k = -1;
         }
         close(fd);
-        if (e < 0) {
-                if (k > 0)
-                        kill(k, SIGKILL);
+        if (k < 0) {
+                if (m >= 0)
+                        close(m);
                 return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        *(int *)shareable = e;
+        *(int *)shareable = m;
         return CUDA_SUCCESS;
 }
 
 static CUresult keep_import(CUmemGenericAllocationHandle *h, void *shareable,
                             CUmemAllocationHandleType type)
 {
-        unsigned long long name = 0;
-        char path[64], line[128];
-        bool found = false;
+        int fd = (int)(uintptr_t)shareable, kpid = 0, kfd = -1, got = 0, memfd;
+        char path[128];
+        unsigned pty;
+        struct stat sb;
         CUresult r;
         FILE *f;
-        int fd;
 
-        snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", (int)(uintptr_t)shareable);
-        f = type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ? fopen(path, "re") : NULL;
-        while (f && fgets(line, sizeof(line), f))
-                if (sscanf(line, "eventfd-count: %llx", &name) == 1)
-                        found = true;
-        if (f)
-                fclose(f);
-        if (!found)
+        if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || (uintptr_t)shareable > INT32_MAX)
                 return cuda_fake_driver()->MemImportFromShareableHandle(h, shareable, type);
-        snprintf(path, sizeof(path), "/proc/%llu/fd/%u", name >> 32, (unsigned)(uint32_t)name);
-        fd = open(path, O_RDWR | O_CLOEXEC);
-        if (fd < 0)
+        if (fstat(fd, &sb) < 0 || !S_ISCHR(sb.st_mode) || sb.st_rdev != export_dev ||
+            ioctl(fd, TIOCGPTN, &pty) < 0)
                 return CUDA_ERROR_INVALID_VALUE;
-        r = cuda_fake_driver()->MemImportFromShareableHandle(h, (void *)(uintptr_t)fd, type);
-        close(fd);
+        snprintf(path, sizeof(path), "%s/" EXPORT_PREFIX "%u", fx.dir, pty);
+        f = fopen(path, "re");
+        if (f) {
+                got = fscanf(f, "%d %d", &kpid, &kfd);
+                fclose(f);
+        }
+        if (got != 2)
+                return CUDA_ERROR_INVALID_VALUE; /* a pty, but no export */
+        snprintf(path, sizeof(path), "/proc/%d/fd/%d", kpid, kfd);
+        memfd = open(path, O_RDWR | O_CLOEXEC);
+        if (memfd < 0)
+                return CUDA_ERROR_INVALID_VALUE;
+        r = cuda_fake_driver()->MemImportFromShareableHandle(h, (void *)(uintptr_t)memfd, type);
+        close(memfd);
         return r;
 }
 
@@ -609,10 +652,27 @@ static const struct dlx_cuda_driver *test_driver(void)
         return &driver;
 }
 
+/* Forgets every export's name, so that the fixture can remove the test's directory. */
+static void exports_forget(void)
+{
+        DIR *d = opendir(fx.dir);
+        struct dirent *de;
+
+        while (d && (de = readdir(d)))
+                if (strncmp(de->d_name, EXPORT_PREFIX, strlen(EXPORT_PREFIX)) == 0)
+                        unlinkat(dirfd(d), de->d_name, 0);
+        if (d)
+                closedir(d);
+}
+
 /* ---- the fixture ---------------------------------------------------------------------------- */
 
 static void cuda_setup(void)
 {
+        const char *const args[] = {"--cuda-device-number", export_arg, NULL};
+        struct stat sb;
+        int m;
+
         sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         ck_assert_ptr_ne(sh, MAP_FAILED);
         /* before anything forks: dlxd and every child share the log from here */
@@ -620,7 +680,14 @@ static void cuda_setup(void)
         dlx__cuda_install(test_driver());
         ctx_bad = 0;
         unclear[0] = 0;
-        fx_setup();
+        /* what an export is a file of, and what dlxd is told to take */
+        m = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
+        ck_assert_msg(m >= 0 && fstat(m, &sb) == 0 && S_ISCHR(sb.st_mode), "/dev/ptmx: %s",
+                      strerror(errno));
+        close(m);
+        export_dev = sb.st_rdev;
+        snprintf(export_arg, sizeof(export_arg), "%u:%u", major(export_dev), minor(export_dev));
+        dlxd_start(&fx, args);
 }
 
 static void cuda_teardown(void)
@@ -629,6 +696,7 @@ static void cuda_teardown(void)
 
         if (dump && *dump == '1')
                 log_dump();
+        exports_forget();
         fx_teardown();
         dlx__cuda_install(test_driver());
         munmap(sh, sizeof(*sh));
@@ -1725,6 +1793,76 @@ START_TEST(vmm_persist_outlives_producer)
 }
 END_TEST
 
+/*
+ * 6c. Only what the driver makes travels: dlxd refuses an export that is not
+ *     a file of the device it was told (the fake's own memfd export here),
+ *     and libdlx says so and keeps nothing; the double's import, like the
+ *     driver's, takes its own exports and nothing else.
+ */
+START_TEST(vmm_only_driver_exports)
+{
+        int64_t shape[1] = {VMM_LEN};
+        DLTensor proto = {
+                .device = {kDLCUDA, 0}, .ndim = 1, .dtype = {kDLUInt, 8, 1}, .shape = shape};
+        CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                    .location = {CU_MEM_LOCATION_TYPE_DEVICE, 0},
+                                    .requestedHandleTypes =
+                                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR};
+        const CUmemAllocationHandleType posix = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        const struct dlx_cuda_driver *fake = cuda_fake_driver();
+        CUmemGenericAllocationHandle h, got;
+        DLManagedTensorVersioned *t = NULL;
+        struct dlx_stats st;
+        int fds, err, memfd = -1, exp = -1, other;
+        size_t gran = 0;
+        dlx_client *c;
+
+        dlx__cuda_install(fake);
+        c = fx_connect(&fx, "memfd-exporter");
+        fds = count_fds(0);
+        err = DLX(dlx_alloc(c, &proto, &t));
+        ck_assert_msg(err == -EBADF, "dlx_alloc with a memfd for an export: %s (%s)",
+                      dlx_strerror(err), dlx_last_error());
+        ck_assert_ptr_null(t);
+        ck_assert_msg(strstr(dlx_last_error(), "cuda-vmm") &&
+                              strstr(dlx_last_error(), "a regular file (a memfd)"),
+                      "message: %s", dlx_last_error());
+        assert_nothing_live("after the refused alloc");
+        ck_assert_int_eq(count_fds(0), fds);
+        ck_assert_int_eq(DLX(dlx_stats(c, &st)), 0);
+        ck_assert_uint_eq(st.segments, 0);
+        ck_assert_int_eq(DLX(dlx_ping(c)), 0);
+        DLXV(dlx_close(c));
+        dlx__cuda_install(test_driver());
+
+        ck_assert_int_eq(
+                fake->MemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+                CUDA_SUCCESS);
+        ck_assert_int_eq(fake->MemCreate(&h, gran, &prop, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(fake->MemExportToShareableHandle(&memfd, h, posix, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(driver.MemExportToShareableHandle(&exp, h, posix, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(driver.MemImportFromShareableHandle(&got, (void *)(uintptr_t)memfd, posix),
+                         CUDA_ERROR_INVALID_VALUE);
+        other = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC); /* a pty no export made */
+        ck_assert_int_ge(other, 0);
+        ck_assert_int_eq(driver.MemImportFromShareableHandle(&got, (void *)(uintptr_t)other, posix),
+                         CUDA_ERROR_INVALID_VALUE);
+        close(other);
+        other = open("/dev/null", O_RDWR | O_CLOEXEC);
+        ck_assert_int_ge(other, 0);
+        ck_assert_int_eq(driver.MemImportFromShareableHandle(&got, (void *)(uintptr_t)other, posix),
+                         CUDA_ERROR_INVALID_VALUE);
+        close(other);
+        ck_assert_int_eq(driver.MemImportFromShareableHandle(&got, (void *)(uintptr_t)exp, posix),
+                         CUDA_SUCCESS);
+        ck_assert_int_eq(fake->MemRelease(got), CUDA_SUCCESS);
+        ck_assert_int_eq(fake->MemRelease(h), CUDA_SUCCESS);
+        close(memfd);
+        close(exp);
+        assert_nothing_live("after the imports");
+}
+END_TEST
+
 /* =============================================================================================
  * 7. cuda-host: pinned host memory, registered on both sides.
  */
@@ -2510,6 +2648,7 @@ Suite *cuda_suite(void)
         add(tc, kill9_consumer_releases);
         add(tc, vmm_alloc_share);
         add(tc, vmm_persist_outlives_producer);
+        add(tc, vmm_only_driver_exports);
         add(tc, cuda_host_share);
         add(tc, no_driver);
         add(tc, faults_publish);

@@ -13,7 +13,6 @@
 #include "registry.h"
 
 #include <check.h>
-#include <sys/eventfd.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
@@ -23,6 +22,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -2283,10 +2283,20 @@ START_TEST(test_cuda_vmm_and_host_segments)
         struct wire_request req;
         struct wire_tensor t;
         const struct sent *r;
+        struct stat sb;
         int fd;
 
-        /* a VMM export adopted through alloc at its declared size, held, published by id */
-        fd = eventfd(0, EFD_CLOEXEC); /* stands in for the driver's export */
+        /*
+         * A VMM export adopted through alloc at its declared size, held,
+         * published by id. It must be a file of the driver's control device
+         * (tests/test-badinput.c has the refusals): a /dev/ptmx master stands
+         * in for one, and the store is told to take that device.
+         */
+        ck_assert(E.store.vmm_dev == makedev(STORE_VMM_MAJOR, STORE_VMM_MINOR));
+        fd = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(fstat(fd, &sb), 0);
+        E.store.vmm_dev = sb.st_rdev;
         req_init(&req, WIRE_REQ_ALLOC);
         req.alloc.size = 1 << 16;
         req.alloc.storage = WIRE_STORAGE_CUDA_VMM;
