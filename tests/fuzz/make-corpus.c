@@ -839,7 +839,8 @@ static void corpus_session(void)
         s_send(&b, 2, named(WIRE_REQ_UNPUBLISH, "keep/a"), NULL, 0);
         s_send(&b, 0, hello(), NULL, 0);
         for (unsigned i = 0; (q = sample_request(i, &name, &nfds)); i++) {
-                static const uint8_t vmm[1] = {FUZZ_FD(FUZZ_FD_EVENTFD, 0)};
+                /* fuzz-session takes /dev/null for the driver's device; eventfds it refuses */
+                static const uint8_t vmm[1] = {FUZZ_FD(FUZZ_FD_DEVNULL, 0)};
                 if (q->type == WIRE_REQ_PUBLISH || q->type == WIRE_REQ_ALLOC)
                         s_send(&b, 0, q, q->type == WIRE_REQ_ALLOC ? vmm : memfd_4k, nfds);
         }
