@@ -37,7 +37,7 @@ static int simple_call(dlx_client *c, struct wire_request *req)
         return err;
 }
 
-int dlx_unpublish(dlx_client *c, const char *name)
+static int held_unpublish(dlx_client *c, const char *name)
 {
         struct wire_request req = {.type = WIRE_REQ_UNPUBLISH};
         int err;
@@ -50,6 +50,13 @@ int dlx_unpublish(dlx_client *c, const char *name)
                 return err;
         snprintf(req.unpublish.name, sizeof(req.unpublish.name), "%s", name);
         return simple_call(c, &req);
+}
+
+int dlx_unpublish(dlx_client *c, const char *name)
+{
+        if (!c)
+                return dlx__fail(-EINVAL, "NULL argument");
+        return DLX_HOLDING(c, held_unpublish(c, name));
 }
 
 void dlx__info_from_wire(const struct wire_info *w, struct dlx_info *info)
@@ -80,7 +87,7 @@ void dlx__info_from_wire(const struct wire_info *w, struct dlx_info *info)
         info->published_ns = w->published_ns;
 }
 
-int dlx_stat(dlx_client *c, const char *name, struct dlx_info *ret_info)
+static int held_stat(dlx_client *c, const char *name, struct dlx_info *ret_info)
 {
         struct wire_request req = {.type = WIRE_REQ_STAT};
         struct pending p;
@@ -102,7 +109,14 @@ int dlx_stat(dlx_client *c, const char *name, struct dlx_info *ret_info)
         return err;
 }
 
-int dlx_list(dlx_client *c, const char *prefix, dlx_list_fn fn, void *ctx)
+int dlx_stat(dlx_client *c, const char *name, struct dlx_info *ret_info)
+{
+        if (!c)
+                return dlx__fail(-EINVAL, "NULL argument");
+        return DLX_HOLDING(c, held_stat(c, name, ret_info));
+}
+
+static int held_list(dlx_client *c, const char *prefix, dlx_list_fn fn, void *ctx)
 {
         struct wire_request req = {.type = WIRE_REQ_LIST};
         struct dlx_info info;
@@ -143,7 +157,14 @@ int dlx_list(dlx_client *c, const char *prefix, dlx_list_fn fn, void *ctx)
         }
 }
 
-int dlx_watch(dlx_client *c, const char *prefix, uint64_t *ret_watch)
+int dlx_list(dlx_client *c, const char *prefix, dlx_list_fn fn, void *ctx)
+{
+        if (!c)
+                return dlx__fail(-EINVAL, "NULL argument");
+        return DLX_HOLDING(c, held_list(c, prefix, fn, ctx));
+}
+
+static int held_watch(dlx_client *c, const char *prefix, uint64_t *ret_watch)
 {
         struct wire_request req = {.type = WIRE_REQ_WATCH};
         struct pending p;
@@ -167,7 +188,14 @@ int dlx_watch(dlx_client *c, const char *prefix, uint64_t *ret_watch)
         return err;
 }
 
-int dlx_unwatch(dlx_client *c, uint64_t watch)
+int dlx_watch(dlx_client *c, const char *prefix, uint64_t *ret_watch)
+{
+        if (!c)
+                return dlx__fail(-EINVAL, "NULL argument");
+        return DLX_HOLDING(c, held_watch(c, prefix, ret_watch));
+}
+
+static int held_unwatch(dlx_client *c, uint64_t watch)
 {
         struct wire_request req = {.type = WIRE_REQ_UNWATCH};
 
@@ -178,7 +206,14 @@ int dlx_unwatch(dlx_client *c, uint64_t watch)
         return simple_call(c, &req);
 }
 
-int dlx_stats(dlx_client *c, struct dlx_stats *ret_stats)
+int dlx_unwatch(dlx_client *c, uint64_t watch)
+{
+        if (!c)
+                return dlx__fail(-EINVAL, "NULL client");
+        return DLX_HOLDING(c, held_unwatch(c, watch));
+}
+
+static int held_stats(dlx_client *c, struct dlx_stats *ret_stats)
 {
         struct wire_request req = {.type = WIRE_REQ_STATS};
         struct pending p;
@@ -230,7 +265,14 @@ int dlx_stats(dlx_client *c, struct dlx_stats *ret_stats)
         return err;
 }
 
-int dlx_ping(dlx_client *c)
+int dlx_stats(dlx_client *c, struct dlx_stats *ret_stats)
+{
+        if (!c)
+                return dlx__fail(-EINVAL, "NULL argument");
+        return DLX_HOLDING(c, held_stats(c, ret_stats));
+}
+
+static int held_ping(dlx_client *c)
 {
         struct wire_request req = {.type = WIRE_REQ_PING};
 
@@ -241,7 +283,14 @@ int dlx_ping(dlx_client *c)
         return simple_call(c, &req);
 }
 
-int dlx_set_stream(dlx_client *c, int device_id, void *stream)
+int dlx_ping(dlx_client *c)
+{
+        if (!c)
+                return dlx__fail(-EINVAL, "NULL client");
+        return DLX_HOLDING(c, held_ping(c));
+}
+
+static int held_set_stream(dlx_client *c, int device_id, void *stream)
 {
         dlx__clear_error();
         if (!c || device_id < 0 || device_id >= DLX_GPU_MAX_DEVICES)
@@ -255,6 +304,13 @@ int dlx_set_stream(dlx_client *c, int device_id, void *stream)
         pthread_mutex_unlock(&c->lock);
         return 0;
 #endif
+}
+
+int dlx_set_stream(dlx_client *c, int device_id, void *stream)
+{
+        if (!c)
+                return dlx__fail(-EINVAL, "NULL client");
+        return DLX_HOLDING(c, held_set_stream(c, device_id, stream));
 }
 
 void *dlx_get_stream(dlx_client *c, int device_id)

@@ -254,8 +254,8 @@ static int send_locked(dlx_client *c, struct wire_request *req, int fd)
         if (c->broken)
                 return c->broken;
         /* a closed client's connection carries the releases of its tensors (and a wake-up) */
-        if (c->closed && !(c->retired && (req->type == WIRE_REQ_RELEASE ||
-                                          req->type == WIRE_REQ_PING)))
+        if (c->closed &&
+            !(c->retired && (req->type == WIRE_REQ_RELEASE || req->type == WIRE_REQ_PING)))
                 return -ECONNRESET;
         req->id = c->next_id++;
         err = wire_request_size(req, &size);
@@ -1087,7 +1087,7 @@ static int fail_unlock(dlx_client *c, int err)
         return dlx__fail(err, "%s", why[0] ? why : dlx_strerror(err));
 }
 
-int dlx_process_events(dlx_client *c)
+static int held_process_events(dlx_client *c)
 {
         int err, count;
 
@@ -1110,7 +1110,14 @@ int dlx_process_events(dlx_client *c)
         return count;
 }
 
-int dlx_next_event(dlx_client *c, struct dlx_event *ret_event, int64_t timeout_ms)
+int dlx_process_events(dlx_client *c)
+{
+        if (!c)
+                return -EINVAL;
+        return DLX_HOLDING(c, held_process_events(c));
+}
+
+static int held_next_event(dlx_client *c, struct dlx_event *ret_event, int64_t timeout_ms)
 {
         int64_t deadline = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
         int err = 0;
@@ -1159,6 +1166,13 @@ int dlx_next_event(dlx_client *c, struct dlx_event *ret_event, int64_t timeout_m
         return 0;
 }
 
+int dlx_next_event(dlx_client *c, struct dlx_event *ret_event, int64_t timeout_ms)
+{
+        if (!c)
+                return dlx__fail(-EINVAL, "NULL argument");
+        return DLX_HOLDING(c, held_next_event(c, ret_event, timeout_ms));
+}
+
 /* ---- waiting for readers ------------------------------------------------------------------ */
 
 static struct released *find_released(dlx_client *c, const char *name, uint64_t version)
@@ -1182,8 +1196,8 @@ static bool still_held(dlx_client *c, const char *name, uint64_t version)
         return false;
 }
 
-int dlx_wait_released(dlx_client *c, const char *name, uint64_t version, void *stream,
-                      int64_t timeout_ms)
+static int held_wait_released(dlx_client *c, const char *name, uint64_t version, void *stream,
+                              int64_t timeout_ms)
 {
         int64_t deadline = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
         struct released *r;
@@ -1198,6 +1212,9 @@ int dlx_wait_released(dlx_client *c, const char *name, uint64_t version, void *s
         while (!(r = find_released(c, name, version))) {
                 int64_t left = -1;
 
+                /* a client closed (or broken) meanwhile holds nothing any more */
+                if (c->closed || c->broken)
+                        return fail_unlock(c, c->broken ? c->broken : -ECONNRESET);
                 if (!still_held(c, name, version)) {
                         pthread_mutex_unlock(&c->lock);
                         return dlx__fail(-ENOENT,
@@ -1238,4 +1255,12 @@ int dlx_wait_released(dlx_client *c, const char *name, uint64_t version, void *s
                                            r->events, r->nevents);
         pthread_mutex_unlock(&c->lock);
         return err;
+}
+
+int dlx_wait_released(dlx_client *c, const char *name, uint64_t version, void *stream,
+                      int64_t timeout_ms)
+{
+        if (!c)
+                return dlx__fail(-EINVAL, "NULL client or name, or version 0");
+        return DLX_HOLDING(c, held_wait_released(c, name, version, stream, timeout_ms));
 }

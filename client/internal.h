@@ -182,6 +182,18 @@ DLX_HIDDEN void dlx__clear_error(void);
 DLX_HIDDEN void dlx__client_ref(dlx_client *c);
 DLX_HIDDEN void dlx__client_unref(dlx_client *c);
 /*
+ * Evaluates call with a reference on c (not NULL) held: a public entry point
+ * wraps its body in it, so that a dlx_close() in another thread, which drops
+ * the handle's reference, cannot free the client under a call in progress.
+ */
+#define DLX_HOLDING(c, call)                                                                       \
+        __extension__({                                                                            \
+                dlx__client_ref(c);                                                                \
+                __typeof__(call) held_result__ = (call);                                           \
+                dlx__client_unref(c);                                                              \
+                held_result__;                                                                     \
+        })
+/*
  * Whether c was connected by another process (this one forked since): its
  * socket, locks and leases are the parent's, not to be touched here.
  */

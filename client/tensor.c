@@ -162,8 +162,8 @@ static int build_acquired(dlx_client *c, struct pending *p, void *stream,
         return 0;
 }
 
-int dlx_acquire(dlx_client *c, const char *name, const struct dlx_acquire_options *opts,
-                DLManagedTensorVersioned **ret_tensor)
+static int held_acquire(dlx_client *c, const char *name, const struct dlx_acquire_options *opts,
+                        DLManagedTensorVersioned **ret_tensor)
 {
         struct wire_request req = {.type = WIRE_REQ_ACQUIRE};
         const char *why = NULL;
@@ -201,6 +201,14 @@ int dlx_acquire(dlx_client *c, const char *name, const struct dlx_acquire_option
         }
         dlx__pending_done(c, &p);
         return err;
+}
+
+int dlx_acquire(dlx_client *c, const char *name, const struct dlx_acquire_options *opts,
+                DLManagedTensorVersioned **ret_tensor)
+{
+        if (!c)
+                return dlx__fail(-EINVAL, "NULL argument");
+        return DLX_HOLDING(c, held_acquire(c, name, opts, ret_tensor));
 }
 
 /* The acquired tensor behind t (through exchange-API exports), or NULL. */
@@ -393,8 +401,19 @@ fail:
         return err;
 }
 
+static int held_publish(dlx_client *c, const char *name, DLManagedTensorVersioned *tensor,
+                        const struct dlx_publish_options *opts, uint64_t *ret_version);
+
 int dlx_publish(dlx_client *c, const char *name, DLManagedTensorVersioned *tensor,
                 const struct dlx_publish_options *opts, uint64_t *ret_version)
+{
+        if (!c)
+                return held_publish(c, name, tensor, opts, ret_version); /* fails, deletes */
+        return DLX_HOLDING(c, held_publish(c, name, tensor, opts, ret_version));
+}
+
+static int held_publish(dlx_client *c, const char *name, DLManagedTensorVersioned *tensor,
+                        const struct dlx_publish_options *opts, uint64_t *ret_version)
 {
         struct dlx_publish_options o = {0};
         struct wire_request req = {.type = WIRE_REQ_PUBLISH};

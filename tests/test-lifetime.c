@@ -7,6 +7,7 @@
  * that stopped answering.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -180,6 +181,65 @@ START_TEST(exchange_export_outlives_close)
         view->deleter(view);
         ck_assert_int_eq(fx_wait_leases(p, 0, 5000), 0);
         ck_assert_uint_eq(fx_wait_clients(p, 1, 5000), 1);
+        dlx_close(p);
+}
+END_TEST
+
+/* Calls blocked in other threads when dlx_close() comes fail with -ECONNRESET, and nothing
+ * touches the client after it is freed (ASan and valgrind runs would see it). */
+struct blocked {
+        dlx_client *c;
+        int which;
+        int err;
+        char name[32];
+};
+
+static void *block_in(void *arg)
+{
+        struct blocked *b = arg;
+        struct dlx_acquire_options forever = {.timeout_ms = -1};
+        DLManagedTensorVersioned *t = NULL;
+        struct dlx_event ev;
+
+        if (b->which == 0)
+                b->err = dlx_next_event(b->c, &ev, -1);
+        else if (b->which == 1)
+                b->err = dlx_acquire(b->c, "life/never", &forever, &t);
+        else
+                b->err = dlx_wait_released(b->c, b->name, 1, NULL, -1);
+        return NULL;
+}
+
+START_TEST(close_ends_blocked_calls)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        DLManagedTensorVersioned *t;
+        struct blocked b[3];
+        pthread_t th[3];
+        uint64_t watch;
+
+        for (int round = 0; round < 20; round++) {
+                dlx_client *c = fx_connect(&fx, "blocked");
+                char name[32];
+                snprintf(name, sizeof(name), "life/w/%d", round);
+                ck_assert_int_eq(dlx_watch(c, "life/none/", &watch), 0);
+                ck_assert_int_eq(publish_filled(c, name, 1.0f), 1);
+                t = acquire_ok(p, name); /* so that v1 is not released */
+                for (int i = 0; i < 3; i++) {
+                        b[i] = (struct blocked){.c = c, .which = i};
+                        snprintf(b[i].name, sizeof(b[i].name), "%s", name);
+                        ck_assert_int_eq(pthread_create(&th[i], NULL, block_in, &b[i]), 0);
+                }
+                fx_sleep_ms(round % 4 * 5);
+                dlx_close(c);
+                for (int i = 0; i < 3; i++) {
+                        pthread_join(th[i], NULL);
+                        ck_assert_msg(b[i].err == -ECONNRESET, "round %d call %d: %s", round, i,
+                                      dlx_strerror(b[i].err));
+                }
+                t->deleter(t);
+        }
+        ck_assert_int_eq(fx_wait_leases(p, 0, 5000), 0);
         dlx_close(p);
 }
 END_TEST
@@ -390,6 +450,7 @@ Suite *lifetime_suite(void)
         tcase_add_test(views, close_with_views_lets_go_of_the_rest);
         tcase_add_test(views, close_without_views_ends_connection);
         tcase_add_test(views, exchange_export_outlives_close);
+        tcase_add_test(views, close_ends_blocked_calls);
         suite_add_tcase(s, views);
 
         tcase_add_checked_fixture(forks, fx_setup, fx_teardown);

@@ -123,6 +123,7 @@ static void check_request(const struct wire_request *q)
         case WIRE_REQ_FREE:
         case WIRE_REQ_STATS:
         case WIRE_REQ_PING:
+        case WIRE_REQ_BYE:
                 break;
         default:
                 FUZZ_CHECK(false, "request of type %d decoded", (int)q->type);

@@ -437,6 +437,12 @@ static void check_counts(void)
                            s->nwatches);
                 FUZZ_CHECK(!lim->max_watches || s->nwatches <= lim->max_watches,
                            "session has %u watches", s->nwatches);
+                /* after bye a session holds its leases and nothing else */
+                FUZZ_CHECK(!s->retired || (list_empty(&s->watches) && list_empty(&s->waiters) &&
+                                           list_empty(&s->published) && s->known.count == 0 &&
+                                           s->held.count == 0),
+                           "session %llu holds more than leases after bye",
+                           (unsigned long long)s->id);
         }
         FUZZ_CHECK(F.reg.nsessions == sessions, "registry counts %llu sessions, %llu are open",
                    (unsigned long long)F.reg.nsessions, (unsigned long long)sessions);

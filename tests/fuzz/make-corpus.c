@@ -392,6 +392,9 @@ static struct wire_request *sample_request(unsigned i, const char **ret_name, un
         case 26:
                 *ret_name = "ping";
                 return with_u64(WIRE_REQ_PING, 0x1122334455667788u);
+        case 27:
+                *ret_name = "bye";
+                return req(WIRE_REQ_BYE);
         default:
                 return NULL;
         }
@@ -878,6 +881,23 @@ static void corpus_session(void)
         s_send(&b, 0, named(WIRE_REQ_UNPUBLISH, "page/b"), NULL, 0);
         s_send(&b, 2, with_u64(WIRE_REQ_UNWATCH, 1), NULL, 0);
         save("session-pages", &b);
+
+        /* a client closing with a lease kept: bye, then only releases and pings count */
+        put_u8(&b, 0);
+        s_hello_all(&b);
+        s_send(&b, 0, publish("bye/a", 0, 5), memfd_4k, 1);
+        s_send(&b, 1, publish("bye/own", 0, 6), memfd_4k, 1);
+        s_send(&b, 1, named(WIRE_REQ_WATCH, "bye/"), NULL, 0);
+        s_send(&b, 1, acquire("bye/a", 0, 0), NULL, 0);
+        s_send(&b, 1, acquire("bye/never", 0, -1), NULL, 0);
+        s_send(&b, 1, req(WIRE_REQ_BYE), NULL, 0);
+        s_send(&b, 1, acquire("bye/a", 0, 0), NULL, 0);
+        s_send(&b, 1, with_u64(WIRE_REQ_PING, 1), NULL, 0);
+        s_send(&b, 0, named(WIRE_REQ_UNPUBLISH, "bye/a"), NULL, 0);
+        s_send(&b, 0, publish("bye/never", 0, 7), memfd_4k, 1);
+        s_send(&b, 1, with_u64(WIRE_REQ_RELEASE, 1), NULL, 0);
+        s_op(&b, SESSION_OP_CLOSE, 1);
+        save("session-bye", &b);
 
         /* every kind of fd offered as a memfd, in 7-byte chunks */
         put_u8(&b, 2 << 6);
