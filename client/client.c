@@ -125,14 +125,74 @@ void dlx__log(dlx_client *c, int level, const char *fmt, ...)
 static unsigned fork_generation;
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 
+/*
+ * Clients whose connection is open in this process. A child made by fork()
+ * closes its copies of their descriptors at once: a child that outlives a
+ * killed parent (a worker process, say) must not keep the parent's
+ * connection, and with it its leases and names, alive.
+ */
+static pthread_mutex_t conn_lock = PTHREAD_MUTEX_INITIALIZER;
+static dlx_client *conns;
+
+static void on_fork_prepare(void)
+{
+        pthread_mutex_lock(&conn_lock);
+}
+
+static void on_fork_parent(void)
+{
+        pthread_mutex_unlock(&conn_lock);
+}
+
+static void close_copy(int *fd)
+{
+        if (*fd >= 0)
+                close(*fd);
+        *fd = -1;
+}
+
 static void on_fork_child(void)
 {
         __atomic_add_fetch(&fork_generation, 1, __ATOMIC_RELAXED);
+        /* only this thread runs here: no client lock is taken, another thread may hold one */
+        for (dlx_client *c = conns; c; c = c->conn_next) {
+                close_copy(&c->fd);
+                close_copy(&c->efd);
+                close_copy(&c->pfd);
+        }
+        conns = NULL; /* none of them is this process's */
+        pthread_mutex_unlock(&conn_lock);
 }
 
 static void watch_forks(void)
 {
-        pthread_atfork(NULL, NULL, on_fork_child);
+        pthread_atfork(on_fork_prepare, on_fork_parent, on_fork_child);
+}
+
+static void conn_register(dlx_client *c)
+{
+        pthread_mutex_lock(&conn_lock);
+        c->conn_prev = NULL;
+        c->conn_next = conns;
+        if (conns)
+                conns->conn_prev = c;
+        conns = c;
+        pthread_mutex_unlock(&conn_lock);
+}
+
+/* The connection's descriptor is closed from here on (c->lock held, or c not shared yet). */
+static void conn_closed(dlx_client *c)
+{
+        pthread_mutex_lock(&conn_lock);
+        if (c->conn_prev)
+                c->conn_prev->conn_next = c->conn_next;
+        else if (conns == c)
+                conns = c->conn_next;
+        if (c->conn_next)
+                c->conn_next->conn_prev = c->conn_prev;
+        c->conn_prev = c->conn_next = NULL;
+        close_copy(&c->fd);
+        pthread_mutex_unlock(&conn_lock);
 }
 
 bool dlx__forked(const dlx_client *c)
@@ -966,6 +1026,7 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
         }
         dlx__log(c, DLX_LOG_DEBUG, "connected to %s at %s as session %llu", c->server,
                  addr.sun_path, (unsigned long long)c->session);
+        conn_register(c);
         dlx__default_client_connected(c);
         *ret_client = c;
         return 0;
@@ -979,9 +1040,8 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
  */
 static void close_inherited(dlx_client *c)
 {
-        close(c->fd);
-        close(c->efd);
-        close(c->pfd);
+        /* the fork closed them already (on_fork_child); nothing else is this process's */
+        (void)c;
 }
 
 void dlx_close(dlx_client *c)
@@ -1045,10 +1105,8 @@ void dlx_close(dlx_client *c)
         pthread_mutex_lock(&c->lock);
         dlx__maps_close(c);
         /* a retired connection ends with the last tensor (dlx__acquired_gone) */
-        if (!c->retired) {
-                close(c->fd);
-                c->fd = -1;
-        }
+        if (!c->retired)
+                conn_closed(c);
         pthread_mutex_unlock(&c->lock);
         dlx__client_unref(c);
 }
@@ -1060,8 +1118,7 @@ void dlx__acquired_gone(dlx_client *c)
                 c->retired = false;
                 /* EOF: the daemon ends the session, the last leases with it */
                 shutdown(c->fd, SHUT_RDWR);
-                close(c->fd);
-                c->fd = -1;
+                conn_closed(c);
         }
 }
 

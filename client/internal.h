@@ -157,6 +157,8 @@ struct dlx_client {
 
         /* --- under exchange.c's lock: the process's open clients --- */
         struct dlx_client *live_prev, *live_next;
+        /* --- under client.c's fork lock: clients whose connection is open (fork closes it) --- */
+        struct dlx_client *conn_prev, *conn_next;
 
         /* --- set at connect, read-only after --- */
         struct release_ring *ring;  /* releases posted without a syscall, or NULL */

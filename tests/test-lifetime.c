@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -297,6 +298,69 @@ START_TEST(fork_child_leaves_parent_alone)
 }
 END_TEST
 
+/*
+ * A parent that acquired and published, then forked a worker that never
+ * touches dlx, is killed: its connection ends at once (the worker holds no
+ * copy of it), so its lease is released and its name is gone while the
+ * worker lives on.
+ */
+struct doomed_parent {
+        int ready[2];   /* the parent says it is set up */
+        int worker_pid; /* written by the parent into a shared page */
+};
+
+static int doomed_parent_main(void *arg)
+{
+        struct doomed_parent *d = arg;
+        dlx_client *c = fx_connect(&fx, "doomed");
+        DLManagedTensorVersioned *t;
+        pid_t worker;
+
+        if (dlx_acquire(c, "life/shared", NULL, &t) < 0 ||
+            dlx_publish(c, "life/doomed", fx_plain_f32(4, 1.0f, NULL), NULL, NULL) < 0)
+                return 2;
+        worker = fork();
+        if (worker == 0) {
+                sleep(30); /* a worker that never calls dlx; killed by the test */
+                _exit(0);
+        }
+        d->worker_pid = worker;
+        (void)!write(d->ready[1], "r", 1);
+        for (;;)
+                pause(); /* killed by the test */
+}
+
+START_TEST(killed_parent_forked_worker_keeps_nothing)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        struct doomed_parent *d =
+                mmap(NULL, sizeof(*d), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        struct dlx_info info;
+        pid_t parent;
+        char byte;
+
+        ck_assert_ptr_ne(d, MAP_FAILED);
+        ck_assert_int_eq(pipe(d->ready), 0);
+        publish_filled(p, "life/shared", 6.0f);
+        parent = fx_spawn(doomed_parent_main, d);
+        ck_assert_int_eq(read(d->ready[0], &byte, 1), 1);
+        ck_assert_uint_eq(fx_stats(p).leases, 1);
+        ck_assert_int_eq(dlx_stat(p, "life/doomed", &info), 0);
+        ck_assert_int_eq(kill(parent, SIGKILL), 0);
+        ck_assert_int_eq(fx_wait(parent), 128 + SIGKILL);
+        /* the worker lives on: the parent's connection must not */
+        ck_assert_int_eq(kill(d->worker_pid, 0), 0);
+        ck_assert_int_eq(fx_wait_leases(p, 0, 3000), 0);
+        ck_assert_uint_eq(fx_wait_clients(p, 1, 3000), 1);
+        ck_assert_int_eq(dlx_stat(p, "life/doomed", &info), -ENOENT);
+        kill(d->worker_pid, SIGKILL);
+        close(d->ready[0]);
+        close(d->ready[1]);
+        munmap(d, sizeof(*d));
+        dlx_close(p);
+}
+END_TEST
+
 /* ---- a daemon that stops answering -------------------------------------------------------- */
 
 static dlx_client *connect_timeout(int64_t timeout_ms)
@@ -455,6 +519,7 @@ Suite *lifetime_suite(void)
 
         tcase_add_checked_fixture(forks, fx_setup, fx_teardown);
         tcase_add_test(forks, fork_child_leaves_parent_alone);
+        tcase_add_test(forks, killed_parent_forked_worker_keeps_nothing);
         suite_add_tcase(s, forks);
 
         tcase_add_checked_fixture(timeouts, fx_setup, fx_teardown);
