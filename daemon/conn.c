@@ -36,6 +36,7 @@ struct outbuf {
         size_t off;
         struct segment *seg; /* one reference, or NULL */
         int fd;              /* owned duplicate, -1 for none */
+        bool reply;          /* an answer to a request (else an event) */
         uint8_t data[];
 };
 
@@ -67,6 +68,7 @@ static void outbuf_drop_fd(struct conn *c, struct outbuf *b)
 static void outbuf_free(struct conn *c, struct outbuf *b)
 {
         outbuf_drop_fd(c, b);
+        c->queued_replies -= b->reply;
         free(b);
 }
 
@@ -298,6 +300,8 @@ static int conn_send(void *ctx, const struct wire_reply *rep, int fd, struct seg
                 segment_ref(seg);
                 b->seg = seg;
         }
+        b->reply = rep->id != 0;
+        c->queued_replies += b->reply;
         if (outbuf_has_fd(b))
                 c->queued_fds++;
         frame_header_put(b->data, (uint32_t)size, outbuf_has_fd(b) ? 1 : 0);
@@ -625,10 +629,16 @@ static void watch_stall(struct conn *c, bool progressed)
         }
 }
 
-/* Whether c waits for its own peer: a full socket, or its own descriptors unread. */
+/*
+ * Whether c waits for its own peer to read an answer it asked for: a full
+ * socket, or its own descriptors unread. Notifications it did not ask for
+ * (watch events, RELEASED, SEGMENT_GONE) may wait for an idle client as long
+ * as it likes: watch events past --max-queued are dropped instead, the
+ * others are bounded by what the session holds.
+ */
 static bool waits_for_peer(const struct conn *c)
 {
-        return !list_empty(&c->outq) && (c->full || c->fds_unread >= CONN_MAX_FDS_UNREAD);
+        return c->queued_replies > 0 && (c->full || c->fds_unread >= CONN_MAX_FDS_UNREAD);
 }
 
 /*

@@ -37,7 +37,8 @@ struct session;
  * CONN_MAX_QUEUED_FDS descriptors the connection reads no more requests
  * until the queue shrinks: a peer that pipelines is slowed down, never
  * dropped. Only a peer that reads nothing for the timeout (--timeout-ms)
- * while its output waits for it is dropped.
+ * while an answer it asked for waits is dropped; notifications it did not
+ * ask for may wait for an idle peer as long as it likes.
  */
 #define CONN_BATCH_BYTES (256u << 10)
 #define CONN_BATCH_FDS 8
@@ -53,6 +54,7 @@ struct conn {
         struct list outq; /* struct outbuf */
         size_t outq_bytes;
         unsigned queued_fds;      /* descriptors waiting in outq */
+        unsigned queued_replies;  /* answers to requests waiting in outq (the rest: events) */
         unsigned fds_unread;      /* sent since the peer was last seen to have read everything */
         struct list fd_wait_link; /* in server.fd_wait while an fd must wait for reading */
         bool dispatching;         /* replies are coalesced until the batch ends */

@@ -467,6 +467,54 @@ START_TEST(slow_watcher_loses_events_not_connection)
 }
 END_TEST
 
+/*
+ * A client out of libdlx longer than the timeout (computing) while events
+ * and releases pile up for it is idle, not stalled: it stays connected, and
+ * when it comes back it finds what was kept and a LOST for what was not.
+ */
+START_TEST(idle_client_outlives_timeout_with_notifications)
+{
+        static const char *const args[] = {"--timeout-ms", "300", "--max-queued", "64K", NULL};
+        dlx_client *prod, *w, *busy;
+        DLManagedTensorVersioned *t;
+        struct dlx_event ev;
+        uint64_t id, v1;
+        int lost = 0, err;
+
+        dlxd_start(&fx, args);
+        prod = fx_connect(&fx, "producer");
+        w = fx_connect(&fx, "watcher");
+        busy = fx_connect(&fx, "busy-producer");
+        ck_assert_int_eq(dlx_watch(w, "flow/idle/", &id), 0);
+        /* the busy producer publishes, a reader holds it, then the producer goes quiet */
+        ck_assert_int_eq(dlx_publish(busy, "flow/idle-own", fx_alloc_f32(busy, 4), NULL, &v1), 0);
+        ck_assert_int_eq(dlx_acquire(prod, "flow/idle-own", NULL, &t), 0);
+        for (int i = 0; i < 2000; i++) {
+                char name[DLX_NAME_MAX + 1];
+                snprintf(name, sizeof(name), "flow/idle/%d/%0150d", i, 0);
+                ck_assert_int_eq(dlx_publish(prod, name, fx_alloc_f32(prod, 1), NULL, NULL), 0);
+                if (i == 1000) {
+                        /* a release the busy producer will only hear of later */
+                        ck_assert_int_eq(dlx_unpublish(busy, "flow/idle-own"), 0);
+                        t->deleter(t);
+                }
+        }
+        fx_sleep_ms(1000); /* three timeouts, nobody reading */
+        ck_assert_uint_eq(fx_stats(prod).clients, 3);
+        while ((err = dlx_next_event(w, &ev, 200)) == 0)
+                lost += ev.kind == DLX_EVENT_LOST;
+        ck_assert_int_eq(err, -ETIMEDOUT);
+        ck_assert_int_ge(lost, 1);
+        ck_assert_int_eq(dlx_wait_released(busy, "flow/idle-own", v1, NULL, 5000), 0);
+        ck_assert_int_eq(dlx_ping(w), 0);
+        ck_assert_int_eq(dlx_ping(busy), 0);
+        dlx_close(busy);
+        dlx_close(w);
+        dlx_close(prod);
+        dlxd_stop(&fx);
+}
+END_TEST
+
 Suite *flow_suite(void)
 {
         Suite *s = suite_create("flow");
@@ -494,6 +542,7 @@ Suite *flow_suite(void)
 
         tcase_set_timeout(watch, 120);
         tcase_add_test(watch, slow_watcher_loses_events_not_connection);
+        tcase_add_test(watch, idle_client_outlives_timeout_with_notifications);
         suite_add_tcase(s, watch);
         return s;
 }
