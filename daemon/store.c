@@ -223,6 +223,8 @@ int store_alloc(struct store *st, uint64_t size, uid_t uid, struct segment **ret
         err = insert(st, fd, WIRE_STORAGE_MEMFD, size, uid, ret);
         if (err < 0)
                 close(fd);
+        else
+                (*ret)->ours = true;
         return err;
 }
 
@@ -399,10 +401,26 @@ int segment_seal_ro(struct segment *seg, const char **ret_why)
                            "writable";
                 return -EBUSY;
         }
-        if (seg->fd_readonly || fcntl(seg->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) < 0) {
-                *ret_why = "its memfd is not sealed against writing (F_SEAL_WRITE or "
-                           "F_SEAL_FUTURE_WRITE) and dlxd cannot seal it (read-only fd, or "
-                           "F_SEAL_SEAL)";
+        if (seg->fd_readonly) {
+                *ret_why = "its memfd is not sealed against writing (F_SEAL_WRITE) and dlxd "
+                           "cannot seal it (a read-only fd)";
+                return -EBADF;
+        }
+        /*
+         * A memfd of ours was only ever mapped writable by the client it was
+         * made for (its allocator): the future-write seal leaves that one
+         * mapping and stops every other. A memfd a peer sent may be mapped
+         * writable anywhere: only F_SEAL_WRITE, which the kernel refuses
+         * while any writable mapping exists, proves there is none.
+         */
+        if (fcntl(seg->fd, F_ADD_SEALS, seg->ours ? F_SEAL_FUTURE_WRITE : F_SEAL_WRITE) < 0) {
+                if (errno == EBUSY) {
+                        *ret_why = "its memfd is mapped writable somewhere (F_SEAL_WRITE "
+                                   "refused): unmap it, or seal it before publishing";
+                        return -EBUSY;
+                }
+                *ret_why = "its memfd is not sealed against writing (F_SEAL_WRITE) and dlxd "
+                           "cannot seal it (F_SEAL_SEAL)";
                 return -EBADF;
         }
         seg->write_sealed = true;

@@ -44,6 +44,7 @@ struct segment {
          */
         bool write_sealed;
         bool fd_readonly;  /* our fd is O_RDONLY: consumers cannot map it writable either */
+        bool ours;         /* made by store_alloc(), not sent by a peer */
         bool shared_rw;    /* a writable version was published from it: never sealed after */
         unsigned refs;     /* versions using it, plus one while held */
         struct list known; /* struct known records: sessions that hold its fd */
@@ -128,12 +129,14 @@ void segment_ref(struct segment *seg);
 void segment_unref(struct store *st, struct segment *seg);
 
 /*
- * Seals a memfd segment against writing (F_SEAL_FUTURE_WRITE) so that it can
- * carry read-only versions: from then on nobody can map it writable or
- * write() to it, whatever fd they hold; mappings made before stay (the
- * producer's own). Returns 0 (sealed, or sealed already), -EBUSY (a
- * writable version was published from it: consumers may hold writable
- * mappings) or -EBADF (the fd cannot be sealed: opened read-only, or
+ * Seals a memfd segment against writing so that it can carry read-only
+ * versions: from then on nobody can map it writable or write() to it,
+ * whatever fd they hold. One of ours gets F_SEAL_FUTURE_WRITE, which keeps the
+ * writable mapping of the client it was made for (the producer's own); one a
+ * peer sent gets F_SEAL_WRITE, which the kernel grants only when no writable
+ * mapping of it exists anywhere. Returns 0 (sealed, or sealed already),
+ * -EBUSY (a writable version was published from it, or a writable mapping
+ * of it exists) or -EBADF (the fd cannot be sealed: opened read-only, or
  * F_SEAL_SEAL), with the reason in *ret_why.
  */
 int segment_seal_ro(struct segment *seg, const char **ret_why);

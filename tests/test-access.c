@@ -344,6 +344,20 @@ START_TEST(unsealable_memfd_refused_read_only)
         /* writable, either is fine: its readers may write */
         raw_publish(sock, 5, "ro/writable", fd, 0);
         rp_expect_ok(sock, 5, WIRE_REP_PUBLISH, NULL, NULL);
+
+        /* a memfd mapped writable somewhere (here, by anybody) could change under readers */
+        int mapped = producer_memfd();
+        float *w = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, mapped, 0);
+        ck_assert_ptr_ne(w, MAP_FAILED);
+        raw_publish(sock, 6, "ro/mapped", mapped, DLPACK_FLAG_BITMASK_READ_ONLY);
+        rp_expect_error(sock, 6, WIRE_BUSY, &rep);
+        ck_assert_msg(strstr(rep.error, "mapped writable"), "message: %s", rep.error);
+        munmap(w, 4096);
+        /* unmapped, the same memfd is sealed and taken */
+        raw_publish(sock, 7, "ro/mapped", mapped, DLPACK_FLAG_BITMASK_READ_ONLY);
+        rp_expect_ok(sock, 7, WIRE_REP_PUBLISH, NULL, NULL);
+        ck_assert_int_eq(try_to_write(mapped), 0);
+        close(mapped);
         close(ro);
         close(fd);
         close(sock);
