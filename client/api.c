@@ -260,6 +260,8 @@ static int held_stats(dlx_client *c, struct dlx_stats *ret_stats)
                 ret_stats->uid_names = s->uid_names;
                 ret_stats->fds = s->fds;
                 ret_stats->uid_fds = s->uid_fds;
+                ret_stats->queued = s->queued;
+                ret_stats->uid_queued = s->uid_queued;
         }
         dlx__pending_done(c, &p);
         return err;

@@ -47,6 +47,7 @@ static bool outbuf_has_fd(const struct outbuf *b)
 
 static void conn_flush(struct conn *c);
 static bool fd_may_go(struct conn *c);
+static int peer_unread(const struct conn *c);
 static void on_poll(uv_poll_t *h, int status, int events);
 static void watch_stall(struct conn *c, bool progressed);
 static void watch_unread(struct conn *c);
@@ -79,8 +80,101 @@ static void on_closed(uv_handle_t *h)
 
         list_for_each_safe(pos, tmp, &c->outq) outbuf_free(c, list_entry(pos, struct outbuf, link));
         frame_reader_done(&c->reader);
-        close(c->fd);
+        if (c->fd >= 0) /* -1: kept lingering (linger()) */
+                close(c->fd);
         free(c);
+}
+
+/* Output queued for c changes by delta bytes: c's, its uid's and the server's count. */
+static void queued_add(struct conn *c, int64_t delta)
+{
+        c->outq_bytes += (size_t)delta;
+        c->session->use->queued += (uint64_t)delta;
+        c->srv->reg->queued += (uint64_t)delta;
+}
+
+/* Bytes of output all connections together may have queued: 16 times one's. */
+static uint64_t queued_budget(const struct server *srv)
+{
+        uint64_t max = srv->reg->lim.max_queued;
+
+        return 16 * (max ? max : DLX_DEFAULT_MAX_QUEUED);
+}
+
+/*
+ * Whether c may queue n more bytes: within --max-queued for one connection
+ * (0: no such limit), and within its uid's fair share of what all together
+ * may queue, so that slow readers of one uid cannot take the daemon's memory
+ * from the others.
+ */
+static bool queue_room(const struct conn *c, size_t n)
+{
+        uint64_t max = c->srv->reg->lim.max_queued;
+
+        if (max && c->outq_bytes + n > max)
+                return false;
+        return store_fair_share(queued_budget(c->srv), c->srv->reg->queued, c->session->use->queued,
+                                n);
+}
+
+/*
+ * A connection dropped while its peer had descriptors unread: they stay in
+ * flight, charged by the kernel to our uid, until the peer reads them or
+ * closes its end, however long that is. The socket is kept (unwatched) to
+ * see when, and until then the charge stays with the peer's uid, with a
+ * client slot: getting dropped does not shed what a peer holds.
+ */
+struct lingering {
+        struct list link; /* in server.lingering */
+        int fd;
+        unsigned fds;
+        struct uid_use *use;
+};
+
+/* Keeps c's socket lingering if its peer has fds unread; returns whether it did. */
+static bool linger(struct conn *c)
+{
+        struct lingering *l;
+
+        if (!c->fds_unread || peer_unread(c) == 0 || !(l = malloc(sizeof(*l))))
+                return false;
+        l->fd = c->fd;
+        l->fds = c->fds_unread;
+        l->use = c->session->use;
+        l->use->clients++; /* the session's goes with it; this one stays */
+        c->srv->reg->nlingering++;
+        list_insert_tail(&c->srv->lingering, &l->link);
+        server_schedule_watchdog(c->srv);
+        c->fds_unread = 0; /* the charge moves to l, uncounted here */
+        c->fd = -1;
+        return true;
+}
+
+static void lingering_end(struct server *srv, struct lingering *l)
+{
+        list_remove(&l->link);
+        srv->fds_unread -= l->fds;
+        l->use->unread -= l->fds;
+        l->use->clients--;
+        srv->reg->nlingering--;
+        store_uid_put(srv->reg->store, l->use);
+        close(l->fd);
+        free(l);
+}
+
+/* Ends the lingering sockets whose peers have read or closed (all of them: at a stop). */
+void conn_check_lingering(struct server *srv, bool all)
+{
+        struct list *pos, *tmp;
+
+        list_for_each_safe(pos, tmp, &srv->lingering)
+        {
+                struct lingering *l = list_entry(pos, struct lingering, link);
+                int unread = 0;
+
+                if (all || ioctl(l->fd, SIOCOUTQ, &unread) < 0 || unread == 0)
+                        lingering_end(srv, l);
+        }
 }
 
 static void unlink_if(struct list *n)
@@ -103,8 +197,10 @@ void conn_close(struct conn *c)
                 return;
         c->closing = true;
         log_session(info, c->session, "closed");
-        /* what it left unread stays charged to us until its peer closes: not ours to know */
-        fds_forget(c);
+        /* what it left unread stays charged until its peer reads it or closes */
+        if (!linger(c))
+                fds_forget(c);
+        queued_add(c, -(int64_t)c->outq_bytes);
         registry_session_free(c->session);
         c->session = NULL;
         list_remove(&c->link);
@@ -139,15 +235,30 @@ static void fds_refresh(struct conn *c)
 /*
  * Descriptors in flight count against our uid's limit in the kernel. Each
  * connection may have a few unread, all of them together a budget, and the
- * connections of one uid half of it, so that no number of peers that do not
- * read can stop the others (or new clients) from getting theirs.
+ * connections of one uid at most half of what the other uids leave of it, so
+ * that no number of peers (or uids) that do not read can stop the others, or
+ * new clients, from getting theirs.
  */
-static bool fd_room(const struct conn *c)
+static bool fd_share(const struct conn *c)
 {
         const struct server *srv = c->srv;
 
-        return c->fds_unread < CONN_MAX_FDS_UNREAD && srv->fds_unread < srv->fds_budget &&
-               c->session->use->unread < srv->fds_budget / 2;
+        return store_fair_share(srv->fds_budget, srv->fds_unread, c->session->use->unread, 1);
+}
+
+static bool fd_room(const struct conn *c)
+{
+        return c->fds_unread < CONN_MAX_FDS_UNREAD && fd_share(c);
+}
+
+bool conn_fd_share(void *ctx)
+{
+        struct conn *c = ctx;
+
+        if (fd_share(c))
+                return true;
+        fds_refresh(c);
+        return fd_share(c);
 }
 
 bool conn_fd_room(void *ctx)
@@ -248,7 +359,6 @@ static bool droppable(const struct wire_reply *rep)
 static int conn_send(void *ctx, const struct wire_reply *rep, int fd, struct segment *seg)
 {
         struct conn *c = ctx;
-        uint64_t max_queued = c->srv->reg->lim.max_queued;
         struct outbuf *b;
         /* most replies are packed once, here; a list page is sized first, then packed */
         uint8_t small[CONN_SMALL_REPLY];
@@ -267,7 +377,7 @@ static int conn_send(void *ctx, const struct wire_reply *rep, int fd, struct seg
          * another client's publishes can bury a slow watcher in events: past
          * the limit they are dropped, and the peer is told once it has read.
          */
-        if (droppable(rep) && max_queued && c->outq_bytes + size > max_queued) {
+        if (droppable(rep) && !queue_room(c, FRAME_HEADER_SIZE + size)) {
                 if (!c->events_lost)
                         log_session(notice, c->session,
                                     "%zu bytes unread: dropping watch events until it reads",
@@ -312,7 +422,7 @@ static int conn_send(void *ctx, const struct wire_reply *rep, int fd, struct seg
         b->len = FRAME_HEADER_SIZE + size;
         b->off = 0;
         list_insert_tail(&c->outq, &b->link);
-        c->outq_bytes += b->len;
+        queued_add(c, (int64_t)b->len);
         /*
          * Never write from here: the caller may be walking registry lists that
          * a failed write (closing this session) would change under it. Replies
@@ -388,7 +498,7 @@ static bool send_queued(struct conn *c, bool *ret_full)
                         conn_close(c);
                         return false;
                 }
-                c->outq_bytes -= (size_t)n;
+                queued_add(c, -(int64_t)n);
                 /* the peer read enough to make room: progress, whatever else it owes */
                 c->unread_since = uv_now(c->srv->loop);
                 if (msg.msg_control && n > 0) {
@@ -420,8 +530,15 @@ static bool over_pause(const struct conn *c)
 {
         uint64_t max = c->srv->reg->lim.max_queued;
 
-        return c->outq_bytes >= (max ? max : DLX_DEFAULT_MAX_QUEUED) ||
-               c->queued_fds >= CONN_MAX_QUEUED_FDS;
+        /*
+         * A connection with nothing queued answers on: what it adds is one
+         * batch at most, and its peer may well read it at once. (A uid over
+         * its share pauses where its output does wait.)
+         */
+        if (list_empty(&c->outq))
+                return false;
+        return c->queued_fds >= CONN_MAX_QUEUED_FDS || (max && c->outq_bytes >= max) ||
+               !queue_room(c, 0);
 }
 
 /*
@@ -561,15 +678,29 @@ static void on_readable(struct conn *c)
                 if (n == 0) {
                         /* the peer is done sending: answer what it asked, then close */
                         c->eof = true;
+                } else if (n == -EMFILE) {
+                        log_session(notice, c->session, "dropped: too many fds at once");
+                        conn_goodbye(c, -E2BIG,
+                                     "more descriptors at once than a frame may carry, or than "
+                                     "the daemon has room for");
+                        return;
                 } else if (n < 0) {
-                        if (n == -EMFILE)
-                                log_session(notice, c->session, "dropped: too many fds");
-                        else if (n != -ECONNRESET)
+                        if (n != -ECONNRESET)
                                 log_session(info, c->session, "read failed: %s", strerror((int)-n));
                         conn_close(c);
                         return;
                 }
                 dispatch_frames(c, &progressed);
+                /*
+                 * No request before hello carries one (a whole frame was
+                 * answered, by its id): none is parked in the reader either.
+                 */
+                if (!c->closing && !c->close_pending && !c->session->greeted &&
+                    c->reader.nfds > 0) {
+                        log_session(notice, c->session, "dropped: descriptors before hello");
+                        conn_goodbye(c, -EPROTO, "descriptors sent before hello");
+                        return;
+                }
                 if (drained)
                         break; /* level-triggered: the loop wakes us when more comes */
         }
@@ -782,6 +913,7 @@ int conn_start(struct server *srv, int fd, struct session *session)
         c->poll.data = c;
         session->io.send = conn_send;
         session->io.fd_room = conn_fd_room;
+        session->io.fd_share = conn_fd_share;
         session->io.ctx = c;
         list_insert_tail(&srv->conns, &c->link);
         c->events = UV_READABLE;

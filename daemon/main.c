@@ -21,6 +21,10 @@
 #include "units.h"
 #include "store.h"
 
+/* Descriptors one connection may hold in the daemon: its socket, a release ring on its way,
+ * what its frames bring. */
+#define CONN_FDS (2 + DLX_MAX_FDS_QUEUED)
+
 struct daemon {
         uv_loop_t loop;
         uv_signal_t sigint, sigterm;
@@ -59,8 +63,8 @@ static const struct limit_opt limit_opts[] = {
               "output queued for a client before its requests wait (and its watch events "
               "are dropped)"),
         LIMIT(timeout_ms, "MS",
-              "for hello, a started frame, and a client that reads nothing while output "
-              "waits"),
+              "for hello, a started frame, and a client that reads nothing while an answer "
+              "it asked for waits"),
 };
 #define NLIMITS (sizeof(limit_opts) / sizeof(limit_opts[0]))
 /* getopt values of the limit options, and of the long options without a letter */
@@ -129,13 +133,20 @@ static void usage(FILE *f)
                 if (limit_get(&def, &limit_opts[i]) == DLX_FDS_AUTO)
                         fprintf(f, "  %-30s %s (default: from the descriptor limit)\n", left,
                                 limit_opts[i].help);
+                else if (limit_get(&def, &limit_opts[i]) == DLX_CLIENTS_AUTO)
+                        fprintf(f, "  %-30s %s (default: 7/8 of --max-clients)\n", left,
+                                limit_opts[i].help);
                 else
                         fprintf(f, "  %-30s %s (default %llu)\n", left, limit_opts[i].help,
                                 (unsigned long long)limit_get(&def, &limit_opts[i]));
         }
-        fprintf(f, "\nBy default the daemon keeps 64 descriptors and 4 per --max-clients for\n"
-                   "itself and its connections, gives the rest (at least half the limit) to\n"
-                   "segments, and one uid at most half of that.\n");
+        fprintf(f,
+                "\nBy default the daemon keeps 64 descriptors and %d per --max-clients for\n"
+                "itself and its connections, gives the rest (at least half the limit) to\n"
+                "segments, and one uid at most half of that. Of what all clients may leave\n"
+                "queued (16 x --max-queued) and of the descriptors they may have unread\n"
+                "(half the limit), a uid gets at most half of what the others leave.\n",
+                CONN_FDS);
 }
 
 /*
@@ -151,8 +162,8 @@ static void derive_fd_limits(struct wire_limit_set *lim)
 
         if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
                 nofile = rl.rlim_cur;
-        reserve =
-                64 + 4 * (uint64_t)(lim->max_clients ? lim->max_clients : DLX_DEFAULT_MAX_CLIENTS);
+        reserve = 64 + CONN_FDS * (uint64_t)(lim->max_clients ? lim->max_clients
+                                                              : DLX_DEFAULT_MAX_CLIENTS);
         if (lim->max_fds == DLX_FDS_AUTO) {
                 lim->max_fds = nofile >= 2 * reserve ? nofile - reserve : nofile / 2;
                 if (nofile < 2 * reserve)
@@ -163,6 +174,9 @@ static void derive_fd_limits(struct wire_limit_set *lim)
         }
         if (lim->max_fds_per_uid == DLX_FDS_AUTO)
                 lim->max_fds_per_uid = (lim->max_fds ? lim->max_fds : nofile) / 2;
+        /* no uid fills the slots: 1/8 of them stay for the others */
+        if (lim->max_clients_per_uid == DLX_CLIENTS_AUTO)
+                lim->max_clients_per_uid = lim->max_clients - lim->max_clients / 8;
 }
 
 static int parse_uint(const char *s, unsigned long max, unsigned long *ret)

@@ -370,6 +370,16 @@ static void grant(struct session *s, uint64_t req_id, struct version *v)
          * (unless the segment is sealed, when no view of it writes anyway).
          */
         bool send_fd = k && (writable ? !k->rw : !(k->ro || (k->rw && seg->write_sealed)));
+
+        if (send_fd && s->io.fd_share && !s->io.fd_share(s->io.ctx)) {
+                free(l);
+                known_drop_unsent(s, k);
+                session_fail(s, req_id, -EAGAIN,
+                             "the clients of uid %u hold %u descriptors unread, their share of "
+                             "what the daemon may have in flight: read them, or close",
+                             (unsigned)s->uid, s->use->unread);
+                return;
+        }
         l->id = reg->next_lease++;
         l->v = v;
         avl_insert(&s->leases, &l->node, &l->id, cmp_lease);
@@ -508,6 +518,7 @@ void registry_default_limits(struct wire_limit_set *lim)
         lim->max_leases = DLX_MAX_LEASES_PER_SESSION;
         lim->max_watches = DLX_DEFAULT_MAX_WATCHES;
         lim->max_fds = DLX_FDS_AUTO;
+        lim->max_clients_per_uid = DLX_CLIENTS_AUTO;
         lim->max_fds_per_uid = DLX_FDS_AUTO;
         lim->max_queued = DLX_DEFAULT_MAX_QUEUED;
         lim->timeout_ms = DLX_DEFAULT_DAEMON_TIMEOUT_MS;
@@ -555,7 +566,8 @@ int registry_admit(struct registry *reg, uid_t uid, char *why, size_t whysz)
 {
         const struct uid_use *u = store_uid(reg->store, uid, false);
 
-        if (reg->lim.max_clients && reg->nsessions >= reg->lim.max_clients) {
+        /* a dropped peer's socket kept for the descriptors it holds unread takes a slot too */
+        if (reg->lim.max_clients && reg->nsessions + reg->nlingering >= reg->lim.max_clients) {
                 snprintf(why, whysz, "too many clients (limit %u)", reg->lim.max_clients);
                 return -EAGAIN;
         }
@@ -1284,6 +1296,14 @@ void registry_alloc(struct session *s, const struct wire_request *req, int fd)
                              "segment comes with its fd");
                 return;
         }
+        /* a memfd of ours goes back with the reply: the uid must have room for it in flight */
+        if (fd < 0 && s->io.fd_share && !s->io.fd_share(s->io.ctx)) {
+                session_fail(s, req->id, -EAGAIN,
+                             "alloc: the clients of uid %u hold %u descriptors unread, their "
+                             "share of what the daemon may have in flight: read them, or close",
+                             (unsigned)s->uid, s->use->unread);
+                return;
+        }
         if (fd >= 0)
                 err = store_adopt(reg->store, fd, storage, req->alloc.size, s->uid, &seg, &reason);
         else
@@ -1369,6 +1389,8 @@ void registry_stats(struct session *s, const struct wire_request *req)
         rep.stats.uid_names = s->use->names;
         rep.stats.fds = reg->store->fds;
         rep.stats.uid_fds = s->use->fds;
+        rep.stats.queued = reg->queued;
+        rep.stats.uid_queued = s->use->queued;
         rep.stats.watchers = (uint32_t)reg->watches.count;
         rep.stats.uptime_ms = now_ms(reg->loop) - reg->started_ms;
         rep.stats.requests = reg->requests;

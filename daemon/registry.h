@@ -40,6 +40,8 @@ struct registry {
         struct wire_limit_set lim; /* 0: none; max_bytes* are the store's */
         /* counters for stats; nnames counts names with a current version */
         uint64_t nnames, nversions, nleases, nsessions;
+        uint64_t nlingering; /* dropped connections kept for descriptors their peers hold unread */
+        uint64_t queued;     /* output bytes waiting for all clients to read (the connections') */
         uint64_t requests, publishes, acquires;
 };
 

@@ -310,8 +310,9 @@ static bool sweep_tick(struct server *srv)
 static bool watchdog_tick(struct server *srv)
 {
         conn_check_stalled(srv);
+        conn_check_lingering(srv, false);
         return !list_empty(&srv->stalled) || !list_empty(&srv->unread) ||
-               !list_empty(&srv->fd_wait);
+               !list_empty(&srv->fd_wait) || !list_empty(&srv->lingering);
 }
 
 static bool fd_wait_tick(struct server *srv)
@@ -359,6 +360,7 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
         list_init(&srv->awake);
         list_init(&srv->stalled);
         list_init(&srv->unread);
+        list_init(&srv->lingering);
         list_init(&srv->fd_wait);
         srv->sweep.fd = -1;
         srv->watchdog.fd = -1;
@@ -457,6 +459,7 @@ void server_stop(struct server *srv)
         /* closing sessions sends events to the others: the handles that send them go last */
         list_for_each_safe(pos, tmp, &srv->conns) conn_goodbye(
                 list_entry(pos, struct conn, link), -ESHUTDOWN, "the daemon is stopping");
+        conn_check_lingering(srv, true);
         uv_idle_stop(&srv->reaper);
         uv_close((uv_handle_t *)&srv->reaper, NULL);
         uv_idle_stop(&srv->flusher);

@@ -45,8 +45,9 @@ struct server {
         uv_idle_t flusher;
         struct list awake; /* conns whose release ring is awake: swept every CONN_QUIET_MS */
         struct ticker sweep;
-        struct list stalled; /* conns not greeted yet or inside a frame: timed out */
-        struct list unread;  /* conns whose peer has output or fds to read: timed out */
+        struct list stalled;   /* conns not greeted yet or inside a frame: timed out */
+        struct list unread;    /* conns whose peer has output or fds to read: timed out */
+        struct list lingering; /* sockets of dropped peers with fds unread (conn.c) */
         struct ticker watchdog;
         /*
          * Descriptors in flight (sent, not yet received) are charged to our uid,

@@ -30,6 +30,13 @@ struct session_io {
         int (*send)(void *ctx, const struct wire_reply *rep, int fd, struct segment *seg);
         /* Whether an fd sent now would go without waiting for the peer to read (NULL: yes). */
         bool (*fd_room)(void *ctx);
+        /*
+         * Whether the peer's uid has room for one more descriptor in flight,
+         * whatever this peer itself has unread (NULL: yes). A reply with an fd
+         * past it is refused (-EAGAIN), not kept waiting: what the uid's peers
+         * hold unread may stay so for ever.
+         */
+        bool (*fd_share)(void *ctx);
         void *ctx;
 };
 

@@ -65,7 +65,7 @@ struct uid_use *store_uid(struct store *st, uid_t uid, bool create)
 
 void store_uid_put(struct store *st, struct uid_use *u)
 {
-        if (!u || u->clients || u->names || u->bytes || u->fds || u->unread)
+        if (!u || u->clients || u->names || u->bytes || u->fds || u->unread || u->queued)
                 return;
         avl_remove(&st->uids, &u->node);
         free(u);

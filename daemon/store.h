@@ -51,6 +51,19 @@ struct segment {
         uint8_t ipc_handle[DLX_CUDA_HANDLE]; /* CUDA IPC: the allocation's handle */
 };
 
+/*
+ * A fair share of something all uids draw on: a uid may hold at most half of
+ * what the other uids leave of limit, so however many uids fill it, one more
+ * always finds room. Whether a uid holding mine, of all held in all, may
+ * take n more.
+ */
+static inline bool store_fair_share(uint64_t limit, uint64_t all, uint64_t mine, uint64_t n)
+{
+        uint64_t others = all - mine, left = limit > others ? limit - others : 0;
+
+        return mine + n <= left / 2;
+}
+
 /* What one uid uses of the per-uid limits; kept while anything is counted. */
 struct uid_use {
         struct avl_node node; /* in store.uids */
@@ -60,6 +73,7 @@ struct uid_use {
         uint64_t bytes;   /* bytes of the segments it created or sent */
         uint64_t fds;     /* descriptors held for those segments */
         uint32_t unread;  /* descriptors sent to its connections and not yet read (conn counts) */
+        uint64_t queued;  /* bytes of output queued for its connections (likewise) */
 };
 
 struct store {

@@ -871,6 +871,8 @@ static int reply_to_pb(const struct wire_reply *p, struct reply_pb *s)
                 s->stats.uid_names = p->stats.uid_names;
                 s->stats.fds = p->stats.fds;
                 s->stats.uid_fds = p->stats.uid_fds;
+                s->stats.queued = p->stats.queued;
+                s->stats.uid_queued = p->stats.uid_queued;
                 r->body_case = DLXP__REPLY__BODY_STATS;
                 r->stats = &s->stats;
                 return 0;
@@ -1037,6 +1039,8 @@ static int reply_from_pb(const Dlxp__Reply *r, struct wire_reply *p, char *err, 
                 p->stats.uid_names = r->stats->uid_names;
                 p->stats.fds = r->stats->fds;
                 p->stats.uid_fds = r->stats->uid_fds;
+                p->stats.queued = r->stats->queued;
+                p->stats.uid_queued = r->stats->uid_queued;
                 return 0;
         case DLXP__REPLY__BODY_PONG:
                 p->type = WIRE_REP_PONG;

@@ -227,6 +227,7 @@ struct wire_stats {
         uint32_t uid, uid_clients; /* the asking client's uid, and its usage */
         uint64_t uid_bytes, uid_names;
         uint64_t fds, uid_fds; /* descriptors held for segments: in all, and for uid */
+        uint64_t queued, uid_queued; /* output waiting for clients to read: all, uid's */
 };
 
 struct wire_reply {

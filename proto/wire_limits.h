@@ -14,7 +14,7 @@
 #define DLX_MAX_FRAME (1u << 20)
 /* File descriptors one frame may carry, and how many may wait in a receive queue. */
 #define DLX_MAX_FDS_PER_FRAME 4
-#define DLX_MAX_FDS_QUEUED 16
+#define DLX_MAX_FDS_QUEUED 4
 /* Tensor rank, as DLPack frameworks use it (numpy's limit is 64, torch's is 25). */
 #define DLX_MAX_NDIM 32
 /* Bytes of a name, excluding the terminating NUL. */
@@ -38,6 +38,8 @@
 #define DLX_DEFAULT_DAEMON_TIMEOUT_MS 10000 /* dlxd --timeout-ms */
 /* --max-fds and --max-fds-per-uid by default: derived from the descriptor limit at start. */
 #define DLX_FDS_AUTO UINT64_MAX
+/* --max-clients-per-uid by default: derived from --max-clients at start. */
+#define DLX_CLIENTS_AUTO UINT32_MAX
 /* Segments one session may hold for publishing by id (each pins a daemon fd). */
 #define DLX_MAX_HELD_SEGMENTS 256
 /* Bytes of a CUDA IPC memory or event handle. */

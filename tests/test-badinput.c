@@ -1040,8 +1040,9 @@ START_TEST(test_fd_flood_in_one_message)
         dlx_client *good = attack_begin();
         int fd = raw_hello();
 
-        /* 200 fds in 10 messages of 20: more than one receive can hold */
+        /* 200 fds in 10 messages of 20: more than one receive can hold; said, then hung up */
         fd_flood(fd, 10, 20);
+        expect_error(fd, 0, WIRE_TOO_BIG);
         expect_closed(fd);
         close(fd);
         attack_end(good);
@@ -1053,8 +1054,9 @@ START_TEST(test_fd_flood_over_messages)
         dlx_client *good = attack_begin();
         int fd = raw_hello();
 
-        /* 200 fds in 25 messages of 8: each fits, the queue does not */
+        /* 200 fds in 25 messages of 8: more than the queue holds; said, then hung up */
         fd_flood(fd, 25, 8);
+        expect_error(fd, 0, WIRE_TOO_BIG);
         expect_closed(fd);
         close(fd);
         attack_end(good);

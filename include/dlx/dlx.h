@@ -372,6 +372,7 @@ struct dlx_stats {
         uint32_t uid, uid_clients;
         uint64_t uid_bytes, uid_names;
         uint64_t fds, uid_fds; /* descriptors held for segments: in all, and for uid */
+        uint64_t queued, uid_queued; /* bytes of output waiting for clients: all, uid's */
 };
 
 int dlx_stats(dlx_client *client, struct dlx_stats *ret_stats);
