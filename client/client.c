@@ -1010,6 +1010,26 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
                                  strerror(-err), connect_hint(err));
         }
         c->heard_ms = now_ms();
+        /*
+         * The default path means the user's own daemon: one of another uid
+         * (a squatter of /tmp/dlx-$UID, say) must not get our tensors. A path
+         * given explicitly is the caller's to trust.
+         */
+        if (sockpath_is_default(opts ? opts->socket_path : NULL)) {
+                struct ucred cred;
+                socklen_t len = sizeof(cred);
+                if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 ||
+                    (cred.uid != getuid() && cred.uid != 0)) {
+                        unsigned peer = len == sizeof(cred) ? (unsigned)cred.uid : 0;
+                        close(c->fd);
+                        dlx__client_unref(c);
+                        return dlx__fail(-EACCES,
+                                         "the daemon at %s runs as uid %u, neither yours (%u) "
+                                         "nor root: not your dlxd (set DLX_SOCKET to use "
+                                         "another's on purpose)",
+                                         addr.sun_path, peer, (unsigned)getuid());
+                }
+        }
         if (opts && opts->client_name)
                 snprintf(name, sizeof(name), "%s", opts->client_name);
         else

@@ -264,10 +264,50 @@ static int read_full(int fd, void *buf, uint64_t len)
         return 0;
 }
 
+/*
+ * Below this, put reads into heap memory and publishes a copy: an allocator
+ * segment (256 KiB at least) would stay pinned, and charged, for as long as
+ * the persistent tensor lives, for a few bytes of it.
+ */
+#define PUT_COPY_BELOW (UINT64_C(256) << 10)
+
+/* A tensor in heap memory, for put's small files. */
+struct heap_tensor {
+        DLManagedTensorVersioned mt;
+        int64_t shape[DLX_MAX_NDIM], strides[DLX_MAX_NDIM];
+        uint8_t data[];
+};
+
+static void heap_tensor_deleter(DLManagedTensorVersioned *t)
+{
+        free(t->manager_ctx);
+}
+
+static DLManagedTensorVersioned *heap_tensor(const DLTensor *proto, uint64_t bytes)
+{
+        struct heap_tensor *h = calloc(1, sizeof(*h) + (bytes ? bytes : 1));
+
+        if (!h)
+                return NULL;
+        h->mt.version.major = 1;
+        h->mt.version.minor = 3;
+        h->mt.manager_ctx = h;
+        h->mt.deleter = heap_tensor_deleter;
+        h->mt.dl_tensor = *proto;
+        h->mt.dl_tensor.data = h->data;
+        for (int64_t i = proto->ndim - 1, s = 1; i >= 0; i--) {
+                h->shape[i] = proto->shape[i];
+                h->strides[i] = s;
+                s *= proto->shape[i];
+        }
+        h->mt.dl_tensor.shape = proto->ndim ? h->shape : NULL;
+        h->mt.dl_tensor.strides = proto->ndim ? h->strides : NULL;
+        return &h->mt;
+}
+
 static int cmd_put(const struct cmdline *cl)
 {
-        struct dlx_publish_options o = {
-                .persist = true, .writable = cl->writable, .copy = DLX_COPY_NEVER};
+        struct dlx_publish_options o = {.persist = true, .writable = cl->writable};
         const char *name = cl->argv[1], *path = cl->argv[2];
         struct npy_info info;
         DLManagedTensorVersioned *t;
@@ -290,8 +330,15 @@ static int cmd_put(const struct cmdline *cl)
         proto.ndim = info.ndim;
         proto.dtype = info.dtype;
         proto.shape = info.shape;
-        /* read straight into shared memory: the publish then copies nothing */
-        err = dlx_alloc(ctl_client(), &proto, &t);
+        /* read straight into shared memory (the publish then copies nothing), or for a small
+         * file into the heap and publish a copy that is exactly its size */
+        if (info.data_bytes < PUT_COPY_BELOW) {
+                t = heap_tensor(&proto, info.data_bytes);
+                err = t ? 0 : -ENOMEM;
+        } else {
+                o.copy = DLX_COPY_NEVER;
+                err = dlx_alloc(ctl_client(), &proto, &t);
+        }
         if (err < 0) {
                 close(fd);
                 return fail(err, "alloc");

@@ -21,3 +21,10 @@ int sockpath_resolve(const char *opt, char *buf, size_t size)
                 n = snprintf(buf, size, "/tmp/dlx-%u/dlxd.sock", (unsigned)getuid());
         return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
 }
+
+bool sockpath_is_default(const char *opt)
+{
+        const char *env = getenv("DLX_SOCKET");
+
+        return !(opt && *opt) && !(env && *env);
+}

@@ -3,6 +3,7 @@
 #ifndef DLX_PROTO_SOCKPATH_H
 #define DLX_PROTO_SOCKPATH_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 /*
@@ -11,5 +12,12 @@
  * Returns 0, or -ENAMETOOLONG when it does not fit in size bytes.
  */
 int sockpath_resolve(const char *opt, char *buf, size_t size);
+
+/*
+ * Whether the path comes from the defaults (neither opt nor $DLX_SOCKET
+ * names one): the user's own daemon is meant, and a client checks the peer
+ * runs as the user (or root), since the /tmp fallback can be squatted.
+ */
+bool sockpath_is_default(const char *opt);
 
 #endif /* DLX_PROTO_SOCKPATH_H */

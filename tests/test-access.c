@@ -15,6 +15,9 @@
 #include <string.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -397,6 +400,74 @@ START_TEST(mixed_allocations_stay_read_only)
 }
 END_TEST
 
+/* ---- whose daemon the default path reaches ------------------------------------------------ */
+
+struct squat {
+        char dir[64];
+        int ready[2];
+};
+
+/* As uid nobody: listens on DIR/dlx/dlxd.sock, as a squatter of a default path would. */
+static int squatter_main(void *arg)
+{
+        struct squat *q = arg;
+        struct sockaddr_un addr = {.sun_family = AF_UNIX};
+        int sock;
+
+        if (setgroups(0, NULL) != 0 || setgid(NOGROUP) != 0 || setuid(NOBODY) != 0)
+                return 90;
+        snprintf(addr.sun_path, sizeof(addr.sun_path), "%s/dlx", q->dir);
+        if (mkdir(addr.sun_path, 0777) < 0)
+                return 91;
+        snprintf(addr.sun_path, sizeof(addr.sun_path), "%s/dlx/dlxd.sock", q->dir);
+        sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (sock < 0 || bind(sock, (struct sockaddr *)&addr, sizeof(addr)) < 0 ||
+            chmod(addr.sun_path, 0777) < 0 || listen(sock, 8) < 0)
+                return 92;
+        (void)!write(q->ready[1], "r", 1);
+        pause();
+        return 0;
+}
+
+/*
+ * The default socket path means the user's own daemon: a listener of
+ * another uid there (a squatter of /tmp/dlx-$UID, say) is refused before
+ * anything is sent to it; the same path given explicitly is the caller's
+ * choice.
+ */
+START_TEST(default_path_refuses_another_uids_daemon)
+{
+        struct squat q;
+        dlx_client *c = NULL;
+        pid_t squatter;
+        char byte;
+        int err;
+
+        snprintf(q.dir, sizeof(q.dir), "/tmp/dlx-squat-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(q.dir));
+        ck_assert_int_eq(chmod(q.dir, 0777), 0);
+        ck_assert_int_eq(pipe(q.ready), 0);
+        squatter = fx_spawn(squatter_main, &q);
+        ck_assert_int_eq(read(q.ready[0], &byte, 1), 1);
+        unsetenv("DLX_SOCKET");
+        setenv("XDG_RUNTIME_DIR", q.dir, 1);
+        err = dlx_connect(NULL, &c);
+        ck_assert_int_eq(err, -EACCES);
+        ck_assert_ptr_null(c);
+        ck_assert_msg(strstr(dlx_last_error(), "not your dlxd"), "detail: %s", dlx_last_error());
+        kill(squatter, SIGKILL);
+        fx_wait(squatter);
+        close(q.ready[0]);
+        close(q.ready[1]);
+        char path[128];
+        snprintf(path, sizeof(path), "%s/dlx/dlxd.sock", q.dir);
+        unlink(path);
+        snprintf(path, sizeof(path), "%s/dlx", q.dir);
+        rmdir(path);
+        rmdir(q.dir);
+}
+END_TEST
+
 Suite *access_suite(void)
 {
         Suite *s;
@@ -415,6 +486,7 @@ Suite *access_suite(void)
         tcase_add_test(tc, producer_memfd_sealed_for_every_reader);
         tcase_add_test(tc, unsealable_memfd_refused_read_only);
         tcase_add_test(tc, mixed_allocations_stay_read_only);
+        tcase_add_test(tc, default_path_refuses_another_uids_daemon);
         suite_add_tcase(s, tc);
         return s;
 }
