@@ -191,6 +191,7 @@ END_TEST
 struct blocked {
         dlx_client *c;
         int which;
+        int started; /* set just before the call: close must come while it runs */
         int err;
         char name[32];
 };
@@ -202,6 +203,7 @@ static void *block_in(void *arg)
         DLManagedTensorVersioned *t = NULL;
         struct dlx_event ev;
 
+        __atomic_store_n(&b->started, 1, __ATOMIC_SEQ_CST);
         if (b->which == 0)
                 b->err = dlx_next_event(b->c, &ev, -1);
         else if (b->which == 1)
@@ -231,7 +233,11 @@ START_TEST(close_ends_blocked_calls)
                         snprintf(b[i].name, sizeof(b[i].name), "%s", name);
                         ck_assert_int_eq(pthread_create(&th[i], NULL, block_in, &b[i]), 0);
                 }
-                fx_sleep_ms(round % 4 * 5);
+                /* a call that has not begun when dlx_close() comes is the caller's bug */
+                for (int i = 0; i < 3; i++)
+                        while (!__atomic_load_n(&b[i].started, __ATOMIC_SEQ_CST))
+                                fx_sleep_ms(1);
+                fx_sleep_ms(20 + round % 4 * 5);
                 dlx_close(c);
                 for (int i = 0; i < 3; i++) {
                         pthread_join(th[i], NULL);
