@@ -49,7 +49,11 @@ int rp_send_raw(int sock, const void *buf, size_t len, const int *fds, unsigned 
         while (off < len) {
                 ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);
                 if (n < 0) {
+                        struct pollfd p = {.fd = sock, .events = POLLOUT};
                         if (errno == EINTR)
+                                continue;
+                        /* a non-blocking socket: wait a while for room, then give up */
+                        if (errno == EAGAIN && poll(&p, 1, 1000) == 1)
                                 continue;
                         return -errno;
                 }

@@ -17,7 +17,11 @@
 #include "frame.h"
 #include "wire.h"
 
-/* Sends bytes, fds (borrowed) on the first byte. Returns 0 or -errno (EPIPE: hung up on). */
+/*
+ * Sends bytes, fds (borrowed) on the first byte; on a non-blocking socket,
+ * waits up to a second at a time for room. Returns 0 or -errno (EPIPE: hung
+ * up on; EAGAIN: no room came).
+ */
 int rp_send_raw(int sock, const void *buf, size_t len, const int *fds, unsigned nfds);
 
 /*

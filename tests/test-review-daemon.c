@@ -127,43 +127,7 @@ static void rd_setup(void)
 /* Sends all of buf, with fd (borrowed, -1: none) on the first byte. Returns 0 or -errno. */
 static int send_all(int sock, const void *buf, size_t len, int fd)
 {
-        union {
-                struct cmsghdr align;
-                char buf[CMSG_SPACE(sizeof(int))];
-        } cbuf;
-        struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
-        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-        size_t off = 0;
-
-        if (fd >= 0) {
-                memset(&cbuf, 0, sizeof(cbuf));
-                msg.msg_control = cbuf.buf;
-                msg.msg_controllen = sizeof(cbuf.buf);
-                struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-                cm->cmsg_level = SOL_SOCKET;
-                cm->cmsg_type = SCM_RIGHTS;
-                cm->cmsg_len = CMSG_LEN(sizeof(int));
-                memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-        }
-        while (off < len) {
-                ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);
-                if (n < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        if (errno == EAGAIN) {
-                                struct pollfd p = {.fd = sock, .events = POLLOUT};
-                                poll(&p, 1, 1000);
-                                continue;
-                        }
-                        return -errno;
-                }
-                off += (size_t)n;
-                iov.iov_base = (uint8_t *)buf + off;
-                iov.iov_len = len - off;
-                msg.msg_control = NULL;
-                msg.msg_controllen = 0;
-        }
-        return 0;
+        return rp_send_raw(sock, buf, len, &fd, fd >= 0 ? 1 : 0);
 }
 
 /*
