@@ -14,7 +14,8 @@
 static PyTypeObject event_type, info_type;
 
 static PyStructSequence_Field event_fields[] = {
-        {"kind", "'published' (a first version), 'replaced' or 'unpublished'"},
+        {"kind", "'published' (a first version), 'replaced', 'unpublished', or 'lost' (events "
+                 "were dropped because this client left too many unread: list again)"},
         {"name", NULL},
         {"version", "The new version; for 'unpublished', the last one."},
         {"watch", "The id of the watch it came through."},
@@ -99,6 +100,7 @@ PyObject *dlxpy_event_new(const struct dlx_event *ev)
         const char *kind = ev->kind == DLX_EVENT_PUBLISHED     ? "published"
                            : ev->kind == DLX_EVENT_REPLACED    ? "replaced"
                            : ev->kind == DLX_EVENT_UNPUBLISHED ? "unpublished"
+                           : ev->kind == DLX_EVENT_LOST        ? "lost"
                                                                : "unknown";
         PyObject *v[4] = {
                 PyUnicode_FromString(kind),
@@ -182,6 +184,21 @@ static int64_t now_ms(void)
         return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/*
+ * Events were dropped (the client's as a whole, not one watch's): every other
+ * open Watch of the client hears of it too, after what it has queued.
+ */
+static int lost_for_all(DlxPy_Client *c, Watch *w, PyObject *lost)
+{
+        PyObject *key, *q;
+        Py_ssize_t pos = 0;
+
+        while (PyDict_Next(c->stash, &pos, &key, &q))
+                if (q != w->queue && PyList_Append(q, lost) < 0)
+                        return -1;
+        return 0;
+}
+
 /* The next event for this watch: a dlx.Event, None when timeout_ms passes, NULL raised. */
 static PyObject *next_event(Watch *w, int64_t timeout_ms)
 {
@@ -216,7 +233,9 @@ static PyObject *next_event(Watch *w, int64_t timeout_ms)
                 Py_END_ALLOW_THREADS;
                 if (e.err == 0) {
                         PyObject *o = dlxpy_event_new(&ev), *key, *q;
-                        if (!o || ev.watch == w->id) {
+                        if (o && ev.kind == DLX_EVENT_LOST && lost_for_all(c, w, o) < 0)
+                                Py_CLEAR(o);
+                        if (!o || ev.watch == w->id || ev.kind == DLX_EVENT_LOST) {
                                 dlxpy_client_leave(c);
                                 return o;
                         }

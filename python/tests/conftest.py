@@ -41,13 +41,13 @@ def _beside_dlxd(env, rel):
 
 
 class Daemon:
-    def __init__(self, path):
+    def __init__(self, path, *extra):
         self.dir = tempfile.mkdtemp(prefix="dlx-pytest-")
         self.socket = os.path.join(self.dir, "dlxd.sock")
         self.log = open(os.path.join(self.dir, "dlxd.log"), "w+")
         r, w = os.pipe()
         self.proc = subprocess.Popen(
-            [path, "--socket", self.socket, "--ready-fd", str(w), "--log-level", "info"],
+            [path, "--socket", self.socket, "--ready-fd", str(w), "--log-level", "info", *extra],
             pass_fds=[w], stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
         os.close(w)
         ready, _, _ = select.select([r], [], [], 20)

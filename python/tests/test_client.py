@@ -438,3 +438,25 @@ def test_a_stopped_daemon_times_out(tmp_path, name):
             dlx.Client(d.socket, timeout=0)
     finally:
         assert d.stop() == 0
+
+
+def test_a_watcher_that_falls_behind_hears_lost(name):
+    """Events dropped for a slow reader: every watch of the client gets a 'lost'."""
+    from conftest import Daemon, _dlxd_path
+    d = Daemon(_dlxd_path(), "--max-queued", "64K")
+    try:
+        with dlx.Client(d.socket) as prod, dlx.Client(d.socket) as c:
+            wa = c.watch(name + "/", timeout=0.5)
+            wb = c.watch("other/", timeout=0.5)
+            pad = "x" * 150
+            for i in range(3000):
+                prod.publish(f"{name}/{i}/{pad}", np.zeros(1))
+            kinds = [e.kind for e in wa]
+            assert "lost" in kinds
+            assert 0 < kinds.count("published") < 3000
+            assert [e.kind for e in wb] == ["lost"]
+            # still connected, and what comes now arrives
+            prod.publish(f"{name}/after", np.zeros(1))
+            assert wa.next(timeout=5).name == f"{name}/after"
+    finally:
+        assert d.stop() == 0
