@@ -450,7 +450,7 @@ static void on_stop(int sig)
 
 static int cmd_watch(const struct cmdline *cl)
 {
-        static const char *const kinds[] = {"?", "published", "replaced", "unpublished"};
+        static const char *const kinds[] = {"?", "published", "replaced", "unpublished", "lost"};
         const char *prefix = cl->argc == 2 ? cl->argv[1] : "";
         int64_t count = -1, timeout = -1, seen = 0;
         struct sigaction sa = {.sa_handler = on_stop};
@@ -487,12 +487,16 @@ static int cmd_watch(const struct cmdline *cl)
                         return fail(err, "watch");
                 seen++;
                 if (json) {
-                        printf("{\"event\":\"%s\",\"name\":", kinds[ev.kind <= 3 ? ev.kind : 0]);
+                        printf("{\"event\":\"%s\",\"name\":", kinds[ev.kind <= 4 ? ev.kind : 0]);
                         json_str(ev.name);
                         printf(",\"version\":%" PRIu64 "}\n", ev.version);
                 } else {
-                        printf("%-11s %s v%" PRIu64 "\n", kinds[ev.kind <= 3 ? ev.kind : 0],
-                               ev.name, ev.version);
+                        if (ev.kind == DLX_EVENT_LOST)
+                                printf("lost        (events were dropped: this watcher read too "
+                                       "slowly)\n");
+                        else
+                                printf("%-11s %s v%" PRIu64 "\n", kinds[ev.kind <= 4 ? ev.kind : 0],
+                                       ev.name, ev.version);
                 }
         }
         return 0;
