@@ -417,7 +417,8 @@ static uint64_t index_watches(const struct watch_index *ix)
 static void check_counts(void)
 {
         const struct wire_limit_set *lim = &F.reg.lim;
-        uint64_t leases = 0, watches = 0, sessions = 0, bytes = 0, uid_bytes = 0, fds = 0, uid_fds = 0;
+        uint64_t leases = 0, watches = 0, sessions = 0, bytes = 0, uid_bytes = 0, fds = 0,
+                 uid_fds = 0;
 
         for (unsigned i = 0; i < NPEERS; i++) {
                 const struct session *s = F.peers[i].s;
