@@ -91,7 +91,7 @@ enum dispatch_result dispatch_frame(struct session *s, struct frame *f)
         /* a client bug, not malice: the leases it still holds are worth keeping */
         if (s->retired && req.type != WIRE_REQ_RELEASE && req.type != WIRE_REQ_PING) {
                 frame_close_fds(f);
-                session_fail(s, req.id, -ESHUTDOWN, "%s after bye: this client is closed",
+                session_fail(s, req.id, -ECONNRESET, "%s after bye: this client is closed",
                              wire_request_name(req.type));
                 return DISPATCH_OK;
         }

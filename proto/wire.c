@@ -30,6 +30,7 @@ static const int status_errno[WIRE_STATUS_COUNT] = {
         [WIRE_INTERNAL] = EIO,
         [WIRE_NOT_SUPPORTED] = ENOTSUP,
         [WIRE_SHUTDOWN] = ESHUTDOWN,
+        [WIRE_CLOSED] = ECONNRESET,
 };
 
 int wire_status_errno(int status)

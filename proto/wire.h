@@ -47,6 +47,7 @@ enum wire_status {
         WIRE_INTERNAL = 14,
         WIRE_NOT_SUPPORTED = 15,
         WIRE_SHUTDOWN = 16,
+        WIRE_CLOSED = 17,
         WIRE_STATUS_COUNT
 };
 
@@ -226,7 +227,7 @@ struct wire_stats {
         struct wire_limit_set limits;
         uint32_t uid, uid_clients; /* the asking client's uid, and its usage */
         uint64_t uid_bytes, uid_names;
-        uint64_t fds, uid_fds; /* descriptors held for segments: in all, and for uid */
+        uint64_t fds, uid_fds;       /* descriptors held for segments: in all, and for uid */
         uint64_t queued, uid_queued; /* output waiting for clients to read: all, uid's */
 };
 

@@ -760,10 +760,12 @@ START_TEST(test_status_table)
                 [WIRE_INTERNAL] = EIO,
                 [WIRE_NOT_SUPPORTED] = ENOTSUP,
                 [WIRE_SHUTDOWN] = ESHUTDOWN,
+                [WIRE_CLOSED] = ECONNRESET,
         };
 
-        ck_assert_int_eq(WIRE_STATUS_COUNT, 17);
+        ck_assert_int_eq(WIRE_STATUS_COUNT, 18);
         ck_assert_int_eq(WIRE_SHUTDOWN, DLXP__STATUS__STATUS_SHUTDOWN);
+        ck_assert_int_eq(WIRE_CLOSED, DLXP__STATUS__STATUS_CLOSED);
         for (int s = 0; s < WIRE_STATUS_COUNT; s++) {
                 int e = wire_status_errno(s);
 
