@@ -249,6 +249,12 @@ DLX_HIDDEN int dlx__arena_alloc(dlx_client *c, uint32_t kind, int device, uint64
                                 struct seg_map **ret_map, uint64_t *ret_offset);
 DLX_HIDDEN void dlx__arena_free(dlx_client *c, struct seg_map *m, uint64_t offset, uint64_t bytes);
 /*
+ * Gives back every empty segment the allocator keeps for reuse, of any kind
+ * or device (a byte limit counts them all): what to do before trying again
+ * what a byte limit refused. Returns how many it gave back. Takes the lock.
+ */
+DLX_HIDDEN unsigned dlx__arena_give_back_empty(dlx_client *c);
+/*
  * The allocator segment holding the bytes [data + lo, data + hi) and data
  * itself, or NULL: memory any tensor (a dlx_alloc() result or a framework view
  * of one) can be published from without a copy. Lock held.

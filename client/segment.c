@@ -416,23 +416,20 @@ static void arena_give_back(dlx_client *c, struct arena_seg *a)
         dlx__map_unref(c, m);
 }
 
-/*
- * Gives back every empty segment the allocator keeps for reuse, of any kind
- * or device: a byte limit counts them all. Returns how many it gave back.
- * Lock held.
- */
-static unsigned arena_give_back_empty(dlx_client *c)
+unsigned dlx__arena_give_back_empty(dlx_client *c)
 {
-        struct arena_seg *a = c->arena, *next;
+        struct arena_seg *a, *next;
         unsigned n = 0;
 
-        for (; a; a = next) {
+        pthread_mutex_lock(&c->lock);
+        for (a = c->arena; a; a = next) {
                 next = a->next;
                 if (a->used == 0) {
                         arena_give_back(c, a);
                         n++;
                 }
         }
+        pthread_mutex_unlock(&c->lock);
         return n;
 }
 
@@ -598,9 +595,7 @@ int dlx__arena_alloc(dlx_client *c, uint32_t kind, int device, uint64_t bytes,
                  * Alloc that follows it), and without the growth or rounding.
                  * The daemon's answer to that is the one that counts.
                  */
-                pthread_mutex_lock(&c->lock);
-                given_back = arena_give_back_empty(c);
-                pthread_mutex_unlock(&c->lock);
+                given_back = dlx__arena_give_back_empty(c);
                 if (size > exact || given_back > 0)
                         err = arena_segment(c, kind, device, exact, &m);
         }

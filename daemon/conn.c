@@ -114,7 +114,7 @@ static bool queue_room(const struct conn *c, size_t n)
         if (max && c->outq_bytes + n > max)
                 return false;
         return store_fair_share(queued_budget(c->srv), c->srv->reg->queued, c->session->use->queued,
-                                n);
+                                n, STORE_HALF);
 }
 
 /*
@@ -243,7 +243,8 @@ static bool fd_share(const struct conn *c)
 {
         const struct server *srv = c->srv;
 
-        return store_fair_share(srv->fds_budget, srv->fds_unread, c->session->use->unread, 1);
+        return store_fair_share(srv->fds_budget, srv->fds_unread, c->session->use->unread, 1,
+                                STORE_HALF);
 }
 
 static bool fd_room(const struct conn *c)

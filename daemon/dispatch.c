@@ -40,7 +40,7 @@ static enum dispatch_result hello(struct session *s, const struct wire_request *
         rep.hello.uid = (uint32_t)s->uid;
         rep.hello.max_frame = DLX_MAX_FRAME;
         rep.hello.max_inflight = DLX_MAX_INFLIGHT;
-        rep.hello.limits = s->reg->lim;
+        registry_limits_for(s, &rep.hello.limits);
         /* releases without a system call; without a ring they simply travel as frames */
         int ring = registry_ring_create(s);
         if (ring >= 0 &&

@@ -36,7 +36,7 @@ struct daemon {
 /* The limits, each an option: --NAME VALUE, 0 meaning none. */
 struct limit_opt {
         const char *name;
-        const char *arg; /* "N", "SIZE" (suffixes K, M, G, T) or "MS" */
+        const char *arg; /* "N", "SIZE" (suffixes K, M, G, T), "MS", or "N|fair" */
         size_t off;      /* in struct wire_limit_set */
         size_t width;    /* 4 or 8 bytes */
         const char *help;
@@ -50,15 +50,15 @@ struct limit_opt {
 
 static const struct limit_opt limit_opts[] = {
         LIMIT(max_clients, "N", "connected clients"),
-        LIMIT(max_clients_per_uid, "N", "connected clients of one uid"),
+        LIMIT(max_clients_per_uid, "N|fair", "connected clients of one uid"),
         LIMIT(max_bytes, "SIZE", "shared bytes held (memfds dlxd keeps)"),
         LIMIT(max_bytes_per_uid, "SIZE", "shared bytes held for one uid"),
         LIMIT(max_names, "N", "published names"),
-        LIMIT(max_names_per_uid, "N", "published names one uid owns"),
+        LIMIT(max_names_per_uid, "N|fair", "published names one uid owns"),
         LIMIT(max_leases, "N", "leases one client holds at once"),
         LIMIT(max_watches, "N", "watches of one client"),
         LIMIT(max_fds, "N", "descriptors held for segments"),
-        LIMIT(max_fds_per_uid, "N", "descriptors held for the segments of one uid"),
+        LIMIT(max_fds_per_uid, "N|fair", "descriptors held for the segments of one uid"),
         LIMIT(max_queued, "SIZE",
               "output queued for a client before its requests wait (and its watch events "
               "are dropped)"),
@@ -97,6 +97,12 @@ static void option_name(const struct limit_opt *o, char *buf, size_t len)
                         *c = '-';
 }
 
+/* A per-uid limit whose default is the uid's fair share ("fair"). */
+static bool is_fair(const struct limit_opt *o)
+{
+        return strcmp(o->arg, "N|fair") == 0;
+}
+
 static void usage(FILE *f)
 {
         struct wire_limit_set def;
@@ -130,11 +136,10 @@ static void usage(FILE *f)
                 char opt[64], left[96];
                 option_name(&limit_opts[i], opt, sizeof(opt));
                 snprintf(left, sizeof(left), "--%s %s", opt, limit_opts[i].arg);
-                if (limit_get(&def, &limit_opts[i]) == DLX_FDS_AUTO)
+                if (is_fair(&limit_opts[i]))
+                        fprintf(f, "  %-30s %s (default: fair)\n", left, limit_opts[i].help);
+                else if (limit_get(&def, &limit_opts[i]) == DLX_FDS_AUTO)
                         fprintf(f, "  %-30s %s (default: from the descriptor limit)\n", left,
-                                limit_opts[i].help);
-                else if (limit_get(&def, &limit_opts[i]) == DLX_CLIENTS_AUTO)
-                        fprintf(f, "  %-30s %s (default: 7/8 of --max-clients)\n", left,
                                 limit_opts[i].help);
                 else
                         fprintf(f, "  %-30s %s (default %llu)\n", left, limit_opts[i].help,
@@ -142,18 +147,21 @@ static void usage(FILE *f)
         }
         fprintf(f,
                 "\nBy default the daemon keeps 64 descriptors and %d per --max-clients for\n"
-                "itself and its connections, gives the rest (at least half the limit) to\n"
-                "segments, and one uid at most half of that. Of what all clients may leave\n"
-                "queued (16 x --max-queued) and of the descriptors they may have unread\n"
-                "(half the limit), a uid gets at most half of what the others leave.\n",
+                "itself and its connections and gives the rest (at least half the limit) to\n"
+                "segments. A per-uid limit set to 'fair' (the default) is a uid's fair share\n"
+                "of the limit in all: 7/8 of what the other uids leave of --max-clients or\n"
+                "--max-names (all of a limit under 8), half of what they leave of --max-fds.\n"
+                "Of what all clients may leave queued (16 x --max-queued) and of the\n"
+                "descriptors they may have unread (half the limit), a uid gets at most half\n"
+                "of what the others leave.\n",
                 CONN_FDS);
 }
 
 /*
  * Descriptors for segments: what the descriptor limit leaves beside the
  * daemon's own and its connections' (a socket, a release ring on its way,
- * what a frame brings), and one uid at most half of that, so that no client
- * or uid can take the table from the others or from connecting at all.
+ * what a frame brings), so that no client can take the table from connecting
+ * at all (a uid's fair share of it keeps it from the others).
  */
 static void derive_fd_limits(struct wire_limit_set *lim)
 {
@@ -172,11 +180,6 @@ static void derive_fd_limits(struct wire_limit_set *lim)
                                  (unsigned long long)nofile, lim->max_clients,
                                  (unsigned long long)lim->max_fds);
         }
-        if (lim->max_fds_per_uid == DLX_FDS_AUTO)
-                lim->max_fds_per_uid = (lim->max_fds ? lim->max_fds : nofile) / 2;
-        /* no uid fills the slots: 1/8 of them stay for the others */
-        if (lim->max_clients_per_uid == DLX_CLIENTS_AUTO)
-                lim->max_clients_per_uid = lim->max_clients - lim->max_clients / 8;
 }
 
 static int parse_uint(const char *s, unsigned long max, unsigned long *ret)
@@ -244,8 +247,12 @@ static int set_limit(struct wire_limit_set *lim, size_t i, const char *arg)
 
         if (strcmp(o->arg, "SIZE") == 0) {
                 err = units_parse_size(arg, &v);
+        } else if (is_fair(o) && strcmp(arg, "fair") == 0) {
+                err = 0;
+                v = o->width == 8 ? DLX_LIMIT_FAIR : DLX_LIMIT_FAIR32;
         } else {
-                err = parse_uint(arg, o->width == 8 ? ULONG_MAX : UINT32_MAX, &n);
+                /* the largest value of each width means "fair": one short of it is the most */
+                err = parse_uint(arg, o->width == 8 ? ULONG_MAX - 1 : UINT32_MAX - 1, &n);
                 v = n;
         }
         if (err < 0) {

@@ -518,8 +518,9 @@ void registry_default_limits(struct wire_limit_set *lim)
         lim->max_leases = DLX_MAX_LEASES_PER_SESSION;
         lim->max_watches = DLX_DEFAULT_MAX_WATCHES;
         lim->max_fds = DLX_FDS_AUTO;
-        lim->max_clients_per_uid = DLX_CLIENTS_AUTO;
-        lim->max_fds_per_uid = DLX_FDS_AUTO;
+        lim->max_clients_per_uid = DLX_LIMIT_FAIR32;
+        lim->max_names_per_uid = DLX_LIMIT_FAIR;
+        lim->max_fds_per_uid = DLX_LIMIT_FAIR;
         lim->max_queued = DLX_DEFAULT_MAX_QUEUED;
         lim->timeout_ms = DLX_DEFAULT_DAEMON_TIMEOUT_MS;
 }
@@ -562,6 +563,40 @@ void registry_done(struct registry *reg)
         }
 }
 
+/* The most clients u's uid may have connected (UINT64_MAX: no bound). */
+static uint64_t clients_cap(const struct registry *reg, const struct uid_use *u)
+{
+        uint32_t per_uid = reg->lim.max_clients_per_uid;
+
+        return store_uid_cap(reg->lim.max_clients,
+                             per_uid == DLX_LIMIT_FAIR32 ? DLX_LIMIT_FAIR : per_uid,
+                             reg->nsessions + reg->nlingering, u->clients, STORE_MOST);
+}
+
+/* The most names u's uid may own (UINT64_MAX: no bound). */
+static uint64_t names_cap(const struct registry *reg, const struct uid_use *u)
+{
+        return store_uid_cap(reg->lim.max_names, reg->lim.max_names_per_uid, reg->nnames, u->names,
+                             STORE_MOST);
+}
+
+static uint64_t cap_wire(uint64_t cap)
+{
+        return cap == UINT64_MAX ? 0 : cap;
+}
+
+void registry_limits_for(const struct session *s, struct wire_limit_set *ret)
+{
+        const struct registry *reg = s->reg;
+        const struct store *st = reg->store;
+
+        *ret = reg->lim;
+        ret->max_clients_per_uid = (uint32_t)cap_wire(clients_cap(reg, s->use));
+        ret->max_names_per_uid = cap_wire(names_cap(reg, s->use));
+        ret->max_fds_per_uid = cap_wire(
+                store_uid_cap(st->max_fds, st->max_fds_per_uid, st->fds, s->use->fds, STORE_HALF));
+}
+
 int registry_admit(struct registry *reg, uid_t uid, char *why, size_t whysz)
 {
         const struct uid_use *u = store_uid(reg->store, uid, false);
@@ -571,9 +606,15 @@ int registry_admit(struct registry *reg, uid_t uid, char *why, size_t whysz)
                 snprintf(why, whysz, "too many clients (limit %u)", reg->lim.max_clients);
                 return -EAGAIN;
         }
-        if (reg->lim.max_clients_per_uid && u && u->clients >= reg->lim.max_clients_per_uid) {
-                snprintf(why, whysz, "too many clients of uid %u (limit %u)", (unsigned)uid,
-                         reg->lim.max_clients_per_uid);
+        if (u && u->clients >= clients_cap(reg, u)) {
+                if (reg->lim.max_clients_per_uid == DLX_LIMIT_FAIR32)
+                        snprintf(why, whysz,
+                                 "too many clients of uid %u (%u: its fair share, 7/8 of what "
+                                 "other uids leave of %u)",
+                                 (unsigned)uid, u->clients, reg->lim.max_clients);
+                else
+                        snprintf(why, whysz, "too many clients of uid %u (limit %u)", (unsigned)uid,
+                                 reg->lim.max_clients_per_uid);
                 return -EAGAIN;
         }
         return 0;
@@ -777,9 +818,16 @@ static bool names_full(struct session *s, char *why, size_t whysz)
                          (unsigned long long)lim->max_names);
                 return true;
         }
-        if (lim->max_names_per_uid && s->use->names >= lim->max_names_per_uid) {
-                snprintf(why, whysz, "uid %u owns %llu names (the limit)", (unsigned)s->uid,
-                         (unsigned long long)lim->max_names_per_uid);
+        if (s->use->names >= names_cap(s->reg, s->use)) {
+                if (lim->max_names_per_uid == DLX_LIMIT_FAIR)
+                        snprintf(why, whysz,
+                                 "uid %u owns %llu names (its fair share, 7/8 of what other "
+                                 "uids leave of %llu)",
+                                 (unsigned)s->uid, (unsigned long long)s->use->names,
+                                 (unsigned long long)lim->max_names);
+                else
+                        snprintf(why, whysz, "uid %u owns %llu names (the limit)", (unsigned)s->uid,
+                                 (unsigned long long)lim->max_names_per_uid);
                 return true;
         }
         return false;
@@ -1382,7 +1430,7 @@ void registry_stats(struct session *s, const struct wire_request *req)
         rep.stats.max_bytes = reg->store->max_bytes;
         rep.stats.clients = (uint32_t)reg->nsessions;
         rep.stats.max_clients = reg->lim.max_clients;
-        rep.stats.limits = reg->lim;
+        registry_limits_for(s, &rep.stats.limits);
         rep.stats.uid = s->uid;
         rep.stats.uid_clients = s->use->clients;
         rep.stats.uid_bytes = s->use->bytes;

@@ -55,6 +55,12 @@ void registry_init(struct registry *reg, uv_loop_t *loop, struct store *st,
 void registry_done(struct registry *reg);
 
 /*
+ * The limits as they stand for s's uid: a fair per-uid limit as the cap it
+ * works out to now (0 where nothing bounds it).
+ */
+void registry_limits_for(const struct session *s, struct wire_limit_set *ret);
+
+/*
  * Whether one more client of uid may connect: 0, or -EAGAIN with the limit
  * it would pass written to why.
  */

@@ -164,12 +164,15 @@ static int room_for(struct store *st, uint64_t size, uid_t uid)
                          (unsigned long long)st->fds);
                 return -EAGAIN;
         }
-        if (st->max_fds_per_uid && fds >= st->max_fds_per_uid) {
+        if (fds >= store_uid_cap(st->max_fds, st->max_fds_per_uid, st->fds, fds, STORE_HALF)) {
                 snprintf(st->why, sizeof(st->why),
-                         "uid %u holds %llu descriptors for segments (the limit, "
-                         "--max-fds-per-uid); unpublish some, or publish from dlx_alloc() "
-                         "memory, which packs many tensors into one segment",
-                         (unsigned)uid, (unsigned long long)fds);
+                         "uid %u holds %llu descriptors for segments (%s, --max-fds-per-uid); "
+                         "unpublish some, or publish from dlx_alloc() memory, which packs many "
+                         "tensors into one segment",
+                         (unsigned)uid, (unsigned long long)fds,
+                         st->max_fds_per_uid == DLX_LIMIT_FAIR
+                                 ? "its fair share: half of what other uids leave"
+                                 : "the limit");
                 return -EAGAIN;
         }
         if (st->max_bytes_per_uid &&

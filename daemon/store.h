@@ -52,16 +52,42 @@ struct segment {
 };
 
 /*
- * A fair share of something all uids draw on: a uid may hold at most half of
- * what the other uids leave of limit, so however many uids fill it, one more
- * always finds room. Whether a uid holding mine, of all held in all, may
- * take n more.
+ * Fair shares of what all uids draw on. A uid holding mine, of all held in
+ * all, may hold a share of what the other uids leave of limit, and the rest
+ * stays for uids still to come: however many uids fill it, the next one finds
+ * room while anything is left. STORE_HALF (half, rounded down) for what is in
+ * flight (output queued, descriptors unread) and descriptors held; STORE_MOST
+ * (all but an eighth, rounded down) for clients and names, so that a uid
+ * alone may use 7/8 of a limit, and all of one under 8.
  */
-static inline bool store_fair_share(uint64_t limit, uint64_t all, uint64_t mine, uint64_t n)
+enum store_share { STORE_HALF, STORE_MOST };
+
+static inline uint64_t store_fair_cap(uint64_t limit, uint64_t all, uint64_t mine,
+                                      enum store_share share)
 {
         uint64_t others = all - mine, left = limit > others ? limit - others : 0;
 
-        return mine + n <= left / 2;
+        return share == STORE_HALF ? left / 2 : left - left / 8;
+}
+
+/* Whether a uid holding mine may take n more, under its fair share. */
+static inline bool store_fair_share(uint64_t limit, uint64_t all, uint64_t mine, uint64_t n,
+                                    enum store_share share)
+{
+        return mine + n <= store_fair_cap(limit, all, mine, share);
+}
+
+/*
+ * The most one uid may hold of something limited in all to limit (0: none)
+ * and per uid to per_uid: 0 for none, a number, or DLX_LIMIT_FAIR (its fair
+ * share). UINT64_MAX when nothing bounds it.
+ */
+static inline uint64_t store_uid_cap(uint64_t limit, uint64_t per_uid, uint64_t all, uint64_t mine,
+                                     enum store_share share)
+{
+        if (per_uid != DLX_LIMIT_FAIR)
+                return per_uid ? per_uid : UINT64_MAX;
+        return limit ? store_fair_cap(limit, all, mine, share) : UINT64_MAX;
 }
 
 /* What one uid uses of the per-uid limits; kept while anything is counted. */

@@ -36,10 +36,16 @@
 #define DLX_DEFAULT_MAX_WATCHES 256
 #define DLX_DEFAULT_MAX_QUEUED (16u << 20)
 #define DLX_DEFAULT_DAEMON_TIMEOUT_MS 10000 /* dlxd --timeout-ms */
-/* --max-fds and --max-fds-per-uid by default: derived from the descriptor limit at start. */
+/* --max-fds by default: derived from the descriptor limit at start. */
 #define DLX_FDS_AUTO UINT64_MAX
-/* --max-clients-per-uid by default: derived from --max-clients at start. */
-#define DLX_CLIENTS_AUTO UINT32_MAX
+/*
+ * --max-clients-per-uid, --max-names-per-uid and --max-fds-per-uid by
+ * default ("fair"): a uid's fair share of the limit in all, worked out as it
+ * asks (store_uid_cap). Never on the wire: a hello or stats reply carries the
+ * cap as it stands for the asking uid.
+ */
+#define DLX_LIMIT_FAIR UINT64_MAX
+#define DLX_LIMIT_FAIR32 UINT32_MAX
 /* Segments one session may hold for publishing by id (each pins a daemon fd). */
 #define DLX_MAX_HELD_SEGMENTS 256
 /* Bytes of a CUDA IPC memory or event handle. */

@@ -72,16 +72,17 @@ static dlx_client *connect_as_self(void)
 
 struct as_nobody {
         int (*body)(dlx_client *c); /* its result is the child's exit status */
+        uid_t uid;
 };
 
-/* In a child (fx_spawn): drops to uid nobody, connects, runs the body, closes. */
+/* In a child (fx_spawn): drops to the uid (group nobody), connects, runs the body, closes. */
 static int nobody_main(void *p)
 {
         const struct as_nobody *a = p;
         dlx_client *c;
         int rc;
 
-        if (setgroups(0, NULL) != 0 || setgid(NOBODY) != 0 || setuid(NOBODY) != 0)
+        if (setgroups(0, NULL) != 0 || setgid(NOBODY) != 0 || setuid(a->uid) != 0)
                 return 90;
         c = connect_as_self();
         if (!c)
@@ -91,13 +92,19 @@ static int nobody_main(void *p)
         return rc;
 }
 
-/* Runs body as uid nobody against the fixture's daemon; returns its result. */
-static int run_as_nobody(int (*body)(dlx_client *c))
+/* Runs body as uid (group nobody) against the fixture's daemon; returns its result. */
+static int run_as(uid_t uid, int (*body)(dlx_client *c))
 {
-        struct as_nobody a = {body};
+        struct as_nobody a = {body, uid};
 
         open_to_others();
         return fx_wait(fx_spawn(nobody_main, &a));
+}
+
+/* Runs body as uid nobody against the fixture's daemon; returns its result. */
+static int run_as_nobody(int (*body)(dlx_client *c))
+{
+        return run_as(NOBODY, body);
 }
 
 /* ---- clients ------------------------------------------------------------------------------- */
@@ -423,6 +430,150 @@ START_TEST(names_in_all)
 }
 END_TEST
 
+/*
+ * By default a uid's share of names is 7/8 of what the other uids leave of
+ * --max-names: one uid cannot take them all, nor can two, and a limit under
+ * 8 is one uid's to fill.
+ */
+static int persist_until_refused(dlx_client *c, const char *prefix, int *ret_err)
+{
+        struct dlx_publish_options o = {.persist = true};
+        char name[64];
+        int n = 0;
+
+        for (; n < 1000; n++) {
+                snprintf(name, sizeof(name), "%s/%d", prefix, n);
+                *ret_err = dlx_publish(c, name, fx_plain_f32(1, 1.0f, NULL), &o, NULL);
+                if (*ret_err < 0)
+                        break;
+        }
+        return n;
+}
+
+/* 8 of 64 left: 7 for this uid, refused for its share */
+static int names_of_nobody(dlx_client *c)
+{
+        int err, n = persist_until_refused(c, "fair/nobody", &err);
+
+        return n == 7 && err == -EAGAIN && strstr(dlx_last_error(), "fair share") ? 0 : 1;
+}
+
+/* and the last one for a third uid */
+static int names_of_third(dlx_client *c)
+{
+        int err, n = persist_until_refused(c, "fair/third", &err);
+
+        return n == 1 && err == -EAGAIN && strstr(dlx_last_error(), "the daemon holds 64") ? 0 : 1;
+}
+
+START_TEST(names_fair_share)
+{
+        static const char *const args[] = {"--max-names", "64", "--group", "65534", NULL};
+        struct dlx_stats st;
+        dlx_client *c;
+        int err;
+
+        dlxd_start(&fx, args);
+        c = fx_connect(&fx, "hog");
+        ck_assert_int_eq(dlx_stats(c, &st), 0);
+        ck_assert_uint_eq(st.limits.max_names, 64);
+        ck_assert_uint_eq(st.limits.max_names_per_uid, 56);
+        ck_assert_int_eq(persist_until_refused(c, "fair/hog", &err), 56);
+        ck_assert_int_eq(err, -EAGAIN);
+        expect_msg("its fair share, 7/8 of what other uids leave of 64");
+        ck_assert_int_eq(dlx_stats(c, &st), 0);
+        ck_assert_uint_eq(st.uid_names, 56);
+        if (can_switch_uid()) {
+                ck_assert_int_eq(run_as(NOBODY, names_of_nobody), 0);
+                ck_assert_int_eq(run_as(1001, names_of_third), 0);
+        }
+        dlx_close(c);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/* Under 8, the limit in all is one uid's to fill, and it says which limit it met. */
+START_TEST(names_small_limit_is_whole)
+{
+        static const char *const args[] = {"--max-names", "5", NULL};
+        struct dlx_stats st;
+        dlx_client *c;
+        int err;
+
+        dlxd_start(&fx, args);
+        c = fx_connect(&fx, "small");
+        ck_assert_int_eq(persist_until_refused(c, "small", &err), 5);
+        ck_assert_int_eq(err, -EAGAIN);
+        expect_msg("the daemon holds 5 names (the limit)");
+        ck_assert_int_eq(dlx_stats(c, &st), 0);
+        ck_assert_uint_eq(st.limits.max_names_per_uid, 5);
+        dlx_close(c);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/*
+ * Clients likewise: 7/8 of what the other uids leave of --max-clients, so
+ * that two uids cannot take every slot from a third.
+ */
+static int held_ready[2], held_go[2]; /* the second uid holds its clients until told */
+
+static int clients_of_nobody(dlx_client *c)
+{
+        struct dlx_connect_options o = {.socket_path = fx.socket};
+        dlx_client *more[8];
+        int n = 0, rc;
+        char b;
+
+        (void)c; /* one of its share already: 8 left of 64, 7 for this uid */
+        while (n < 8 && dlx_connect(&o, &more[n]) == 0)
+                n++;
+        rc = n == 6 && strstr(dlx_last_error(), "fair share") ? 0 : 1;
+        (void)!write(held_ready[1], "r", 1);
+        (void)!read(held_go[0], &b, 1);
+        while (n > 0)
+                dlx_close(more[--n]);
+        return rc;
+}
+
+START_TEST(clients_fair_share)
+{
+        static const char *const args[] = {"--max-clients", "64", "--group", "65534", NULL};
+        dlx_client *c[64];
+        struct dlx_stats st;
+        int n = 0;
+
+        dlxd_start(&fx, args);
+        while (n < 64 && (c[n] = connect_as_self()) != NULL)
+                n++;
+        ck_assert_int_eq(n, 56);
+        expect_msg("its fair share, 7/8 of what other uids leave of 64");
+        ck_assert_int_eq(dlx_stats(c[0], &st), 0);
+        ck_assert_uint_eq(st.limits.max_clients_per_uid, 56);
+        if (can_switch_uid()) {
+                struct as_nobody a = {clients_of_nobody, NOBODY};
+                pid_t pid;
+                char b;
+                ck_assert_int_eq(pipe(held_ready), 0);
+                ck_assert_int_eq(pipe(held_go), 0);
+                open_to_others();
+                pid = fx_spawn(nobody_main, &a);
+                ck_assert_int_eq(read(held_ready[0], &b, 1), 1);
+                /* with both at their share, a third uid still gets in */
+                ck_assert_int_eq(run_as(1001, just_connected), 0);
+                ck_assert_int_eq(write(held_go[1], "g", 1), 1);
+                ck_assert_int_eq(fx_wait(pid), 0);
+                for (int i = 0; i < 2; i++) {
+                        close(held_ready[i]);
+                        close(held_go[i]);
+                }
+        }
+        while (n > 0)
+                dlx_close(c[--n]);
+        dlxd_stop(&fx);
+}
+END_TEST
+
 /* ---- leases and watches -------------------------------------------------------------------- */
 
 START_TEST(leases_per_client)
@@ -644,6 +795,72 @@ START_TEST(fds_default_from_rlimit)
 }
 END_TEST
 
+/*
+ * Descriptors held for segments: half of what the other uids leave of
+ * --max-fds, so that two uids cannot take them all from a third either.
+ */
+static int fds_of_nobody(dlx_client *c)
+{
+        int err, n = fill_with_copies(c, "fair/nobody", 100, &err);
+
+        return n == 4 && err == -EAGAIN && strstr(dlx_last_error(), "fair share") ? 0 : 1;
+}
+
+static int fds_of_third(dlx_client *c)
+{
+        int err, n = fill_with_copies(c, "fair/third", 100, &err);
+
+        return n == 2 && err == -EAGAIN ? 0 : 1;
+}
+
+START_TEST(fds_fair_share)
+{
+        static const char *const args[] = {"--max-fds", "16", "--group", "65534", NULL};
+        struct dlx_stats st;
+        dlx_client *c;
+        int err;
+
+        dlxd_start(&fx, args);
+        c = fx_connect(&fx, "hog");
+        ck_assert_int_eq(fill_with_copies(c, "fair/hog", 100, &err), 8);
+        ck_assert_int_eq(err, -EAGAIN);
+        expect_msg("its fair share: half of what other uids leave");
+        ck_assert_int_eq(dlx_stats(c, &st), 0);
+        ck_assert_uint_eq(st.limits.max_fds_per_uid, 8);
+        if (can_switch_uid()) {
+                ck_assert_int_eq(run_as(NOBODY, fds_of_nobody), 0);
+                ck_assert_int_eq(run_as(1001, fds_of_third), 0);
+        }
+        dlx_close(c);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/*
+ * A copy publish under a byte limit counts beside nothing of the client's
+ * own cache: the empty segments its allocator keeps go back first, as for
+ * dlx_alloc().
+ */
+START_TEST(copy_publish_gives_back_cache)
+{
+        static const char *const args[] = {"--max-bytes-per-uid", "1M", NULL};
+        int64_t shape[1] = {225 * 1024}; /* 900 KiB */
+        DLTensor proto = {.device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLFloat, 32, 1}};
+        DLManagedTensorVersioned *t = NULL;
+        dlx_client *c;
+
+        dlxd_start(&fx, args);
+        c = fx_connect(&fx, "copy");
+        proto.shape = shape;
+        ck_assert_int_eq(dlx_alloc(c, &proto, &t), 0);
+        t->deleter(t); /* its segment stays with the client, for reuse */
+        int err = dlx_publish(c, "copy/900k", fx_plain_f32(shape[0], 1.0f, NULL), NULL, NULL);
+        ck_assert_msg(err == 0, "copy publish: %s (%s)", dlx_strerror(err), dlx_last_error());
+        dlx_close(c);
+        dlxd_stop(&fx);
+}
+END_TEST
+
 /* ---- configuration ------------------------------------------------------------------------- */
 
 /* Every limit reaches stats as given, sizes with their suffixes; no limit is 0. */
@@ -736,6 +953,11 @@ Suite *limits_suite(void)
         tcase_add_test(tc, alloc_packs_small_tensors);
         tcase_add_test(tc, names_per_uid);
         tcase_add_test(tc, names_in_all);
+        tcase_add_test(tc, names_fair_share);
+        tcase_add_test(tc, names_small_limit_is_whole);
+        tcase_add_test(tc, clients_fair_share);
+        tcase_add_test(tc, fds_fair_share);
+        tcase_add_test(tc, copy_publish_gives_back_cache);
         tcase_add_test(tc, leases_per_client);
         tcase_add_test(tc, watches_per_client);
         tcase_add_test(tc, fds_per_uid);
