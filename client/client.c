@@ -134,13 +134,24 @@ static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t conn_lock = PTHREAD_MUTEX_INITIALIZER;
 static dlx_client *conns;
 
+/*
+ * The process-wide locks, taken in one order before a fork and let go after
+ * it on both sides: each is innermost where it is used (nothing else is taken
+ * while it is held), so no thread can hold one while waiting for another.
+ * The GPU files' locks are not among them: a forked child cannot use CUDA
+ * (dlx__cuda() refuses), so never takes them.
+ */
 static void on_fork_prepare(void)
 {
         pthread_mutex_lock(&conn_lock);
+        dlx__exchange_fork(DLX_FORK_PREPARE);
+        dlx__segment_fork(DLX_FORK_PREPARE);
 }
 
 static void on_fork_parent(void)
 {
+        dlx__segment_fork(DLX_FORK_PARENT);
+        dlx__exchange_fork(DLX_FORK_PARENT);
         pthread_mutex_unlock(&conn_lock);
 }
 
@@ -161,6 +172,8 @@ static void on_fork_child(void)
                 close_copy(&c->pfd);
         }
         conns = NULL; /* none of them is this process's */
+        dlx__segment_fork(DLX_FORK_CHILD);
+        dlx__exchange_fork(DLX_FORK_CHILD);
         pthread_mutex_unlock(&conn_lock);
 }
 
@@ -193,6 +206,11 @@ static void conn_closed(dlx_client *c)
         c->conn_prev = c->conn_next = NULL;
         close_copy(&c->fd);
         pthread_mutex_unlock(&conn_lock);
+}
+
+unsigned dlx__fork_generation(void)
+{
+        return __atomic_load_n(&fork_generation, __ATOMIC_RELAXED);
 }
 
 bool dlx__forked(const dlx_client *c)

@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -19,6 +20,27 @@ static char load_why[200];
 
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 static CUcontext primary[MAX_DEVICES];
+
+/*
+ * The fork generation (dlx__fork_generation) CUDA was first used in;
+ * UINT_MAX: not yet. CUDA does not survive fork(): a child of a process that
+ * initialised it cannot use it, and libdlx's CUDA caches and their locks are
+ * the parent's there. Such a child gets a clear error instead.
+ */
+static unsigned used_in = UINT_MAX;
+
+static int check_generation(void)
+{
+        unsigned now = dlx__fork_generation(), was = UINT_MAX;
+
+        if (__atomic_compare_exchange_n(&used_in, &was, now, false, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED) ||
+            was == now)
+                return 0;
+        return dlx__fail(-ENODEV, "CUDA was used in this process's parent before it forked: a "
+                                  "child made by fork() cannot use it (start GPU workers with "
+                                  "spawn, or fork before using CUDA)");
+}
 
 typedef CUresult (*get_proc_fn)(const char *symbol, void **pfn, int version, cuuint64_t flags,
                                 CUdriverProcAddressQueryResult *status);
@@ -123,14 +145,19 @@ static void load(void)
 
 int dlx__cuda(const struct dlx_cuda_driver **ret)
 {
-        if (__atomic_load_n(&installed, __ATOMIC_ACQUIRE)) {
-                *ret = installed;
-                return 0;
+        const struct dlx_cuda_driver *cu = __atomic_load_n(&installed, __ATOMIC_ACQUIRE);
+        int err;
+
+        if (!cu) {
+                pthread_once(&load_once, load);
+                if (load_error)
+                        return dlx__fail(load_error, "%s", load_why);
+                cu = &loaded;
         }
-        pthread_once(&load_once, load);
-        if (load_error)
-                return dlx__fail(load_error, "%s", load_why);
-        *ret = &loaded;
+        err = check_generation();
+        if (err < 0)
+                return err;
+        *ret = cu;
         return 0;
 }
 
@@ -139,6 +166,8 @@ void dlx__cuda_install(const struct dlx_cuda_driver *driver)
         pthread_mutex_lock(&ctx_lock);
         memset(primary, 0, sizeof(primary));
         pthread_mutex_unlock(&ctx_lock);
+        /* a new driver: nothing of it used yet, in this process or another */
+        __atomic_store_n(&used_in, UINT_MAX, __ATOMIC_RELAXED);
         __atomic_store_n(&installed, driver, __ATOMIC_RELEASE);
 }
 

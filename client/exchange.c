@@ -102,6 +102,17 @@ static dlx_client *live_head, *live_tail;
 static dlx_client *pinned;
 static pthread_mutex_t default_lock = PTHREAD_MUTEX_INITIALIZER;
 
+void dlx__exchange_fork(enum dlx_fork_step step)
+{
+        if (step == DLX_FORK_PREPARE) {
+                pthread_mutex_lock(&default_lock);
+                return;
+        }
+        if (step == DLX_FORK_CHILD)
+                live_head = live_tail = pinned = NULL;
+        pthread_mutex_unlock(&default_lock);
+}
+
 void dlx_set_default_client(dlx_client *c)
 {
         pthread_mutex_lock(&default_lock);

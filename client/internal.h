@@ -200,6 +200,15 @@ DLX_HIDDEN void dlx__client_unref(dlx_client *c);
  * socket, locks and leases are the parent's, not to be touched here.
  */
 DLX_HIDDEN bool dlx__forked(const dlx_client *c);
+/* Bumped in every child fork() makes; what dlx__forked() compares. */
+DLX_HIDDEN unsigned dlx__fork_generation(void);
+/*
+ * The steps of a fork, for the process-wide locks of other files: each holds
+ * its own across the fork (so that a child never inherits one another thread
+ * held), and a child drops what belongs to the parent. client.c's handlers
+ * call them, in one order.
+ */
+enum dlx_fork_step { DLX_FORK_PREPARE, DLX_FORK_PARENT, DLX_FORK_CHILD };
 /* -ESTALE with a detail when c belongs to another process, else 0. Any thread, no lock. */
 DLX_HIDDEN int dlx__usable(const dlx_client *c);
 /* An acquired tensor ended (its deleter ran); the last one ends a closed client's connection. */
@@ -267,6 +276,7 @@ DLX_HIDDEN struct seg_map *dlx__arena_find(dlx_client *c, uint32_t kind, const v
  * a lock of its own, the innermost of all; no client lock is needed.
  */
 DLX_HIDDEN bool dlx__mapped_read_only(const void *data, int64_t lo, int64_t hi);
+DLX_HIDDEN void dlx__segment_fork(enum dlx_fork_step step);
 
 /* ---- tensor.c ---- */
 DLX_HIDDEN void dlx__info_from_wire(const struct wire_info *w, struct dlx_info *info);
@@ -274,6 +284,8 @@ DLX_HIDDEN void dlx__info_from_wire(const struct wire_info *w, struct dlx_info *
 /* ---- exchange.c ---- */
 DLX_HIDDEN void dlx__default_client_closing(dlx_client *c);
 DLX_HIDDEN void dlx__default_client_connected(dlx_client *c);
+/* A child forgets the parent's clients: none can allocate for it. */
+DLX_HIDDEN void dlx__exchange_fork(enum dlx_fork_step step);
 /* The tensor an exchange-API export (of an export...) stands for; t itself otherwise. */
 DLX_HIDDEN const DLManagedTensorVersioned *dlx__exchange_unwrap(const DLManagedTensorVersioned *t);
 

@@ -84,6 +84,15 @@ static int cmp_ro(const void *key, const struct avl_node *n)
         return a < b ? -1 : a > b;
 }
 
+void dlx__segment_fork(enum dlx_fork_step step)
+{
+        /* the mappings are the child's too: fork() copies them, the tree stays true */
+        if (step == DLX_FORK_PREPARE)
+                pthread_mutex_lock(&ro_lock);
+        else
+                pthread_mutex_unlock(&ro_lock);
+}
+
 static void ro_add(struct seg_map *m)
 {
         uintptr_t key = (uintptr_t)m->ro;

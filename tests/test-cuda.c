@@ -2060,6 +2060,57 @@ START_TEST(no_driver)
 }
 END_TEST
 
+/*
+ * CUDA does not survive fork(): a child of a process that used it gets a
+ * clear -ENODEV from every CUDA path (never a hang on a lock a parent thread
+ * held, nor the parent's handles), and its CPU paths work.
+ */
+static int forked_after_cuda(void *arg)
+{
+        int64_t shape[1] = {IPC_LEN};
+        DLTensor proto = {.ndim = 1, .dtype = {kDLUInt, 8, 1}, .shape = shape};
+        DLManagedTensorVersioned *t = NULL;
+        dlx_client *c;
+
+        (void)arg;
+        c = fx_connect(&fx, "forked");
+        proto.device = (DLDevice){kDLCUDA, 0};
+        if (dlx_alloc(c, &proto, &t) != -ENODEV || t)
+                return 2;
+        if (!strstr(dlx_last_error(), "fork"))
+                return 3;
+        if (dlx_acquire(c, "fork/gpu", NULL, &t) != -ENODEV)
+                return 4;
+        proto.device = (DLDevice){kDLCPU, 0};
+        if (dlx_alloc(c, &proto, &t) != 0)
+                return 5;
+        t->deleter(t);
+        dlx_close(c);
+        return 0;
+}
+
+START_TEST(fork_after_cuda)
+{
+        int64_t shape[1] = {IPC_LEN};
+        DLTensor proto = {.device = {kDLCUDA, 0}, .ndim = 1, .dtype = {kDLUInt, 8, 1}};
+        DLManagedTensorVersioned *t = NULL;
+        dlx_client *c = fx_connect(&fx, "parent");
+        int rc;
+
+        proto.shape = shape;
+        ck_assert_int_eq(DLX(dlx_alloc(c, &proto, &t)), 0);
+        ck_assert_int_eq(DLX(dlx_publish(c, "fork/gpu", t, NULL, NULL)), 0);
+        rc = fx_wait(fx_spawn(forked_after_cuda, NULL));
+        ck_assert_msg(rc == 0, "child: %d", rc);
+        /* the parent's CUDA is its own still */
+        t = NULL;
+        ck_assert_int_eq(DLX(dlx_alloc(c, &proto, &t)), 0);
+        t->deleter(t);
+        DLXV(dlx_close(c));
+        assert_nothing_live("after close");
+}
+END_TEST
+
 /* =============================================================================================
  * 9. The caller's contexts and every failure path: clear errors, nothing leaked.
  */
@@ -2171,6 +2222,7 @@ END_TEST
 struct side_producer {
         struct chan ch;
         bool vmm;
+        char name[32];
 };
 
 static int side_producer(void *arg)
@@ -2196,12 +2248,12 @@ static int side_producer(void *arg)
                 fill((void *)(uintptr_t)(x + IPC_OFF), VMM_LEN, 60);
                 t = dev_tensor(kDLCUDA, x + IPC_OFF, VMM_LEN, 0, x);
         }
-        err = DLX(dlx_publish(c, "side/t", t, &o, NULL));
+        err = DLX(dlx_publish(c, sp->name, t, &o, NULL));
         CHECK(err == 0, "publish: %s (%s)", dlx_strerror(err), dlx_last_error());
         CHECK(c_tell(&sp->ch, 1) == 0, "tell");
         CHECK(c_hear(&sp->ch, &go) == 0, "no end");
-        CHECK(DLX(dlx_unpublish(c, "side/t")) == 0, "unpublish");
-        err = DLX(dlx_wait_released(c, "side/t", 1, NULL, TIMEOUT_MS));
+        CHECK(DLX(dlx_unpublish(c, sp->name)) == 0, "unpublish");
+        err = DLX(dlx_wait_released(c, sp->name, 1, NULL, TIMEOUT_MS));
         CHECK(err == 0, "wait_released: %s (%s)", dlx_strerror(err), dlx_last_error());
         DLXV(dlx_close(c));
         CHECK(ctx_bad == 0, "the context stack changed (above)");
@@ -2209,11 +2261,16 @@ static int side_producer(void *arg)
         return 0;
 }
 
-static pid_t side_start(struct side_producer *sp, bool vmm)
+/*
+ * Starts a producer publishing one tensor as name. Like every child, before
+ * this process uses CUDA: a test needing several starts them all first.
+ */
+static pid_t side_start(struct side_producer *sp, bool vmm, const char *name)
 {
         pid_t pid;
 
         sp->vmm = vmm;
+        snprintf(sp->name, sizeof(sp->name), "%s", name);
         chan_open(&sp->ch);
         pid = fx_spawn(side_producer, sp);
         chan_parent(&sp->ch);
@@ -2241,13 +2298,13 @@ static void assert_messages_clear(void)
 }
 
 /* Acquires side/t with op failing: a clear error, the context intact, the lease given back. */
-static void acquire_failing(dlx_client *c, const struct fault *f)
+static void acquire_failing(dlx_client *c, const struct fault *f, const char *name)
 {
         DLManagedTensorVersioned *t = NULL;
         int err;
 
         cuda_fake_fail_next(f->op, f->r);
-        err = DLX(dlx_acquire(c, "side/t", NULL, &t));
+        err = DLX(dlx_acquire(c, name, NULL, &t));
         cuda_fake_fail_next(f->op, CUDA_SUCCESS);
         ck_assert_msg(err == f->err, "%s failing with %d: acquire gave %s (%s)",
                       cuda_fake_op_name(f->op), (int)f->r, dlx_strerror(err), dlx_last_error());
@@ -2280,12 +2337,12 @@ START_TEST(faults_acquire_ipc)
         pid_t pid, me = getpid();
         int err;
 
-        pid = side_start(&sp, false);
+        pid = side_start(&sp, false, "side/t");
         c = fx_connect(&fx, "faults-consumer");
         ck_assert_int_eq(DLX(dlx_set_stream(c, 0, C_STREAM)), 0);
         push_own_context(0);
         for (size_t i = 0; i < sizeof(faults) / sizeof(faults[0]); i++) {
-                acquire_failing(c, &faults[i]);
+                acquire_failing(c, &faults[i], "side/t");
                 ck_assert_msg(cuda_fake_live(CUDA_FAKE_IPC_MAPPING) == 0,
                               "%s failing: the allocation stays mapped",
                               cuda_fake_op_name(faults[i].op));
@@ -2396,6 +2453,19 @@ START_TEST(faults_vmm_alloc)
 }
 END_TEST
 
+/*
+ * Starts n VMM side producers, side/t0 onwards, all before this process uses
+ * CUDA: a process forked after that could not (-ENODEV, as with the driver).
+ */
+static void side_start_all(struct side_producer *sp, pid_t *pid, size_t n)
+{
+        for (size_t i = 0; i < n; i++) {
+                char name[32];
+                snprintf(name, sizeof(name), "side/t%zu", i);
+                pid[i] = side_start(&sp[i], true, name);
+        }
+}
+
 START_TEST(faults_vmm_import)
 {
         static const struct fault faults[] = {
@@ -2405,20 +2475,20 @@ START_TEST(faults_vmm_import)
                 {CUDA_FAKE_MEM_SET_ACCESS, CUDA_ERROR_OUT_OF_MEMORY, -ENOMEM, "cuMemSetAccess"},
         };
 
-        for (size_t i = 0; i < sizeof(faults) / sizeof(faults[0]); i++) {
-                struct side_producer sp;
-                dlx_client *c;
-                pid_t pid;
+        enum { NF = sizeof(faults) / sizeof(faults[0]) };
+        struct side_producer sp[NF];
+        pid_t pid[NF];
 
-                pid = side_start(&sp, true);
-                c = fx_connect(&fx, "faults-vmm-consumer");
+        side_start_all(sp, pid, NF);
+        for (size_t i = 0; i < NF; i++) {
+                dlx_client *c = fx_connect(&fx, "faults-vmm-consumer");
                 push_own_context(0);
-                acquire_failing(c, &faults[i]);
+                acquire_failing(c, &faults[i], sp[i].name);
                 ck_assert_msg(live_kind() == 0, "%s failing: %s left alive",
                               cuda_fake_op_name(faults[i].op),
                               live_kind() ? leak_names[live_kind() - 1] : "");
                 pop_own_context();
-                side_stop(&sp, pid);
+                side_stop(&sp[i], pid[i]);
                 DLXV(dlx_close(c));
                 assert_nothing_live("consumer after close");
         }
@@ -2440,24 +2510,26 @@ START_TEST(faults_vmm_import_retry)
                 {CUDA_FAKE_MEM_MAP, CUDA_ERROR_UNKNOWN, -EIO, "cuMemMap"},
         };
 
-        for (size_t i = 0; i < sizeof(faults) / sizeof(faults[0]); i++) {
-                struct side_producer sp;
+        enum { NF = sizeof(faults) / sizeof(faults[0]) };
+        struct side_producer sp[NF];
+        pid_t pid[NF];
+
+        side_start_all(sp, pid, NF);
+        for (size_t i = 0; i < NF; i++) {
                 DLManagedTensorVersioned *t = NULL;
                 dlx_client *c;
-                pid_t pid;
                 int err;
 
-                pid = side_start(&sp, true);
                 c = fx_connect(&fx, "retry-consumer");
-                acquire_failing(c, &faults[i]);
-                err = DLX(dlx_acquire(c, "side/t", NULL, &t));
+                acquire_failing(c, &faults[i], sp[i].name);
+                err = DLX(dlx_acquire(c, sp[i].name, NULL, &t));
                 ck_assert_msg(err == 0,
                               "after %s failed once, acquiring the same tensor again gave %s "
                               "(%s)",
                               cuda_fake_op_name(faults[i].op), dlx_strerror(err), dlx_last_error());
                 ck_assert(same(t->dl_tensor.data, VMM_LEN, 60));
                 DLXV(t->deleter(t));
-                side_stop(&sp, pid);
+                side_stop(&sp[i], pid[i]);
                 DLXV(dlx_close(c));
                 assert_nothing_live("consumer after close");
         }
@@ -2651,6 +2723,7 @@ Suite *cuda_suite(void)
         add(tc, vmm_only_driver_exports);
         add(tc, cuda_host_share);
         add(tc, no_driver);
+        add(tc, fork_after_cuda);
         add(tc, faults_publish);
         add(tc, faults_acquire_ipc);
         add(tc, faults_vmm_alloc);

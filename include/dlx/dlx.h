@@ -165,7 +165,8 @@ struct dlx_publish_options {
  *   -EXDEV    DLX_COPY_NEVER and the memory did not come from dlx_alloc()
  *   -ENOTSUP  a device dlx cannot share (kDLCPU, kDLCUDAHost and kDLCUDA are), or
  *             DLX_COPY_ALWAYS for a CUDA tensor
- *   -ENODEV   a CUDA tensor and no CUDA driver (or device)
+ *   -ENODEV   a CUDA tensor and no CUDA driver (or device), or a process
+ *             forked from one that used CUDA (CUDA does not survive fork())
  *   -ENOSPC   the daemon's shared-bytes limit is reached
  *   -EOVERFLOW the layout's extent does not fit in 63 bits
  */
