@@ -267,9 +267,11 @@ static void fail_pending(dlx_client *c)
 }
 
 /*
- * The daemon does not answer: the client is unusable from now on, every
- * waiter fails, and the socket is shut down so that a reader blocked on it
- * wakes and the daemon, should it come back, ends the session. Lock held.
+ * The daemon does not answer: the client is unusable from now on and every
+ * waiter fails (a reader blocked on the socket wakes at its receive timeout).
+ * The socket stays open: tensors acquired through it may be alive, and their
+ * leases end with the session, whose end must wait for theirs (dlx_close()).
+ * Lock held.
  */
 static void __attribute__((format(printf, 3, 4)))
 break_connection(dlx_client *c, int err, const char *fmt, ...)
@@ -283,7 +285,6 @@ break_connection(dlx_client *c, int err, const char *fmt, ...)
         vsnprintf(c->broken_why, sizeof(c->broken_why), fmt, ap);
         va_end(ap);
         dlx__log(c, DLX_LOG_ERR, "%s", c->broken_why);
-        shutdown(c->fd, SHUT_RDWR);
         fail_pending(c);
 }
 
@@ -308,10 +309,14 @@ static int send_frame(dlx_client *c, const uint8_t *buf, size_t len, int fd)
                 if (n < 0) {
                         if (errno == EINTR)
                                 continue;
+                        int err = errno;
+                        /* whatever follows would be read as the rest of this frame */
+                        if (off > 0)
+                                c->torn = true;
                         /* SO_SNDTIMEO: the daemon read nothing for the client's timeout */
-                        if (errno == EAGAIN || errno == EWOULDBLOCK)
+                        if (err == EAGAIN || err == EWOULDBLOCK)
                                 return -ETIMEDOUT;
-                        return errno == EPIPE ? -ECONNRESET : -errno;
+                        return err == EPIPE ? -ECONNRESET : -err;
                 }
                 off += (size_t)n;
                 /* the fd went with the first byte */
@@ -322,19 +327,13 @@ static int send_frame(dlx_client *c, const uint8_t *buf, size_t len, int fd)
 }
 
 /* Encodes and sends; req->id is assigned here. Lock held by caller. */
-static int send_locked(dlx_client *c, struct wire_request *req, int fd)
+static int encode_send(dlx_client *c, struct wire_request *req, int fd)
 {
         uint8_t stackbuf[2048];
         uint8_t *buf = stackbuf;
         size_t size;
         int err;
 
-        if (c->broken)
-                return c->broken;
-        /* a closed client's connection carries the releases of its tensors (and a wake-up) */
-        if (c->closed &&
-            !(c->retired && (req->type == WIRE_REQ_RELEASE || req->type == WIRE_REQ_PING)))
-                return -ECONNRESET;
         req->id = c->next_id++;
         err = wire_request_size(req, &size);
         if (err < 0)
@@ -353,6 +352,21 @@ static int send_locked(dlx_client *c, struct wire_request *req, int fd)
         pthread_mutex_unlock(&c->send_lock);
         if (buf != stackbuf)
                 free(buf);
+        return err;
+}
+
+/* Sends a request on a working connection, and notes what its failure means. Lock held. */
+static int send_locked(dlx_client *c, struct wire_request *req, int fd)
+{
+        int err;
+
+        if (c->broken)
+                return c->broken;
+        /* a closed client's connection carries the releases of its tensors (and a wake-up) */
+        if (c->closed &&
+            !(c->retired && (req->type == WIRE_REQ_RELEASE || req->type == WIRE_REQ_PING)))
+                return -ECONNRESET;
+        err = encode_send(c, req, fd);
         /* everything but a release is answered: the daemon's silence counts from here */
         if (err == 0 && req->type != WIRE_REQ_RELEASE && req->type != WIRE_REQ_PING)
                 c->asked_ms = now_ms();
@@ -1016,6 +1030,8 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
                 }
         }
         if (connect(c->fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
+                int64_t waited = c->timeout_ms;
+
                 err = -errno;
                 close(c->fd);
                 dlx__client_unref(c);
@@ -1023,7 +1039,7 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
                         return dlx__fail(-ETIMEDOUT,
                                          "cannot connect to dlxd at %s: it accepted no connection "
                                          "within %lld ms",
-                                         addr.sun_path, (long long)c->timeout_ms);
+                                         addr.sun_path, (long long)waited);
                 return dlx__fail(err, "cannot connect to dlxd at %s: %s%s", addr.sun_path,
                                  strerror(-err), connect_hint(err));
         }
@@ -1082,6 +1098,21 @@ static void close_inherited(dlx_client *c)
         (void)c;
 }
 
+/*
+ * A bye on a connection given up for a silent daemon, if the socket has room
+ * for it now and no frame went out in part. Lock held.
+ */
+static void bye_late(dlx_client *c)
+{
+        struct wire_request bye = {.type = WIRE_REQ_BYE};
+        struct pollfd pfd = {.fd = c->fd, .events = POLLOUT};
+
+        if (c->torn || c->server_minor < 1 || poll(&pfd, 1, 0) != 1 || !(pfd.revents & POLLOUT))
+                return;
+        if (encode_send(c, &bye, -1) == 0)
+                dlx__log(c, DLX_LOG_DEBUG, "a bye left for the daemon to read when it can");
+}
+
 void dlx_close(dlx_client *c)
 {
         struct wire_request bye = {.type = WIRE_REQ_BYE};
@@ -1110,7 +1141,16 @@ void dlx_close(dlx_client *c)
         }
         pthread_mutex_lock(&c->lock);
         c->closed = true;
-        c->retired = said_bye && c->nacquired > 0 && !c->broken;
+        /*
+         * Tensors alive keep the connection whatever happened to it: their
+         * leases end with the session. A daemon that did not answer the bye
+         * in time (stopped, say) gets one anyway if the socket takes it, to
+         * let go of the rest when it comes back; the leases then go all at
+         * once, with the last tensor.
+         */
+        c->retired = c->nacquired > 0;
+        if (c->retired && !said_bye && c->broken == -ETIMEDOUT)
+                bye_late(c);
         /* the daemon sees EOF and releases everything this session held */
         if (!c->retired) {
                 shutdown(c->fd, SHUT_RDWR);

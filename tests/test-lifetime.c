@@ -13,12 +13,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <check.h>
 
 #include "fixture.h"
+#include "rawpeer.h"
 
 #define N 4096 /* floats: 16 KiB */
 
@@ -251,6 +255,91 @@ START_TEST(close_ends_blocked_calls)
 }
 END_TEST
 
+/*
+ * After a bye the session holds leases alone: anything but a release or a
+ * ping is answered with CLOSED (-ECONNRESET, what a call racing dlx_close()
+ * must say), never with SHUTDOWN, which means the daemon is stopping.
+ */
+START_TEST(request_after_bye_is_closed)
+{
+        int sock = rp_connect(fx.socket, "bye-then-more");
+        struct wire_request req = {.id = 2, .type = WIRE_REQ_BYE};
+        struct wire_reply rep;
+
+        rp_send(sock, &req, -1);
+        req = (struct wire_request){.id = 3, .type = WIRE_REQ_STATS};
+        rp_send(sock, &req, -1);
+        req = (struct wire_request){.id = 4, .type = WIRE_REQ_PING};
+        rp_send(sock, &req, -1);
+        rp_expect_ok(sock, 2, WIRE_REP_NONE, NULL, NULL);
+        rp_expect_error(sock, 3, WIRE_CLOSED, &rep);
+        ck_assert_int_eq(wire_status_errno(WIRE_CLOSED), ECONNRESET);
+        rp_expect_ok(sock, 4, WIRE_REP_PONG, NULL, NULL);
+        close(sock);
+}
+END_TEST
+
+/*
+ * Calls running when dlx_close() comes from another thread complete or fail
+ * with -ECONNRESET, wherever the close lands: a long list goes in pages, one
+ * round trip each, and the bye may come between two.
+ */
+struct racer {
+        dlx_client *c;
+        int err;
+        int started;
+};
+
+static int count_entry(void *ctx, const struct dlx_info *info)
+{
+        (void)info;
+        ++*(int *)ctx;
+        return 0;
+}
+
+static void *race_close(void *arg)
+{
+        struct racer *r = arg;
+        int n = 0;
+
+        __atomic_store_n(&r->started, 1, __ATOMIC_SEQ_CST);
+        r->err = dlx_list(r->c, "life/race/", count_entry, &n);
+        return NULL;
+}
+
+START_TEST(calls_racing_close_say_reset)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        char name[64];
+
+        for (int i = 0; i < 1500; i++) {
+                snprintf(name, sizeof(name), "life/race/%d", i);
+                ck_assert_int_eq(dlx_publish(p, name, fx_plain_f32(1, 1.0f, NULL), NULL, NULL), 0);
+        }
+        for (int round = 0; round < 100; round++) {
+                struct racer r[4];
+                pthread_t th[4];
+                dlx_client *c = fx_connect(&fx, "racer");
+                for (int i = 0; i < 4; i++) {
+                        r[i] = (struct racer){.c = c};
+                        ck_assert_int_eq(pthread_create(&th[i], NULL, race_close, &r[i]), 0);
+                }
+                /* a call that has not begun when dlx_close() comes is the caller's bug */
+                for (int i = 0; i < 4; i++)
+                        while (!__atomic_load_n(&r[i].started, __ATOMIC_SEQ_CST))
+                                fx_sleep_ms(1);
+                fx_sleep_ms(1 + round % 3);
+                dlx_close(c);
+                for (int i = 0; i < 4; i++) {
+                        pthread_join(th[i], NULL);
+                        ck_assert_msg(r[i].err == 1500 || r[i].err == -ECONNRESET,
+                                      "round %d: %d, %s", round, r[i].err, dlx_strerror(r[i].err));
+                }
+        }
+        dlx_close(p);
+}
+END_TEST
+
 /* ---- forks ---------------------------------------------------------------------------------- */
 
 struct forked {
@@ -367,6 +456,136 @@ START_TEST(killed_parent_forked_worker_keeps_nothing)
 }
 END_TEST
 
+/*
+ * fork() while other threads are inside libdlx, holding its process-wide
+ * locks (the table of read-only mappings every wrap looks up, the exchange
+ * API's default client): the child must find every lock free, connect its
+ * own client, map, wrap and allocate through the exchange API, whoever held
+ * what when it was made. A child that hangs is killed by its alarm.
+ */
+struct busy {
+        dlx_client *c;
+        DLManagedTensorVersioned *held;
+        int stop;
+        int kind;
+};
+
+static void *busy_main(void *arg)
+{
+        struct busy *b = arg;
+
+        while (!__atomic_load_n(&b->stop, __ATOMIC_RELAXED)) {
+                if (b->kind == 0) {
+                        /* a copy without flags: libdlx looks the mapping up to restore READ_ONLY */
+                        DLManagedTensorVersioned *cp = malloc(sizeof(*cp));
+                        dlx_tensor *h;
+                        *cp = *b->held;
+                        cp->flags = 0;
+                        cp->deleter = (void (*)(DLManagedTensorVersioned *))free;
+                        if (dlx_tensor_wrap(cp, &h) == 0)
+                                dlx_tensor_unref(h);
+                } else {
+                        dlx_client *x = fx_connect(&fx, "cycling");
+                        dlx_close(x);
+                }
+        }
+        return NULL;
+}
+
+static int child_after_busy_fork(void *arg)
+{
+        const int64_t shape[1] = {16};
+        DLTensor proto = {.device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLUInt, 8, 1}};
+        DLManagedTensorVersioned *t, *a;
+        dlx_tensor *h;
+        dlx_client *c;
+
+        (void)arg;
+        alarm(10);
+        c = fx_connect(&fx, "child");
+        if (dlx_acquire(c, "life/busy", NULL, &t) < 0)
+                return 2;
+        if (dlx_tensor_wrap(t, &h) < 0)
+                return 3;
+        dlx_tensor_unref(h);
+        /* the allocator takes this process's client, not a parent's */
+        proto.shape = (int64_t *)shape;
+        if (dlx_exchange_api()->managed_tensor_allocator(&proto, &a, NULL, NULL) != 0)
+                return 4;
+        a->deleter(a);
+        dlx_close(c);
+        return 0;
+}
+
+START_TEST(fork_while_threads_hold_locks)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_client *c = fx_connect(&fx, "busy");
+        DLManagedTensorVersioned *held;
+        struct busy b[4];
+        pthread_t th[4];
+
+        publish_filled(p, "life/busy", 2.0f);
+        held = acquire_ok(c, "life/busy");
+        for (int i = 0; i < 4; i++) {
+                b[i] = (struct busy){.c = c, .held = held, .kind = i == 3};
+                ck_assert_int_eq(pthread_create(&th[i], NULL, busy_main, &b[i]), 0);
+        }
+        for (int i = 0; i < 60; i++) {
+                int rc = fx_wait(fx_spawn(child_after_busy_fork, NULL));
+                ck_assert_msg(rc == 0, "fork %d: child %s (%d)", i,
+                              rc == 128 + SIGALRM ? "hung" : "failed", rc);
+        }
+        for (int i = 0; i < 4; i++) {
+                __atomic_store_n(&b[i].stop, 1, __ATOMIC_RELAXED);
+                pthread_join(th[i], NULL);
+        }
+        held->deleter(held);
+        dlx_close(c);
+        dlx_close(p);
+}
+END_TEST
+
+/*
+ * The exchange API's allocator in a forked child: a client of the parent's
+ * (closed there or not) is not the child's, the child's own is.
+ */
+static int child_allocates(void *arg)
+{
+        const int64_t shape[1] = {16};
+        DLTensor proto = {.device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLUInt, 8, 1}};
+        DLManagedTensorVersioned *a = NULL;
+        dlx_client *inherited = arg, *mine;
+
+        proto.shape = (int64_t *)shape;
+        /* none of this process's own yet: the parent's does not count */
+        if (dlx_exchange_api()->managed_tensor_allocator(&proto, &a, NULL, NULL) == 0)
+                return 2;
+        mine = fx_connect(&fx, "child");
+        if (dlx_exchange_api()->managed_tensor_allocator(&proto, &a, NULL, NULL) != 0)
+                return 3;
+        a->deleter(a);
+        dlx_close(inherited);
+        if (dlx_exchange_api()->managed_tensor_allocator(&proto, &a, NULL, NULL) != 0)
+                return 4;
+        a->deleter(a);
+        dlx_close(mine);
+        return 0;
+}
+
+START_TEST(fork_child_allocates_from_its_own_client)
+{
+        dlx_client *c = fx_connect(&fx, "parent");
+        int rc;
+
+        dlx_set_default_client(c);
+        rc = fx_wait(fx_spawn(child_allocates, c));
+        ck_assert_msg(rc == 0, "child: %d", rc);
+        ck_assert_int_eq(dlx_ping(c), 0);
+        dlx_close(c);
+}
+END_TEST
+
 /* ---- a daemon that stops answering -------------------------------------------------------- */
 
 static dlx_client *connect_timeout(int64_t timeout_ms)
@@ -431,6 +650,51 @@ START_TEST(connect_to_stopped_daemon_times_out)
 }
 END_TEST
 
+/* Nor does it wait on a daemon whose listen backlog is full: connect() itself times out. */
+START_TEST(connect_to_full_backlog_times_out)
+{
+        struct dlx_connect_options o = {.socket_path = fx.socket, .timeout_ms = 300};
+        struct sockaddr_un addr = {.sun_family = AF_UNIX};
+        struct rlimit saved, more;
+        dlx_client *c = NULL;
+        int *socks, n = 0, err;
+
+        ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &saved), 0);
+        more = saved;
+        more.rlim_cur = more.rlim_max < 65536 ? more.rlim_max : 65536;
+        setrlimit(RLIMIT_NOFILE, &more);
+        snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", fx.socket);
+        socks = calloc(more.rlim_cur, sizeof(*socks));
+        ck_assert_ptr_nonnull(socks);
+        stop_daemon();
+        for (;;) {
+                int s = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+                if (s < 0)
+                        break;
+                if (connect(s, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
+                        close(s);
+                        break;
+                }
+                socks[n++] = s;
+        }
+        if (errno == EAGAIN) {
+                int64_t t0 = fx_now_ms();
+                err = dlx_connect(&o, &c);
+                int64_t took = fx_now_ms() - t0;
+                ck_assert_int_eq(err, -ETIMEDOUT);
+                ck_assert_ptr_null(c);
+                ck_assert_msg(strstr(dlx_last_error(), "accepted no connection within 300 ms"),
+                              "detail: %s", dlx_last_error());
+                ck_assert_msg(took >= 250 && took < 5000, "gave up after %lld ms", (long long)took);
+        }
+        resume_daemon();
+        for (int i = 0; i < n; i++)
+                close(socks[i]);
+        free(socks);
+        setrlimit(RLIMIT_NOFILE, &saved);
+}
+END_TEST
+
 /* The default is a limit too: a stopped daemon fails a default client's call, not hangs it. */
 START_TEST(default_timeout_is_finite)
 {
@@ -447,6 +711,64 @@ START_TEST(default_timeout_is_finite)
         ck_assert_msg(took >= DLX_DEFAULT_TIMEOUT_MS && took < 3 * DLX_DEFAULT_TIMEOUT_MS,
                       "gave up after %lld ms", (long long)took);
         dlx_close(c);
+}
+END_TEST
+
+/*
+ * A daemon silent for long enough that the client gives up on it (a call or
+ * dlx_close() times out) is not a reason to let go of a live view's lease:
+ * when the daemon comes back, the view still holds its pages, whatever its
+ * producer does, until the view is gone.
+ */
+static void view_survives_timeout(bool close_it)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_client *c = connect_timeout(150);
+        DLManagedTensorVersioned *t;
+        uint64_t v1 = publish_filled(p, "life/stall", 3.0f);
+
+        t = acquire_ok(c, "life/stall");
+        ck_assert_int_eq(dlx_publish(c, "life/stall-own", fx_plain_f32(4, 1.0f, NULL), NULL, NULL),
+                         0);
+        stop_daemon();
+        if (close_it)
+                dlx_close(c);
+        else
+                ck_assert_int_eq(dlx_ping(c), -ETIMEDOUT);
+        fx_sleep_ms(100);
+        resume_daemon();
+        ck_assert_uint_eq(fx_stats(p).leases, 1);
+        ck_assert_int_eq(dlx_unpublish(p, "life/stall"), 0);
+        cycle_memory(p, "life/stall-next", 20, 8.0f);
+        ck_assert_msg(all_equal(t, 3.0f), "a view was overwritten after its client timed out");
+        ck_assert_int_eq(dlx_wait_released(p, "life/stall", v1, NULL, 0), -ETIMEDOUT);
+        if (close_it) {
+                /* the bye reached the daemon when it woke: only the lease is left of c */
+                struct dlx_info info;
+                int64_t until = fx_now_ms() + 5000;
+                while (dlx_stat(p, "life/stall-own", &info) == 0 && fx_now_ms() < until)
+                        fx_sleep_ms(5);
+                ck_assert_int_eq(dlx_stat(p, "life/stall-own", &info), -ENOENT);
+        }
+        /* the last view gone, the session ends with its lease (a closed client) or stays */
+        t->deleter(t);
+        if (!close_it)
+                dlx_close(c);
+        ck_assert_int_eq(dlx_wait_released(p, "life/stall", v1, NULL, 5000), 0);
+        ck_assert_int_eq(fx_wait_leases(p, 0, 5000), 0);
+        ck_assert_uint_eq(fx_wait_clients(p, 1, 5000), 1);
+        dlx_close(p);
+}
+
+START_TEST(view_survives_call_timeout)
+{
+        view_survives_timeout(false);
+}
+END_TEST
+
+START_TEST(view_survives_close_timeout)
+{
+        view_survives_timeout(true);
 }
 END_TEST
 
@@ -521,20 +843,27 @@ Suite *lifetime_suite(void)
         tcase_add_test(views, close_without_views_ends_connection);
         tcase_add_test(views, exchange_export_outlives_close);
         tcase_add_test(views, close_ends_blocked_calls);
+        tcase_add_test(views, request_after_bye_is_closed);
+        tcase_add_test(views, calls_racing_close_say_reset);
         suite_add_tcase(s, views);
 
         tcase_add_checked_fixture(forks, fx_setup, fx_teardown);
         tcase_add_test(forks, fork_child_leaves_parent_alone);
         tcase_add_test(forks, killed_parent_forked_worker_keeps_nothing);
+        tcase_add_test(forks, fork_while_threads_hold_locks);
+        tcase_add_test(forks, fork_child_allocates_from_its_own_client);
         suite_add_tcase(s, forks);
 
         tcase_add_checked_fixture(timeouts, fx_setup, fx_teardown);
         tcase_set_timeout(timeouts, 120);
         tcase_add_test(timeouts, call_to_stopped_daemon_times_out);
         tcase_add_test(timeouts, connect_to_stopped_daemon_times_out);
+        tcase_add_test(timeouts, connect_to_full_backlog_times_out);
         tcase_add_test(timeouts, default_timeout_is_finite);
         tcase_add_test(timeouts, blocked_acquire_outlives_timeout);
         tcase_add_test(timeouts, event_wait_notices_stopped_daemon);
+        tcase_add_test(timeouts, view_survives_call_timeout);
+        tcase_add_test(timeouts, view_survives_close_timeout);
         suite_add_tcase(s, timeouts);
         return s;
 }

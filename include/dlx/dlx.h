@@ -114,7 +114,9 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
  * framework tensors holding them), stay valid and keep their leases: while
  * any of them is alive the connection stays open for them alone, so the
  * producer cannot reuse their memory; the last one's deleter ends it. With
- * none alive the connection ends at once, and with it every lease.
+ * none alive the connection ends at once, and with it every lease. The same
+ * holds for a client given up on a silent daemon (-ETIMEDOUT), whose close
+ * is not confirmed: its live tensors keep the connection, and their leases.
  *
  * In a process forked from the one that connected, dlx_close() only closes
  * this process's copies of the client's descriptors: the connection and its
@@ -344,7 +346,12 @@ typedef int (*dlx_list_fn)(void *ctx, const struct dlx_info *info);
  */
 int dlx_list(dlx_client *client, const char *prefix, dlx_list_fn fn, void *ctx);
 
-/* The daemon's limits, as dlxd was started with them (0: none; see dlxd --help). */
+/*
+ * The daemon's limits, as dlxd was started with them (0: none; see dlxd
+ * --help). A per-uid limit left "fair" (dlxd's default for clients, names and
+ * descriptors) is given as the cap it works out to for the caller's uid when
+ * asked: its fair share of what the other uids leave of the limit in all.
+ */
 struct dlx_limits {
         uint32_t max_clients, max_clients_per_uid; /* connected clients */
         uint64_t max_bytes, max_bytes_per_uid;     /* shared bytes the daemon holds */
@@ -372,7 +379,7 @@ struct dlx_stats {
         /* the calling client's uid, and what that uid uses of the per-uid limits */
         uint32_t uid, uid_clients;
         uint64_t uid_bytes, uid_names;
-        uint64_t fds, uid_fds; /* descriptors held for segments: in all, and for uid */
+        uint64_t fds, uid_fds;       /* descriptors held for segments: in all, and for uid */
         uint64_t queued, uid_queued; /* bytes of output waiting for clients: all, uid's */
 };
 
