@@ -175,6 +175,11 @@ dlx_client *fx_connect(const struct dlxd_fixture *f, const char *name)
         return c;
 }
 
+int fx_slowdown(void)
+{
+        return getenv("DLX_TEST_VALGRIND") ? 10 : 1;
+}
+
 void fx_child_exit(int status)
 {
 #if __has_include(<valgrind/valgrind.h>)

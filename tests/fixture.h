@@ -79,6 +79,12 @@ bool fx_vec_is(const DLManagedTensorVersioned *t, int64_t n, float base);
 
 /* Milliseconds on the monotonic clock; a nap. */
 int64_t fx_now_ms(void);
+/*
+ * How much slower than usual the test and its daemon run: 10 under valgrind
+ * (DLX_TEST_VALGRIND), else 1. For the few tests that a slow test process
+ * would fail by itself, e.g. a reader meant to be slow but not that slow.
+ */
+int fx_slowdown(void);
 void fx_sleep_ms(int ms);
 
 /* A raw connected socket to f's daemon (no hello sent). */

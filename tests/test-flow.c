@@ -268,17 +268,21 @@ END_TEST
 
 /*
  * A peer that pipelines list requests and reads its replies steadily but
- * slowly, for several times the timeout, is never dropped: it reads.
+ * slowly, for several times the timeout, is never dropped: it reads. (Under
+ * valgrind the timeout is ten times longer: the reader must not be slower
+ * than meant.)
  */
 START_TEST(slow_reader_not_dropped)
 {
-        static const char *const args[] = {"--timeout-ms", "300", "--max-queued", "256K", NULL};
+        char timeout[16];
+        const char *const args[] = {"--timeout-ms", timeout, "--max-queued", "256K", NULL};
         const int lists = 40;
         dlx_client *good;
         struct wire_request req;
         struct wire_reply rep;
         int sock;
 
+        snprintf(timeout, sizeof(timeout), "%d", 300 * fx_slowdown());
         dlxd_start(&fx, args);
         good = fx_connect(&fx, "producer");
         publish_long_names(good, 512);
@@ -347,7 +351,8 @@ static int hog_main(void *arg)
  */
 START_TEST(idle_fd_hogs_cannot_stop_new_clients)
 {
-        static const char *const args[] = {"--timeout-ms", "500", "--group", "65534", NULL};
+        /* a long timeout: a late client that waited for the hogs to go would show */
+        static const char *const args[] = {"--timeout-ms", "5000", "--group", "65534", NULL};
         struct rlimit low = {.rlim_cur = 256, .rlim_max = 256};
         struct wire_request req;
         struct wire_reply rep;
@@ -383,7 +388,7 @@ START_TEST(idle_fd_hogs_cannot_stop_new_clients)
         /* another uid's new client connects at once, and acquires a fresh segment */
         t0 = fx_now_ms();
         late = fx_connect(&fx, "late");
-        ck_assert_msg(fx_now_ms() - t0 < 400, "connecting took %lld ms behind idle peers",
+        ck_assert_msg(fx_now_ms() - t0 < 2500, "connecting took %lld ms behind idle peers",
                       (long long)(fx_now_ms() - t0));
         ck_assert_int_eq(dlx_publish(prod, "flow/late", fx_plain_f32(4, 9.0f, NULL), NULL, NULL),
                          0);
@@ -391,21 +396,32 @@ START_TEST(idle_fd_hogs_cannot_stop_new_clients)
         ck_assert_msg(err == 0, "acquire behind idle peers: %s (%s)", dlx_strerror(err),
                       dlx_last_error());
         ck_assert(fx_vec_is(t, 4, 9.0f));
-        ck_assert_msg(fx_now_ms() - t0 < 2000, "the acquire took %lld ms",
+        ck_assert_msg(fx_now_ms() - t0 < 4000, "the acquire took %lld ms",
                       (long long)(fx_now_ms() - t0));
         t->deleter(t);
 
-        /* the hogs' uid, on a new connection, is told */
+        /*
+         * The hogs' uid, on a new connection, is told. (The daemon may still be
+         * working through the hogs' requests on a loaded machine: until it has
+         * put their share in flight, this acquire goes through; ask again.)
+         */
         if (fork() == 0) {
+                int64_t until = fx_now_ms() + 10000;
                 int sock;
                 if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0)
                         _exit(90);
                 sock = rp_connect(fx.socket, "hog-again");
-                acquire_req(&req, 7, "flow/late");
-                rp_send(sock, &req, -1);
-                if (rp_read(sock, &rep, 5000, NULL) != 1)
-                        _exit(91);
-                _exit(rep.status == WIRE_LIMIT && strstr(rep.error, "unread") ? 0 : 92);
+                for (uint64_t id = 7;; id++) {
+                        acquire_req(&req, id, "flow/late");
+                        rp_send(sock, &req, -1);
+                        if (rp_read(sock, &rep, 5000, NULL) != 1)
+                                _exit(91);
+                        if (rep.status == WIRE_LIMIT && strstr(rep.error, "unread"))
+                                _exit(0);
+                        if (rep.status != WIRE_OK || fx_now_ms() > until)
+                                _exit(92);
+                        fx_sleep_ms(20);
+                }
         }
         int status;
         ck_assert_int_ge(wait(&status), 0);
