@@ -1079,6 +1079,67 @@ START_TEST(bad_arguments)
 }
 END_TEST
 
+/* dlx_tensor_info() needs no daemon: a forked child of the acquirer asks it. */
+static int child_reads_info(void *arg)
+{
+        const char *name = NULL;
+        uint64_t version = 0;
+
+        if (dlx_tensor_info(arg, &name, &version, NULL) != 0)
+                return 2;
+        return strcmp(name, "contract/x") == 0 && version == 1 ? 0 : 3;
+}
+
+/* What dlx.h promises of dlx_tensor_info(), dlx_stats() and dlx_watch(), edges included. */
+START_TEST(info_stats_watch_contracts)
+{
+        const int64_t shape[1] = {4};
+        DLTensor proto = {.device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLFloat, 32, 1}};
+        dlx_client *p = fx_connect(&fx, "producer"), *c = fx_connect(&fx, "consumer");
+        DLManagedTensorVersioned *t, *a = NULL;
+        const char *name = NULL, *storage = NULL;
+        char prefix[DLX_NAME_MAX + 2];
+        struct dlx_stats st;
+        uint64_t version = 0, w = 0;
+
+        publish_ok(p, "contract/x", fx_plain_f32(4, 1.0f, NULL), NULL, NULL);
+        t = acquire_ok(c, "contract/x", NULL);
+        ck_assert_int_eq(dlx_tensor_info(t, NULL, NULL, NULL), 0);
+        ck_assert_int_eq(dlx_tensor_info(t, &name, &version, &storage), 0);
+        ck_assert_str_eq(name, "contract/x");
+        ck_assert_uint_eq(version, 1);
+        ck_assert_str_eq(storage, "memfd");
+        /* an allocation is not an acquired tensor */
+        proto.shape = (int64_t *)shape;
+        ck_assert_int_eq(dlx_alloc(p, &proto, &a), 0);
+        ck_assert_int_eq(dlx_tensor_info(a, &name, NULL, NULL), -EINVAL);
+        a->deleter(a);
+
+        ck_assert_int_eq(dlx_stats(c, NULL), -EINVAL);
+        ck_assert_int_eq(dlx_stats(NULL, &st), -EINVAL);
+        ck_assert_int_eq(dlx_stats(c, &st), 0);
+        ck_assert_uint_ge(st.leases, 1);
+
+        ck_assert_int_eq(dlx_watch(NULL, "", &w), -EINVAL);
+        ck_assert_int_eq(dlx_watch(c, NULL, NULL), 0);
+        memset(prefix, 'a', sizeof(prefix) - 1);
+        prefix[sizeof(prefix) - 1] = '\0';
+        ck_assert_int_eq(dlx_watch(c, prefix, &w), -EINVAL);
+        ck_assert_ptr_nonnull(strstr(dlx_last_error(), "prefix"));
+        prefix[DLX_NAME_MAX] = '\0'; /* exactly DLX_NAME_MAX bytes: a name may be that long */
+        ck_assert_int_eq(dlx_watch(c, prefix, &w), 0);
+
+        /* after close, and in a forked child, the tensor still says what it is */
+        dlx_close(c);
+        name = NULL;
+        ck_assert_int_eq(dlx_tensor_info(t, &name, NULL, NULL), 0);
+        ck_assert_str_eq(name, "contract/x");
+        ck_assert_int_eq(fx_wait(fx_spawn(child_reads_info, t)), 0);
+        t->deleter(t);
+        dlx_close(p);
+}
+END_TEST
+
 /* A release posted after the daemon stopped watching the release ring still arrives promptly. */
 START_TEST(release_after_idle_reaches_producer)
 {
@@ -1177,6 +1238,7 @@ Suite *pubsub_suite(void)
         tcase_add_test(tc, default_socket_from_environment);
         tcase_add_test(tc, connect_errors);
         tcase_add_test(tc, bad_arguments);
+        tcase_add_test(tc, info_stats_watch_contracts);
         tcase_add_test(tc, socket_live_and_stale);
         suite_add_tcase(s, tc);
 

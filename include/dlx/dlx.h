@@ -263,7 +263,10 @@ int dlx_acquire(dlx_client *client, const char *name, const struct dlx_acquire_o
 /*
  * The name, version and sharing path of a tensor dlx_acquire() returned (or an
  * export of it through libdlx's exchange API): "memfd", "cuda-ipc", "cuda-vmm"
- * or "cuda-host".
+ * or "cuda-host". Any of the out-parameters may be NULL; the strings live as
+ * long as the tensor. Needs no daemon: works after dlx_close() too, and in a
+ * forked child. Returns 0, or -EINVAL for NULL or a tensor libdlx did not
+ * acquire (dlx_alloc() results and published tensors included).
  */
 int dlx_tensor_info(const DLManagedTensorVersioned *tensor, const char **ret_name,
                     uint64_t *ret_version, const char **ret_storage);
@@ -383,6 +386,11 @@ struct dlx_stats {
         uint64_t queued, uid_queued; /* bytes of output waiting for clients: all, uid's */
 };
 
+/*
+ * The daemon's counters and limits, and what the caller's uid uses of them: one
+ * round trip. Returns 0 with *ret_stats, or -EINVAL (NULL argument) and the
+ * errors common to every call.
+ */
 int dlx_stats(dlx_client *client, struct dlx_stats *ret_stats);
 
 /* One round trip. Returns 0 or -errno. */
@@ -409,7 +417,15 @@ struct dlx_event {
         char name[DLX_NAME_MAX + 1];
 };
 
-/* Starts receiving events for names starting with prefix ("" for all). Returns 0 with *ret_watch.
+/*
+ * Starts receiving events for names starting with prefix ("" or NULL for all);
+ * events follow the watch, not a snapshot: list the prefix after watching to
+ * know what was there before. ret_watch may be NULL. Returns 0 with *ret_watch,
+ * or:
+ *   -EINVAL   NULL client, or a prefix no name could start with (longer than
+ *             DLX_NAME_MAX bytes, or not printable UTF-8; dlx_last_error() says)
+ *   -EAGAIN   this client has dlxd --max-watches watches already
+ * and the errors common to every call.
  */
 int dlx_watch(dlx_client *client, const char *prefix, uint64_t *ret_watch);
 /* Stops a watch; events already received stay queued. Returns 0 or -ENOENT. */
