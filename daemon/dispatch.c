@@ -26,9 +26,8 @@ static enum dispatch_result hello(struct session *s, const struct wire_request *
         }
         s->greeted = true;
         snprintf(s->name, sizeof(s->name), "%s", req->hello.client_name);
-        log_info("session %llu pid %d uid %u: hello from '%s' (protocol %u.%u)",
-                 (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid, s->name,
-                 req->hello.major, req->hello.minor);
+        log_session(info, s, "hello from '%s' (protocol %u.%u)", s->name, req->hello.major,
+                    req->hello.minor);
 
         memset(&rep, 0, sizeof(rep));
         rep.id = req->id;
@@ -70,8 +69,7 @@ enum dispatch_result dispatch_frame(struct session *s, struct frame *f)
         if (r < 0) {
                 frame_close_fds(f);
                 if (r == -EPROTO || req.id == 0 || !s->greeted) {
-                        log_notice("session %llu pid %d uid %u: dropped: %s",
-                                   (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid, err);
+                        log_session(notice, s, "dropped: %s", err);
                         if (req.id)
                                 session_fail(s, req.id, r, "%s", err);
                         else

@@ -1121,10 +1121,9 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
                 e->owner = s->uid; /* a free name (or one only waited for) is taken */
         entry_set_current(reg, e, v, s->use);
 
-        log_info("session %llu pid %d uid %u: published %s v%llu (%llu bytes, segment %llu%s)",
-                 (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid, e->name,
-                 (unsigned long long)v->version, (unsigned long long)v->length,
-                 (unsigned long long)seg->id, v->persist ? ", persistent" : "");
+        log_session(info, s, "published %s v%llu (%llu bytes, segment %llu%s)", e->name,
+                    (unsigned long long)v->version, (unsigned long long)v->length,
+                    (unsigned long long)seg->id, v->persist ? ", persistent" : "");
 
         reply_init(&rep, req->id, WIRE_REP_PUBLISH);
         rep.publish.version = v->version;
@@ -1222,8 +1221,7 @@ void registry_unpublish(struct session *s, const struct wire_request *req)
                 return;
         }
         version = e->current->version;
-        log_info("session %llu pid %d uid %u: unpublished %s v%llu", (unsigned long long)s->id,
-                 (int)s->pid, (unsigned)s->uid, e->name, (unsigned long long)version);
+        log_session(info, s, "unpublished %s v%llu", e->name, (unsigned long long)version);
         notify_watchers(reg, WIRE_EVENT_UNPUBLISHED, e, version);
         reply_init(&rep, req->id, WIRE_REP_NONE);
         session_send(s, &rep, -1);

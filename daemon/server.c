@@ -225,8 +225,7 @@ static void on_listen(uv_poll_t *h, int status, int events)
                         continue;
                 }
                 srv->nconns++;
-                log_info("session %llu pid %d uid %u: connected", (unsigned long long)s->id,
-                         (int)cred.pid, (unsigned)cred.uid);
+                log_session(info, s, "connected");
         }
 }
 
