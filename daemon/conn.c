@@ -113,8 +113,8 @@ static bool queue_room(const struct conn *c, size_t n)
 
         if (max && c->outq_bytes + n > max)
                 return false;
-        return store_fair_share(queued_budget(c->srv), c->srv->reg->queued, c->session->use->queued,
-                                n, STORE_HALF);
+        return quota_fair_share(queued_budget(c->srv), c->srv->reg->queued, c->session->use->queued,
+                                n, QUOTA_HALF);
 }
 
 /*
@@ -157,7 +157,7 @@ static void lingering_end(struct server *srv, struct lingering *l)
         l->use->unread -= l->fds;
         l->use->clients--;
         srv->reg->nlingering--;
-        store_uid_put(srv->reg->store, l->use);
+        quota_uid_put(srv->reg->store, l->use);
         close(l->fd);
         free(l);
 }
@@ -243,8 +243,8 @@ static bool fd_share(const struct conn *c)
 {
         const struct server *srv = c->srv;
 
-        return store_fair_share(srv->fds_budget, srv->fds_unread, c->session->use->unread, 1,
-                                STORE_HALF);
+        return quota_fair_share(srv->fds_budget, srv->fds_unread, c->session->use->unread, 1,
+                                QUOTA_HALF);
 }
 
 static bool fd_room(const struct conn *c)

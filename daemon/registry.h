@@ -3,7 +3,8 @@
  * The namespace: names -> versions -> leases, plus watchers (watch.h) and
  * waiting acquires. Every operation takes the acting session; ownership,
  * limits and lifetimes are decided here. Replies and events leave through
- * session_send(); nothing here knows about sockets.
+ * session_send(); nothing here knows about sockets. This is the whole of
+ * what the connection layer sees; namespace.h says which file does what.
  *
  * Lifetimes:
  *  - A version lives while it is its name's current version or any lease

@@ -70,6 +70,13 @@ int session_send(struct session *s, const struct wire_reply *rep, int fd);
 /* The same, with seg's fd attached (seg may be NULL: none). */
 int session_send_segment(struct session *s, const struct wire_reply *rep, struct segment *seg);
 
+/* Sends an event (reply id 0); events: the consumers' CUDA release events, for RELEASED. */
+void session_event_with(struct session *s, enum wire_event_kind kind, uint64_t watch,
+                        const char *name, uint64_t version, uint64_t token, uint64_t segment,
+                        uint8_t (*events)[DLX_CUDA_HANDLE], uint32_t nevents);
+void session_event(struct session *s, enum wire_event_kind kind, uint64_t watch, const char *name,
+                   uint64_t version, uint64_t token, uint64_t segment);
+
 /* Sends a status-only reply with a formatted message. */
 int session_fail(struct session *s, uint64_t id, int err, const char *fmt, ...)
         __attribute__((format(printf, 4, 5)));

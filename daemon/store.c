@@ -26,13 +26,6 @@ static int cmp_id(const void *key, const struct avl_node *n)
         return avl_cmp_u64(*(const uint64_t *)key, avl_entry(n, struct segment, node)->id);
 }
 
-static int cmp_uid(const void *key, const struct avl_node *n)
-{
-        uid_t a = *(const uid_t *)key, b = avl_entry(n, struct uid_use, node)->uid;
-
-        return a < b ? -1 : a > b;
-}
-
 void store_init(struct store *st)
 {
         avl_init(&st->segments);
@@ -46,29 +39,6 @@ void store_init(struct store *st)
         st->max_fds_per_uid = 0;
         st->vmm_dev = makedev(STORE_VMM_MAJOR, STORE_VMM_MINOR);
         st->on_gone = NULL;
-}
-
-struct uid_use *store_uid(struct store *st, uid_t uid, bool create)
-{
-        struct avl_node *n = avl_find(&st->uids, &uid, cmp_uid);
-        struct uid_use *u;
-
-        if (n || !create)
-                return n ? avl_entry(n, struct uid_use, node) : NULL;
-        u = calloc(1, sizeof(*u));
-        if (!u)
-                return NULL;
-        u->uid = uid;
-        avl_insert(&st->uids, &u->node, &u->uid, cmp_uid);
-        return u;
-}
-
-void store_uid_put(struct store *st, struct uid_use *u)
-{
-        if (!u || u->clients || u->names || u->bytes || u->fds || u->unread || u->queued)
-                return;
-        avl_remove(&st->uids, &u->node);
-        free(u);
 }
 
 static void segment_destroy(struct store *st, struct segment *seg)
@@ -86,13 +56,13 @@ static void segment_destroy(struct store *st, struct segment *seg)
         }
         avl_remove(&st->segments, &seg->node);
         if (seg->fd >= 0) {
-                struct uid_use *u = store_uid(st, seg->uid, false);
+                struct uid_use *u = quota_uid(st, seg->uid, false);
                 st->bytes -= seg->size;
                 st->fds--;
                 if (u) {
                         u->bytes -= seg->size;
                         u->fds--;
-                        store_uid_put(st, u);
+                        quota_uid_put(st, u);
                 }
                 close(seg->fd);
         }
@@ -121,11 +91,11 @@ static int insert(struct store *st, int fd, uint32_t kind, uint64_t size, uid_t 
                   struct segment **ret)
 {
         struct segment *seg = calloc(1, sizeof(*seg));
-        struct uid_use *u = fd >= 0 ? store_uid(st, uid, true) : NULL;
+        struct uid_use *u = fd >= 0 ? quota_uid(st, uid, true) : NULL;
 
         if (!seg || (fd >= 0 && !u)) {
                 free(seg);
-                store_uid_put(st, u);
+                quota_uid_put(st, u);
                 return -ENOMEM;
         }
         seg->id = st->next_id++;
@@ -153,7 +123,7 @@ static int insert(struct store *st, int fd, uint32_t kind, uint64_t size, uid_t 
  */
 static int room_for(struct store *st, uint64_t size, uid_t uid)
 {
-        const struct uid_use *u = store_uid(st, uid, false);
+        const struct uid_use *u = quota_uid(st, uid, false);
         uint64_t bytes = u ? u->bytes : 0, fds = u ? u->fds : 0;
 
         if (size == 0 || size > DLX_MAX_SEGMENT)
@@ -164,7 +134,7 @@ static int room_for(struct store *st, uint64_t size, uid_t uid)
                          (unsigned long long)st->fds);
                 return -EAGAIN;
         }
-        if (fds >= store_uid_cap(st->max_fds, st->max_fds_per_uid, st->fds, fds, STORE_HALF)) {
+        if (fds >= quota_uid_cap(st->max_fds, st->max_fds_per_uid, st->fds, fds, QUOTA_HALF)) {
                 snprintf(st->why, sizeof(st->why),
                          "uid %u holds %llu descriptors for segments (%s, --max-fds-per-uid); "
                          "unpublish some, or publish from dlx_alloc() memory, which packs many "

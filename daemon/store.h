@@ -3,7 +3,7 @@
  * Shared-memory segments the daemon holds: one sealed memfd each, created on
  * request (alloc) or received from a client (publish). The daemon never maps
  * them; it keeps the descriptors, checks seals and sizes, and accounts bytes,
- * in all and per uid (with the other per-uid counts the registry keeps).
+ * in all and per uid (quota.h).
  */
 #ifndef DLX_DAEMON_STORE_H
 #define DLX_DAEMON_STORE_H
@@ -14,6 +14,7 @@
 
 #include "avl.h"
 #include "list.h"
+#include "quota.h"
 #include "wire_limits.h"
 
 struct session;
@@ -51,57 +52,6 @@ struct segment {
         uint8_t ipc_handle[DLX_CUDA_HANDLE]; /* CUDA IPC: the allocation's handle */
 };
 
-/*
- * Fair shares of what all uids draw on. A uid holding mine, of all held in
- * all, may hold a share of what the other uids leave of limit, and the rest
- * stays for uids still to come: however many uids fill it, the next one finds
- * room while anything is left. STORE_HALF (half, rounded down) for what is in
- * flight (output queued, descriptors unread) and descriptors held; STORE_MOST
- * (all but an eighth, rounded down) for clients and names, so that a uid
- * alone may use 7/8 of a limit, and all of one under 8.
- */
-enum store_share { STORE_HALF, STORE_MOST };
-
-static inline uint64_t store_fair_cap(uint64_t limit, uint64_t all, uint64_t mine,
-                                      enum store_share share)
-{
-        uint64_t others = all - mine, left = limit > others ? limit - others : 0;
-
-        return share == STORE_HALF ? left / 2 : left - left / 8;
-}
-
-/* Whether a uid holding mine may take n more, under its fair share. */
-static inline bool store_fair_share(uint64_t limit, uint64_t all, uint64_t mine, uint64_t n,
-                                    enum store_share share)
-{
-        return mine + n <= store_fair_cap(limit, all, mine, share);
-}
-
-/*
- * The most one uid may hold of something limited in all to limit (0: none)
- * and per uid to per_uid: 0 for none, a number, or DLX_LIMIT_FAIR (its fair
- * share). UINT64_MAX when nothing bounds it.
- */
-static inline uint64_t store_uid_cap(uint64_t limit, uint64_t per_uid, uint64_t all, uint64_t mine,
-                                     enum store_share share)
-{
-        if (per_uid != DLX_LIMIT_FAIR)
-                return per_uid ? per_uid : UINT64_MAX;
-        return limit ? store_fair_cap(limit, all, mine, share) : UINT64_MAX;
-}
-
-/* What one uid uses of the per-uid limits; kept while anything is counted. */
-struct uid_use {
-        struct avl_node node; /* in store.uids */
-        uid_t uid;
-        uint32_t clients; /* sessions (the registry counts them) */
-        uint64_t names;   /* names it owns with a current version (likewise) */
-        uint64_t bytes;   /* bytes of the segments it created or sent */
-        uint64_t fds;     /* descriptors held for those segments */
-        uint32_t unread;  /* descriptors sent to its connections and not yet read (conn counts) */
-        uint64_t queued;  /* bytes of output queued for its connections (likewise) */
-};
-
 struct store {
         struct avl_tree segments;
         struct avl_tree uids; /* struct uid_use */
@@ -125,11 +75,6 @@ struct store {
 void store_init(struct store *st);
 /* Destroys every segment (daemon exit). */
 void store_done(struct store *st);
-
-/* The uid's record, made if create; NULL if absent (or no memory). */
-struct uid_use *store_uid(struct store *st, uid_t uid, bool create);
-/* Frees the record once nothing is counted in it. NULL-safe. */
-void store_uid_put(struct store *st, struct uid_use *u);
 
 /*
  * Creates a memfd of size bytes sealed against shrinking and growing, charged

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "namespace.h"
+
 /* A lookup key: the first len bytes of a name. Every bucket of one tree has this len. */
 struct prefix_key {
         const char *p;
@@ -190,4 +192,42 @@ void watch_notify(const struct watch_index *ix, enum wire_event_kind kind, const
                         heap[0] = heap[--n];
                 heap_down(heap, n, 0);
         }
+}
+
+/* ---- the watch requests ---- */
+
+void registry_watch(struct session *s, const struct wire_request *req)
+{
+        struct registry *reg = s->reg;
+        struct wire_reply rep;
+        uint64_t id;
+        int err;
+
+        if (reg->lim.max_watches && s->nwatches >= reg->lim.max_watches) {
+                session_fail(s, req->id, -EAGAIN, "this client has %u watches already (the limit)",
+                             reg->lim.max_watches);
+                return;
+        }
+        err = watch_add(&reg->watches, s, req->watch.prefix, &id);
+        if (err < 0) {
+                session_fail(s, req->id, err, "%s",
+                             err == -ENOMEM ? "out of memory" : "prefix longer than 255 bytes");
+                return;
+        }
+        reply_init(&rep, req->id, WIRE_REP_WATCH);
+        rep.watch.watch = id;
+        session_send(s, &rep, -1);
+}
+
+void registry_unwatch(struct session *s, const struct wire_request *req)
+{
+        struct wire_reply rep;
+
+        if (watch_remove(&s->reg->watches, s, req->unwatch.watch) < 0) {
+                session_fail(s, req->id, -ENOENT, "no watch %llu",
+                             (unsigned long long)req->unwatch.watch);
+                return;
+        }
+        reply_init(&rep, req->id, WIRE_REP_NONE);
+        session_send(s, &rep, -1);
 }

@@ -41,7 +41,7 @@
 /*
  * --max-clients-per-uid, --max-names-per-uid and --max-fds-per-uid by
  * default ("fair"): a uid's fair share of the limit in all, worked out as it
- * asks (store_uid_cap). Never on the wire: a hello or stats reply carries the
+ * asks (quota_uid_cap). Never on the wire: a hello or stats reply carries the
  * cap as it stands for the asking uid.
  */
 #define DLX_LIMIT_FAIR UINT64_MAX
