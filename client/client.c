@@ -396,10 +396,16 @@ void dlx__release(dlx_client *c, struct wire_request *req)
                 if (h - __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE) < RING_SLOTS) {
                         r->lease[h % RING_SLOTS] = req->release.lease;
                         __atomic_store_n(&r->head, h + 1, __ATOMIC_SEQ_CST);
-                        /* the daemon is asleep on the ring: any frame wakes it */
+                        /*
+                         * The daemon is asleep on the ring: any frame wakes it, and
+                         * a release of lease 0 (1.1) is one it does not answer.
+                         * Nothing may come back that no call is there to read.
+                         */
                         if (__atomic_load_n(&r->asleep, __ATOMIC_SEQ_CST)) {
-                                struct wire_request ping = {.type = WIRE_REQ_PING};
-                                send_locked(c, &ping, -1);
+                                struct wire_request wake = {.type = WIRE_REQ_RELEASE};
+                                if (c->server_minor < 1)
+                                        wake.type = WIRE_REQ_PING;
+                                send_locked(c, &wake, -1);
                         }
                         return;
                 }

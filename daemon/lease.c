@@ -243,7 +243,14 @@ void registry_release(struct session *s, const struct wire_request *req)
 {
         struct avl_node *n = avl_find(&s->leases, &req->release.lease, cmp_lease);
 
-        /* success is silent: a release costs the client one send and no round trip */
+        /*
+         * Success is silent: a release costs the client one send and no round
+         * trip. Lease 0 is a wake-up after a post to the release ring, which
+         * the connection drained on its way here: silent too, or a client that
+         * only lets go of tensors would pile up answers it never reads.
+         */
+        if (req->release.lease == 0)
+                return;
         if (!n) {
                 session_fail(s, req->id, -ENOENT, "no lease %llu held by this session",
                              (unsigned long long)req->release.lease);

@@ -6,9 +6,11 @@
  * reply), drains it before every batch of that client's requests (so a
  * release always precedes whatever the client sent after it), and shortly
  * after the client goes quiet. It then marks itself asleep; a client that
- * sees the daemon asleep after posting sends a socket release as well, which
- * wakes it. The seq_cst store/load pairs on both sides (post, then check
- * asleep; sleep, then check posted) mean no release is ever left unseen.
+ * sees the daemon asleep after posting sends a socket release of lease 0 as
+ * well, which wakes it and, like every release that succeeds, is not
+ * answered: a client that only lets tensors go has nothing to read. The
+ * seq_cst store/load pairs on both sides (post, then check asleep; sleep,
+ * then check posted) mean no release is ever left unseen.
  *
  * The client is the only writer of head and of the slots; the daemon the only
  * writer of tail and asleep. The daemon trusts nothing it reads here: lease

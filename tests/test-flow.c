@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <signal.h>
 #include <grp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -710,6 +711,43 @@ START_TEST(idle_client_outlives_timeout_with_notifications)
 }
 END_TEST
 
+/*
+ * A consumer that only lets its tensors go, one now and then, calling nothing
+ * else: each release finds the daemon asleep on the release ring and wakes
+ * it, and nothing comes back for it to read. (Answered wake-ups piled up
+ * unread until its socket was full and it was dropped, with the leases of
+ * its live views.)
+ */
+START_TEST(quiet_releases_leave_nothing_to_read)
+{
+        static const char *const args[] = {"--timeout-ms", "300", NULL};
+        enum { N = 40 };
+        DLManagedTensorVersioned *v[N + 1];
+        dlx_client *p, *c;
+        struct pollfd pfd;
+
+        dlxd_start(&fx, args);
+        p = fx_connect(&fx, "producer");
+        c = fx_connect(&fx, "quiet");
+        ck_assert_int_eq(dlx_publish(p, "flow/quiet", fx_plain_f32(4, 3.0f, NULL), NULL, NULL), 0);
+        for (int i = 0; i <= N; i++)
+                ck_assert_int_eq(dlx_acquire(c, "flow/quiet", NULL, &v[i]), 0);
+        pfd = (struct pollfd){.fd = dlx_fd(c), .events = POLLIN};
+        for (int i = 0; i < N; i++) {
+                fx_sleep_ms(40); /* quiet: the daemon goes to sleep on the ring */
+                v[i]->deleter(v[i]);
+                fx_sleep_ms(20); /* what it answered would be here by now */
+                ck_assert_msg(poll(&pfd, 1, 0) == 0, "release %d got an answer", i);
+        }
+        ck_assert_uint_eq(fx_stats(p).leases, 1);
+        ck_assert(fx_vec_is(v[N], 4, 3.0f));
+        v[N]->deleter(v[N]);
+        dlx_close(c);
+        dlx_close(p);
+        dlxd_stop(&fx);
+}
+END_TEST
+
 Suite *flow_suite(void)
 {
         Suite *s = suite_create("flow");
@@ -728,6 +766,7 @@ Suite *flow_suite(void)
         tcase_add_test(slow, half_closed_peer_gets_every_reply);
         tcase_add_test(slow, half_closed_nonreader_dropped);
         tcase_add_test(slow, slow_reader_not_dropped);
+        tcase_add_test(slow, quiet_releases_leave_nothing_to_read);
         suite_add_tcase(s, slow);
 
         tcase_set_timeout(idle, 120);
