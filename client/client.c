@@ -266,6 +266,8 @@ static void fail_pending(dlx_client *c)
         pthread_cond_broadcast(&c->cond);
 }
 
+static void bye_late(dlx_client *c);
+
 /*
  * The daemon does not answer: the client is unusable from now on and every
  * waiter fails (a reader blocked on the socket wakes at its receive timeout).
@@ -286,6 +288,14 @@ break_connection(dlx_client *c, int err, const char *fmt, ...)
         va_end(ap);
         dlx__log(c, DLX_LOG_ERR, "%s", c->broken_why);
         fail_pending(c);
+        /*
+         * The client reads nothing more: say bye now, so that a daemon that
+         * was only stopped owes it nothing when it resumes (answers to the
+         * calls given up on included) and keeps the session for its leases,
+         * instead of dropping a peer that does not read.
+         */
+        if (err == -ETIMEDOUT)
+                bye_late(c);
 }
 
 /* ---- sending ----------------------------------------------------------------------------------
@@ -1113,10 +1123,13 @@ static void bye_late(dlx_client *c)
         struct wire_request bye = {.type = WIRE_REQ_BYE};
         struct pollfd pfd = {.fd = c->fd, .events = POLLOUT};
 
-        if (c->torn || c->server_minor < 1 || poll(&pfd, 1, 0) != 1 || !(pfd.revents & POLLOUT))
+        if (c->bye_sent || c->torn || c->server_minor < 1 || poll(&pfd, 1, 0) != 1 ||
+            !(pfd.revents & POLLOUT))
                 return;
-        if (encode_send(c, &bye, -1) == 0)
+        if (encode_send(c, &bye, -1) == 0) {
+                c->bye_sent = true;
                 dlx__log(c, DLX_LOG_DEBUG, "a bye left for the daemon to read when it can");
+        }
 }
 
 void dlx_close(dlx_client *c)

@@ -137,6 +137,7 @@ struct dlx_client {
         int64_t ping_ms;    /* when a ping went to a silent daemon, 0: none since heard */
         int broken;         /* 0, or -errno once the connection failed */
         bool torn;          /* a frame went out in part: nothing more may follow it */
+        bool bye_sent;      /* a bye went out unanswered (bye_late): no second one */
         char broken_why[DLX_ERROR_MAX + 1]; /* the daemon's reason, when it gave one */
         uint64_t next_id;
         uint64_t next_token;

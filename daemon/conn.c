@@ -766,11 +766,21 @@ static void watch_stall(struct conn *c, bool progressed)
  * socket, or its own descriptors unread. Notifications it did not ask for
  * (watch events, RELEASED, SEGMENT_GONE) may wait for an idle client as long
  * as it likes: watch events past --max-queued are dropped instead, the
- * others are bounded by what the session holds.
+ * others are bounded by what the session holds. A session that said bye is
+ * owed nothing: it is kept for the leases of tensors still alive in a
+ * process that may never read again (a client given up on a stopped
+ * daemon), and what it left unread stays charged to its uid.
  */
 static bool waits_for_peer(const struct conn *c)
 {
-        return c->queued_replies > 0 && (c->full || c->fds_unread >= CONN_MAX_FDS_UNREAD);
+        return c->queued_replies > 0 && (c->full || c->fds_unread >= CONN_MAX_FDS_UNREAD) &&
+               !c->session->retired;
+}
+
+/* Whether c owes a read of the descriptors it holds unread while others wait for the budget. */
+static bool owes_fds(const struct conn *c)
+{
+        return c->fds_unread && !c->session->retired;
 }
 
 /*
@@ -839,7 +849,7 @@ void conn_check_stalled(struct server *srv)
                 for (pos = srv->conns.next; pos != &srv->conns; pos = pos->next) {
                         struct conn *c = list_entry(pos, struct conn, link);
                         fds_refresh(c);
-                        if (c->fds_unread && !list_linked(&c->unread_link)) {
+                        if (owes_fds(c) && !list_linked(&c->unread_link)) {
                                 c->unread_since = now;
                                 c->unread_seen = peer_unread(c);
                                 list_insert_tail(&srv->unread, &c->unread_link);
@@ -852,7 +862,7 @@ void conn_check_stalled(struct server *srv)
                 int unread = peer_unread(c);
 
                 fds_refresh(c);
-                if (!waits_for_peer(c) && !(pressure && c->fds_unread)) {
+                if (!waits_for_peer(c) && !(pressure && owes_fds(c))) {
                         list_remove(&c->unread_link); /* it owes nothing now */
                         continue;
                 }

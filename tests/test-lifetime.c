@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -772,6 +773,72 @@ START_TEST(view_survives_close_timeout)
 }
 END_TEST
 
+static int list_count(void *ctx, const struct dlx_info *info)
+{
+        (void)info;
+        ++*(int *)ctx;
+        return 0;
+}
+
+static void *list_all(void *arg)
+{
+        int n = 0;
+
+        return (void *)(intptr_t)dlx_list(arg, "", list_count, &n);
+}
+
+/*
+ * Calls given up on a stopped daemon asked for more than the socket holds:
+ * the daemon, resumed, answers into a socket the client never reads again.
+ * It must not drop the client for that, with the leases of its live views:
+ * the client said bye as it gave up, so nothing is owed.
+ */
+START_TEST(view_survives_unread_answers)
+{
+        static const char *const args[] = {"--timeout-ms", "300", NULL};
+        DLManagedTensorVersioned *t;
+        char name[DLX_NAME_MAX + 1];
+        pthread_t th[4];
+        dlx_client *p, *c;
+        uint64_t v1;
+
+        dlxd_stop(&fx);
+        dlxd_start(&fx, args);
+        p = fx_connect(&fx, "producer");
+        c = connect_timeout(200);
+        /* a list page of these is about 100 KiB: four fill the socket twice */
+        for (int i = 0; i < 512; i++) {
+                memset(name, 'n', 200);
+                snprintf(name, sizeof(name), "life/long/%04d/", i);
+                name[strlen(name)] = 'n';
+                name[200] = '\0';
+                publish_filled(p, name, 1.0f);
+        }
+        v1 = publish_filled(p, "life/stall", 3.0f);
+        t = acquire_ok(c, "life/stall");
+        stop_daemon();
+        for (int i = 0; i < 4; i++)
+                ck_assert_int_eq(pthread_create(&th[i], NULL, list_all, c), 0);
+        for (int i = 0; i < 4; i++) {
+                void *rc;
+                pthread_join(th[i], &rc);
+                ck_assert_int_eq((int)(intptr_t)rc, -ETIMEDOUT);
+        }
+        resume_daemon();
+        fx_sleep_ms(300 * 4 * fx_slowdown()); /* four of the daemon's timeouts, nothing read */
+        ck_assert_uint_eq(fx_stats(p).clients, 2);
+        ck_assert_uint_eq(fx_stats(p).leases, 1);
+        ck_assert_int_eq(dlx_unpublish(p, "life/stall"), 0);
+        cycle_memory(p, "life/stall-next", 20, 8.0f);
+        ck_assert_msg(all_equal(t, 3.0f), "a view was overwritten after its client timed out");
+        t->deleter(t);
+        dlx_close(c);
+        ck_assert_int_eq(dlx_wait_released(p, "life/stall", v1, NULL, 5000), 0);
+        ck_assert_uint_eq(fx_wait_clients(p, 1, 5000), 1);
+        dlx_close(p);
+}
+END_TEST
+
 /* A long wait asked for goes on: the daemon answers the pings meanwhile. */
 START_TEST(blocked_acquire_outlives_timeout)
 {
@@ -864,6 +931,7 @@ Suite *lifetime_suite(void)
         tcase_add_test(timeouts, event_wait_notices_stopped_daemon);
         tcase_add_test(timeouts, view_survives_call_timeout);
         tcase_add_test(timeouts, view_survives_close_timeout);
+        tcase_add_test(timeouts, view_survives_unread_answers);
         suite_add_tcase(s, timeouts);
         return s;
 }

@@ -22,7 +22,8 @@
  *                          should be closed (tensors already acquired stay valid)
  *   -ESHUTDOWN            the same, when the daemon said it was stopping
  *   -ETIMEDOUT            the daemon stopped answering (see below): the client
- *                          is unusable likewise
+ *                          is unusable likewise, and has said bye (its acquired
+ *                          tensors keep their leases)
  *   -ESTALE               the client was connected by another process (this
  *                          one is a fork of it): connect again in this one
  *   -EPROTO               the daemon sent something malformed
