@@ -17,7 +17,7 @@
 
 #include <dlx/dlx.h>
 
-#include "fdcount.h"
+#include "toolkit.h"
 
 struct dlxd_fixture {
         char dir[64];

@@ -361,23 +361,6 @@ static int raw_hello(void)
         return fd;
 }
 
-/* A memfd of size bytes with the given seals (0: unsealed). */
-static int make_memfd(uint64_t size, int seals)
-{
-        int fd = memfd_create("badinput", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-
-        ck_assert_int_ge(fd, 0);
-        ck_assert_int_eq(ftruncate(fd, (off_t)size), 0);
-        if (seals)
-                ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, seals), 0);
-        return fd;
-}
-
-static int sealed_memfd(uint64_t size)
-{
-        return make_memfd(size, F_SEAL_SHRINK | F_SEAL_GROW);
-}
-
 /* Publishes t with attach_fd (borrowed; -1: none) and expects status (OK: a publish reply). */
 static void publish_expect(int fd, uint64_t id, const struct tspec *t, int attach_fd,
                            enum wire_status status)
@@ -526,7 +509,7 @@ START_TEST(test_oversized_length)
         static const uint32_t lengths[] = {DLX_MAX_FRAME + 1, 0x7fffffffu, 0xffffffffu};
         dlx_client *good = attack_begin();
 
-        for (size_t i = 0; i < sizeof(lengths) / sizeof(lengths[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(lengths); i++) {
                 uint8_t hdr[FRAME_HEADER_SIZE];
                 int fd = raw_hello();
 
@@ -563,7 +546,7 @@ START_TEST(test_reserved_header_bytes)
         static const uint8_t reserved[][2] = {{0, 1}, {0x80, 0}, {0xff, 0xff}};
         dlx_client *good = attack_begin();
 
-        for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(reserved); i++) {
                 struct wire_request req = {.id = 2, .type = WIRE_REQ_PING};
                 uint8_t frame[64];
                 size_t size;
@@ -611,7 +594,7 @@ START_TEST(test_garbage_payload)
         };
         dlx_client *good = attack_begin();
 
-        for (size_t i = 0; i < sizeof(garbage) / sizeof(garbage[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(garbage); i++) {
                 int fd = raw_hello();
 
                 send_frame(fd, garbage[i], sizeof(garbage[i]), NULL, 0);
@@ -844,7 +827,7 @@ START_TEST(test_hello_unknown_major)
         static const uint32_t majors[] = {99, 0, 2, 0xffffffffu};
         dlx_client *good = attack_begin();
 
-        for (size_t i = 0; i < sizeof(majors) / sizeof(majors[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(majors); i++) {
                 char msg[DLX_ERROR_MAX + 1], want[32];
                 int fd = fx_raw_connect(&fx);
 
@@ -882,7 +865,7 @@ START_TEST(test_hello_bad_client_name)
         static const size_t lens[] = {8, 8, 3, 65};
         dlx_client *good = attack_begin();
 
-        for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(names); i++) {
                 int fd = fx_raw_connect(&fx);
                 struct pb p, body;
 
@@ -1487,7 +1470,7 @@ START_TEST(test_publish_negative_dimension)
         int fd = raw_hello();
         struct tspec t;
 
-        for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(dims); i++) {
                 tspec_init(&t, "badinput/negative", 4096);
                 t.ndim = t.nstrides = 2;
                 t.shape[0] = dims[i];
@@ -1621,7 +1604,7 @@ START_TEST(test_publish_bad_names)
         uint64_t id = 2;
         struct tspec t;
 
-        for (size_t i = 0; i < sizeof(bad_names) / sizeof(bad_names[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(bad_names); i++) {
                 tspec_init(&t, "x", 4096);
                 tspec_name(&t, bad_names[i].name, bad_names[i].len);
                 publish_memfd_expect(fd, id++, &t, 4096, WIRE_INVALID);
@@ -1649,8 +1632,8 @@ START_TEST(test_acquire_stat_bad_names)
 
         long_name(name, DLX_NAME_MAX + 1);
         for (size_t b = 0; b < 2; b++) {
-                for (size_t i = 0; i <= sizeof(bad_names) / sizeof(bad_names[0]); i++) {
-                        bool last = i == sizeof(bad_names) / sizeof(bad_names[0]);
+                for (size_t i = 0; i <= N_ELEMS(bad_names); i++) {
+                        bool last = i == N_ELEMS(bad_names);
                         pb_init(&p);
                         pb_named(&p, id, bodies[b], last ? name : bad_names[i].name,
                                  last ? strlen(name) : bad_names[i].len);
@@ -1678,8 +1661,8 @@ START_TEST(test_bad_prefixes)
 
         long_name(name, DLX_NAME_MAX + 1);
         for (size_t b = 0; b < 2; b++) {
-                for (size_t i = 0; i <= sizeof(prefixes) / sizeof(prefixes[0]); i++) {
-                        bool last = i == sizeof(prefixes) / sizeof(prefixes[0]);
+                for (size_t i = 0; i <= N_ELEMS(prefixes); i++) {
+                        bool last = i == N_ELEMS(prefixes);
                         pb_init(&p);
                         pb_named(&p, id, bodies[b], last ? name : prefixes[i].name,
                                  last ? strlen(name) : prefixes[i].len);
@@ -1716,7 +1699,7 @@ START_TEST(test_publish_bad_dtype)
         int fd = raw_hello();
         struct tspec t;
 
-        for (size_t i = 0; i < sizeof(dtypes) / sizeof(dtypes[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(dtypes); i++) {
                 tspec_init(&t, "badinput/dtype", 4096);
                 t.code = dtypes[i][0];
                 t.bits = dtypes[i][1];
@@ -1736,7 +1719,7 @@ START_TEST(test_publish_unknown_storage)
         int fd = raw_hello();
         struct tspec t;
 
-        for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(kinds); i++) {
                 tspec_init(&t, "badinput/storage", 4096);
                 t.storage = kinds[i];
                 /* with its fd attached, which must be closed */
@@ -1757,7 +1740,7 @@ START_TEST(test_publish_device_not_cpu)
         int fd = raw_hello();
         struct tspec t;
 
-        for (size_t i = 0; i < sizeof(devices) / sizeof(devices[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(devices); i++) {
                 tspec_init(&t, "badinput/device", 4096);
                 t.device_type = devices[i];
                 publish_memfd_expect(fd, 2 + i, &t, 4096, WIRE_INVALID);
@@ -1854,7 +1837,7 @@ START_TEST(test_alloc_bad_sizes)
         dlx_client *good = attack_begin();
         int fd = raw_hello();
 
-        for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(sizes); i++) {
                 struct wire_request req = {.id = 2 + i, .type = WIRE_REQ_ALLOC};
                 req.alloc.size = sizes[i];
                 send_request(fd, &req, -1);
@@ -1941,7 +1924,7 @@ START_TEST(test_acquire_extreme_timeouts)
 
         /* every one of these waits, without a reply, for a name nobody publishes */
         snprintf(req.acquire.name, sizeof(req.acquire.name), "badinput/never");
-        for (size_t i = 0; i < sizeof(forever) / sizeof(forever[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(forever); i++) {
                 req.id = 2 + i;
                 req.acquire.timeout_ms = forever[i];
                 send_request(fd, &req, -1);

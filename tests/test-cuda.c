@@ -339,7 +339,7 @@ static const char *const leak_names[] = {
 /* 0, or the first kind still alive (for a message). */
 static int live_kind(void)
 {
-        for (size_t i = 0; i < sizeof(leak_kinds) / sizeof(leak_kinds[0]); i++)
+        for (size_t i = 0; i < N_ELEMS(leak_kinds); i++)
                 if (cuda_fake_live(leak_kinds[i]) != 0)
                         return (int)i + 1;
         return 0;
@@ -2149,7 +2149,7 @@ START_TEST(faults_publish)
         for (int own = 0; own < 2; own++) {
                 if (own)
                         push_own_context(1);
-                for (size_t i = 0; i < sizeof(faults) / sizeof(faults[0]); i++, slot++) {
+                for (size_t i = 0; i < N_ELEMS(faults); i++, slot++) {
                         /* retained once per process: no second call to fail; and by the
                          * second round the failed record gave an event to the pool */
                         if (own && (faults[i].op == CUDA_FAKE_DEVICE_PRIMARY_CTX_RETAIN ||
@@ -2341,7 +2341,7 @@ START_TEST(faults_acquire_ipc)
         c = fx_connect(&fx, "faults-consumer");
         ck_assert_int_eq(DLX(dlx_set_stream(c, 0, C_STREAM)), 0);
         push_own_context(0);
-        for (size_t i = 0; i < sizeof(faults) / sizeof(faults[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(faults); i++) {
                 acquire_failing(c, &faults[i], "side/t");
                 ck_assert_msg(cuda_fake_live(CUDA_FAKE_IPC_MAPPING) == 0,
                               "%s failing: the allocation stays mapped",
@@ -2389,7 +2389,7 @@ START_TEST(faults_vmm_alloc)
         for (int own = 0; own < 2; own++) {
                 if (own)
                         push_own_context(0);
-                for (size_t i = 0; i < sizeof(faults) / sizeof(faults[0]); i++) {
+                for (size_t i = 0; i < N_ELEMS(faults); i++) {
                         int64_t shape[1] = {VMM_LEN};
                         DLTensor proto = {.device = {kDLCUDA, 0},
                                           .ndim = 1,
@@ -2475,7 +2475,7 @@ START_TEST(faults_vmm_import)
                 {CUDA_FAKE_MEM_SET_ACCESS, CUDA_ERROR_OUT_OF_MEMORY, -ENOMEM, "cuMemSetAccess"},
         };
 
-        enum { NF = sizeof(faults) / sizeof(faults[0]) };
+        enum { NF = N_ELEMS(faults) };
         struct side_producer sp[NF];
         pid_t pid[NF];
 
@@ -2510,7 +2510,7 @@ START_TEST(faults_vmm_import_retry)
                 {CUDA_FAKE_MEM_MAP, CUDA_ERROR_UNKNOWN, -EIO, "cuMemMap"},
         };
 
-        enum { NF = sizeof(faults) / sizeof(faults[0]) };
+        enum { NF = N_ELEMS(faults) };
         struct side_producer sp[NF];
         pid_t pid[NF];
 

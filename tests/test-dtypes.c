@@ -434,7 +434,7 @@ static const struct dtype_case dtypes[] = {
         {"float6_e2m3fn padded", DTI(kDLFloat6_e2m3fn, 6, 1), PADDED},
         {"float6_e3m2fn padded", DTI(kDLFloat6_e3m2fn, 6, 1), PADDED},
 };
-#define NDTYPES ((int)(sizeof(dtypes) / sizeof(dtypes[0])))
+#define NDTYPES ((int)(N_ELEMS(dtypes)))
 
 /* 3 x 5: an odd element count, so packed 4- and 6-bit tensors end in a partial byte. */
 static const int64_t shape35[2] = {3, 5};
@@ -715,7 +715,7 @@ START_TEST(test_packed_strided_rejected)
         DLManagedTensorVersioned *t = NULL;
         int err;
 
-        for (size_t i = 0; i < sizeof(packed) / sizeof(packed[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(packed); i++) {
                 struct owned *o = owned_new(packed[i], 2, shape, strides, 0, 0, 16, 0);
                 deleter_runs = 0;
                 err = dlx_publish(c, "dt/packed-strided", &o->mt, NULL, NULL);
@@ -1076,7 +1076,7 @@ START_TEST(test_rejected_dtypes)
         dlx_client *c = fx_connect(&fx, "producer");
         DLManagedTensorVersioned *t = NULL;
 
-        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(bad); i++) {
                 DLTensor proto = {.device = {kDLCPU, 0}, .ndim = 1, .dtype = bad[i].dt};
                 refuse(c, owned_new(bad[i].dt, 1, shape, NULL, 0, 0, 64, 0), -EINVAL, bad[i].what);
                 proto.shape = (int64_t *)shape;

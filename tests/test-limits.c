@@ -948,8 +948,7 @@ Suite *limits_suite(void)
         tcase_add_test(tc, clients_per_uid);
         tcase_add_test(tc, bytes_per_uid);
         tcase_add_test(tc, alloc_fills_per_uid_limit);
-        tcase_add_loop_test(tc, alloc_under_small_limits, 0,
-                            (int)(sizeof(small_limits) / sizeof(small_limits[0])));
+        tcase_add_loop_test(tc, alloc_under_small_limits, 0, (int)(N_ELEMS(small_limits)));
         tcase_add_test(tc, alloc_packs_small_tensors);
         tcase_add_test(tc, names_per_uid);
         tcase_add_test(tc, names_in_all);

@@ -634,7 +634,7 @@ START_TEST(rd_reply_lost_when_out_of_fds)
         expect_ok(prod, 3, WIRE_REP_PUBLISH, NULL, NULL);
 
         /* other clients connect until dlxd has no descriptor left for the next one */
-        while (nconns < (int)(sizeof(conns) / sizeof(conns[0]))) {
+        while (nconns < (int)(N_ELEMS(conns))) {
                 struct wire_request h = {.id = HELLO_ID, .type = WIRE_REQ_HELLO};
                 int c = fx_raw_connect(&fx);
                 h.hello.major = DLX_PROTO_MAJOR;
@@ -643,8 +643,7 @@ START_TEST(rd_reply_lost_when_out_of_fds)
                 if (read_answer(c, &rep, 500, NULL) != 1)
                         break; /* not accepted: the table is full */
         }
-        ck_assert_msg(nconns < (int)(sizeof(conns) / sizeof(conns[0])),
-                      "dlxd (limit %ld fds) kept accepting", limit);
+        ck_assert_msg(nconns < (int)(N_ELEMS(conns)), "dlxd (limit %ld fds) kept accepting", limit);
 
         req = (struct wire_request){.id = 2, .type = WIRE_REQ_ACQUIRE};
         snprintf(req.acquire.name, sizeof(req.acquire.name), "review/lost");
