@@ -270,6 +270,67 @@ bool fx_vec_is(const DLManagedTensorVersioned *t, int64_t n, float base)
         return true;
 }
 
+DLManagedTensorVersioned *fx_vec_f32(dlx_client *c, int64_t n, float base)
+{
+        DLManagedTensorVersioned *t = fx_alloc_f32(c, n);
+
+        for (int64_t i = 0; i < n; i++)
+                ((float *)t->dl_tensor.data)[i] = base + (float)i;
+        return t;
+}
+
+struct counted {
+        DLManagedTensorVersioned mt;
+        DLManagedTensorVersioned *inner;
+        int *count;
+};
+
+static void counted_deleter(DLManagedTensorVersioned *t)
+{
+        struct counted *w = t->manager_ctx;
+
+        __atomic_add_fetch(w->count, 1, __ATOMIC_SEQ_CST);
+        w->inner->deleter(w->inner);
+        free(w);
+}
+
+DLManagedTensorVersioned *fx_counted(DLManagedTensorVersioned *inner, int *count)
+{
+        struct counted *w = calloc(1, sizeof(*w));
+
+        ck_assert_ptr_nonnull(w);
+        w->mt = *inner;
+        w->mt.manager_ctx = w;
+        w->mt.deleter = counted_deleter;
+        w->inner = inner;
+        w->count = count;
+        return &w->mt;
+}
+
+void publish_ok(dlx_client *c, const char *name, DLManagedTensorVersioned *t,
+                const struct dlx_publish_options *o, uint64_t *ret_version)
+{
+        int err = dlx_publish(c, name, t, o, ret_version);
+
+        ck_assert_msg(err == 0, "publish %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
+}
+
+DLManagedTensorVersioned *acquire_ok(dlx_client *c, const char *name,
+                                     const struct dlx_acquire_options *o)
+{
+        DLManagedTensorVersioned *t = NULL;
+        int err = dlx_acquire(c, name, o, &t);
+
+        ck_assert_msg(err == 0, "acquire %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
+        return t;
+}
+
+void expect_last_error(const char *what)
+{
+        ck_assert_msg(strstr(dlx_last_error(), what), "message '%s' does not say '%s'",
+                      dlx_last_error(), what);
+}
+
 struct plain {
         DLManagedTensorVersioned mt;
         int64_t shape[1];

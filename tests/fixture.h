@@ -74,8 +74,24 @@ DLManagedTensorVersioned *fx_alloc_f32(dlx_client *c, int64_t n);
  * published by copy. Its deleter adds one to *deleted (when not NULL).
  */
 DLManagedTensorVersioned *fx_plain_f32(int64_t n, float base, int *deleted);
+/* fx_alloc_f32() with element i = base + i. */
+DLManagedTensorVersioned *fx_vec_f32(dlx_client *c, int64_t n, float base);
+/*
+ * Wraps inner (ownership taken) so that its deletion adds one to *count,
+ * atomically: the counter may be shared with other processes.
+ */
+DLManagedTensorVersioned *fx_counted(DLManagedTensorVersioned *inner, int *count);
 /* Whether t is a 1-D float32 vector of n elements, element i = base + i. */
 bool fx_vec_is(const DLManagedTensorVersioned *t, int64_t n, float base);
+
+/* dlx_publish() (o and ret_version may be NULL); the test fails if it does. */
+void publish_ok(dlx_client *c, const char *name, DLManagedTensorVersioned *t,
+                const struct dlx_publish_options *o, uint64_t *ret_version);
+/* dlx_acquire() (o may be NULL); the test fails if it does. */
+DLManagedTensorVersioned *acquire_ok(dlx_client *c, const char *name,
+                                     const struct dlx_acquire_options *o);
+/* The thread's dlx_last_error() contains what; else the test fails, showing it. */
+void expect_last_error(const char *what);
 
 /* Milliseconds on the monotonic clock; a nap. */
 int64_t fx_now_ms(void);

@@ -391,7 +391,7 @@ START_TEST(mixed_allocations_stay_read_only)
         /* zero-copy is impossible now, and said */
         ck_assert_int_eq(dlx_alloc(p, &proto, &r), 0);
         ck_assert_int_eq(dlx_publish(p, "ro/r", r, &never, NULL), -EXDEV);
-        ck_assert_ptr_nonnull(strstr(dlx_last_error(), "writable version"));
+        expect_last_error("writable version");
         ck_assert_int_eq(dlx_alloc(p, &proto, &r), 0);
         ck_assert_int_eq(dlx_publish(p, "ro/r", r, NULL, NULL), 0);
         ck_assert_int_eq(fx_wait(fx_spawn(raw_consumer_main, &other)), 0);
@@ -454,7 +454,7 @@ START_TEST(default_path_refuses_another_uids_daemon)
         err = dlx_connect(NULL, &c);
         ck_assert_int_eq(err, -EACCES);
         ck_assert_ptr_null(c);
-        ck_assert_msg(strstr(dlx_last_error(), "not your dlxd"), "detail: %s", dlx_last_error());
+        expect_last_error("not your dlxd");
         kill(squatter, SIGKILL);
         fx_wait(squatter);
         close(q.ready[0]);

@@ -1105,7 +1105,6 @@ START_TEST(test_put_writable)
         uint8_t data[8];
         char *out;
         dlx_client *c;
-        int err;
 
         fill(data, sizeof(data), 8);
         make_npy(tpath("w.npy"), "|u1", false, "(8,)", data, sizeof(data));
@@ -1124,8 +1123,7 @@ START_TEST(test_put_writable)
         free(out);
 
         c = fx_connect(&fx, "test-dlxctl");
-        err = dlx_acquire(c, "rw", NULL, &t);
-        ck_assert_msg(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
+        t = acquire_ok(c, "rw", NULL);
         ck_assert_msg(!(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY),
                       "put --writable gave a READ_ONLY tensor (flags 0x%llx)",
                       (unsigned long long)t->flags);

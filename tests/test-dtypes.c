@@ -368,14 +368,6 @@ static struct expect expect_of(const char *name, const DLManagedTensorVersioned 
         return e;
 }
 
-static void publish_ok(dlx_client *c, const char *name, DLManagedTensorVersioned *t,
-                       const struct dlx_publish_options *o, uint64_t *ret_version)
-{
-        int err = dlx_publish(c, name, t, o, ret_version);
-
-        ck_assert_msg(err == 0, "publish '%s': %s (%s)", name, dlx_strerror(err), dlx_last_error());
-}
-
 /* ---- the dtypes -------------------------------------------------------------------------- */
 
 struct dtype_case {
@@ -1129,7 +1121,7 @@ START_TEST(test_rejected_layouts)
                 /* no driver, no CUDA build, or (with a GPU) host memory is no device memory */
                 ck_assert_msg(err == -ENODEV || err == -ENOTSUP || err == -EINVAL,
                               "kDLCUDA: publish gave %d", err);
-                ck_assert_msg(strstr(dlx_last_error(), "CUDA"), "kDLCUDA: '%s'", dlx_last_error());
+                expect_last_error("CUDA");
                 ck_assert_int_eq(deleter_runs, 1);
         }
         o = owned_new(DT(kDLFloat, 32, 1), 1, shape, NULL, 0, 0, 8, 0);

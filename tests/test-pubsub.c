@@ -28,45 +28,6 @@
 
 /* ---- helpers ------------------------------------------------------------------------- */
 
-/* A float32 vector of n elements in shared memory, element i = base + i. */
-static DLManagedTensorVersioned *make_vec(dlx_client *c, int64_t n, float base)
-{
-        DLManagedTensorVersioned *t = fx_alloc_f32(c, n);
-
-        for (int64_t i = 0; i < n; i++)
-                ((float *)t->dl_tensor.data)[i] = base + (float)i;
-        return t;
-}
-
-/* Wraps a tensor so its deletion is counted: the counter lives in shared memory. */
-struct counted {
-        DLManagedTensorVersioned mt;
-        DLManagedTensorVersioned *inner;
-        int *count;
-};
-
-static void counted_deleter(DLManagedTensorVersioned *t)
-{
-        struct counted *w = t->manager_ctx;
-
-        __atomic_add_fetch(w->count, 1, __ATOMIC_SEQ_CST);
-        w->inner->deleter(w->inner);
-        free(w);
-}
-
-static DLManagedTensorVersioned *counted(DLManagedTensorVersioned *inner, int *count)
-{
-        struct counted *w = calloc(1, sizeof(*w));
-
-        ck_assert_ptr_nonnull(w);
-        w->mt = *inner;
-        w->mt.manager_ctx = w;
-        w->mt.deleter = counted_deleter;
-        w->inner = inner;
-        w->count = count;
-        return &w->mt;
-}
-
 static int *shared_counter(void)
 {
         int *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -74,23 +35,6 @@ static int *shared_counter(void)
         ck_assert_ptr_ne(p, MAP_FAILED);
         *p = 0;
         return p;
-}
-
-static void publish_ok(dlx_client *c, const char *name, DLManagedTensorVersioned *t,
-                       const struct dlx_publish_options *o, uint64_t *ret_version)
-{
-        int err = dlx_publish(c, name, t, o, ret_version);
-        ck_assert_msg(err == 0, "publish %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
-}
-
-static DLManagedTensorVersioned *acquire_ok(dlx_client *c, const char *name,
-                                            const struct dlx_acquire_options *o)
-{
-        DLManagedTensorVersioned *t = NULL;
-        int err = dlx_acquire(c, name, o, &t);
-
-        ck_assert_msg(err == 0, "acquire %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
-        return t;
 }
 
 /* A pipe used to say "I'm there" between processes. */
@@ -157,7 +101,7 @@ START_TEST(publish_acquire_same_pages)
         struct dlx_publish_options o = {.writable = true};
         struct share_arg a = {.name = "share/vec", .n = 1000};
         dlx_client *c = fx_connect(&fx, "producer");
-        DLManagedTensorVersioned *t = make_vec(c, a.n, 1.0f);
+        DLManagedTensorVersioned *t = fx_vec_f32(c, a.n, 1.0f);
         volatile float *mine = t->dl_tensor.data;
         uint64_t v = 0;
 
@@ -201,7 +145,7 @@ START_TEST(read_only_is_enforced)
         struct share_arg a = {.name = "share/ro", .n = 64};
         dlx_client *c = fx_connect(&fx, "producer");
 
-        publish_ok(c, a.name, make_vec(c, a.n, 5.0f), NULL, NULL);
+        publish_ok(c, a.name, fx_vec_f32(c, a.n, 5.0f), NULL, NULL);
         ck_assert_int_eq(fx_wait(fx_spawn(consumer_tries_write, &a)), 0);
 
         /* the copy path seals the memfd against writes altogether */
@@ -221,7 +165,7 @@ START_TEST(read_only_is_enforced)
         mt->deleter = free_struct_deleter;
         struct dlx_publish_options o = {.copy = DLX_COPY_ALWAYS};
         int *count = shared_counter();
-        publish_ok(c, "share/ro-copy", counted(mt, count), &o, NULL);
+        publish_ok(c, "share/ro-copy", fx_counted(mt, count), &o, NULL);
         ck_assert_int_eq(*count, 1); /* the copy path deletes at once */
         a.name = "share/ro-copy";
         ck_assert_int_eq(fx_wait(fx_spawn(consumer_tries_write, &a)), 0);
@@ -238,8 +182,8 @@ static int producer_then_exit(void *p)
         dlx_client *c = fx_connect(&fx, "short-lived");
         struct dlx_publish_options keep = {.persist = true};
 
-        publish_ok(c, "life/persist", make_vec(c, 16, 3.0f), &keep, NULL);
-        publish_ok(c, "life/temp", make_vec(c, 16, 4.0f), NULL, NULL);
+        publish_ok(c, "life/persist", fx_vec_f32(c, 16, 3.0f), &keep, NULL);
+        publish_ok(c, "life/temp", fx_vec_f32(c, 16, 4.0f), NULL, NULL);
         dlx_close(c);
         return 0;
 }
@@ -274,10 +218,10 @@ START_TEST(replace_while_leased)
         DLManagedTensorVersioned *old, *cur;
         uint64_t v = 0;
 
-        publish_ok(p, "r/x", counted(make_vec(p, 32, 1.0f), count), NULL, &v);
+        publish_ok(p, "r/x", fx_counted(fx_vec_f32(p, 32, 1.0f), count), NULL, &v);
         ck_assert_uint_eq(v, 1);
         old = acquire_ok(q, "r/x", NULL);
-        publish_ok(p, "r/x", make_vec(p, 32, 100.0f), NULL, &v);
+        publish_ok(p, "r/x", fx_vec_f32(p, 32, 100.0f), NULL, &v);
         ck_assert_uint_eq(v, 2);
 
         /* the old version is still readable by its lease holder */
@@ -311,7 +255,7 @@ START_TEST(unpublish_while_leased)
         int *count = shared_counter();
         DLManagedTensorVersioned *held, *t;
 
-        publish_ok(p, "u/x", counted(make_vec(p, 8, 7.0f), count), NULL, NULL);
+        publish_ok(p, "u/x", fx_counted(fx_vec_f32(p, 8, 7.0f), count), NULL, NULL);
         held = acquire_ok(q, "u/x", NULL);
         ck_assert_int_eq(dlx_unpublish(p, "u/x"), 0);
         ck_assert_int_eq(dlx_acquire(q, "u/x", NULL, &t), -ENOENT);
@@ -338,8 +282,8 @@ START_TEST(close_runs_held_deleters)
         dlx_client *p = fx_connect(&fx, "producer");
         int *count = shared_counter();
 
-        publish_ok(p, "c/a", counted(make_vec(p, 8, 1.0f), count), NULL, NULL);
-        publish_ok(p, "c/b", counted(make_vec(p, 8, 2.0f), count), NULL, NULL);
+        publish_ok(p, "c/a", fx_counted(fx_vec_f32(p, 8, 1.0f), count), NULL, NULL);
+        publish_ok(p, "c/b", fx_counted(fx_vec_f32(p, 8, 2.0f), count), NULL, NULL);
         ck_assert_int_eq(*count, 0);
         dlx_close(p);
         ck_assert_int_eq(*count, 2);
@@ -372,11 +316,11 @@ START_TEST(kill9_releases_leases)
         pid_t pid;
 
         gate_init(&a.ready);
-        publish_ok(p, "k/x", counted(make_vec(p, 8, 1.0f), count), NULL, NULL);
+        publish_ok(p, "k/x", fx_counted(fx_vec_f32(p, 8, 1.0f), count), NULL, NULL);
         pid = fx_spawn(hold_forever, &a);
         ck_assert(gate_wait(&a.ready, 5000));
         ck_assert_int_eq(fx_wait_leases(p, 1, 1000), 1);
-        publish_ok(p, "k/x", make_vec(p, 8, 2.0f), NULL, NULL);
+        publish_ok(p, "k/x", fx_vec_f32(p, 8, 2.0f), NULL, NULL);
         ck_assert_int_eq(*count, 0);
 
         kill(pid, SIGKILL);
@@ -405,7 +349,7 @@ START_TEST(acquire_timeout)
         ck_assert_int_eq(dlx_acquire(c, "w/none", &o, &t), -ETIMEDOUT);
         ck_assert_int_ge(fx_now_ms() - start, 140);
         ck_assert_ptr_null(t);
-        ck_assert_ptr_nonnull(strstr(dlx_last_error(), "w/none"));
+        expect_last_error("w/none");
         ck_assert_int_eq(dlx_acquire(c, "w/none", NULL, &t), -ENOENT);
         dlx_close(c);
 }
@@ -424,7 +368,7 @@ static int publish_late(void *p)
 
         for (int i = 0; i < a->count; i++) {
                 fx_sleep_ms(a->delay_ms);
-                publish_ok(c, a->name, make_vec(c, 4, (float)(i + 1) * 10.0f),
+                publish_ok(c, a->name, fx_vec_f32(c, 4, (float)(i + 1) * 10.0f),
                            &(struct dlx_publish_options){.persist = true}, NULL);
         }
         dlx_close(c);
@@ -497,11 +441,11 @@ START_TEST(watch_events)
 
         ck_assert_int_eq(dlx_watch(w, "sensors/", &id), 0);
         ck_assert_uint_gt(id, 0);
-        publish_ok(p, "sensors/a", make_vec(p, 2, 0), NULL, NULL);
-        publish_ok(p, "other/b", make_vec(p, 2, 0), NULL, NULL);
-        publish_ok(p, "sensors/a", make_vec(p, 2, 0), NULL, NULL);
+        publish_ok(p, "sensors/a", fx_vec_f32(p, 2, 0), NULL, NULL);
+        publish_ok(p, "other/b", fx_vec_f32(p, 2, 0), NULL, NULL);
+        publish_ok(p, "sensors/a", fx_vec_f32(p, 2, 0), NULL, NULL);
         ck_assert_int_eq(dlx_unpublish(p, "sensors/a"), 0);
-        publish_ok(p, "sensors/c", make_vec(p, 2, 0), NULL, NULL);
+        publish_ok(p, "sensors/c", fx_vec_f32(p, 2, 0), NULL, NULL);
 
         expect_event(w, DLX_EVENT_PUBLISHED, "sensors/a", 1);
         expect_event(w, DLX_EVENT_REPLACED, "sensors/a", 2);
@@ -529,7 +473,7 @@ START_TEST(event_loop_integration)
         ck_assert_int_ge(pfd.fd, 0);
         ck_assert_int_eq(dlx_watch(w, "", NULL), 0);
         ck_assert_int_eq(dlx_process_events(w), 0);
-        publish_ok(p, "loop/x", make_vec(p, 2, 0), NULL, NULL);
+        publish_ok(p, "loop/x", fx_vec_f32(p, 2, 0), NULL, NULL);
         for (int i = 0; i < 100 && n == 0; i++) {
                 ck_assert_int_ge(poll(&pfd, 1, 50), 0);
                 n = dlx_process_events(w);
@@ -642,13 +586,13 @@ START_TEST(allocator_keeps_the_larger_empty_segment)
         DLManagedTensorVersioned *t;
         struct dlx_stats st0, st1;
 
-        t = make_vec(p, SMALL, 0);
+        t = fx_vec_f32(p, SMALL, 0);
         t->deleter(t);
-        t = make_vec(p, LARGE, 1);
+        t = fx_vec_f32(p, LARGE, 1);
         t->deleter(t);
         ck_assert_int_eq(dlx_stats(p, &st0), 0);
         for (int i = 0; i < ROUNDS; i++) {
-                t = make_vec(p, LARGE, (float)i);
+                t = fx_vec_f32(p, LARGE, (float)i);
                 t->deleter(t);
         }
         ck_assert_int_eq(dlx_stats(p, &st1), 0);
@@ -719,8 +663,8 @@ START_TEST(mapping_cache)
         DLManagedTensorVersioned *t[100];
         int maps0, fds0;
 
-        publish_ok(p, "m/a", make_vec(p, 256, 0), NULL, NULL);
-        publish_ok(p, "m/b", make_vec(p, 256, 1), NULL, NULL);
+        publish_ok(p, "m/a", fx_vec_f32(p, 256, 0), NULL, NULL);
+        publish_ok(p, "m/b", fx_vec_f32(p, 256, 1), NULL, NULL);
         maps0 = count_dlx_maps();
         t[0] = acquire_ok(q, "m/a", NULL);
         /* one new mapping (read-only) for the segment */
@@ -764,7 +708,7 @@ START_TEST(threads_share_a_client)
         dlx_client *q = fx_connect(&fx, "consumer");
         pthread_t th[4];
 
-        publish_ok(p, "t/x", make_vec(p, 64, 9.0f), NULL, NULL);
+        publish_ok(p, "t/x", fx_vec_f32(p, 64, 9.0f), NULL, NULL);
         for (int i = 0; i < 4; i++)
                 ck_assert_int_eq(pthread_create(&th[i], NULL, acquire_loop, q), 0);
         for (int i = 0; i < 4; i++) {
@@ -784,8 +728,8 @@ START_TEST(tensor_outlives_close)
         dlx_client *q = fx_connect(&fx, "consumer");
         DLManagedTensorVersioned *t;
 
-        publish_ok(p, "o/x", make_vec(p, 16, 2.0f), &(struct dlx_publish_options){.persist = true},
-                   NULL);
+        publish_ok(p, "o/x", fx_vec_f32(p, 16, 2.0f),
+                   &(struct dlx_publish_options){.persist = true}, NULL);
         t = acquire_ok(q, "o/x", NULL);
         dlx_close(q);
         ck_assert(fx_vec_is(t, 16, 2.0f));
@@ -819,9 +763,9 @@ START_TEST(stats_and_list)
 
         for (int i = 0; i < 8; i++) {
                 snprintf(names[i], sizeof(names[i]), "l/%d", 7 - i);
-                publish_ok(c, names[i], make_vec(c, 4, 0), NULL, NULL);
+                publish_ok(c, names[i], fx_vec_f32(c, 4, 0), NULL, NULL);
         }
-        publish_ok(c, "z/other", make_vec(c, 4, 0), NULL, NULL);
+        publish_ok(c, "z/other", fx_vec_f32(c, 4, 0), NULL, NULL);
         ck_assert_int_eq(dlx_stats(c, &s), 0);
         ck_assert_uint_eq(s.names, 9);
         ck_assert_uint_eq(s.versions, 9);
@@ -848,7 +792,7 @@ START_TEST(many_names_page_through_list)
         /* more than one list page (256 by default) */
         for (int i = 0; i < 600; i++) {
                 snprintf(name, sizeof(name), "many/%04d", i);
-                publish_ok(c, name, make_vec(c, 1, 0), NULL, NULL);
+                publish_ok(c, name, fx_vec_f32(c, 1, 0), NULL, NULL);
         }
         int n = dlx_list(c, "many/", list_collect, &acc);
         ck_assert_int_eq(n, 600);
@@ -873,11 +817,11 @@ START_TEST(max_bytes_limit)
         dlxd_start(&fx, args);
         c = fx_connect(&fx, "big");
         ck_assert_int_eq(dlx_alloc(c, &proto, &t), -ENOSPC);
-        ck_assert_ptr_nonnull(strstr(dlx_last_error(), "limit"));
+        expect_last_error("limit");
         ck_assert_int_eq(dlx_stats(c, &s), 0);
         ck_assert_uint_eq(s.max_bytes, 1 << 20);
         /* small ones still fit */
-        publish_ok(c, "b/small", make_vec(c, 16, 0), NULL, NULL);
+        publish_ok(c, "b/small", fx_vec_f32(c, 16, 0), NULL, NULL);
         dlx_close(c);
         dlxd_stop(&fx);
 }
@@ -895,7 +839,7 @@ START_TEST(max_clients_limit)
         b = fx_connect(&fx, "b");
         ck_assert_int_eq(dlx_connect(&o, &c), -EAGAIN);
         ck_assert_ptr_null(c);
-        ck_assert_ptr_nonnull(strstr(dlx_last_error(), "too many clients"));
+        expect_last_error("too many clients");
         dlx_close(b);
         /* a slot frees up once the daemon has seen b go */
         for (int i = 0; i < 200 && dlx_connect(&o, &c) != 0; i++)
@@ -985,7 +929,7 @@ START_TEST(default_socket_from_environment)
         dlx_close(c);
         setenv("DLX_SOCKET", "/nonexistent/dlx.sock", 1);
         ck_assert_int_eq(dlx_connect(NULL, &c), -ENOENT);
-        ck_assert_ptr_nonnull(strstr(dlx_last_error(), "/nonexistent/dlx.sock"));
+        expect_last_error("/nonexistent/dlx.sock");
         unsetenv("DLX_SOCKET");
 }
 END_TEST
@@ -1018,7 +962,7 @@ START_TEST(connect_errors)
         ck_assert_ptr_nonnull(mkdtemp(dir));
         snprintf(path, sizeof(path), "%s/none.sock", dir);
         connect_fails(path, -ENOENT);
-        ck_assert_ptr_nonnull(strstr(dlx_last_error(), "is dlxd running"));
+        expect_last_error("is dlxd running");
 
         /* a path through a regular file */
         snprintf(file, sizeof(file), "%s/file", dir);
@@ -1036,7 +980,7 @@ START_TEST(connect_errors)
         ck_assert_int_eq(bind(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
         close(fd);
         connect_fails(path, -ECONNREFUSED);
-        ck_assert_ptr_nonnull(strstr(dlx_last_error(), "no daemon listens"));
+        expect_last_error("no daemon listens");
 
         /* one byte more than a socket address holds */
         memset(longer, 'x', sizeof(longer));
@@ -1067,8 +1011,9 @@ START_TEST(bad_arguments)
         ck_assert_int_eq(dlx_unpublish(c, "/lead"), -EINVAL);
         ck_assert_int_eq(dlx_watch(c, "\xff", NULL), -EINVAL);
         /* a bad name still consumes the tensor */
-        ck_assert_int_eq(dlx_publish(c, "trail/", counted(make_vec(c, 2, 0), count), NULL, NULL),
-                         -EINVAL);
+        ck_assert_int_eq(
+                dlx_publish(c, "trail/", fx_counted(fx_vec_f32(c, 2, 0), count), NULL, NULL),
+                -EINVAL);
         ck_assert_int_eq(*count, 1);
         ck_assert_int_eq(dlx_publish(c, "x", NULL, NULL, NULL), -EINVAL);
         ck_assert_str_ne(dlx_strerror(-ENOENT), "");
@@ -1088,7 +1033,7 @@ START_TEST(release_after_idle_reaches_producer)
         DLManagedTensorVersioned *t;
         int64_t start;
 
-        publish_ok(p, "idle/x", counted(make_vec(p, 8, 1.0f), count), NULL, NULL);
+        publish_ok(p, "idle/x", fx_counted(fx_vec_f32(p, 8, 1.0f), count), NULL, NULL);
         t = acquire_ok(q, "idle/x", NULL);
         ck_assert_int_eq(dlx_unpublish(p, "idle/x"), 0);
         /* long enough for the daemon to have put the consumer's ring to sleep */
@@ -1102,7 +1047,7 @@ START_TEST(release_after_idle_reaches_producer)
         ck_assert_int_eq(*count, 1);
         ck_assert_int_lt(fx_now_ms() - start, 500);
         /* and one released while it is awake, with the consumer then going quiet */
-        publish_ok(p, "idle/y", counted(make_vec(p, 8, 2.0f), count), NULL, NULL);
+        publish_ok(p, "idle/y", fx_counted(fx_vec_f32(p, 8, 2.0f), count), NULL, NULL);
         t = acquire_ok(q, "idle/y", NULL);
         ck_assert_int_eq(dlx_unpublish(p, "idle/y"), 0);
         t->deleter(t);
@@ -1128,7 +1073,7 @@ START_TEST(session_bounds)
         DLManagedTensorVersioned *t = NULL;
 
         /* descriptors are bounded per uid (test-limits); leases per session */
-        publish_ok(p, "fdv/zero-copy", make_vec(p, 1, 0), NULL, NULL);
+        publish_ok(p, "fdv/zero-copy", fx_vec_f32(p, 1, 0), NULL, NULL);
         for (int i = 0; i < DLX_MAX_LEASES_PER_SESSION; i++)
                 held[i] = acquire_ok(q, "fdv/zero-copy", NULL);
         ck_assert_int_eq(dlx_acquire(q, "fdv/zero-copy", NULL, &t), -EAGAIN);

@@ -27,22 +27,6 @@
 
 /* ---- helpers ------------------------------------------------------------------------- */
 
-static void publish_ok(dlx_client *c, const char *name, DLManagedTensorVersioned *t,
-                       const struct dlx_publish_options *o)
-{
-        int err = dlx_publish(c, name, t, o, NULL);
-        ck_assert_msg(err == 0, "publish %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
-}
-
-static DLManagedTensorVersioned *acquire_ok(dlx_client *c, const char *name)
-{
-        DLManagedTensorVersioned *t = NULL;
-        int err = dlx_acquire(c, name, NULL, &t);
-
-        ck_assert_msg(err == 0, "acquire %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
-        return t;
-}
-
 /* The /proc/self/maps line containing addr: start and end, or false. */
 static bool mapping_of(const void *addr, uintptr_t *ret_start, uintptr_t *ret_end)
 {
@@ -98,7 +82,7 @@ START_TEST(mmap_failure_poisons_segment)
         struct rlimit old, low;
         int err;
 
-        publish_ok(p, "poison/big", fx_plain_f32(n, 1.0f, NULL), NULL);
+        publish_ok(p, "poison/big", fx_plain_f32(n, 1.0f, NULL), NULL, NULL);
 
         /* a transient shortage of address space: this mmap cannot succeed */
         ck_assert_int_eq(getrlimit(RLIMIT_AS, &old), 0);
@@ -195,7 +179,7 @@ START_TEST(pollable_fd_quiet_with_event_queued)
         struct dlx_event ev;
 
         ck_assert_int_eq(dlx_watch(w, "q/", NULL), 0);
-        publish_ok(p, "q/x", fx_alloc_f32(p, 4), NULL);
+        publish_ok(p, "q/x", fx_alloc_f32(p, 4), NULL, NULL);
         /* the daemon has sent the event: the fd is readable */
         ck_assert_int_eq(poll(&pfd, 1, 5000), 1);
         /* the loop's own work makes one call before getting back to poll() */
@@ -359,7 +343,7 @@ START_TEST(forget_crossing_fdless_reply)
 
         for (int i = 0; i < 32; i++) {
                 snprintf(name, sizeof(name), "x/d%d", i);
-                publish_ok(p, name, fx_plain_f32(16, (float)i, NULL), NULL);
+                publish_ok(p, name, fx_plain_f32(16, (float)i, NULL), NULL, NULL);
         }
         for (int trial = 0; trial < 100; trial++) {
                 dlx_client *q = fx_connect(&fx, "consumer");
@@ -369,18 +353,18 @@ START_TEST(forget_crossing_fdless_reply)
                 uint64_t id0;
                 pthread_t th;
 
-                publish_ok(p, "x/s", fx_plain_f32(16, 100.0f, NULL), NULL);
+                publish_ok(p, "x/s", fx_plain_f32(16, 100.0f, NULL), NULL, NULL);
                 /* S first in the idle cache, then 31 others: 32 idle, one held */
-                t = acquire_ok(q, "x/s");
+                t = acquire_ok(q, "x/s", NULL);
                 ino = inode_of(t->dl_tensor.data);
                 ck_assert_uint_ne(ino, 0);
                 t->deleter(t);
                 for (int i = 0; i < 31; i++) {
                         snprintf(name, sizeof(name), "x/d%d", i);
-                        t = acquire_ok(q, name);
+                        t = acquire_ok(q, name, NULL);
                         t->deleter(t);
                 }
-                hold = acquire_ok(q, "x/d31");
+                hold = acquire_ok(q, "x/d31", NULL);
 
                 /* A asks for S; as soon as its request is out, B releases (S evicted) */
                 pthread_mutex_lock(&q->lock);
@@ -396,7 +380,7 @@ START_TEST(forget_crossing_fdless_reply)
                 ck_assert_int_eq(dlx_ping(q), 0);
 
                 /* S dies: the consumer must not keep it mapped */
-                publish_ok(p, "x/s", fx_plain_f32(16, 200.0f, NULL), NULL);
+                publish_ok(p, "x/s", fx_plain_f32(16, 200.0f, NULL), NULL, NULL);
                 ck_assert_int_eq(dlx_ping(q), 0);
                 ck_assert_int_eq(dlx_ping(q), 0);
                 if (inode_mapped(ino))
@@ -451,11 +435,11 @@ START_TEST(read_only_tensor_in_writable_mapping)
         char perms[5];
 
         publish_ok(p, "mix/w", fx_alloc_f32(p, 1024),
-                   &(struct dlx_publish_options){.writable = true});
-        publish_ok(p, "mix/r", fx_alloc_f32(p, 1024), NULL);
+                   &(struct dlx_publish_options){.writable = true}, NULL);
+        publish_ok(p, "mix/r", fx_alloc_f32(p, 1024), NULL, NULL);
 
-        w = acquire_ok(q, "mix/w");
-        r = acquire_ok(q, "mix/r");
+        w = acquire_ok(q, "mix/w", NULL);
+        r = acquire_ok(q, "mix/r", NULL);
         ck_assert(!(w->flags & DLPACK_FLAG_BITMASK_READ_ONLY));
         ck_assert(r->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
         perms_of(r->dl_tensor.data, perms);
@@ -515,10 +499,10 @@ START_TEST(wait_released_poll_never_reads)
         int err = -1;
 
         ck_assert_int_eq(dlx_publish(p, "db/x", fx_alloc_f32(p, 64), NULL, &v1), 0);
-        t = acquire_ok(q, "db/x");
-        publish_ok(p, "db/x", fx_alloc_f32(p, 64), NULL); /* v2: v1 lives on for its reader */
-        t->deleter(t);                                    /* last lease of v1: RELEASED goes out */
-        ck_assert_int_eq(dlx_ping(q), 0);                 /* the daemon has handled the release */
+        t = acquire_ok(q, "db/x", NULL);
+        publish_ok(p, "db/x", fx_alloc_f32(p, 64), NULL, NULL); /* v2: v1 lives on for its reader */
+        t->deleter(t);                    /* last lease of v1: RELEASED goes out */
+        ck_assert_int_eq(dlx_ping(q), 0); /* the daemon has handled the release */
 
         for (int i = 0; i < 100 && err != 0; i++) {
                 err = dlx_wait_released(p, "db/x", v1, NULL, 0);
