@@ -2701,9 +2701,9 @@ static void add(TCase *tc, const TTest *t)
                 tcase_add_test(tc, t);
 }
 
-Suite *cuda_suite(void)
+Suite *cuda_double_suite(void)
 {
-        Suite *s = suite_create("cuda");
+        Suite *s = suite_create("cuda-double");
         TCase *tc = tcase_create("fake-driver");
 
         tcase_add_checked_fixture(tc, cuda_setup, cuda_teardown);

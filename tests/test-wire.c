@@ -1848,9 +1848,9 @@ START_TEST(test_fuzz_replies)
 }
 END_TEST
 
-Suite *codec_suite(void)
+Suite *wire_suite(void)
 {
-        Suite *s = suite_create("codec");
+        Suite *s = suite_create("wire");
         TCase *tc = tcase_create("requests");
 
         tcase_add_test(tc, test_request_hello);
