@@ -1431,6 +1431,18 @@ START_TEST(test_failed_request_holds_nothing)
 }
 END_TEST
 
+/*
+ * libuv opens a process-wide signal pipe with the first loop and keeps it for
+ * the life of the process: no leak of a test's (see check-main.c).
+ */
+void suite_open_process_fds(void)
+{
+        uv_loop_t loop;
+
+        if (uv_loop_init(&loop) == 0)
+                uv_loop_close(&loop);
+}
+
 Suite *allocfail_suite(void)
 {
         Suite *s = suite_create("allocfail");
