@@ -13,6 +13,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 
 #include <dlx/dlx.h>
@@ -45,6 +46,25 @@ void dlxd_restart(struct dlxd_fixture *f, const char *const *extra);
  * that the test process has as many fds open as before dlxd_start().
  */
 void dlxd_stop(struct dlxd_fixture *f);
+
+/*
+ * dlxd_start() for a daemon whose soft and hard RLIMIT_NOFILE are at most
+ * limit (set from outside, as dlxd raises its soft limit at start); returns
+ * the limit it runs with, at most 70000.
+ */
+long dlxd_start_fd_limit(struct dlxd_fixture *f, rlim_t limit);
+
+/* Stops f's daemon with SIGSTOP and waits until it is stopped (SIGCONT resumes it). */
+void fx_stop_daemon(const struct dlxd_fixture *f);
+
+/*
+ * A failing check ends a forked test without its checked teardown, and the
+ * dlxd it started would live on. Between fx_reaper_init() and fx_reaper_run()
+ * (a TCase's unchecked fixture) every daemon started is recorded in a page
+ * shared with the runner, and fx_reaper_run() kills whatever still runs.
+ */
+void fx_reaper_init(void);
+void fx_reaper_run(void);
 
 /* Checked-fixture wrappers around fx. */
 void fx_setup(void);

@@ -256,3 +256,110 @@ int rp_connect(const char *socket_path, const char *name)
                 close(ring);
         return sock;
 }
+
+int rp_read_answer(int sock, struct wire_reply *rep, int timeout_ms, int *ret_fd)
+{
+        for (;;) {
+                int r = rp_read(sock, rep, timeout_ms, ret_fd);
+                if (r != 1 || rep->type != WIRE_REP_EVENT)
+                        return r;
+                if (ret_fd && *ret_fd >= 0)
+                        close(*ret_fd);
+        }
+}
+
+void rp_frame_append(uint8_t **buf, size_t *len, size_t *cap, const struct wire_request *req)
+{
+        size_t size;
+
+        ck_assert_int_eq(wire_request_size(req, &size), 0);
+        while (*len + FRAME_HEADER_SIZE + size > *cap) {
+                *cap = *cap ? *cap * 2 : 4096;
+                *buf = realloc(*buf, *cap);
+                ck_assert_ptr_nonnull(*buf);
+        }
+        *len += rp_frame(req, 0, *buf + *len, *cap - *len);
+}
+
+int rp_send_until_stalled(int sock, const uint8_t *buf, size_t len, int stall_ms)
+{
+        size_t off = 0;
+
+        while (off < len) {
+                ssize_t n = send(sock, buf + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        if (errno == EAGAIN) {
+                                struct pollfd p = {.fd = sock, .events = POLLOUT};
+                                if (poll(&p, 1, stall_ms) == 0)
+                                        return -ETIMEDOUT;
+                                continue;
+                        }
+                        return -errno;
+                }
+                off += (size_t)n;
+        }
+        return 0;
+}
+
+void rp_acquire_req(struct wire_request *req, uint64_t id, const char *name)
+{
+        memset(req, 0, sizeof(*req));
+        req->id = id;
+        req->type = WIRE_REQ_ACQUIRE;
+        snprintf(req->acquire.name, sizeof(req->acquire.name), "%s", name);
+}
+
+void rp_publish_req(struct wire_request *req, uint64_t id, const char *name, uint64_t bytes,
+                    uint64_t segment, uint64_t flags)
+{
+        struct wire_tensor *t = &req->publish.tensor;
+
+        memset(req, 0, sizeof(*req));
+        req->id = id;
+        req->type = WIRE_REQ_PUBLISH;
+        snprintf(t->name, sizeof(t->name), "%s", name);
+        t->dtype = (DLDataType){kDLFloat, 32, 1};
+        t->ndim = 1;
+        t->shape[0] = (int64_t)(bytes / 4);
+        t->strides[0] = 1;
+        t->device_type = kDLCPU;
+        t->storage = WIRE_STORAGE_MEMFD;
+        t->length = bytes;
+        t->segment = segment;
+        t->flags = flags;
+}
+
+void rp_ping(int sock, uint64_t id)
+{
+        struct wire_request req = {.id = id, .type = WIRE_REQ_PING};
+        struct wire_reply rep;
+        int r;
+
+        rp_send(sock, &req, -1);
+        r = rp_read_answer(sock, &rep, RP_REPLY_TIMEOUT_MS, NULL);
+        ck_assert_msg(r == 1 && rep.id == id && rep.type == WIRE_REP_PONG,
+                      "ping %llu: %s (id %llu type %d)", (unsigned long long)id,
+                      r == 1   ? "not a pong"
+                      : r == 0 ? "EOF"
+                               : strerror(-r),
+                      (unsigned long long)rep.id, (int)rep.type);
+}
+
+uint64_t rp_alloc(int sock, uint64_t id, uint64_t size, int *ret_fd)
+{
+        struct wire_request req = {.id = id, .type = WIRE_REQ_ALLOC};
+        struct wire_reply rep;
+        int fd;
+
+        req.alloc.size = size;
+        rp_send(sock, &req, -1);
+        rp_expect_ok(sock, id, WIRE_REP_ALLOC, &rep, &fd);
+        ck_assert_msg(fd >= 0, "alloc reply without an fd");
+        if (ret_fd)
+                *ret_fd = fd;
+        else
+                close(fd);
+        return rep.alloc.segment;
+}

@@ -2427,6 +2427,40 @@ START_TEST(test_daemon_out_of_fds)
 }
 END_TEST
 
+/*
+ * A publish with hold = true and its memfd attached that is refused (here the
+ * tensor does not fit the memfd) leaves nothing held: the error reply names
+ * no segment, so the client could never free one.
+ */
+START_TEST(test_refused_hold_publish_holds_nothing)
+{
+        int sock = rp_connect(fx.socket, "holder"), mfd;
+        struct wire_request req;
+        struct wire_reply rep;
+        int r;
+
+        mfd = sealed_memfd(4096);
+        /* 8 KiB of floats described over a 4 KiB memfd: refused */
+        rp_publish_req(&req, 2, "badinput/held", 8192, 0, 0);
+        req.publish.hold = true;
+        rp_send(sock, &req, mfd);
+        close(mfd);
+        r = rp_read_answer(sock, &rep, REPLY_TIMEOUT_MS, NULL);
+        ck_assert_int_eq(r, 1);
+        ck_assert_int_eq(rep.id, 2);
+        ck_assert_int_eq(rep.status, WIRE_INVALID);
+
+        req = (struct wire_request){.id = 3, .type = WIRE_REQ_STATS};
+        rp_send(sock, &req, -1);
+        rp_expect_ok(sock, 3, WIRE_REP_STATS, &rep, NULL);
+        ck_assert_msg(rep.stats.segments == 0 && rep.stats.bytes == 0,
+                      "a refused publish (hold = true) left %llu segment(s), %llu bytes, held "
+                      "by a session that was never told its id",
+                      (unsigned long long)rep.stats.segments, (unsigned long long)rep.stats.bytes);
+        close(sock);
+}
+END_TEST
+
 Suite *badinput_suite(void)
 {
         Suite *s = suite_create("badinput");
@@ -2466,6 +2500,7 @@ Suite *badinput_suite(void)
         tcase_add_test(fds, test_unannounced_fd);
         tcase_add_test(fds, test_publish_wrong_fd_kinds);
         tcase_add_test(fds, test_publish_unsealed_memfd);
+        tcase_add_test(fds, test_refused_hold_publish_holds_nothing);
         tcase_add_test(fds, test_alloc_vmm_impostors);
         tcase_add_test(fds, test_publish_vmm_impostors);
         suite_add_tcase(s, fds);

@@ -24,6 +24,7 @@
 #include <dlx/dlx.h>
 
 #include "fixture.h"
+#include "rawpeer.h"
 #include "wire_limits.h"
 
 /* ---- helpers ------------------------------------------------------------------------- */
@@ -1089,6 +1090,92 @@ START_TEST(session_bounds)
 }
 END_TEST
 
+/* ---- release events ----------------------------------------------------------------------- */
+
+static void handle_fill(uint8_t h[DLX_CUDA_HANDLE], uint32_t seed)
+{
+        for (int i = 0; i < DLX_CUDA_HANDLE; i++)
+                h[i] = (uint8_t)(seed >> (8 * (i % 4)));
+        h[0] ^= 0x5a;
+}
+
+/* Acquires name and releases it with a release event made from seed. */
+static void acquire_release_with_event(int sock, uint64_t id, const char *name, uint32_t seed)
+{
+        struct wire_request req = {.id = id, .type = WIRE_REQ_ACQUIRE};
+        struct wire_reply rep;
+
+        snprintf(req.acquire.name, sizeof(req.acquire.name), "%s", name);
+        rp_send(sock, &req, -1);
+        rp_expect_ok(sock, id, WIRE_REP_ACQUIRE, &rep, NULL);
+        req = (struct wire_request){.id = id + 1, .type = WIRE_REQ_RELEASE};
+        req.release.lease = rep.acquire.lease;
+        req.release.has_event = true;
+        handle_fill(req.release.event, seed);
+        rp_send(sock, &req, -1);
+}
+
+/*
+ * Every consumer's release event reaches the producer: one consumer that
+ * acquires and releases with a fresh event more often than a version keeps
+ * events (DLX_MAX_RELEASE_EVENTS) cannot crowd out another consumer's, whose
+ * GPU work the producer must wait for before reusing its memory. Checked with
+ * a cuda-ipc tensor, which the daemon handles without a GPU.
+ */
+START_TEST(release_events_of_every_consumer_kept)
+{
+        int prod = rp_connect(fx.socket, "producer"), hog = rp_connect(fx.socket, "hog"),
+            good = rp_connect(fx.socket, "good");
+        uint8_t mine[DLX_CUDA_HANDLE];
+        struct wire_request req;
+        struct wire_reply rep;
+        bool found = false;
+        uint32_t nevents = 0;
+
+        rp_publish_req(&req, 2, "pubsub/gpu", 4096, 0, 0);
+        req.publish.tensor.storage = WIRE_STORAGE_CUDA_IPC;
+        req.publish.tensor.device_type = kDLCUDA;
+        req.publish.tensor.has_ipc_handle = true;
+        handle_fill(req.publish.tensor.ipc_handle, 0xabcdef);
+        req.publish.segment_size = 4096;
+        req.publish.token = 99;
+        rp_send(prod, &req, -1);
+        rp_expect_ok(prod, 2, WIRE_REP_PUBLISH, NULL, NULL);
+
+        for (uint32_t i = 0; i < DLX_MAX_RELEASE_EVENTS + 8; i++)
+                acquire_release_with_event(hog, 10 + 2 * (uint64_t)i, "pubsub/gpu", i + 1);
+        rp_ping(hog, 5);
+        acquire_release_with_event(good, 10, "pubsub/gpu", 0xfeedface);
+        rp_ping(good, 20);
+        handle_fill(mine, 0xfeedface);
+
+        req = (struct wire_request){.id = 3, .type = WIRE_REQ_UNPUBLISH};
+        snprintf(req.unpublish.name, sizeof(req.unpublish.name), "pubsub/gpu");
+        rp_send(prod, &req, -1);
+        for (;;) {
+                int r = rp_read_keep(prod, &rep, 5000, NULL);
+                ck_assert_msg(r == 1, "no RELEASED for the producer (%s)",
+                              r == 0 ? "EOF" : strerror(-r));
+                if (rep.type == WIRE_REP_EVENT && rep.event.kind == WIRE_EVENT_RELEASED) {
+                        nevents = rep.event.nevents;
+                        for (uint32_t i = 0; i < rep.event.nevents; i++)
+                                if (memcmp(rep.event.events[i], mine, DLX_CUDA_HANDLE) == 0)
+                                        found = true;
+                        wire_reply_done(&rep);
+                        break;
+                }
+                wire_reply_done(&rep);
+        }
+        ck_assert_msg(found,
+                      "RELEASED hands the producer %u release events, all from one consumer; "
+                      "another consumer's event was dropped",
+                      nevents);
+        close(good);
+        close(hog);
+        close(prod);
+}
+END_TEST
+
 Suite *pubsub_suite(void)
 {
         Suite *s = suite_create("pubsub");
@@ -1103,6 +1190,7 @@ Suite *pubsub_suite(void)
         tcase_add_test(tc, replace_while_leased);
         tcase_add_test(tc, unpublish_while_leased);
         tcase_add_test(tc, release_after_idle_reaches_producer);
+        tcase_add_test(tc, release_events_of_every_consumer_kept);
         tcase_add_test(tc, session_bounds);
         tcase_add_test(tc, close_runs_held_deleters);
         tcase_add_test(tc, kill9_releases_leases);
