@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <check.h>
@@ -241,6 +242,77 @@ START_TEST(close_ends_blocked_calls)
         }
         ck_assert_int_eq(fx_wait_leases(p, 0, 5000), 0);
         dlx_close(p);
+}
+END_TEST
+
+struct acquirer {
+        dlx_client *c;
+        char name[32];
+        int err;
+};
+
+static void *acquire_forever(void *arg)
+{
+        struct acquirer *b = arg;
+        struct dlx_acquire_options o = {.timeout_ms = -1};
+        DLManagedTensorVersioned *t = NULL;
+
+        b->err = dlx_acquire(b->c, b->name, &o, &t);
+        if (b->err == 0)
+                t->deleter(t);
+        return NULL;
+}
+
+/*
+ * dlx_close() with many threads blocked in acquires that have reached the
+ * daemon: every one returns -ECONNRESET or -EPIPE within seconds, and none
+ * touches the client after it is freed (under ASan, a use after free shows).
+ */
+START_TEST(close_ends_many_blocked_acquires)
+{
+        enum { NTHREADS = 8 };
+        dlx_client *obs = fx_connect(&fx, "observer");
+
+        for (int round = 0; round < 50; round++) {
+                dlx_client *c = fx_connect(&fx, "closer");
+                struct acquirer b[NTHREADS];
+                pthread_t th[NTHREADS];
+                struct dlx_stats st;
+                uint64_t r0, calls = 0;
+
+                ck_assert_int_eq(dlx_stats(obs, &st), 0);
+                r0 = st.requests;
+                for (int i = 0; i < NTHREADS; i++) {
+                        b[i].c = c;
+                        snprintf(b[i].name, sizeof(b[i].name), "never/%d", i);
+                        b[i].err = 1;
+                        ck_assert_int_eq(pthread_create(&th[i], NULL, acquire_forever, &b[i]), 0);
+                }
+                /*
+                 * Close only once every thread's acquire has reached the daemon:
+                 * a thread that only starts after dlx_close() would be using a
+                 * closed client, which no caller may do.
+                 */
+                do {
+                        fx_sleep_ms(5);
+                        ck_assert_int_eq(dlx_stats(obs, &st), 0);
+                        calls++;
+                } while (st.requests - r0 - calls < NTHREADS);
+                dlx_close(c);
+                for (int i = 0; i < NTHREADS; i++) {
+                        struct timespec limit;
+                        clock_gettime(CLOCK_REALTIME, &limit);
+                        limit.tv_sec += 10;
+                        ck_assert_msg(pthread_timedjoin_np(th[i], NULL, &limit) == 0,
+                                      "round %d: a thread blocked in dlx_acquire() is still "
+                                      "stuck 10 s after dlx_close() (waiting on the freed "
+                                      "client's mutex/condition)",
+                                      round);
+                        ck_assert_msg(b[i].err == -ECONNRESET || b[i].err == -EPIPE,
+                                      "blocked acquire ended with %d", b[i].err);
+                }
+        }
+        dlx_close(obs);
 }
 END_TEST
 
@@ -830,6 +902,7 @@ Suite *lifetime_suite(void)
         tcase_add_test(views, close_without_views_ends_connection);
         tcase_add_test(views, exchange_export_outlives_close);
         tcase_add_test(views, close_ends_blocked_calls);
+        tcase_add_test(views, close_ends_many_blocked_acquires);
         tcase_add_test(views, request_after_bye_is_closed);
         tcase_add_test(views, calls_racing_close_say_reset);
         suite_add_tcase(s, views);

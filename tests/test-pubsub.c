@@ -7,6 +7,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -24,6 +26,7 @@
 #include <dlx/dlx.h>
 
 #include "fixture.h"
+#include "internal.h" /* forgotten_segment_unmapped_after_crossing_reply: when a request is out */
 #include "rawpeer.h"
 #include "wire_limits.h"
 
@@ -1090,6 +1093,358 @@ START_TEST(session_bounds)
 }
 END_TEST
 
+/* ---- mappings: placement, permissions, failures ------------------------------------------ */
+
+/* The /proc/self/maps line of the mapping holding addr. */
+struct mapping {
+        uintptr_t start, end;
+        char perms[5];
+        unsigned long inode;
+};
+
+static bool mapping_of(const void *addr, struct mapping *ret)
+{
+        FILE *f = fopen("/proc/self/maps", "re");
+        char line[512];
+        bool found = false;
+
+        ck_assert_ptr_nonnull(f);
+        while (!found && fgets(line, sizeof(line), f)) {
+                struct mapping m;
+
+                if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %4s %*s %*s %lu", &m.start, &m.end,
+                           m.perms, &m.inode) != 4)
+                        continue;
+                if ((uintptr_t)addr >= m.start && (uintptr_t)addr < m.end) {
+                        *ret = m;
+                        found = true;
+                }
+        }
+        fclose(f);
+        return found;
+}
+
+static long vm_size_bytes(void)
+{
+        FILE *f = fopen("/proc/self/status", "r");
+        char line[256];
+        long kb = -1;
+
+        ck_assert_ptr_nonnull(f);
+        while (fgets(line, sizeof(line), f))
+                if (sscanf(line, "VmSize: %ld kB", &kb) == 1)
+                        break;
+        fclose(f);
+        return kb * 1024;
+}
+
+/*
+ * An acquire whose mmap() fails (here: a transient shortage of address space)
+ * fails with -ENOMEM and leaves nothing behind: the daemon is told, and the
+ * same acquire works once the shortage is over.
+ */
+START_TEST(acquire_works_again_after_failed_mmap)
+{
+        const int64_t n = (64 << 20) / 4; /* 64 MiB */
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_client *q = fx_connect(&fx, "consumer");
+        DLManagedTensorVersioned *t = NULL;
+        struct rlimit old, low;
+        int err;
+
+        publish_ok(p, "poison/big", fx_plain_f32(n, 1.0f, NULL), NULL, NULL);
+
+        /* a transient shortage of address space: this mmap cannot succeed */
+        ck_assert_int_eq(getrlimit(RLIMIT_AS, &old), 0);
+        low = old;
+        low.rlim_cur = (rlim_t)vm_size_bytes() + (16 << 20);
+        ck_assert_int_eq(setrlimit(RLIMIT_AS, &low), 0);
+        err = dlx_acquire(q, "poison/big", NULL, &t);
+        ck_assert_int_eq(setrlimit(RLIMIT_AS, &old), 0);
+        ck_assert_msg(err == -ENOMEM, "acquire under RLIMIT_AS: %s (%s)", dlx_strerror(err),
+                      dlx_last_error());
+
+        /* the shortage is over: acquiring again must work */
+        t = NULL;
+        err = dlx_acquire(q, "poison/big", NULL, &t);
+        ck_assert_msg(err == 0, "acquire after the shortage: %d %s (%s)", err, dlx_strerror(err),
+                      dlx_last_error());
+        ck_assert(((float *)t->dl_tensor.data)[7] == 8.0f);
+        t->deleter(t);
+        dlx_close(q);
+        dlx_close(p);
+}
+END_TEST
+
+/*
+ * dlx_alloc() memory is published zero-copy wherever it lies in the
+ * allocator's segments, at offset 0 of one too, even when mmap placed a newer
+ * segment so that it ends exactly where the older one begins.
+ */
+START_TEST(zero_copy_at_start_of_any_segment)
+{
+        enum { MAXSEG = 8 };
+        dlx_client *c = fx_connect(&fx, "producer");
+        struct dlx_publish_options never = {.copy = DLX_COPY_NEVER};
+        DLManagedTensorVersioned *t[MAXSEG];
+        uintptr_t start[MAXSEG], end[MAXSEG];
+        struct mapping m;
+        int n = 0, victim = -1, err;
+
+        /*
+         * The allocator's segments are 256 KiB, 512 KiB, 1 MiB...: one tensor
+         * filling each sits at offset 0 of its own segment. Stop as soon as a
+         * newer segment ends exactly where an older one begins.
+         */
+        while (n < MAXSEG && victim < 0) {
+                t[n] = fx_alloc_f32(c, ((int64_t)256 << 10 << n) / 4);
+                ck_assert(mapping_of(t[n]->dl_tensor.data, &m));
+                start[n] = m.start;
+                end[n] = m.end;
+                ck_assert_msg(start[n] == (uintptr_t)t[n]->dl_tensor.data,
+                              "tensor %d is not at the start of its segment", n);
+                for (int i = 0; i < n; i++)
+                        if (end[n] == start[i])
+                                victim = i;
+                n++;
+        }
+        if (victim < 0 && getenv("DLX_TEST_VALGRIND")) {
+                /* valgrind places mappings its own way: nothing to test here */
+                for (int i = 0; i < n; i++)
+                        t[i]->deleter(t[i]);
+                dlx_close(c);
+                return;
+        }
+        ck_assert_msg(victim >= 0, "precondition: no two allocator segments are adjacent here");
+
+        /* t[victim] lies wholly inside dlx_alloc() memory of this client: no copy needed */
+        err = dlx_publish(c, "adj/victim", t[victim], &never, NULL);
+        t[victim] = NULL;
+        ck_assert_msg(err == 0, "publish of dlx_alloc() memory with DLX_COPY_NEVER: %s (%s)",
+                      dlx_strerror(err), dlx_last_error());
+        for (int i = 0; i < n; i++)
+                if (t[i])
+                        t[i]->deleter(t[i]);
+        dlx_close(c);
+}
+END_TEST
+
+/*
+ * A read-only tensor is handed out in a read-only mapping, even when the
+ * consumer already maps its segment writable for a writable tensor of the
+ * same dlx_alloc() segment acquired first.
+ */
+START_TEST(read_only_tensor_never_mapped_writable)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_client *q = fx_connect(&fx, "consumer");
+        DLManagedTensorVersioned *w, *r;
+        struct mapping m;
+
+        publish_ok(p, "mix/w", fx_alloc_f32(p, 1024),
+                   &(struct dlx_publish_options){.writable = true}, NULL);
+        publish_ok(p, "mix/r", fx_alloc_f32(p, 1024), NULL, NULL);
+
+        w = acquire_ok(q, "mix/w", NULL);
+        r = acquire_ok(q, "mix/r", NULL);
+        ck_assert(!(w->flags & DLPACK_FLAG_BITMASK_READ_ONLY));
+        ck_assert(r->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
+        ck_assert(mapping_of(r->dl_tensor.data, &m));
+        ck_assert_msg(m.perms[1] != 'w',
+                      "the read-only tensor 'mix/r' is mapped %s in the consumer: writes go "
+                      "straight into the producer's memory",
+                      m.perms);
+        r->deleter(r);
+        w->deleter(w);
+        dlx_close(q);
+        dlx_close(p);
+}
+END_TEST
+
+/* ---- the mapping cache and what the daemon thinks this session holds ------------------------ */
+
+static bool inode_mapped(unsigned long ino)
+{
+        FILE *f = fopen("/proc/self/maps", "r");
+        char line[512];
+        bool found = false;
+
+        ck_assert_ptr_nonnull(f);
+        while (fgets(line, sizeof(line), f)) {
+                unsigned long i;
+                if (sscanf(line, "%*s %*s %*s %*s %lu", &i) == 1 && i == ino)
+                        found = true;
+        }
+        fclose(f);
+        return found;
+}
+
+struct crossing {
+        dlx_client *c;
+        DLManagedTensorVersioned *t;
+        int err;
+};
+
+static void *acquire_s(void *arg)
+{
+        struct crossing *x = arg;
+
+        x->err = dlx_acquire(x->c, "x/s", NULL, &x->t);
+        return NULL;
+}
+
+/*
+ * Thread A acquires a tensor in an idle cached segment S while thread B's
+ * release evicts S from the cache (a Forget goes out): whatever order the
+ * daemon handles them in, client and daemon agree on whether this session
+ * holds S, so when S dies this process unmaps it.
+ */
+START_TEST(forgotten_segment_unmapped_after_crossing_reply)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        char name[32];
+        int stale = 0;
+
+        for (int i = 0; i < 32; i++) {
+                snprintf(name, sizeof(name), "x/d%d", i);
+                publish_ok(p, name, fx_plain_f32(16, (float)i, NULL), NULL, NULL);
+        }
+        for (int trial = 0; trial < 100; trial++) {
+                dlx_client *q = fx_connect(&fx, "consumer");
+                DLManagedTensorVersioned *t, *hold;
+                struct crossing x = {.c = q};
+                struct mapping m;
+                unsigned long ino;
+                uint64_t id0;
+                pthread_t th;
+
+                publish_ok(p, "x/s", fx_plain_f32(16, 100.0f, NULL), NULL, NULL);
+                /* S first in the idle cache, then 31 others: 32 idle, one held */
+                t = acquire_ok(q, "x/s", NULL);
+                ck_assert(mapping_of(t->dl_tensor.data, &m));
+                ino = m.inode;
+                ck_assert_uint_ne(ino, 0);
+                t->deleter(t);
+                for (int i = 0; i < 31; i++) {
+                        snprintf(name, sizeof(name), "x/d%d", i);
+                        t = acquire_ok(q, name, NULL);
+                        t->deleter(t);
+                }
+                hold = acquire_ok(q, "x/d31", NULL);
+
+                /* A asks for S; as soon as its request is out, B releases (S evicted) */
+                pthread_mutex_lock(&q->lock);
+                id0 = q->next_id;
+                pthread_mutex_unlock(&q->lock);
+                ck_assert_int_eq(pthread_create(&th, NULL, acquire_s, &x), 0);
+                while (__atomic_load_n(&q->next_id, __ATOMIC_ACQUIRE) == id0)
+                        ;
+                hold->deleter(hold);
+                pthread_join(th, NULL);
+                ck_assert_msg(x.err == 0, "acquire x/s: %s", dlx_strerror(x.err));
+                x.t->deleter(x.t);
+                ck_assert_int_eq(dlx_ping(q), 0);
+
+                /* S dies: the consumer must not keep it mapped */
+                publish_ok(p, "x/s", fx_plain_f32(16, 200.0f, NULL), NULL, NULL);
+                ck_assert_int_eq(dlx_ping(q), 0);
+                ck_assert_int_eq(dlx_ping(q), 0);
+                if (inode_mapped(ino))
+                        stale++;
+                dlx_close(q);
+                if (stale)
+                        break;
+        }
+        ck_assert_msg(stale == 0,
+                      "a destroyed segment is still mapped by a client that holds no tensor in it");
+        dlx_close(p);
+}
+END_TEST
+
+/* ---- the pollable fd and dlx_wait_released() ----------------------------------------------- */
+
+/*
+ * dlx_fd() polls readable while an event is queued, even one that another
+ * call (here a ping) read off the socket: an event loop that waits for it
+ * never misses the event.
+ */
+START_TEST(pollable_fd_readable_while_event_queued)
+{
+        dlx_client *w = fx_connect(&fx, "loop");
+        dlx_client *p = fx_connect(&fx, "producer");
+        struct pollfd pfd = {.fd = dlx_fd(w), .events = POLLIN};
+        struct dlx_event ev;
+
+        ck_assert_int_eq(dlx_watch(w, "q/", NULL), 0);
+        publish_ok(p, "q/x", fx_alloc_f32(p, 4), NULL, NULL);
+        /* the daemon has sent the event: the fd is readable */
+        ck_assert_int_eq(poll(&pfd, 1, 5000), 1);
+        /* the loop's own work makes one call before getting back to poll() */
+        ck_assert_int_eq(dlx_ping(w), 0);
+        /* an event is waiting... */
+        int readable = poll(&pfd, 1, 200);
+        int got = dlx_next_event(w, &ev, 0);
+        ck_assert_int_eq(got, 0);
+        /* ...so the descriptor must say so, or the event loop never comes back for it */
+        ck_assert_msg(readable == 1, "an event is queued but dlx_fd() does not poll readable");
+        dlx_close(p);
+        dlx_close(w);
+}
+END_TEST
+
+/*
+ * dlx_wait_released() with timeout 0 asks without waiting: a RELEASED notice
+ * already sent is seen, without any other call reading the socket first.
+ */
+START_TEST(wait_released_poll_sees_release)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_client *q = fx_connect(&fx, "consumer");
+        DLManagedTensorVersioned *t;
+        uint64_t v1 = 0;
+        int err = -1;
+
+        ck_assert_int_eq(dlx_publish(p, "db/x", fx_alloc_f32(p, 64), NULL, &v1), 0);
+        t = acquire_ok(q, "db/x", NULL);
+        publish_ok(p, "db/x", fx_alloc_f32(p, 64), NULL, NULL); /* v2: v1 lives on for its reader */
+        t->deleter(t);                    /* last lease of v1: RELEASED goes out */
+        ck_assert_int_eq(dlx_ping(q), 0); /* the daemon has handled the release */
+
+        for (int i = 0; i < 100 && err != 0; i++) {
+                err = dlx_wait_released(p, "db/x", v1, NULL, 0);
+                if (err != 0)
+                        fx_sleep_ms(10);
+        }
+        ck_assert_msg(err == 0,
+                      "v1 was released a second ago, dlx_wait_released(timeout 0) still says %s",
+                      dlx_strerror(err));
+        /* with a timeout the same call sees it at once */
+        ck_assert_int_eq(dlx_wait_released(p, "db/x", v1, NULL, 1000), 0);
+        dlx_close(q);
+        dlx_close(p);
+}
+END_TEST
+
+/*
+ * dlx_alloc() refuses a size whose byte count wraps 64 bits: 2^61 float64
+ * elements are 2^64 bytes, which must not become a 0-byte allocation.
+ */
+START_TEST(alloc_refuses_size_that_wraps)
+{
+        dlx_client *c = fx_connect(&fx, "alloc");
+        int64_t shape[1] = {INT64_C(1) << 61};
+        DLTensor proto = {
+                .device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLFloat, 64, 1}, .shape = shape};
+        DLManagedTensorVersioned *t = NULL;
+        int err = dlx_alloc(c, &proto, &t);
+
+        if (err == 0)
+                t->deleter(t);
+        ck_assert_msg(err < 0, "dlx_alloc of 2^61 float64 (2^64 bytes) succeeded");
+        dlx_close(c);
+}
+END_TEST
+
 /* ---- release events ----------------------------------------------------------------------- */
 
 static void handle_fill(uint8_t h[DLX_CUDA_HANDLE], uint32_t seed)
@@ -1191,6 +1546,13 @@ Suite *pubsub_suite(void)
         tcase_add_test(tc, unpublish_while_leased);
         tcase_add_test(tc, release_after_idle_reaches_producer);
         tcase_add_test(tc, release_events_of_every_consumer_kept);
+        tcase_add_test(tc, acquire_works_again_after_failed_mmap);
+        tcase_add_test(tc, zero_copy_at_start_of_any_segment);
+        tcase_add_test(tc, read_only_tensor_never_mapped_writable);
+        tcase_add_test(tc, forgotten_segment_unmapped_after_crossing_reply);
+        tcase_add_test(tc, pollable_fd_readable_while_event_queued);
+        tcase_add_test(tc, wait_released_poll_sees_release);
+        tcase_add_test(tc, alloc_refuses_size_that_wraps);
         tcase_add_test(tc, session_bounds);
         tcase_add_test(tc, close_runs_held_deleters);
         tcase_add_test(tc, kill9_releases_leases);
