@@ -79,10 +79,16 @@ size_t rp_frame(const struct wire_request *req, unsigned nfds, uint8_t *buf, siz
 
 void rp_send(int sock, const struct wire_request *req, int attach_fd)
 {
-        uint8_t buf[4096];
-        size_t n = rp_frame(req, attach_fd >= 0 ? 1 : 0, buf, sizeof(buf));
-        int err = rp_send_raw(sock, buf, n, &attach_fd, attach_fd >= 0 ? 1 : 0);
+        size_t size, n;
+        uint8_t *buf;
+        int err;
 
+        ck_assert_int_eq(wire_request_size(req, &size), 0);
+        buf = malloc(FRAME_HEADER_SIZE + size);
+        ck_assert_ptr_nonnull(buf);
+        n = rp_frame(req, attach_fd >= 0 ? 1 : 0, buf, FRAME_HEADER_SIZE + size);
+        err = rp_send_raw(sock, buf, n, &attach_fd, attach_fd >= 0 ? 1 : 0);
+        free(buf);
         ck_assert_msg(err == 0, "send: %s", strerror(-err));
 }
 
@@ -227,11 +233,12 @@ void rp_expect_error(int sock, uint64_t id, enum wire_status status, struct wire
 
         ck_assert_msg(r == 1, "request %llu: no reply (%s)", (unsigned long long)id,
                       r == 0 ? "EOF" : strerror(-r));
-        ck_assert_msg(rep.id == id && rep.status == (int)status && rep.error[0],
-                      "request %llu: expected status %d with a message, got id %llu status %d: "
-                      "'%s'",
+        ck_assert_msg(rep.id == id && rep.status == (int)status && rep.type == WIRE_REP_NONE &&
+                              rep.error[0],
+                      "request %llu: expected status %d with a message, got id %llu status %d "
+                      "type %d: '%s'",
                       (unsigned long long)id, (int)status, (unsigned long long)rep.id, rep.status,
-                      rep.error);
+                      (int)rep.type, rep.error);
         if (ret)
                 *ret = rep;
 }
@@ -335,16 +342,11 @@ void rp_ping(int sock, uint64_t id)
 {
         struct wire_request req = {.id = id, .type = WIRE_REQ_PING};
         struct wire_reply rep;
-        int r;
 
+        req.ping.nonce = id * 7919 + 1;
         rp_send(sock, &req, -1);
-        r = rp_read_answer(sock, &rep, RP_REPLY_TIMEOUT_MS, NULL);
-        ck_assert_msg(r == 1 && rep.id == id && rep.type == WIRE_REP_PONG,
-                      "ping %llu: %s (id %llu type %d)", (unsigned long long)id,
-                      r == 1   ? "not a pong"
-                      : r == 0 ? "EOF"
-                               : strerror(-r),
-                      (unsigned long long)rep.id, (int)rep.type);
+        rp_expect_ok(sock, id, WIRE_REP_PONG, &rep, NULL);
+        ck_assert_uint_eq(rep.pong.nonce, id * 7919 + 1);
 }
 
 uint64_t rp_alloc(int sock, uint64_t id, uint64_t size, int *ret_fd)
@@ -357,6 +359,7 @@ uint64_t rp_alloc(int sock, uint64_t id, uint64_t size, int *ret_fd)
         rp_send(sock, &req, -1);
         rp_expect_ok(sock, id, WIRE_REP_ALLOC, &rep, &fd);
         ck_assert_msg(fd >= 0, "alloc reply without an fd");
+        ck_assert_uint_eq(rep.alloc.size, size);
         if (ret_fd)
                 *ret_fd = fd;
         else

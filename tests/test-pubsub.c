@@ -507,37 +507,6 @@ static int count_dlx_maps(void)
         return n;
 }
 
-/* A float32 vector in plain memory (published by copy: a segment of its own each). */
-struct plain_vec {
-        DLManagedTensorVersioned mt;
-        int64_t shape[1];
-        float data[];
-};
-
-static void plain_vec_free(DLManagedTensorVersioned *t)
-{
-        free(t);
-}
-
-static DLManagedTensorVersioned *plain_vec(int64_t n, float base)
-{
-        struct plain_vec *v = calloc(1, sizeof(*v) + (size_t)n * sizeof(float));
-
-        ck_assert_ptr_nonnull(v);
-        v->shape[0] = n;
-        for (int64_t i = 0; i < n; i++)
-                v->data[i] = base + (float)i;
-        v->mt.version.major = DLX_DLPACK_MAJOR;
-        v->mt.version.minor = DLX_DLPACK_MINOR;
-        v->mt.dl_tensor = (DLTensor){.data = v->data,
-                                     .device = {kDLCPU, 0},
-                                     .ndim = 1,
-                                     .dtype = {kDLFloat, 32, 1},
-                                     .shape = v->shape};
-        v->mt.deleter = plain_vec_free;
-        return &v->mt;
-}
-
 /*
  * A consumer cycling through more segments than it keeps idle forgets the
  * oldest in batches; what it forgot comes back with an fd, with the right
@@ -554,7 +523,7 @@ START_TEST(idle_maps_forgotten_in_batches)
 
         for (int i = 0; i < N; i++) {
                 snprintf(name, sizeof(name), "forget/%d", i);
-                publish_ok(p, name, plain_vec(64, (float)(i * 100)), &copy, NULL);
+                publish_ok(p, name, fx_plain_f32(64, (float)(i * 100), NULL), &copy, NULL);
         }
         maps0 = count_dlx_maps();
         for (int round = 0; round < 3; round++) {
