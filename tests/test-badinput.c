@@ -1567,9 +1567,12 @@ START_TEST(test_publish_bad_names)
 }
 END_TEST
 
-START_TEST(test_acquire_stat_bad_names)
+/*
+ * Each of names, and a name one byte too long, in a request of each of the
+ * two body kinds: every one refused as invalid, the connection kept.
+ */
+static void named_requests_refused(const struct bad_name *names, size_t n, const unsigned bodies[2])
 {
-        static const unsigned bodies[] = {PB_REQ_ACQUIRE, PB_REQ_STAT};
         dlx_client *good = attack_begin();
         int fd = raw_hello();
         char name[DLX_NAME_MAX + 2];
@@ -1578,11 +1581,11 @@ START_TEST(test_acquire_stat_bad_names)
 
         long_name(name, DLX_NAME_MAX + 1);
         for (size_t b = 0; b < 2; b++) {
-                for (size_t i = 0; i <= N_ELEMS(bad_names); i++) {
-                        bool last = i == N_ELEMS(bad_names);
+                for (size_t i = 0; i <= n; i++) {
+                        bool last = i == n;
                         pb_init(&p);
-                        pb_named(&p, id, bodies[b], last ? name : bad_names[i].name,
-                                 last ? strlen(name) : bad_names[i].len);
+                        pb_named(&p, id, bodies[b], last ? name : names[i].name,
+                                 last ? strlen(name) : names[i].len);
                         send_pb(fd, &p, -1);
                         pb_done(&p);
                         expect_error(fd, id++, WIRE_INVALID);
@@ -1592,6 +1595,13 @@ START_TEST(test_acquire_stat_bad_names)
         close(fd);
         attack_end(good);
 }
+
+START_TEST(test_acquire_stat_bad_names)
+{
+        static const unsigned bodies[] = {PB_REQ_ACQUIRE, PB_REQ_STAT};
+
+        named_requests_refused(bad_names, N_ELEMS(bad_names), bodies);
+}
 END_TEST
 
 START_TEST(test_bad_prefixes)
@@ -1599,27 +1609,8 @@ START_TEST(test_bad_prefixes)
         static const struct bad_name prefixes[] = {BAD("\x01"), BAD("\xff"), BAD("a\0b"),
                                                    BAD("\xc2\x9f")};
         static const unsigned bodies[] = {PB_REQ_LIST, PB_REQ_WATCH};
-        dlx_client *good = attack_begin();
-        int fd = raw_hello();
-        char name[DLX_NAME_MAX + 2];
-        uint64_t id = 2;
-        struct pb p;
 
-        long_name(name, DLX_NAME_MAX + 1);
-        for (size_t b = 0; b < 2; b++) {
-                for (size_t i = 0; i <= N_ELEMS(prefixes); i++) {
-                        bool last = i == N_ELEMS(prefixes);
-                        pb_init(&p);
-                        pb_named(&p, id, bodies[b], last ? name : prefixes[i].name,
-                                 last ? strlen(name) : prefixes[i].len);
-                        send_pb(fd, &p, -1);
-                        pb_done(&p);
-                        expect_error(fd, id++, WIRE_INVALID);
-                }
-        }
-        rp_ping(fd, id);
-        close(fd);
-        attack_end(good);
+        named_requests_refused(prefixes, N_ELEMS(prefixes), bodies);
 }
 END_TEST
 
