@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -19,6 +21,71 @@
 #endif
 
 struct dlxd_fixture fx;
+
+/* Daemons started while the reaper is on, in a page shared with the runner. */
+#define MAX_DAEMONS 16
+
+struct started {
+        pid_t pid;
+        char socket[108];
+        char dir[64];
+};
+
+static struct {
+        unsigned n;
+        struct started d[MAX_DAEMONS];
+} * reaper;
+
+void fx_reaper_init(void)
+{
+        if (reaper)
+                return;
+        reaper = mmap(NULL, sizeof(*reaper), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
+                      0);
+        ck_assert_ptr_ne(reaper, MAP_FAILED);
+        memset(reaper, 0, sizeof(*reaper));
+}
+
+static void reaper_add(const struct dlxd_fixture *f)
+{
+        unsigned i = __atomic_fetch_add(&reaper->n, 1, __ATOMIC_SEQ_CST);
+
+        if (i >= MAX_DAEMONS)
+                return;
+        reaper->d[i].pid = f->pid;
+        snprintf(reaper->d[i].socket, sizeof(reaper->d[i].socket), "%s", f->socket);
+        snprintf(reaper->d[i].dir, sizeof(reaper->d[i].dir), "%s", f->dir);
+}
+
+/* Kills a recorded dlxd that is still running (checked by its command line). */
+void fx_reaper_run(void)
+{
+        for (unsigned i = 0; reaper && i < reaper->n && i < MAX_DAEMONS; i++) {
+                struct started *d = &reaper->d[i];
+                char path[64], cmd[512];
+                ssize_t n;
+                int fd;
+
+                snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)d->pid);
+                fd = open(path, O_RDONLY | O_CLOEXEC);
+                if (fd >= 0) {
+                        n = read(fd, cmd, sizeof(cmd) - 1);
+                        close(fd);
+                        if (n > 0) {
+                                cmd[n] = '\0';
+                                for (ssize_t k = 0; k < n; k++)
+                                        if (!cmd[k])
+                                                cmd[k] = ' ';
+                                if (strstr(cmd, "dlxd") && strstr(cmd, d->socket))
+                                        kill(d->pid, SIGKILL);
+                        }
+                }
+                unlink(d->socket);
+                rmdir(d->dir);
+        }
+        if (reaper)
+                reaper->n = 0;
+}
 
 int64_t fx_now_ms(void)
 {
@@ -104,6 +171,8 @@ static void spawn(struct dlxd_fixture *f, const char *const *extra)
         close(pipefd[0]);
         f->daemon_fds = count_fds(f->pid);
         ck_assert_int_gt(f->daemon_fds, 0);
+        if (reaper)
+                reaper_add(f);
 }
 
 void dlxd_start(struct dlxd_fixture *f, const char *const *extra)
@@ -270,6 +339,67 @@ bool fx_vec_is(const DLManagedTensorVersioned *t, int64_t n, float base)
         return true;
 }
 
+DLManagedTensorVersioned *fx_vec_f32(dlx_client *c, int64_t n, float base)
+{
+        DLManagedTensorVersioned *t = fx_alloc_f32(c, n);
+
+        for (int64_t i = 0; i < n; i++)
+                ((float *)t->dl_tensor.data)[i] = base + (float)i;
+        return t;
+}
+
+struct counted {
+        DLManagedTensorVersioned mt;
+        DLManagedTensorVersioned *inner;
+        int *count;
+};
+
+static void counted_deleter(DLManagedTensorVersioned *t)
+{
+        struct counted *w = t->manager_ctx;
+
+        __atomic_add_fetch(w->count, 1, __ATOMIC_SEQ_CST);
+        w->inner->deleter(w->inner);
+        free(w);
+}
+
+DLManagedTensorVersioned *fx_counted(DLManagedTensorVersioned *inner, int *count)
+{
+        struct counted *w = calloc(1, sizeof(*w));
+
+        ck_assert_ptr_nonnull(w);
+        w->mt = *inner;
+        w->mt.manager_ctx = w;
+        w->mt.deleter = counted_deleter;
+        w->inner = inner;
+        w->count = count;
+        return &w->mt;
+}
+
+void publish_ok(dlx_client *c, const char *name, DLManagedTensorVersioned *t,
+                const struct dlx_publish_options *o, uint64_t *ret_version)
+{
+        int err = dlx_publish(c, name, t, o, ret_version);
+
+        ck_assert_msg(err == 0, "publish %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
+}
+
+DLManagedTensorVersioned *acquire_ok(dlx_client *c, const char *name,
+                                     const struct dlx_acquire_options *o)
+{
+        DLManagedTensorVersioned *t = NULL;
+        int err = dlx_acquire(c, name, o, &t);
+
+        ck_assert_msg(err == 0, "acquire %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
+        return t;
+}
+
+void expect_last_error(const char *what)
+{
+        ck_assert_msg(strstr(dlx_last_error(), what), "message '%s' does not say '%s'",
+                      dlx_last_error(), what);
+}
+
 struct plain {
         DLManagedTensorVersioned mt;
         int64_t shape[1];
@@ -324,4 +454,60 @@ uint32_t fx_wait_clients(dlx_client *c, uint32_t n, int timeout_ms)
         while ((got = fx_stats(c).clients) != n && fx_now_ms() < deadline)
                 fx_sleep_ms(10);
         return got;
+}
+
+/* The daemon's soft RLIMIT_NOFILE, from /proc/<pid>/limits. */
+static long daemon_fd_limit(const struct dlxd_fixture *f)
+{
+        char path[64], line[256];
+        long soft = -1;
+        FILE *in;
+
+        snprintf(path, sizeof(path), "/proc/%d/limits", (int)f->pid);
+        in = fopen(path, "re");
+        ck_assert_ptr_nonnull(in);
+        while (fgets(line, sizeof(line), in))
+                if (strncmp(line, "Max open files", 14) == 0)
+                        sscanf(line + 14, "%ld", &soft);
+        fclose(in);
+        ck_assert_int_gt(soft, 0);
+        return soft;
+}
+
+long dlxd_start_fd_limit(struct dlxd_fixture *f, rlim_t limit)
+{
+        struct rlimit saved, low;
+        long got;
+
+        ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &saved), 0);
+        dlxd_start(f, NULL);
+        /* dlxd raises its soft limit to the hard one at start: cap both, from outside */
+        low.rlim_cur = low.rlim_max = saved.rlim_cur < limit ? saved.rlim_cur : limit;
+        ck_assert_int_eq(prlimit(f->pid, RLIMIT_NOFILE, &low, NULL), 0);
+        got = daemon_fd_limit(f);
+        return got > 70000 ? 70000 : got;
+}
+
+/* Stops the daemon (SIGSTOP) and waits until it is stopped. */
+void fx_stop_daemon(const struct dlxd_fixture *f)
+{
+        char path[64], buf[512], *p;
+        ssize_t n;
+        int fd;
+
+        ck_assert_int_eq(kill(f->pid, SIGSTOP), 0);
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)f->pid);
+        for (int waited = 0; waited < 5000; waited += 1) {
+                fd = open(path, O_RDONLY | O_CLOEXEC);
+                ck_assert_int_ge(fd, 0);
+                n = read(fd, buf, sizeof(buf) - 1);
+                close(fd);
+                ck_assert_int_gt(n, 0);
+                buf[n] = '\0';
+                p = strrchr(buf, ')');
+                if (p && (p[2] == 'T' || p[2] == 't'))
+                        return;
+                fx_sleep_ms(1);
+        }
+        ck_abort_msg("dlxd did not stop");
 }

@@ -13,11 +13,12 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 
 #include <dlx/dlx.h>
 
-#include "fdcount.h"
+#include "toolkit.h"
 
 struct dlxd_fixture {
         char dir[64];
@@ -45,6 +46,25 @@ void dlxd_restart(struct dlxd_fixture *f, const char *const *extra);
  * that the test process has as many fds open as before dlxd_start().
  */
 void dlxd_stop(struct dlxd_fixture *f);
+
+/*
+ * dlxd_start() for a daemon whose soft and hard RLIMIT_NOFILE are at most
+ * limit (set from outside, as dlxd raises its soft limit at start); returns
+ * the limit it runs with, at most 70000.
+ */
+long dlxd_start_fd_limit(struct dlxd_fixture *f, rlim_t limit);
+
+/* Stops f's daemon with SIGSTOP and waits until it is stopped (SIGCONT resumes it). */
+void fx_stop_daemon(const struct dlxd_fixture *f);
+
+/*
+ * A failing check ends a forked test without its checked teardown, and the
+ * dlxd it started would live on. Between fx_reaper_init() and fx_reaper_run()
+ * (a TCase's unchecked fixture) every daemon started is recorded in a page
+ * shared with the runner, and fx_reaper_run() kills whatever still runs.
+ */
+void fx_reaper_init(void);
+void fx_reaper_run(void);
 
 /* Checked-fixture wrappers around fx. */
 void fx_setup(void);
@@ -74,8 +94,24 @@ DLManagedTensorVersioned *fx_alloc_f32(dlx_client *c, int64_t n);
  * published by copy. Its deleter adds one to *deleted (when not NULL).
  */
 DLManagedTensorVersioned *fx_plain_f32(int64_t n, float base, int *deleted);
+/* fx_alloc_f32() with element i = base + i. */
+DLManagedTensorVersioned *fx_vec_f32(dlx_client *c, int64_t n, float base);
+/*
+ * Wraps inner (ownership taken) so that its deletion adds one to *count,
+ * atomically: the counter may be shared with other processes.
+ */
+DLManagedTensorVersioned *fx_counted(DLManagedTensorVersioned *inner, int *count);
 /* Whether t is a 1-D float32 vector of n elements, element i = base + i. */
 bool fx_vec_is(const DLManagedTensorVersioned *t, int64_t n, float base);
+
+/* dlx_publish() (o and ret_version may be NULL); the test fails if it does. */
+void publish_ok(dlx_client *c, const char *name, DLManagedTensorVersioned *t,
+                const struct dlx_publish_options *o, uint64_t *ret_version);
+/* dlx_acquire() (o may be NULL); the test fails if it does. */
+DLManagedTensorVersioned *acquire_ok(dlx_client *c, const char *name,
+                                     const struct dlx_acquire_options *o);
+/* The thread's dlx_last_error() contains what; else the test fails, showing it. */
+void expect_last_error(const char *what);
 
 /* Milliseconds on the monotonic clock; a nap. */
 int64_t fx_now_ms(void);

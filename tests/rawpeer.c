@@ -79,10 +79,16 @@ size_t rp_frame(const struct wire_request *req, unsigned nfds, uint8_t *buf, siz
 
 void rp_send(int sock, const struct wire_request *req, int attach_fd)
 {
-        uint8_t buf[4096];
-        size_t n = rp_frame(req, attach_fd >= 0 ? 1 : 0, buf, sizeof(buf));
-        int err = rp_send_raw(sock, buf, n, &attach_fd, attach_fd >= 0 ? 1 : 0);
+        size_t size, n;
+        uint8_t *buf;
+        int err;
 
+        ck_assert_int_eq(wire_request_size(req, &size), 0);
+        buf = malloc(FRAME_HEADER_SIZE + size);
+        ck_assert_ptr_nonnull(buf);
+        n = rp_frame(req, attach_fd >= 0 ? 1 : 0, buf, FRAME_HEADER_SIZE + size);
+        err = rp_send_raw(sock, buf, n, &attach_fd, attach_fd >= 0 ? 1 : 0);
+        free(buf);
         ck_assert_msg(err == 0, "send: %s", strerror(-err));
 }
 
@@ -227,11 +233,12 @@ void rp_expect_error(int sock, uint64_t id, enum wire_status status, struct wire
 
         ck_assert_msg(r == 1, "request %llu: no reply (%s)", (unsigned long long)id,
                       r == 0 ? "EOF" : strerror(-r));
-        ck_assert_msg(rep.id == id && rep.status == (int)status && rep.error[0],
-                      "request %llu: expected status %d with a message, got id %llu status %d: "
-                      "'%s'",
+        ck_assert_msg(rep.id == id && rep.status == (int)status && rep.type == WIRE_REP_NONE &&
+                              rep.error[0],
+                      "request %llu: expected status %d with a message, got id %llu status %d "
+                      "type %d: '%s'",
                       (unsigned long long)id, (int)status, (unsigned long long)rep.id, rep.status,
-                      rep.error);
+                      (int)rep.type, rep.error);
         if (ret)
                 *ret = rep;
 }
@@ -255,4 +262,107 @@ int rp_connect(const char *socket_path, const char *name)
         if (ring >= 0)
                 close(ring);
         return sock;
+}
+
+int rp_read_answer(int sock, struct wire_reply *rep, int timeout_ms, int *ret_fd)
+{
+        for (;;) {
+                int r = rp_read(sock, rep, timeout_ms, ret_fd);
+                if (r != 1 || rep->type != WIRE_REP_EVENT)
+                        return r;
+                if (ret_fd && *ret_fd >= 0)
+                        close(*ret_fd);
+        }
+}
+
+void rp_frame_append(uint8_t **buf, size_t *len, size_t *cap, const struct wire_request *req)
+{
+        size_t size;
+
+        ck_assert_int_eq(wire_request_size(req, &size), 0);
+        while (*len + FRAME_HEADER_SIZE + size > *cap) {
+                *cap = *cap ? *cap * 2 : 4096;
+                *buf = realloc(*buf, *cap);
+                ck_assert_ptr_nonnull(*buf);
+        }
+        *len += rp_frame(req, 0, *buf + *len, *cap - *len);
+}
+
+int rp_send_until_stalled(int sock, const uint8_t *buf, size_t len, int stall_ms)
+{
+        size_t off = 0;
+
+        while (off < len) {
+                ssize_t n = send(sock, buf + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        if (errno == EAGAIN) {
+                                struct pollfd p = {.fd = sock, .events = POLLOUT};
+                                if (poll(&p, 1, stall_ms) == 0)
+                                        return -ETIMEDOUT;
+                                continue;
+                        }
+                        return -errno;
+                }
+                off += (size_t)n;
+        }
+        return 0;
+}
+
+void rp_acquire_req(struct wire_request *req, uint64_t id, const char *name)
+{
+        memset(req, 0, sizeof(*req));
+        req->id = id;
+        req->type = WIRE_REQ_ACQUIRE;
+        snprintf(req->acquire.name, sizeof(req->acquire.name), "%s", name);
+}
+
+void rp_publish_req(struct wire_request *req, uint64_t id, const char *name, uint64_t bytes,
+                    uint64_t segment, uint64_t flags)
+{
+        struct wire_tensor *t = &req->publish.tensor;
+
+        memset(req, 0, sizeof(*req));
+        req->id = id;
+        req->type = WIRE_REQ_PUBLISH;
+        snprintf(t->name, sizeof(t->name), "%s", name);
+        t->dtype = (DLDataType){kDLFloat, 32, 1};
+        t->ndim = 1;
+        t->shape[0] = (int64_t)(bytes / 4);
+        t->strides[0] = 1;
+        t->device_type = kDLCPU;
+        t->storage = WIRE_STORAGE_MEMFD;
+        t->length = bytes;
+        t->segment = segment;
+        t->flags = flags;
+}
+
+void rp_ping(int sock, uint64_t id)
+{
+        struct wire_request req = {.id = id, .type = WIRE_REQ_PING};
+        struct wire_reply rep;
+
+        req.ping.nonce = id * 7919 + 1;
+        rp_send(sock, &req, -1);
+        rp_expect_ok(sock, id, WIRE_REP_PONG, &rep, NULL);
+        ck_assert_uint_eq(rep.pong.nonce, id * 7919 + 1);
+}
+
+uint64_t rp_alloc(int sock, uint64_t id, uint64_t size, int *ret_fd)
+{
+        struct wire_request req = {.id = id, .type = WIRE_REQ_ALLOC};
+        struct wire_reply rep;
+        int fd;
+
+        req.alloc.size = size;
+        rp_send(sock, &req, -1);
+        rp_expect_ok(sock, id, WIRE_REP_ALLOC, &rep, &fd);
+        ck_assert_msg(fd >= 0, "alloc reply without an fd");
+        ck_assert_uint_eq(rep.alloc.size, size);
+        if (ret_fd)
+                *ret_fd = fd;
+        else
+                close(fd);
+        return rep.alloc.segment;
 }

@@ -48,8 +48,35 @@ int rp_read_keep(int sock, struct wire_reply *rep, int timeout_ms, int *ret_fd);
 void rp_expect_ok(int sock, uint64_t id, enum wire_reply_type type, struct wire_reply *ret,
                   int *ret_fd);
 
-/* The next reply: a failure of this id with this status, and a message. */
+/* The next reply: a failure of this id with this status, no body, and a message. */
 void rp_expect_error(int sock, uint64_t id, enum wire_status status, struct wire_reply *ret);
+
+/* The next reply that is not an event (events are skipped, their fds closed); as rp_read(). */
+int rp_read_answer(int sock, struct wire_reply *rep, int timeout_ms, int *ret_fd);
+
+/* Appends req as one frame without fds to *buf (len used, cap allocated), grown as needed. */
+void rp_frame_append(uint8_t **buf, size_t *len, size_t *cap, const struct wire_request *req);
+
+/*
+ * Sends all of buf without fds, giving up when the socket takes nothing for
+ * stall_ms (the daemon stopped reading). Returns 0, -ETIMEDOUT or -errno.
+ */
+int rp_send_until_stalled(int sock, const uint8_t *buf, size_t len, int stall_ms);
+
+/* Request builders: req zeroed, then id, type and the given fields set. */
+void rp_acquire_req(struct wire_request *req, uint64_t id, const char *name);
+/* A publish of a 1-D float32 tensor over [0, bytes) of a memfd segment. */
+void rp_publish_req(struct wire_request *req, uint64_t id, const char *name, uint64_t bytes,
+                    uint64_t segment, uint64_t flags);
+
+/* A ping answered by the pong of its nonce (an event first fails the test). */
+void rp_ping(int sock, uint64_t id);
+
+/*
+ * An alloc of size bytes, granted as asked: returns the segment id; its fd to
+ * *ret_fd, or closed when NULL.
+ */
+uint64_t rp_alloc(int sock, uint64_t id, uint64_t size, int *ret_fd);
 
 /*
  * A connected, greeted peer of the fixture's daemon (hello id 1). The release

@@ -122,12 +122,10 @@ static const char *errname(int e)
 enum { H_MAGIC, H_NAME, H_VERSION, H_WORDS, H_SUM, H_PID, HDR = 8 };
 #define MAGIC UINT64_C(0x316b616f73786c64) /* "dlxsoak1" */
 
+/* A hash of x: splitmix64's next output from state x (toolkit.h). */
 static uint64_t mix64(uint64_t x)
 {
-        x += UINT64_C(0x9e3779b97f4a7c15);
-        x = (x ^ (x >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-        x = (x ^ (x >> 27)) * UINT64_C(0x94d049bb133111eb);
-        return x ^ (x >> 31);
+        return rng_next(&x);
 }
 
 static uint64_t name_hash(const char *s)

@@ -31,7 +31,7 @@
 #include <uv.h>
 
 #include "dlx.pb-c.h"
-#include "fdcount.h"
+#include "toolkit.h"
 #include "log.h"
 #include "session.h"
 #include "store.h"
@@ -378,7 +378,7 @@ static struct codec_case *add_case(const char *what)
 {
         struct codec_case *k = &cases[ncases++];
 
-        ck_assert_uint_le(ncases, sizeof(cases) / sizeof(cases[0]));
+        ck_assert_uint_le(ncases, N_ELEMS(cases));
         memset(k, 0, sizeof(*k));
         wire_strcpy(k->what, sizeof(k->what), what);
         return k;
@@ -956,7 +956,8 @@ static void client_close(struct rclient *c)
         c->s = NULL;
 }
 
-static int make_memfd(void)
+/* A sealed segment, or -1 noted in R.memfd_failed, which the run asserts at its end. */
+static int try_sealed_memfd(void)
 {
         int fd = memfd_create("test-allocfail", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 
@@ -1002,7 +1003,7 @@ static uint64_t do_publish(struct rclient *c, const char *name, enum source src,
                 req.publish.hold = true;
                 /* fall through */
         case FROM_FD:
-                fd = make_memfd();
+                fd = try_sealed_memfd();
                 if (fd < 0)
                         return 0;
                 break;
@@ -1388,7 +1389,7 @@ START_TEST(test_failed_request_holds_nothing)
 {
         static const enum wire_request_type types[] = {WIRE_REQ_PUBLISH, WIRE_REQ_ALLOC};
 
-        for (unsigned i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        for (unsigned i = 0; i < N_ELEMS(types); i++) {
                 const char *what = wire_request_name(types[i]);
                 unsigned n;
 
@@ -1429,6 +1430,18 @@ START_TEST(test_failed_request_holds_nothing)
         }
 }
 END_TEST
+
+/*
+ * libuv opens a process-wide signal pipe with the first loop and keeps it for
+ * the life of the process: no leak of a test's (see check-main.c).
+ */
+void suite_open_process_fds(void)
+{
+        uv_loop_t loop;
+
+        if (uv_loop_init(&loop) == 0)
+                uv_loop_close(&loop);
+}
 
 Suite *allocfail_suite(void)
 {

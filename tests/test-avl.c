@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "toolkit.h"
+
 struct u64_item {
         uint64_t key;
         struct avl_node node;
@@ -41,26 +43,6 @@ static int cmp_str_item(const void *key, const struct avl_node *node)
 static const char *name_of(const struct avl_node *n)
 {
         return avl_entry(n, struct str_item, node)->name;
-}
-
-/*
- * For hot loops: every passing ck_assert*() writes a location record to
- * Check's log, which made the randomized test spend most of its time in
- * write(2). This one only reaches Check when the condition fails.
- */
-#define expect(cond, fmt, ...)                                                                     \
-        do {                                                                                       \
-                if (!(cond))                                                                       \
-                        ck_abort_msg("expected %s: " fmt, #cond, __VA_ARGS__);                     \
-        } while (0)
-
-/* splitmix64: our own generator so the sequence is the same on every libc. */
-static uint64_t rng_next(uint64_t *state)
-{
-        uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-        return z ^ (z >> 31);
 }
 
 /*
@@ -508,7 +490,7 @@ START_TEST(test_string_prefix)
                 "a/b",  "a/b.x", "a/b/", "a/b/c", "a/b/d/e", "a/b/z",  "a/b0",
                 "a/bc", "a/c/x", "a",    "b",     "",        "a/b/c/", "z/a/b/",
         };
-        enum { N = sizeof(names) / sizeof(names[0]) };
+        enum { N = N_ELEMS(names) };
         struct str_item items[N];
         struct avl_tree t;
 
@@ -524,11 +506,11 @@ START_TEST(test_string_prefix)
         size_t len = strlen(prefix), got = 0;
         for (struct avl_node *n = avl_lower_bound(&t, prefix, cmp_str_item);
              n && strncmp(name_of(n), prefix, len) == 0; n = avl_next(n)) {
-                ck_assert_uint_lt(got, sizeof(want) / sizeof(want[0]));
+                ck_assert_uint_lt(got, N_ELEMS(want));
                 ck_assert_str_eq(name_of(n), want[got]);
                 got++;
         }
-        ck_assert_uint_eq(got, sizeof(want) / sizeof(want[0]));
+        ck_assert_uint_eq(got, N_ELEMS(want));
 
         /* Without the exact-prefix entry the scan starts at the next name. */
         struct avl_node *exact = avl_find(&t, "a/b/", cmp_str_item);

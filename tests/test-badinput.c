@@ -268,70 +268,32 @@ static void send_pb(int fd, const struct pb *p, int attach_fd)
         send_frame(fd, p->b, (uint32_t)p->n, &attach_fd, attach_fd >= 0 ? 1 : 0);
 }
 
-/* Packs req with the codec; attach_fd (borrowed, -1 for none) rides on the frame. */
-static void send_request(int fd, const struct wire_request *req, int attach_fd)
-{
-        size_t size;
-        uint8_t *buf;
-
-        ck_assert_int_eq(wire_request_size(req, &size), 0);
-        buf = malloc(size ? size : 1);
-        ck_assert_ptr_nonnull(buf);
-        ck_assert_uint_eq(wire_request_pack(req, buf), size);
-        send_frame(fd, buf, (uint32_t)size, &attach_fd, attach_fd >= 0 ? 1 : 0);
-        free(buf);
-}
-
-static int read_reply(int fd, struct wire_reply *rep, int timeout_ms)
-{
-        return rp_read(fd, rep, timeout_ms, NULL);
-}
-
 /* One status-only reply with this id and status, with a non-empty message; returns it. */
 static void expect_error_msg(int fd, uint64_t id, enum wire_status status, char *ret_msg,
                              size_t msgsz)
 {
         struct wire_reply rep;
-        int r = read_reply(fd, &rep, REPLY_TIMEOUT_MS);
 
-        ck_assert_msg(r == 1, "request %llu: expected status %d, got no reply (%s)",
-                      (unsigned long long)id, (int)status, r == 0 ? "EOF" : strerror(-r));
-        ck_assert_msg(rep.id == id && rep.status == (int)status && rep.type == WIRE_REP_NONE,
-                      "request %llu: expected status %d, got id %llu status %d type %d: '%s'",
-                      (unsigned long long)id, (int)status, (unsigned long long)rep.id, rep.status,
-                      (int)rep.type, rep.error);
-        ck_assert_msg(rep.error[0] != '\0', "request %llu: status %d without a message",
-                      (unsigned long long)id, rep.status);
+        rp_expect_error(fd, id, status, &rep);
         if (ret_msg)
                 snprintf(ret_msg, msgsz, "%s", rep.error);
 }
 
 static void expect_error(int fd, uint64_t id, enum wire_status status)
 {
-        expect_error_msg(fd, id, status, NULL, 0);
+        rp_expect_error(fd, id, status, NULL);
 }
 
 /* The daemon hung up on this client without sending anything (more). */
 static void expect_closed(int fd)
 {
         struct wire_reply rep;
-        int r = read_reply(fd, &rep, REPLY_TIMEOUT_MS);
+        int r = rp_read(fd, &rep, REPLY_TIMEOUT_MS, NULL);
 
         ck_assert_msg(r == 0 || r == -ECONNRESET,
                       "expected the daemon to hang up, got %s (id %llu status %d '%s')",
                       r == 1 ? "a reply" : strerror(-r), (unsigned long long)rep.id, rep.status,
                       rep.error);
-}
-
-static void ping(int fd, uint64_t id)
-{
-        struct wire_request req = {.id = id, .type = WIRE_REQ_PING};
-        struct wire_reply rep;
-
-        req.ping.nonce = id * 7919 + 1;
-        send_request(fd, &req, -1);
-        rp_expect_ok(fd, id, WIRE_REP_PONG, &rep, NULL);
-        ck_assert_uint_eq(rep.pong.nonce, id * 7919 + 1);
 }
 
 static void send_hello(int fd, uint64_t id, uint32_t major, int attach_fd)
@@ -342,7 +304,7 @@ static void send_hello(int fd, uint64_t id, uint32_t major, int attach_fd)
         req.hello.minor = DLX_PROTO_MINOR;
         req.hello.pid = (int32_t)getpid();
         snprintf(req.hello.client_name, sizeof(req.hello.client_name), "badinput");
-        send_request(fd, &req, attach_fd);
+        rp_send(fd, &req, attach_fd);
 }
 
 static void hello(int fd)
@@ -359,23 +321,6 @@ static int raw_hello(void)
         int fd = fx_raw_connect(&fx);
         hello(fd);
         return fd;
-}
-
-/* A memfd of size bytes with the given seals (0: unsealed). */
-static int make_memfd(uint64_t size, int seals)
-{
-        int fd = memfd_create("badinput", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-
-        ck_assert_int_ge(fd, 0);
-        ck_assert_int_eq(ftruncate(fd, (off_t)size), 0);
-        if (seals)
-                ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, seals), 0);
-        return fd;
-}
-
-static int sealed_memfd(uint64_t size)
-{
-        return make_memfd(size, F_SEAL_SHRINK | F_SEAL_GROW);
 }
 
 /* Publishes t with attach_fd (borrowed; -1: none) and expects status (OK: a publish reply). */
@@ -401,22 +346,6 @@ static void publish_memfd_expect(int fd, uint64_t id, const struct tspec *t, uin
         int mfd = sealed_memfd(memfd_size);
         publish_expect(fd, id, t, mfd, status);
         close(mfd);
-}
-
-/* Allocates a daemon segment over a raw connection; returns its id. */
-static uint64_t raw_alloc(int fd, uint64_t id, uint64_t size)
-{
-        struct wire_request req = {.id = id, .type = WIRE_REQ_ALLOC};
-        struct wire_reply rep;
-        int seg_fd;
-
-        req.alloc.size = size;
-        send_request(fd, &req, -1);
-        rp_expect_ok(fd, id, WIRE_REP_ALLOC, &rep, &seg_fd);
-        ck_assert_msg(seg_fd >= 0, "alloc reply without its fd");
-        close(seg_fd);
-        ck_assert_uint_eq(rep.alloc.size, size);
-        return rep.alloc.segment;
 }
 
 /* ---- the well-behaved side ----------------------------------------------------------- */
@@ -526,7 +455,7 @@ START_TEST(test_oversized_length)
         static const uint32_t lengths[] = {DLX_MAX_FRAME + 1, 0x7fffffffu, 0xffffffffu};
         dlx_client *good = attack_begin();
 
-        for (size_t i = 0; i < sizeof(lengths) / sizeof(lengths[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(lengths); i++) {
                 uint8_t hdr[FRAME_HEADER_SIZE];
                 int fd = raw_hello();
 
@@ -563,7 +492,7 @@ START_TEST(test_reserved_header_bytes)
         static const uint8_t reserved[][2] = {{0, 1}, {0x80, 0}, {0xff, 0xff}};
         dlx_client *good = attack_begin();
 
-        for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(reserved); i++) {
                 struct wire_request req = {.id = 2, .type = WIRE_REQ_PING};
                 uint8_t frame[64];
                 size_t size;
@@ -611,7 +540,7 @@ START_TEST(test_garbage_payload)
         };
         dlx_client *good = attack_begin();
 
-        for (size_t i = 0; i < sizeof(garbage) / sizeof(garbage[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(garbage); i++) {
                 int fd = raw_hello();
 
                 send_frame(fd, garbage[i], sizeof(garbage[i]), NULL, 0);
@@ -691,7 +620,7 @@ START_TEST(test_repeated_and_nested_fields)
         pb_done(&req);
         pb_done(&sub);
         pb_done(&t);
-        ping(fd, 10);
+        rp_ping(fd, 10);
         close(fd);
 
         /* groups (wire type 3) nested 100000 deep in an unknown field: not protobuf we take */
@@ -723,7 +652,7 @@ START_TEST(test_unknown_request_type)
         send_pb(fd, &p, -1);
         pb_done(&p);
         expect_error(fd, 7, WIRE_INVALID);
-        ping(fd, 8);
+        rp_ping(fd, 8);
 
         /* a body field this daemon does not know (a future request type) */
         pb_init(&p);
@@ -732,7 +661,7 @@ START_TEST(test_unknown_request_type)
         send_pb(fd, &p, -1);
         pb_done(&p);
         expect_error(fd, 9, WIRE_INVALID);
-        ping(fd, 10);
+        rp_ping(fd, 10);
         close(fd);
         attack_end(good);
 }
@@ -787,7 +716,7 @@ START_TEST(test_request_id_zero)
         struct wire_request req = {.id = 0, .type = WIRE_REQ_PING};
         int fd = raw_hello();
 
-        send_request(fd, &req, -1);
+        rp_send(fd, &req, -1);
         expect_error(fd, 0, WIRE_PROTOCOL);
         expect_closed(fd);
         close(fd);
@@ -812,7 +741,7 @@ START_TEST(test_request_before_hello)
 
         fd = fx_raw_connect(&fx);
         snprintf(req.acquire.name, sizeof(req.acquire.name), "badinput/early");
-        send_request(fd, &req, -1);
+        rp_send(fd, &req, -1);
         expect_error_msg(fd, 5, WIRE_PROTOCOL, msg, sizeof(msg));
         ck_assert_msg(strstr(msg, "hello"), "message '%s' does not mention hello", msg);
         expect_closed(fd);
@@ -822,7 +751,7 @@ START_TEST(test_request_before_hello)
         fd = fx_raw_connect(&fx);
         req = (struct wire_request){.id = 6, .type = WIRE_REQ_RELEASE};
         req.release.lease = 1;
-        send_request(fd, &req, -1);
+        rp_send(fd, &req, -1);
         expect_error(fd, 6, WIRE_PROTOCOL);
         expect_closed(fd);
         close(fd);
@@ -844,7 +773,7 @@ START_TEST(test_hello_unknown_major)
         static const uint32_t majors[] = {99, 0, 2, 0xffffffffu};
         dlx_client *good = attack_begin();
 
-        for (size_t i = 0; i < sizeof(majors) / sizeof(majors[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(majors); i++) {
                 char msg[DLX_ERROR_MAX + 1], want[32];
                 int fd = fx_raw_connect(&fx);
 
@@ -882,7 +811,7 @@ START_TEST(test_hello_bad_client_name)
         static const size_t lens[] = {8, 8, 3, 65};
         dlx_client *good = attack_begin();
 
-        for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(names); i++) {
                 int fd = fx_raw_connect(&fx);
                 struct pb p, body;
 
@@ -913,7 +842,7 @@ START_TEST(test_fd_on_ping)
         struct wire_request req = {.id = 2, .type = WIRE_REQ_PING};
         int fd = raw_hello(), mfd = sealed_memfd(4096);
 
-        send_request(fd, &req, mfd);
+        rp_send(fd, &req, mfd);
         close(mfd);
         expect_error(fd, 2, WIRE_PROTOCOL);
         expect_closed(fd);
@@ -1081,7 +1010,7 @@ START_TEST(test_unannounced_fd)
         ck_assert_int_eq(send_frame_ex(fd, payload, (uint32_t)size, 0, &mfd, 1), 0);
         close(mfd);
         rp_expect_ok(fd, 2, WIRE_REP_PONG, NULL, NULL);
-        ping(fd, 3);
+        rp_ping(fd, 3);
         close(fd);
         attack_end(good);
 }
@@ -1139,7 +1068,7 @@ START_TEST(test_publish_wrong_fd_kinds)
         /* the same memfd as it is: accepted, the connection is fine throughout */
         publish_expect(fd, 9, &t, mfd, WIRE_OK);
         close(mfd);
-        ping(fd, 10);
+        rp_ping(fd, 10);
         close(fd);
         attack_end(good);
 }
@@ -1174,7 +1103,7 @@ START_TEST(test_publish_unsealed_memfd)
         mfd = sealed_memfd(0);
         publish_expect(fd, 6, &t, mfd, WIRE_BAD_FD);
         close(mfd);
-        ping(fd, 7);
+        rp_ping(fd, 7);
         close(fd);
         attack_end(good);
 }
@@ -1280,7 +1209,7 @@ static void send_vmm_alloc(int fd, uint64_t id, uint64_t size, int attach_fd)
 
         req.alloc.size = size;
         req.alloc.storage = WIRE_STORAGE_CUDA_VMM;
-        send_request(fd, &req, attach_fd);
+        rp_send(fd, &req, attach_fd);
 }
 
 /* Publishes name as bytes of uint8 on cuda:0 at offset 0 of segment (0 with attach_fd). */
@@ -1300,7 +1229,7 @@ static void send_vmm_publish(int fd, uint64_t id, const char *name, uint64_t seg
         t->segment = segment;
         t->length = VMM_BYTES;
         req.publish.segment_size = segment_size;
-        send_request(fd, &req, attach_fd);
+        rp_send(fd, &req, attach_fd);
 }
 
 /*
@@ -1317,7 +1246,7 @@ START_TEST(test_alloc_vmm_impostors)
         for (size_t i = 0; i < n; i++) {
                 send_vmm_alloc(fd, 2 + 2 * i, v[i].declared, v[i].fd);
                 expect_impostor_refused(fd, 2 + 2 * i, NVIDIA_EXPORT, &v[i]);
-                ping(fd, 3 + 2 * i);
+                rp_ping(fd, 3 + 2 * i);
         }
         impostors_close(v, n);
         close(fd);
@@ -1343,7 +1272,7 @@ START_TEST(test_publish_vmm_impostors)
 
         snprintf(acq.acquire.name, sizeof(acq.acquire.name), "badinput/vmm");
         acq.acquire.timeout_ms = 4 * REPLY_TIMEOUT_MS;
-        send_request(consumer, &acq, -1);
+        rp_send(consumer, &acq, -1);
         for (size_t i = 0; i < n; i++) {
                 send_vmm_alloc(fd, id, v[i].declared, v[i].fd);
                 expect_impostor_refused(fd, id++, NVIDIA_EXPORT, &v[i]);
@@ -1355,7 +1284,7 @@ START_TEST(test_publish_vmm_impostors)
                 expect_error(fd, id++, WIRE_BAD_FD);
         }
         impostors_close(v, n);
-        ping(fd, id);
+        rp_ping(fd, id);
 
         /* the first publish of the name that was accepted: a CPU tensor, version 1 */
         tspec_init(&t, "badinput/vmm", VMM_BYTES);
@@ -1487,7 +1416,7 @@ START_TEST(test_publish_negative_dimension)
         int fd = raw_hello();
         struct tspec t;
 
-        for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(dims); i++) {
                 tspec_init(&t, "badinput/negative", 4096);
                 t.ndim = t.nstrides = 2;
                 t.shape[0] = dims[i];
@@ -1496,7 +1425,7 @@ START_TEST(test_publish_negative_dimension)
                 t.strides[1] = 1;
                 publish_memfd_expect(fd, 2 + i, &t, 4096, WIRE_INVALID);
         }
-        ping(fd, 10);
+        rp_ping(fd, 10);
         close(fd);
         attack_end(good);
 }
@@ -1525,7 +1454,7 @@ START_TEST(test_publish_strides_count_mismatch)
         t.ndim = 0;
         t.nstrides = 1;
         publish_memfd_expect(fd, 5, &t, 4096, WIRE_INVALID);
-        ping(fd, 6);
+        rp_ping(fd, 6);
         close(fd);
         attack_end(good);
 }
@@ -1563,7 +1492,7 @@ START_TEST(test_publish_overflow)
         tspec_init(&t, "badinput/overflow", 4);
         t.byte_offset = UINT64_C(1) << 62;
         publish_memfd_expect(fd, 6, &t, 4096, WIRE_INVALID);
-        ping(fd, 7);
+        rp_ping(fd, 7);
         close(fd);
         attack_end(good);
 }
@@ -1621,7 +1550,7 @@ START_TEST(test_publish_bad_names)
         uint64_t id = 2;
         struct tspec t;
 
-        for (size_t i = 0; i < sizeof(bad_names) / sizeof(bad_names[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(bad_names); i++) {
                 tspec_init(&t, "x", 4096);
                 tspec_name(&t, bad_names[i].name, bad_names[i].len);
                 publish_memfd_expect(fd, id++, &t, 4096, WIRE_INVALID);
@@ -1638,9 +1567,12 @@ START_TEST(test_publish_bad_names)
 }
 END_TEST
 
-START_TEST(test_acquire_stat_bad_names)
+/*
+ * Each of names, and a name one byte too long, in a request of each of the
+ * two body kinds: every one refused as invalid, the connection kept.
+ */
+static void named_requests_refused(const struct bad_name *names, size_t n, const unsigned bodies[2])
 {
-        static const unsigned bodies[] = {PB_REQ_ACQUIRE, PB_REQ_STAT};
         dlx_client *good = attack_begin();
         int fd = raw_hello();
         char name[DLX_NAME_MAX + 2];
@@ -1649,19 +1581,26 @@ START_TEST(test_acquire_stat_bad_names)
 
         long_name(name, DLX_NAME_MAX + 1);
         for (size_t b = 0; b < 2; b++) {
-                for (size_t i = 0; i <= sizeof(bad_names) / sizeof(bad_names[0]); i++) {
-                        bool last = i == sizeof(bad_names) / sizeof(bad_names[0]);
+                for (size_t i = 0; i <= n; i++) {
+                        bool last = i == n;
                         pb_init(&p);
-                        pb_named(&p, id, bodies[b], last ? name : bad_names[i].name,
-                                 last ? strlen(name) : bad_names[i].len);
+                        pb_named(&p, id, bodies[b], last ? name : names[i].name,
+                                 last ? strlen(name) : names[i].len);
                         send_pb(fd, &p, -1);
                         pb_done(&p);
                         expect_error(fd, id++, WIRE_INVALID);
                 }
         }
-        ping(fd, id);
+        rp_ping(fd, id);
         close(fd);
         attack_end(good);
+}
+
+START_TEST(test_acquire_stat_bad_names)
+{
+        static const unsigned bodies[] = {PB_REQ_ACQUIRE, PB_REQ_STAT};
+
+        named_requests_refused(bad_names, N_ELEMS(bad_names), bodies);
 }
 END_TEST
 
@@ -1670,27 +1609,8 @@ START_TEST(test_bad_prefixes)
         static const struct bad_name prefixes[] = {BAD("\x01"), BAD("\xff"), BAD("a\0b"),
                                                    BAD("\xc2\x9f")};
         static const unsigned bodies[] = {PB_REQ_LIST, PB_REQ_WATCH};
-        dlx_client *good = attack_begin();
-        int fd = raw_hello();
-        char name[DLX_NAME_MAX + 2];
-        uint64_t id = 2;
-        struct pb p;
 
-        long_name(name, DLX_NAME_MAX + 1);
-        for (size_t b = 0; b < 2; b++) {
-                for (size_t i = 0; i <= sizeof(prefixes) / sizeof(prefixes[0]); i++) {
-                        bool last = i == sizeof(prefixes) / sizeof(prefixes[0]);
-                        pb_init(&p);
-                        pb_named(&p, id, bodies[b], last ? name : prefixes[i].name,
-                                 last ? strlen(name) : prefixes[i].len);
-                        send_pb(fd, &p, -1);
-                        pb_done(&p);
-                        expect_error(fd, id++, WIRE_INVALID);
-                }
-        }
-        ping(fd, id);
-        close(fd);
-        attack_end(good);
+        named_requests_refused(prefixes, N_ELEMS(prefixes), bodies);
 }
 END_TEST
 
@@ -1716,14 +1636,14 @@ START_TEST(test_publish_bad_dtype)
         int fd = raw_hello();
         struct tspec t;
 
-        for (size_t i = 0; i < sizeof(dtypes) / sizeof(dtypes[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(dtypes); i++) {
                 tspec_init(&t, "badinput/dtype", 4096);
                 t.code = dtypes[i][0];
                 t.bits = dtypes[i][1];
                 t.lanes = dtypes[i][2];
                 publish_memfd_expect(fd, 2 + i, &t, 4096, WIRE_INVALID);
         }
-        ping(fd, 100);
+        rp_ping(fd, 100);
         close(fd);
         attack_end(good);
 }
@@ -1736,7 +1656,7 @@ START_TEST(test_publish_unknown_storage)
         int fd = raw_hello();
         struct tspec t;
 
-        for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(kinds); i++) {
                 tspec_init(&t, "badinput/storage", 4096);
                 t.storage = kinds[i];
                 /* with its fd attached, which must be closed */
@@ -1744,7 +1664,7 @@ START_TEST(test_publish_unknown_storage)
                 /* and without */
                 publish_expect(fd, 3 + 2 * i, &t, -1, WIRE_NOT_SUPPORTED);
         }
-        ping(fd, 100);
+        rp_ping(fd, 100);
         close(fd);
         attack_end(good);
 }
@@ -1757,12 +1677,12 @@ START_TEST(test_publish_device_not_cpu)
         int fd = raw_hello();
         struct tspec t;
 
-        for (size_t i = 0; i < sizeof(devices) / sizeof(devices[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(devices); i++) {
                 tspec_init(&t, "badinput/device", 4096);
                 t.device_type = devices[i];
                 publish_memfd_expect(fd, 2 + i, &t, 4096, WIRE_INVALID);
         }
-        ping(fd, 100);
+        rp_ping(fd, 100);
         close(fd);
         attack_end(good);
 }
@@ -1772,7 +1692,7 @@ START_TEST(test_publish_foreign_segment)
 {
         dlx_client *good = attack_begin();
         int owner = raw_hello(), thief = raw_hello();
-        uint64_t seg = raw_alloc(owner, 2, 4096);
+        uint64_t seg = rp_alloc(owner, 2, 4096, NULL);
         struct tspec t;
 
         tspec_init(&t, "badinput/segment", 4096);
@@ -1788,7 +1708,7 @@ START_TEST(test_publish_foreign_segment)
         publish_expect(thief, 5, &t, -1, WIRE_BAD_FD);
         /* the owner may */
         publish_expect(owner, 3, &t, -1, WIRE_OK);
-        ping(thief, 6);
+        rp_ping(thief, 6);
         close(thief);
         close(owner);
         attack_end(good);
@@ -1802,7 +1722,7 @@ static void send_release(int fd, uint64_t id, uint64_t lease)
         struct wire_request req = {.id = id, .type = WIRE_REQ_RELEASE};
 
         req.release.lease = lease;
-        send_request(fd, &req, -1);
+        rp_send(fd, &req, -1);
 }
 
 START_TEST(test_release_bad_leases)
@@ -1819,18 +1739,15 @@ START_TEST(test_release_bad_leases)
         expect_error(other, 2, WIRE_NOT_FOUND);
         /* lease 0 is the release ring's wake-up: silent, the next reply is the pong */
         send_release(other, 3, 0);
-        req = (struct wire_request){.id = 30, .type = WIRE_REQ_PING};
-        send_request(other, &req, -1);
-        rp_expect_ok(other, 30, WIRE_REP_PONG, NULL, NULL);
-        req = (struct wire_request){.id = 4, .type = WIRE_REQ_ACQUIRE};
+        rp_ping(other, 30);
 
         /* owner takes a real lease */
-        seg = raw_alloc(owner, 2, 4096);
+        seg = rp_alloc(owner, 2, 4096, NULL);
         tspec_init(&t, "badinput/lease", 4096);
         t.segment = seg;
         publish_expect(owner, 3, &t, -1, WIRE_OK);
         snprintf(req.acquire.name, sizeof(req.acquire.name), "badinput/lease");
-        send_request(owner, &req, -1);
+        rp_send(owner, &req, -1);
         rp_expect_ok(owner, 4, WIRE_REP_ACQUIRE, &rep, NULL);
         lease = rep.acquire.lease;
 
@@ -1840,12 +1757,12 @@ START_TEST(test_release_bad_leases)
 
         /* the owner's release is silent: the next reply is the pong */
         send_release(owner, 5, lease);
-        ping(owner, 6);
+        rp_ping(owner, 6);
         /* and the second one is an error */
         send_release(owner, 7, lease);
         expect_error(owner, 7, WIRE_NOT_FOUND);
-        ping(owner, 8);
-        ping(other, 5);
+        rp_ping(owner, 8);
+        rp_ping(other, 5);
         close(other);
         close(owner);
         attack_end(good);
@@ -1858,13 +1775,13 @@ START_TEST(test_alloc_bad_sizes)
         dlx_client *good = attack_begin();
         int fd = raw_hello();
 
-        for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(sizes); i++) {
                 struct wire_request req = {.id = 2 + i, .type = WIRE_REQ_ALLOC};
                 req.alloc.size = sizes[i];
-                send_request(fd, &req, -1);
+                rp_send(fd, &req, -1);
                 expect_error(fd, 2 + i, WIRE_INVALID);
         }
-        ping(fd, 100);
+        rp_ping(fd, 100);
         close(fd);
         attack_end(good);
 }
@@ -1876,35 +1793,35 @@ START_TEST(test_free_unwatch_unknown)
         int owner = raw_hello(), other = raw_hello();
         struct wire_request req;
         struct wire_reply rep;
-        uint64_t seg = raw_alloc(owner, 2, 4096);
+        uint64_t seg = rp_alloc(owner, 2, 4096, NULL);
 
         req = (struct wire_request){.id = 2, .type = WIRE_REQ_FREE};
         req.free.segment = 424242;
-        send_request(other, &req, -1);
+        rp_send(other, &req, -1);
         expect_error(other, 2, WIRE_NOT_FOUND);
         /* another session's segment */
         req = (struct wire_request){.id = 3, .type = WIRE_REQ_FREE};
         req.free.segment = seg;
-        send_request(other, &req, -1);
+        rp_send(other, &req, -1);
         expect_error(other, 3, WIRE_NOT_FOUND);
         req = (struct wire_request){.id = 4, .type = WIRE_REQ_UNWATCH};
         req.unwatch.watch = 31337;
-        send_request(other, &req, -1);
+        rp_send(other, &req, -1);
         expect_error(other, 4, WIRE_NOT_FOUND);
         /* the owner frees it once, and only once */
         req = (struct wire_request){.id = 3, .type = WIRE_REQ_FREE};
         req.free.segment = seg;
-        send_request(owner, &req, -1);
+        rp_send(owner, &req, -1);
         rp_expect_ok(owner, 3, WIRE_REP_NONE, NULL, NULL);
         /* its last reference gone, the segment is destroyed and the owner told */
         rp_expect_ok(owner, 0, WIRE_REP_EVENT, &rep, NULL);
         ck_assert_int_eq(rep.event.kind, WIRE_EVENT_SEGMENT_GONE);
         ck_assert_uint_eq(rep.event.segment, seg);
         req.id = 4;
-        send_request(owner, &req, -1);
+        rp_send(owner, &req, -1);
         expect_error(owner, 4, WIRE_NOT_FOUND);
-        ping(owner, 5);
-        ping(other, 5);
+        rp_ping(owner, 5);
+        rp_ping(other, 5);
         close(other);
         close(owner);
         attack_end(good);
@@ -1921,15 +1838,15 @@ START_TEST(test_watch_flood)
         for (int i = 0; i < 256; i++, id++) {
                 struct wire_request req = {.id = id, .type = WIRE_REQ_WATCH};
                 snprintf(req.watch.prefix, sizeof(req.watch.prefix), "badinput/w%d", i);
-                send_request(fd, &req, -1);
+                rp_send(fd, &req, -1);
                 rp_expect_ok(fd, id, WIRE_REP_WATCH, NULL, NULL);
         }
         for (int i = 0; i < 10; i++, id++) {
                 struct wire_request req = {.id = id, .type = WIRE_REQ_WATCH};
-                send_request(fd, &req, -1);
+                rp_send(fd, &req, -1);
                 expect_error(fd, id, WIRE_LIMIT);
         }
-        ping(fd, id);
+        rp_ping(fd, id);
         close(fd);
         attack_end(good);
 }
@@ -1945,10 +1862,10 @@ START_TEST(test_acquire_extreme_timeouts)
 
         /* every one of these waits, without a reply, for a name nobody publishes */
         snprintf(req.acquire.name, sizeof(req.acquire.name), "badinput/never");
-        for (size_t i = 0; i < sizeof(forever) / sizeof(forever[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(forever); i++) {
                 req.id = 2 + i;
                 req.acquire.timeout_ms = forever[i];
-                send_request(fd, &req, -1);
+                rp_send(fd, &req, -1);
         }
         /* an impossible version of a name that exists, without waiting */
         tspec_init(&t, "badinput/exists", 4096);
@@ -1958,19 +1875,19 @@ START_TEST(test_acquire_extreme_timeouts)
         req.acquire.timeout_ms = 0;
         req.acquire.min_version = UINT64_MAX;
         snprintf(req.acquire.name, sizeof(req.acquire.name), "badinput/exists");
-        send_request(fd, &req, -1);
+        rp_send(fd, &req, -1);
         expect_error(fd, 10, WIRE_NOT_FOUND);
         /* and with a 1 ms timeout: the timer fires */
         req.id = 11;
         req.acquire.timeout_ms = 1;
-        send_request(fd, &req, -1);
+        rp_send(fd, &req, -1);
         expect_error(fd, 11, WIRE_TIMEOUT);
-        ping(fd, 12);
+        rp_ping(fd, 12);
         /* the peer leaves with its waiters (one with a timer) pending */
         req.id = 13;
         req.acquire.timeout_ms = 60000;
-        send_request(fd, &req, -1);
-        ping(fd, 14);
+        rp_send(fd, &req, -1);
+        rp_ping(fd, 14);
         close(fd);
         attack_end(good);
 }
@@ -2010,7 +1927,7 @@ START_TEST(test_acquire_flood)
         /* the first DLX_MAX_INFLIGHT wait silently; every later one is refused, in order */
         for (uint64_t i = DLX_MAX_INFLIGHT + 1; i <= FLOOD_REQUESTS; i++)
                 expect_error(fd, base + i, WIRE_LIMIT);
-        ping(fd, 2);
+        rp_ping(fd, 2);
 
         /* publishing the name satisfies exactly the waiting ones, in order */
         DLManagedTensorVersioned *t;
@@ -2023,7 +1940,7 @@ START_TEST(test_acquire_flood)
                 rp_expect_ok(fd, base + i, WIRE_REP_ACQUIRE, &rep, NULL);
                 ck_assert_str_eq(rep.acquire.tensor.name, "badinput/flood/missing");
         }
-        ping(fd, 3);
+        rp_ping(fd, 3);
         close(fd);
         ck_assert_int_eq(fx_wait_leases(good, 0, 5000), 0);
         ck_assert_int_eq(dlx_unpublish(good, "badinput/flood/missing"), 0);
@@ -2056,7 +1973,7 @@ START_TEST(test_slow_partial_frame)
                 fx_sleep_ms(2);
                 /* nothing may come back before the frame is whole */
                 if (i + 1 < FRAME_HEADER_SIZE + size)
-                        ck_assert_int_eq(read_reply(fd, &rep, 0), -ETIMEDOUT);
+                        ck_assert_int_eq(rp_read(fd, &rep, 0, NULL), -ETIMEDOUT);
         }
         rp_expect_ok(fd, HELLO_ID, WIRE_REP_HELLO, NULL, NULL);
 
@@ -2081,7 +1998,7 @@ START_TEST(test_peer_not_reading)
 {
         dlx_client *good = attack_begin();
         int fd = raw_hello();
-        uint64_t seg = raw_alloc(fd, 2, 4096), id = 100;
+        uint64_t seg = rp_alloc(fd, 2, 4096, NULL), id = 100;
         struct wire_request list = {.type = WIRE_REQ_LIST};
         struct dlx_stats st;
         struct tspec t;
@@ -2157,7 +2074,7 @@ START_TEST(test_peer_not_reading)
         ck_assert_int_eq(fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK), 0);
         for (;;) {
                 struct wire_reply rep;
-                int r = read_reply(fd, &rep, REPLY_TIMEOUT_MS);
+                int r = rp_read(fd, &rep, REPLY_TIMEOUT_MS, NULL);
                 if (r != 1) {
                         ck_assert_msg(r == 0 || r == -ECONNRESET || r == -EPROTO,
                                       "after its replies, the peer gets %s", strerror(-r));
@@ -2186,7 +2103,7 @@ START_TEST(test_client_limit)
         expect_error(extra, 0, WIRE_LIMIT);
         expect_closed(extra);
         close(extra);
-        ping(fd, 2);
+        rp_ping(fd, 2);
         ck_assert_int_eq(dlx_ping(good), 0);
         /* the slot comes back once a client leaves */
         close(fd);
@@ -2254,7 +2171,7 @@ START_TEST(test_vmm_device_number)
         send_vmm_publish(fd, id, "badinput/vmm", rep.alloc.segment, 0, -1);
         rp_expect_ok(fd, id++, WIRE_REP_PUBLISH, NULL, NULL);
         snprintf(acq.acquire.name, sizeof(acq.acquire.name), "badinput/vmm");
-        send_request(consumer, &acq, -1);
+        rp_send(consumer, &acq, -1);
         rp_expect_ok(consumer, 2, WIRE_REP_ACQUIRE, &rep, &got);
         ck_assert_uint_eq(rep.acquire.tensor.storage, WIRE_STORAGE_CUDA_VMM);
         ck_assert_msg(got >= 0 && fstat(got, &gsb) == 0 && ioctl(got, TIOCGPTN, &got_pty) == 0,
@@ -2274,7 +2191,7 @@ START_TEST(test_vmm_device_number)
                 expect_impostor_refused(fd, id++, want, &v[i]);
         }
         impostors_close(v, n);
-        ping(fd, id);
+        rp_ping(fd, id);
         close(consumer);
         close(fd);
         close(m);
@@ -2343,7 +2260,7 @@ START_TEST(test_slowloris_partial_frame)
         /* a steady client: a complete ping every 100 ms for twice the timeout */
         steady = raw_hello();
         for (int i = 0; i < 6; i++) {
-                ping(steady, 10 + (uint64_t)i);
+                rp_ping(steady, 10 + (uint64_t)i);
                 fx_sleep_ms(100);
         }
 
@@ -2370,7 +2287,7 @@ START_TEST(test_slowloris_partial_frame)
         expect_timed_out(fd, "is not complete");
         close(fd);
 
-        ping(steady, 20);
+        rp_ping(steady, 20);
         close(steady);
         assert_daemon_serves(good);
         dlx_close(good);
@@ -2405,7 +2322,7 @@ START_TEST(test_daemon_out_of_fds)
         /* those the daemon could accept are greeted; the others wait in the backlog */
         for (int i = 0; i < FD_FLOOD_CONNS; i++) {
                 struct wire_reply rep;
-                int r = read_reply(conns[i], &rep, i < FD_LIMIT / 2 ? REPLY_TIMEOUT_MS : 300);
+                int r = rp_read(conns[i], &rep, i < FD_LIMIT / 2 ? REPLY_TIMEOUT_MS : 300, NULL);
                 if (r == 1) {
                         ck_assert_int_eq(rep.status, WIRE_OK);
                         ck_assert_int_eq(rep.type, WIRE_REP_HELLO);
@@ -2438,13 +2355,47 @@ START_TEST(test_daemon_out_of_fds)
                         continue;
                 nwaiting++;
                 rp_expect_ok(conns[i], HELLO_ID, WIRE_REP_HELLO, NULL, NULL);
-                ping(conns[i], 2);
+                rp_ping(conns[i], 2);
                 close(conns[i]);
         }
         ck_assert_int_eq(nanswered + nwaiting, FD_FLOOD_CONNS);
         assert_daemon_serves(good);
         dlx_close(good);
         dlxd_stop(&fx);
+}
+END_TEST
+
+/*
+ * A publish with hold = true and its memfd attached that is refused (here the
+ * tensor does not fit the memfd) leaves nothing held: the error reply names
+ * no segment, so the client could never free one.
+ */
+START_TEST(test_refused_hold_publish_holds_nothing)
+{
+        int sock = rp_connect(fx.socket, "holder"), mfd;
+        struct wire_request req;
+        struct wire_reply rep;
+        int r;
+
+        mfd = sealed_memfd(4096);
+        /* 8 KiB of floats described over a 4 KiB memfd: refused */
+        rp_publish_req(&req, 2, "badinput/held", 8192, 0, 0);
+        req.publish.hold = true;
+        rp_send(sock, &req, mfd);
+        close(mfd);
+        r = rp_read_answer(sock, &rep, REPLY_TIMEOUT_MS, NULL);
+        ck_assert_int_eq(r, 1);
+        ck_assert_int_eq(rep.id, 2);
+        ck_assert_int_eq(rep.status, WIRE_INVALID);
+
+        req = (struct wire_request){.id = 3, .type = WIRE_REQ_STATS};
+        rp_send(sock, &req, -1);
+        rp_expect_ok(sock, 3, WIRE_REP_STATS, &rep, NULL);
+        ck_assert_msg(rep.stats.segments == 0 && rep.stats.bytes == 0,
+                      "a refused publish (hold = true) left %llu segment(s), %llu bytes, held "
+                      "by a session that was never told its id",
+                      (unsigned long long)rep.stats.segments, (unsigned long long)rep.stats.bytes);
+        close(sock);
 }
 END_TEST
 
@@ -2487,6 +2438,7 @@ Suite *badinput_suite(void)
         tcase_add_test(fds, test_unannounced_fd);
         tcase_add_test(fds, test_publish_wrong_fd_kinds);
         tcase_add_test(fds, test_publish_unsealed_memfd);
+        tcase_add_test(fds, test_refused_hold_publish_holds_nothing);
         tcase_add_test(fds, test_alloc_vmm_impostors);
         tcase_add_test(fds, test_publish_vmm_impostors);
         suite_add_tcase(s, fds);

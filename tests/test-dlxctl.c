@@ -679,7 +679,7 @@ static const struct {
         {"c8", 8, kDLComplex, 64}, {"c16", 16, kDLComplex, 128},
 };
 
-#define N_DTYPES (int)(sizeof(dtypes) / sizeof(dtypes[0]))
+#define N_DTYPES (int)N_ELEMS(dtypes)
 
 START_TEST(test_roundtrip_dtypes)
 {
@@ -1105,7 +1105,6 @@ START_TEST(test_put_writable)
         uint8_t data[8];
         char *out;
         dlx_client *c;
-        int err;
 
         fill(data, sizeof(data), 8);
         make_npy(tpath("w.npy"), "|u1", false, "(8,)", data, sizeof(data));
@@ -1124,8 +1123,7 @@ START_TEST(test_put_writable)
         free(out);
 
         c = fx_connect(&fx, "test-dlxctl");
-        err = dlx_acquire(c, "rw", NULL, &t);
-        ck_assert_msg(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
+        t = acquire_ok(c, "rw", NULL);
         ck_assert_msg(!(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY),
                       "put --writable gave a READ_ONLY tensor (flags 0x%llx)",
                       (unsigned long long)t->flags);
@@ -1734,7 +1732,7 @@ START_TEST(test_usage)
         };
         char *out, *err, what[128];
 
-        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(cases); i++) {
                 const char *const *a = cases[i];
                 struct ctl c;
                 int rc;
@@ -1774,7 +1772,7 @@ START_TEST(test_no_daemon)
         int rc;
 
         snprintf(sock, sizeof(sock), "%s", tpath("dlxd.sock"));
-        for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(cmds); i++) {
                 rc = run_ctl_bare(&out, &err, "--socket", sock, cmds[i][0], cmds[i][1], cmds[i][2],
                                   NULL);
                 snprintf(what, sizeof(what), "%s without a daemon", cmds[i][0]);
@@ -1904,8 +1902,7 @@ Suite *dlxctl_suite(void)
         suite_add_tcase(s, rt);
 
         tcase_add_checked_fixture(bad, setup, teardown);
-        tcase_add_loop_test(bad, test_put_unsupported_dtype, 0,
-                            (int)(sizeof(unsupported) / sizeof(unsupported[0])));
+        tcase_add_loop_test(bad, test_put_unsupported_dtype, 0, (int)(N_ELEMS(unsupported)));
         tcase_add_test(bad, test_put_bad_files);
         tcase_add_unchecked_fixture(bad, base_setup, base_teardown);
         suite_add_tcase(s, bad);
@@ -1928,8 +1925,7 @@ Suite *dlxctl_suite(void)
         tcase_add_test(wait, test_get_waits_for_put);
         tcase_add_test(wait, test_watch);
         tcase_add_test(wait, test_watch_json);
-        tcase_add_loop_test(wait, test_watch_timeout, 0,
-                            (int)(sizeof(watch_timeouts) / sizeof(watch_timeouts[0])));
+        tcase_add_loop_test(wait, test_watch_timeout, 0, (int)(N_ELEMS(watch_timeouts)));
         tcase_add_unchecked_fixture(wait, base_setup, base_teardown);
         suite_add_tcase(s, wait);
 

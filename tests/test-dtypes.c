@@ -368,14 +368,6 @@ static struct expect expect_of(const char *name, const DLManagedTensorVersioned 
         return e;
 }
 
-static void publish_ok(dlx_client *c, const char *name, DLManagedTensorVersioned *t,
-                       const struct dlx_publish_options *o, uint64_t *ret_version)
-{
-        int err = dlx_publish(c, name, t, o, ret_version);
-
-        ck_assert_msg(err == 0, "publish '%s': %s (%s)", name, dlx_strerror(err), dlx_last_error());
-}
-
 /* ---- the dtypes -------------------------------------------------------------------------- */
 
 struct dtype_case {
@@ -434,7 +426,7 @@ static const struct dtype_case dtypes[] = {
         {"float6_e2m3fn padded", DTI(kDLFloat6_e2m3fn, 6, 1), PADDED},
         {"float6_e3m2fn padded", DTI(kDLFloat6_e3m2fn, 6, 1), PADDED},
 };
-#define NDTYPES ((int)(sizeof(dtypes) / sizeof(dtypes[0])))
+#define NDTYPES ((int)(N_ELEMS(dtypes)))
 
 /* 3 x 5: an odd element count, so packed 4- and 6-bit tensors end in a partial byte. */
 static const int64_t shape35[2] = {3, 5};
@@ -715,7 +707,7 @@ START_TEST(test_packed_strided_rejected)
         DLManagedTensorVersioned *t = NULL;
         int err;
 
-        for (size_t i = 0; i < sizeof(packed) / sizeof(packed[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(packed); i++) {
                 struct owned *o = owned_new(packed[i], 2, shape, strides, 0, 0, 16, 0);
                 deleter_runs = 0;
                 err = dlx_publish(c, "dt/packed-strided", &o->mt, NULL, NULL);
@@ -1076,7 +1068,7 @@ START_TEST(test_rejected_dtypes)
         dlx_client *c = fx_connect(&fx, "producer");
         DLManagedTensorVersioned *t = NULL;
 
-        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(bad); i++) {
                 DLTensor proto = {.device = {kDLCPU, 0}, .ndim = 1, .dtype = bad[i].dt};
                 refuse(c, owned_new(bad[i].dt, 1, shape, NULL, 0, 0, 64, 0), -EINVAL, bad[i].what);
                 proto.shape = (int64_t *)shape;
@@ -1129,7 +1121,7 @@ START_TEST(test_rejected_layouts)
                 /* no driver, no CUDA build, or (with a GPU) host memory is no device memory */
                 ck_assert_msg(err == -ENODEV || err == -ENOTSUP || err == -EINVAL,
                               "kDLCUDA: publish gave %d", err);
-                ck_assert_msg(strstr(dlx_last_error(), "CUDA"), "kDLCUDA: '%s'", dlx_last_error());
+                expect_last_error("CUDA");
                 ck_assert_int_eq(deleter_runs, 1);
         }
         o = owned_new(DT(kDLFloat, 32, 1), 1, shape, NULL, 0, 0, 8, 0);

@@ -353,7 +353,6 @@ START_TEST(test_allocator_publish)
         struct error_sink sink = {0};
         struct expect e = expect_2d("ex/allocated", DT(kDLFloat, 64, 1), 3, 5, 11);
         dlx_client *c = fx_connect(&fx, "allocator");
-        int err;
 
         /* the first client connected is the default */
         ck_assert_int_eq(api->managed_tensor_allocator(&proto, &t, &sink, set_error), 0);
@@ -362,9 +361,8 @@ START_TEST(test_allocator_publish)
         check_allocated(t, &proto);
         fill_bytes(&t->dl_tensor, 11);
         /* zero-copy: it is dlx_alloc() memory of c */
-        err = dlx_publish(c, "ex/allocated", t,
-                          &(struct dlx_publish_options){.copy = DLX_COPY_NEVER}, NULL);
-        ck_assert_msg(err == 0, "publish: %s (%s)", dlx_strerror(err), dlx_last_error());
+        publish_ok(c, "ex/allocated", t, &(struct dlx_publish_options){.copy = DLX_COPY_NEVER},
+                   NULL);
         consume_in_child(&e);
 
         /* a 0-d and an empty prototype */

@@ -31,6 +31,8 @@
 #include "fixture.h"
 #include "rawpeer.h"
 
+#define FLOW_REPLY_MS 5000
+
 /* Publishes n names prefix/0 .. prefix/n-1, each a copy in a segment of its own. */
 static void publish_copies(dlx_client *c, const char *prefix, int n)
 {
@@ -38,18 +40,8 @@ static void publish_copies(dlx_client *c, const char *prefix, int n)
 
         for (int i = 0; i < n; i++) {
                 snprintf(name, sizeof(name), "%s/%d", prefix, i);
-                int err = dlx_publish(c, name, fx_plain_f32(4, (float)i, NULL), NULL, NULL);
-                ck_assert_msg(err == 0, "publish %s: %s (%s)", name, dlx_strerror(err),
-                              dlx_last_error());
+                publish_ok(c, name, fx_plain_f32(4, (float)i, NULL), NULL, NULL);
         }
-}
-
-static void acquire_req(struct wire_request *req, uint64_t id, const char *name)
-{
-        memset(req, 0, sizeof(*req));
-        req->id = id;
-        req->type = WIRE_REQ_ACQUIRE;
-        snprintf(req->acquire.name, sizeof(req->acquire.name), "%s", name);
 }
 
 /* ---- pipelining ---------------------------------------------------------------------------- */
@@ -73,7 +65,7 @@ static void pipelined_acquires(int n)
         publish_copies(good, "flow/pipe", n);
         for (int i = 0; i < n; i++) {
                 snprintf(name, sizeof(name), "flow/pipe/%d", i);
-                acquire_req(&req, 100 + (uint64_t)i, name);
+                rp_acquire_req(&req, 100 + (uint64_t)i, name);
                 off += rp_frame(&req, 0, buf + off, cap - off);
         }
         ck_assert_int_eq(rp_send_raw(sock, buf, off, NULL, 0), 0);
@@ -187,8 +179,7 @@ static void publish_long_names(dlx_client *c, int n)
                 name[strlen(name)] = 'n';
                 name[200] = '\0';
                 t = fx_alloc_f32(c, 4);
-                int err = dlx_publish(c, name, t, NULL, NULL);
-                ck_assert_msg(err == 0, "publish: %s (%s)", dlx_strerror(err), dlx_last_error());
+                publish_ok(c, name, t, NULL, NULL);
         }
 }
 
@@ -332,7 +323,7 @@ static int hog_main(void *arg)
                 socks[i] = rp_connect(fx.socket, "hog");
                 for (int k = 0; k < PER_HOG; k++) {
                         snprintf(name, sizeof(name), "flow/hog/%d", k);
-                        acquire_req(&req, 100 + (uint64_t)k, name);
+                        rp_acquire_req(&req, 100 + (uint64_t)k, name);
                         rp_send(socks[i], &req, -1);
                 }
         }
@@ -416,7 +407,7 @@ START_TEST(idle_fd_hogs_cannot_stop_new_clients)
                 sock = rp_connect(fx.socket, "hog-again");
                 for (int k = 0; k < PER_HOG; k++) {
                         snprintf(name, sizeof(name), "flow/hog/%d", k);
-                        acquire_req(&req, 100 + (uint64_t)k, name);
+                        rp_acquire_req(&req, 100 + (uint64_t)k, name);
                         rp_send(sock, &req, -1);
                 }
                 for (int k = 0; k < PER_HOG; k++) {
@@ -470,7 +461,7 @@ START_TEST(peer_at_fd_cap_not_reading_dropped)
         idle = rp_connect(fx.socket, "idle");
         for (int i = 0; i < 40; i++) {
                 snprintf(name, sizeof(name), "flow/cap/%d", i);
-                acquire_req(&req, 100 + (uint64_t)i, name);
+                rp_acquire_req(&req, 100 + (uint64_t)i, name);
                 rp_send(capped, &req, -1);
                 if (i < 4)
                         rp_send(idle, &req, -1);
@@ -513,7 +504,7 @@ START_TEST(dropped_peer_keeps_its_charge_until_it_closes)
         capped = rp_connect(fx.socket, "capped");
         for (int i = 0; i < 40; i++) {
                 snprintf(name, sizeof(name), "flow/keep/%d", i);
-                acquire_req(&req, 100 + (uint64_t)i, name);
+                rp_acquire_req(&req, 100 + (uint64_t)i, name);
                 rp_send(capped, &req, -1);
         }
         /* dropped for not reading: gone from the clients, not from the slots */
@@ -748,6 +739,295 @@ START_TEST(quiet_releases_leave_nothing_to_read)
 }
 END_TEST
 
+/* ---- one peer and the daemon's descriptor table --------------------------------------------- */
+
+/* Asks the daemon for an allocation and tells how it went; closes any fd. */
+static int try_alloc(int sock, uint64_t id, int timeout_ms, struct wire_reply *rep)
+{
+        struct wire_request req = {.id = id, .type = WIRE_REQ_ALLOC};
+        int fd = -1, r;
+
+        req.alloc.size = 4096;
+        rp_send(sock, &req, -1);
+        r = rp_read_answer(sock, rep, timeout_ms, &fd);
+        if (fd >= 0)
+                close(fd);
+        return r;
+}
+
+static const char *outcome(int r)
+{
+        return r == 1 ? "an error" : r == 0 ? "EOF" : strerror(-r);
+}
+
+/*
+ * Allocates 4 KiB segments on sock until the daemon refuses (or stops
+ * answering); returns how many it got.
+ */
+static long hog_allocations(int sock, long max)
+{
+        struct wire_reply rep;
+        long held = 0;
+
+        for (uint64_t id = 1000; held < max; id++) {
+                int r = try_alloc(sock, id, 2000, &rep);
+                if (r != 1 || rep.status != WIRE_OK)
+                        break;
+                held++;
+        }
+        return held;
+}
+
+/*
+ * A single client allocating 4 KiB segments meets a limit while others still
+ * have room: however many it holds, another client's alloc succeeds (each
+ * segment is a descriptor in dlxd, and the table must not fill for everyone).
+ */
+START_TEST(one_client_cannot_fill_the_fd_table)
+{
+        long limit = dlxd_start_fd_limit(&fx, 1024), held;
+        int hog, good, r;
+        struct wire_reply rep;
+
+        good = rp_connect(fx.socket, "good");
+        hog = rp_connect(fx.socket, "hog");
+        held = hog_allocations(hog, limit + 64);
+        r = try_alloc(good, 2, FLOW_REPLY_MS, &rep);
+        ck_assert_msg(r == 1 && rep.status == WIRE_OK,
+                      "after one client took %ld segments (dlxd allows itself %ld fds), another "
+                      "client's alloc gets %s (status %d: '%s')",
+                      held, limit, outcome(r), rep.status, rep.error);
+        close(hog);
+        close(good);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/*
+ * A peer that repeats acquire + forget on one tensor and reads none of the
+ * replies, each of which carries a descriptor, cannot make dlxd hold a dup per
+ * reply until its table is full: another client's alloc still succeeds.
+ */
+START_TEST(unread_fd_replies_cannot_fill_the_fd_table)
+{
+        long limit = dlxd_start_fd_limit(&fx, 1024), pairs = limit + 1000, fds;
+        struct wire_request req;
+        struct wire_reply rep;
+        uint8_t *buf = NULL;
+        size_t len = 0, cap = 0;
+        int prod, hog, good, r, sr;
+        uint64_t seg;
+
+        prod = rp_connect(fx.socket, "producer");
+        good = rp_connect(fx.socket, "good");
+        seg = rp_alloc(prod, 2, 4096, NULL);
+        rp_publish_req(&req, 3, "flow/hot", 4096, seg, 0);
+        rp_send(prod, &req, -1);
+        rp_expect_ok(prod, 3, WIRE_REP_PUBLISH, NULL, NULL);
+
+        hog = rp_connect(fx.socket, "hog");
+        for (long i = 0; i < pairs; i++) {
+                rp_acquire_req(&req, 100 + 2 * (uint64_t)i, "flow/hot");
+                rp_frame_append(&buf, &len, &cap, &req);
+                req = (struct wire_request){.id = 101 + 2 * (uint64_t)i, .type = WIRE_REQ_FORGET};
+                req.forget.segments[0] = seg;
+                req.forget.count = 1;
+                rp_frame_append(&buf, &len, &cap, &req);
+        }
+        sr = rp_send_until_stalled(hog, buf, len, 2000);
+        free(buf);
+        /* the good client's pings go through after the daemon has read the flood */
+        rp_ping(good, 3);
+        rp_ping(good, 4);
+        fds = count_fds(fx.pid);
+
+        r = try_alloc(good, 5, FLOW_REPLY_MS, &rep);
+        ck_assert_msg(r == 1 && rep.status == WIRE_OK,
+                      "a peer that reads none of its %ld acquire replies (send: %s) left dlxd "
+                      "with %ld of %ld fds open; another client's alloc then gets %s "
+                      "(status %d: '%s')",
+                      pairs, sr ? strerror(-sr) : "all sent", fds, limit, outcome(r), rep.status,
+                      rep.error);
+        close(hog);
+        close(good);
+        close(prod);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/*
+ * Descriptors in flight on a Unix socket (sent, not yet received) are charged
+ * to the sending user, and the kernel refuses more than RLIMIT_NOFILE of them
+ * (ETOOMANYREFS; root is exempt, so the test drops to nobody). Peers that
+ * request fds and never read cannot use that up: a connection has a bounded
+ * number unread, and a well-behaved client's acquire still gets its fd.
+ */
+START_TEST(unread_fds_in_flight_cannot_starve_others)
+{
+        enum { NHOGS = 4, PAIRS = 100, BURST = 20 };
+        int hogs[NHOGS], prod, good, r, fd = -1;
+        struct wire_request req;
+        struct wire_reply rep;
+        uint64_t seg;
+        long limit;
+
+        if (geteuid() == 0) {
+                ck_assert_int_eq(setgroups(0, NULL), 0);
+                ck_assert_int_eq(setresgid(65534, 65534, 65534), 0);
+                ck_assert_int_eq(setresuid(65534, 65534, 65534), 0);
+        }
+        limit = dlxd_start_fd_limit(&fx, 256);
+
+        prod = rp_connect(fx.socket, "producer");
+        good = rp_connect(fx.socket, "good");
+        seg = rp_alloc(prod, 2, 4096, NULL);
+        rp_publish_req(&req, 3, "flow/inflight", 4096, seg, 0);
+        rp_send(prod, &req, -1);
+        rp_expect_ok(prod, 3, WIRE_REP_PUBLISH, NULL, NULL);
+
+        for (int h = 0; h < NHOGS; h++)
+                hogs[h] = rp_connect(fx.socket, "hog");
+        /* in small bursts, so that dlxd writes each batch out before the next */
+        for (int b = 0; b < PAIRS / BURST; b++) {
+                for (int h = 0; h < NHOGS; h++) {
+                        uint8_t *buf = NULL;
+                        size_t len = 0, cap = 0;
+                        for (int i = 0; i < BURST; i++) {
+                                uint64_t id = 100 + 2 * (uint64_t)(b * BURST + i);
+                                rp_acquire_req(&req, id, "flow/inflight");
+                                rp_frame_append(&buf, &len, &cap, &req);
+                                req = (struct wire_request){.id = id + 1, .type = WIRE_REQ_FORGET};
+                                req.forget.segments[0] = seg;
+                                req.forget.count = 1;
+                                rp_frame_append(&buf, &len, &cap, &req);
+                        }
+                        rp_send_until_stalled(hogs[h], buf, len, 1000);
+                        free(buf);
+                }
+                fx_sleep_ms(20);
+        }
+        rp_ping(prod, 4);
+
+        rp_acquire_req(&req, 2, "flow/inflight");
+        rp_send(good, &req, -1);
+        r = rp_read_answer(good, &rep, FLOW_REPLY_MS, &fd);
+        if (fd >= 0)
+                close(fd);
+        ck_assert_msg(r == 1 && rep.status == WIRE_OK && fd >= 0,
+                      "%d peers not reading %d fd-carrying replies each (dlxd's limit: %ld fds "
+                      "in flight); a well-behaved client's acquire then gets %s",
+                      NHOGS, PAIRS, limit, r == 1 ? "a reply without its fd" : outcome(r));
+        for (int h = 0; h < NHOGS; h++)
+                close(hogs[h]);
+        close(good);
+        close(prod);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/*
+ * A dlxd out of descriptors still answers every request, with an error if the
+ * reply's fd cannot be had, or ends the session: an acquire never goes
+ * unanswered, and a refused one leaves no lease behind.
+ */
+START_TEST(out_of_fds_acquire_answered_or_hung_up)
+{
+        long limit = dlxd_start_fd_limit(&fx, 64);
+        int conns[256], nconns = 0;
+        struct wire_request req;
+        struct wire_reply rep;
+        int prod, cons, r, fd = -1;
+        uint64_t seg;
+
+        prod = rp_connect(fx.socket, "producer");
+        cons = rp_connect(fx.socket, "consumer");
+        seg = rp_alloc(prod, 2, 4096, NULL);
+        /* writable: its acquire reply carries the segment's own fd, a dup */
+        rp_publish_req(&req, 3, "flow/lost", 4096, seg, 0);
+        rp_send(prod, &req, -1);
+        rp_expect_ok(prod, 3, WIRE_REP_PUBLISH, NULL, NULL);
+
+        /* other clients connect until dlxd has no descriptor left for the next one */
+        while (nconns < (int)(N_ELEMS(conns))) {
+                struct wire_request h = {.id = 1, .type = WIRE_REQ_HELLO};
+                int c = fx_raw_connect(&fx);
+                h.hello.major = DLX_PROTO_MAJOR;
+                rp_send(c, &h, -1);
+                conns[nconns++] = c;
+                if (rp_read_answer(c, &rep, 500, NULL) != 1)
+                        break; /* not accepted: the table is full */
+        }
+        ck_assert_msg(nconns < (int)(N_ELEMS(conns)), "dlxd (limit %ld fds) kept accepting", limit);
+
+        rp_acquire_req(&req, 2, "flow/lost");
+        rp_send(cons, &req, -1);
+        r = rp_read_answer(cons, &rep, FLOW_REPLY_MS, &fd);
+        if (fd >= 0)
+                close(fd);
+        ck_assert_msg(r != -ETIMEDOUT,
+                      "with dlxd out of fds (%d clients connected), an acquire got neither a "
+                      "reply nor a hang-up in %d ms",
+                      nconns, FLOW_REPLY_MS);
+        for (int i = 0; i < nconns; i++)
+                close(conns[i]);
+        if (r != 1 || rep.status != WIRE_OK) {
+                /* refused or hung up on: it must not hold a lease it never heard of */
+                req = (struct wire_request){.id = 4, .type = WIRE_REQ_STATS};
+                rp_send(prod, &req, -1);
+                rp_expect_ok(prod, 4, WIRE_REP_STATS, &rep, NULL);
+                ck_assert_uint_eq(rep.stats.leases, 0);
+        }
+        close(cons);
+        close(prod);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/*
+ * A one-shot client (`printf ... | socat`) writes its requests and shuts down
+ * its sending side at once: when dlxd reads the requests and the end of the
+ * stream in the same wakeup, it still answers every request before closing.
+ */
+START_TEST(half_closed_in_one_wakeup_gets_replies)
+{
+        struct wire_request req = {.id = 1, .type = WIRE_REQ_HELLO};
+        struct wire_reply rep;
+        uint8_t *buf = NULL;
+        size_t len = 0, cap = 0;
+        int sock, r;
+
+        dlxd_start(&fx, NULL);
+        sock = fx_raw_connect(&fx);
+
+        req.hello.major = DLX_PROTO_MAJOR;
+        snprintf(req.hello.client_name, sizeof(req.hello.client_name), "oneshot");
+        rp_frame_append(&buf, &len, &cap, &req);
+        req = (struct wire_request){.id = 2, .type = WIRE_REQ_STATS};
+        rp_frame_append(&buf, &len, &cap, &req);
+        /* the daemon finds the requests and the end of the stream in one wakeup */
+        fx_stop_daemon(&fx);
+        ck_assert_int_eq(rp_send_raw(sock, buf, len, NULL, 0), 0);
+        free(buf);
+        ck_assert_int_eq(shutdown(sock, SHUT_WR), 0);
+        ck_assert_int_eq(kill(fx.pid, SIGCONT), 0);
+
+        r = rp_read_answer(sock, &rep, FLOW_REPLY_MS, NULL);
+        ck_assert_msg(r == 1 && rep.id == 1 && rep.type == WIRE_REP_HELLO,
+                      "a half-closed client got %s instead of its hello reply",
+                      r == 0  ? "EOF"
+                      : r < 0 ? strerror(-r)
+                              : "another reply");
+        r = rp_read_answer(sock, &rep, FLOW_REPLY_MS, NULL);
+        ck_assert_msg(r == 1 && rep.id == 2 && rep.type == WIRE_REP_STATS,
+                      "a half-closed client got %s instead of its stats reply",
+                      r == 0  ? "EOF"
+                      : r < 0 ? strerror(-r)
+                              : "another reply");
+        close(sock);
+        dlxd_stop(&fx);
+}
+END_TEST
+
 Suite *flow_suite(void)
 {
         Suite *s = suite_create("flow");
@@ -755,6 +1035,7 @@ Suite *flow_suite(void)
         TCase *slow = tcase_create("slow");
         TCase *idle = tcase_create("idle");
         TCase *watch = tcase_create("watchers");
+        TCase *budget = tcase_create("fd budget");
 
         tcase_set_timeout(pipe, 120);
         tcase_add_test(pipe, pipelined_fd_replies_70);
@@ -767,6 +1048,7 @@ Suite *flow_suite(void)
         tcase_add_test(slow, half_closed_nonreader_dropped);
         tcase_add_test(slow, slow_reader_not_dropped);
         tcase_add_test(slow, quiet_releases_leave_nothing_to_read);
+        tcase_add_test(slow, half_closed_in_one_wakeup_gets_replies);
         suite_add_tcase(s, slow);
 
         tcase_set_timeout(idle, 120);
@@ -781,5 +1063,14 @@ Suite *flow_suite(void)
         tcase_add_test(watch, slow_watcher_loses_events_not_connection);
         tcase_add_test(watch, idle_client_outlives_timeout_with_notifications);
         suite_add_tcase(s, watch);
+
+        /* each starts its own daemon with few fds; the reaper ends those a failed test left */
+        tcase_set_timeout(budget, 120);
+        tcase_add_unchecked_fixture(budget, fx_reaper_init, fx_reaper_run);
+        tcase_add_test(budget, one_client_cannot_fill_the_fd_table);
+        tcase_add_test(budget, unread_fd_replies_cannot_fill_the_fd_table);
+        tcase_add_test(budget, out_of_fds_acquire_answered_or_hung_up);
+        tcase_add_test(budget, unread_fds_in_flight_cannot_starve_others);
+        suite_add_tcase(s, budget);
         return s;
 }

@@ -18,32 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Only reaches Check when the condition fails: hot loops stay fast. */
-#define expect(cond, fmt, ...)                                                                     \
-        do {                                                                                       \
-                if (!(cond))                                                                       \
-                        ck_abort_msg("expected %s: " fmt, #cond, __VA_ARGS__);                     \
-        } while (0)
-
-/* splitmix64: the same sequence on every libc. */
-static uint64_t rng_next(uint64_t *state)
-{
-        uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
-
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-        return z ^ (z >> 31);
-}
-
-static uint64_t rng_below(uint64_t *state, uint64_t n)
-{
-        return rng_next(state) % n;
-}
-
-static bool fd_is_open(int fd)
-{
-        return fcntl(fd, F_GETFD) != -1;
-}
+#include "toolkit.h"
 
 static bool fd_is_closed(int fd)
 {
@@ -122,7 +97,7 @@ START_TEST(test_header_roundtrip)
                 {DLX_MAX_FRAME - 1, DLX_MAX_FDS_PER_FRAME},
         };
 
-        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(cases); i++) {
                 uint8_t hdr[FRAME_HEADER_SIZE];
                 uint32_t len = 0xdeadbeef;
                 unsigned nfds = 0xdead;

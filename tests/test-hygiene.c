@@ -101,7 +101,7 @@ START_TEST(failed_inits_exit_cleanly)
 
         if (!preloadable())
                 return;
-        for (size_t i = 0; i < sizeof(faults) / sizeof(faults[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(faults); i++) {
                 run_dlxd(faults[i], &r);
                 ck_assert_msg(r.status == 1, "%s: dlxd ended with %d: %s", faults[i], r.status,
                               r.err);

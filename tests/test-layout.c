@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
+#include "toolkit.h"
 
 static DLDataType dt(uint8_t code, uint8_t bits, uint16_t lanes)
 {

@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <check.h>
@@ -33,12 +34,10 @@ static uint64_t publish_filled(dlx_client *p, const char *name, float v)
         DLManagedTensorVersioned *t = fx_alloc_f32(p, N);
         struct dlx_publish_options o = {.copy = DLX_COPY_NEVER};
         uint64_t version;
-        int err;
 
         for (int i = 0; i < N; i++)
                 ((float *)t->dl_tensor.data)[i] = v;
-        err = dlx_publish(p, name, t, &o, &version);
-        ck_assert_msg(err == 0, "publish %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
+        publish_ok(p, name, t, &o, &version);
         return version;
 }
 
@@ -64,15 +63,6 @@ static bool all_equal(const DLManagedTensorVersioned *t, float v)
         return true;
 }
 
-static DLManagedTensorVersioned *acquire_ok(dlx_client *c, const char *name)
-{
-        DLManagedTensorVersioned *t = NULL;
-        int err = dlx_acquire(c, name, NULL, &t);
-
-        ck_assert_msg(err == 0, "acquire %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
-        return t;
-}
-
 /* ---- views outlive their client ---------------------------------------------------------- */
 
 /*
@@ -87,7 +77,7 @@ START_TEST(view_outlives_close)
         DLManagedTensorVersioned *t;
         uint64_t v1 = publish_filled(p, "life/a", 1.0f);
 
-        t = acquire_ok(q, "life/a");
+        t = acquire_ok(q, "life/a", NULL);
         dlx_close(q);
         /* the lease is still the daemon's to count */
         ck_assert_uint_eq(fx_stats(p).leases, 1);
@@ -120,12 +110,12 @@ START_TEST(close_with_views_lets_go_of_the_rest)
         int deleted = 0;
 
         publish_filled(p, "life/x", 2.0f);
-        t = acquire_ok(q, "life/x");
+        t = acquire_ok(q, "life/x", NULL);
         ck_assert_int_eq(dlx_publish(q, "life/q-own", fx_plain_f32(4, 0.0f, &deleted), NULL, NULL),
                          0);
         ck_assert_int_eq(dlx_publish(q, "life/q-zero", fx_alloc_f32(q, 4), NULL, NULL), 0);
         ck_assert_int_eq(dlx_watch(q, "", &watch), 0);
-        mine = acquire_ok(q, "life/q-zero");
+        mine = acquire_ok(q, "life/q-zero", NULL);
         ck_assert_uint_eq(fx_stats(p).watchers, 1);
 
         dlx_close(q);
@@ -156,7 +146,7 @@ START_TEST(close_without_views_ends_connection)
         DLManagedTensorVersioned *t;
 
         publish_filled(p, "life/y", 3.0f);
-        t = acquire_ok(q, "life/y");
+        t = acquire_ok(q, "life/y", NULL);
         t->deleter(t);
         dlx_close(q);
         ck_assert_uint_eq(fx_wait_clients(p, 1, 5000), 1);
@@ -175,7 +165,7 @@ START_TEST(exchange_export_outlives_close)
         dlx_tensor *h = NULL;
 
         publish_filled(p, "life/e", 4.0f);
-        t = acquire_ok(q, "life/e");
+        t = acquire_ok(q, "life/e", NULL);
         ck_assert_int_eq(dlx_tensor_wrap(t, &h), 0);
         ck_assert_int_eq(api->managed_tensor_from_py_object_no_sync(h, &view), 0);
         dlx_tensor_unref(h); /* only the export holds it now */
@@ -232,7 +222,7 @@ START_TEST(close_ends_blocked_calls)
                 snprintf(name, sizeof(name), "life/w/%d", round);
                 ck_assert_int_eq(dlx_watch(c, "life/none/", &watch), 0);
                 ck_assert_int_eq(publish_filled(c, name, 1.0f), 1);
-                t = acquire_ok(p, name); /* so that v1 is not released */
+                t = acquire_ok(p, name, NULL); /* so that v1 is not released */
                 for (int i = 0; i < 3; i++) {
                         b[i] = (struct blocked){.c = c, .which = i};
                         snprintf(b[i].name, sizeof(b[i].name), "%s", name);
@@ -253,6 +243,77 @@ START_TEST(close_ends_blocked_calls)
         }
         ck_assert_int_eq(fx_wait_leases(p, 0, 5000), 0);
         dlx_close(p);
+}
+END_TEST
+
+struct acquirer {
+        dlx_client *c;
+        char name[32];
+        int err;
+};
+
+static void *acquire_forever(void *arg)
+{
+        struct acquirer *b = arg;
+        struct dlx_acquire_options o = {.timeout_ms = -1};
+        DLManagedTensorVersioned *t = NULL;
+
+        b->err = dlx_acquire(b->c, b->name, &o, &t);
+        if (b->err == 0)
+                t->deleter(t);
+        return NULL;
+}
+
+/*
+ * dlx_close() with many threads blocked in acquires that have reached the
+ * daemon: every one returns -ECONNRESET or -EPIPE within seconds, and none
+ * touches the client after it is freed (under ASan, a use after free shows).
+ */
+START_TEST(close_ends_many_blocked_acquires)
+{
+        enum { NTHREADS = 8 };
+        dlx_client *obs = fx_connect(&fx, "observer");
+
+        for (int round = 0; round < 50; round++) {
+                dlx_client *c = fx_connect(&fx, "closer");
+                struct acquirer b[NTHREADS];
+                pthread_t th[NTHREADS];
+                struct dlx_stats st;
+                uint64_t r0, calls = 0;
+
+                ck_assert_int_eq(dlx_stats(obs, &st), 0);
+                r0 = st.requests;
+                for (int i = 0; i < NTHREADS; i++) {
+                        b[i].c = c;
+                        snprintf(b[i].name, sizeof(b[i].name), "never/%d", i);
+                        b[i].err = 1;
+                        ck_assert_int_eq(pthread_create(&th[i], NULL, acquire_forever, &b[i]), 0);
+                }
+                /*
+                 * Close only once every thread's acquire has reached the daemon:
+                 * a thread that only starts after dlx_close() would be using a
+                 * closed client, which no caller may do.
+                 */
+                do {
+                        fx_sleep_ms(5);
+                        ck_assert_int_eq(dlx_stats(obs, &st), 0);
+                        calls++;
+                } while (st.requests - r0 - calls < NTHREADS);
+                dlx_close(c);
+                for (int i = 0; i < NTHREADS; i++) {
+                        struct timespec limit;
+                        clock_gettime(CLOCK_REALTIME, &limit);
+                        limit.tv_sec += 10;
+                        ck_assert_msg(pthread_timedjoin_np(th[i], NULL, &limit) == 0,
+                                      "round %d: a thread blocked in dlx_acquire() is still "
+                                      "stuck 10 s after dlx_close() (waiting on the freed "
+                                      "client's mutex/condition)",
+                                      round);
+                        ck_assert_msg(b[i].err == -ECONNRESET || b[i].err == -EPIPE,
+                                      "blocked acquire ended with %d", b[i].err);
+                }
+        }
+        dlx_close(obs);
 }
 END_TEST
 
@@ -377,7 +438,7 @@ START_TEST(fork_child_leaves_parent_alone)
 
         publish_filled(p, "life/k", 5.0f);
         f.c = fx_connect(&fx, "consumer");
-        f.t = acquire_ok(f.c, "life/k");
+        f.t = acquire_ok(f.c, "life/k", NULL);
         rc = fx_wait(fx_spawn(child_of_consumer, &f));
         ck_assert_msg(rc == 0, "child: %d", rc);
         /* the parent's connection is untouched (and the daemon has read its release ring) */
@@ -527,7 +588,7 @@ START_TEST(fork_while_threads_hold_locks)
         pthread_t th[4];
 
         publish_filled(p, "life/busy", 2.0f);
-        held = acquire_ok(c, "life/busy");
+        held = acquire_ok(c, "life/busy", NULL);
         for (int i = 0; i < 4; i++) {
                 b[i] = (struct busy){.c = c, .held = held, .kind = i == 3};
                 ck_assert_int_eq(pthread_create(&th[i], NULL, busy_main, &b[i]), 0);
@@ -623,7 +684,7 @@ START_TEST(call_to_stopped_daemon_times_out)
         resume_daemon();
         ck_assert_int_eq(err, -ETIMEDOUT);
         ck_assert_msg(took >= 300 && took < 5000, "gave up after %lld ms", (long long)took);
-        ck_assert_msg(strstr(dlx_last_error(), "not answered"), "detail: %s", dlx_last_error());
+        expect_last_error("not answered");
         /* unusable from now on, and says so at once */
         t0 = fx_now_ms();
         ck_assert_int_eq(dlx_ping(c), -ETIMEDOUT);
@@ -684,8 +745,7 @@ START_TEST(connect_to_full_backlog_times_out)
                 int64_t took = fx_now_ms() - t0;
                 ck_assert_int_eq(err, -ETIMEDOUT);
                 ck_assert_ptr_null(c);
-                ck_assert_msg(strstr(dlx_last_error(), "accepted no connection within 300 ms"),
-                              "detail: %s", dlx_last_error());
+                expect_last_error("accepted no connection within 300 ms");
                 ck_assert_msg(took >= 250 && took < 5000, "gave up after %lld ms", (long long)took);
         }
         resume_daemon();
@@ -728,7 +788,7 @@ static void view_survives_timeout(bool close_it)
         DLManagedTensorVersioned *t;
         uint64_t v1 = publish_filled(p, "life/stall", 3.0f);
 
-        t = acquire_ok(c, "life/stall");
+        t = acquire_ok(c, "life/stall", NULL);
         ck_assert_int_eq(dlx_publish(c, "life/stall-own", fx_plain_f32(4, 1.0f, NULL), NULL, NULL),
                          0);
         stop_daemon();
@@ -815,7 +875,7 @@ START_TEST(view_survives_unread_answers)
                 publish_filled(p, name, 1.0f);
         }
         v1 = publish_filled(p, "life/stall", 3.0f);
-        t = acquire_ok(c, "life/stall");
+        t = acquire_ok(c, "life/stall", NULL);
         stop_daemon();
         for (int i = 0; i < 4; i++)
                 ck_assert_int_eq(pthread_create(&th[i], NULL, list_all, c), 0);
@@ -861,8 +921,7 @@ START_TEST(blocked_acquire_outlives_timeout)
                 dlx_close(pc);
                 fx_child_exit(0);
         }
-        int err = dlx_acquire(c, "life/late", &o, &t);
-        ck_assert_msg(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
+        t = acquire_ok(c, "life/late", &o);
         ck_assert(fx_vec_is(t, 4, 1.0f));
         t->deleter(t);
         ck_assert_int_eq(fx_wait(child), 0);
@@ -910,6 +969,7 @@ Suite *lifetime_suite(void)
         tcase_add_test(views, close_without_views_ends_connection);
         tcase_add_test(views, exchange_export_outlives_close);
         tcase_add_test(views, close_ends_blocked_calls);
+        tcase_add_test(views, close_ends_many_blocked_acquires);
         tcase_add_test(views, request_after_bye_is_closed);
         tcase_add_test(views, calls_racing_close_say_reset);
         suite_add_tcase(s, views);

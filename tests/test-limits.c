@@ -44,12 +44,6 @@ static int publish(dlx_client *c, const char *name)
         return dlx_publish(c, name, bytes_of(c, 64, 1), NULL, NULL);
 }
 
-static void expect_msg(const char *what)
-{
-        ck_assert_msg(strstr(dlx_last_error(), what), "message '%s' does not say '%s'",
-                      dlx_last_error(), what);
-}
-
 /* Lets uid nobody reach the fixture's socket. */
 static void open_to_others(void)
 {
@@ -124,7 +118,7 @@ START_TEST(clients_per_uid)
         a = fx_connect(&fx, "a");
         b = fx_connect(&fx, "b");
         ck_assert_ptr_null(connect_as_self());
-        expect_msg("too many clients of uid");
+        expect_last_error("too many clients of uid");
         ck_assert_int_eq(dlx_stats(a, &st), 0);
         ck_assert_uint_eq(st.limits.max_clients_per_uid, 2);
         ck_assert_uint_eq(st.uid, (uint32_t)getuid());
@@ -176,8 +170,8 @@ START_TEST(bytes_per_uid)
         /* a second 600 KiB passes this uid's MiB */
         ck_assert_int_eq(dlx_alloc(c, &proto, &t2), -ENOSPC);
         ck_assert_ptr_null(t2);
-        expect_msg("limit of 1048576 shared bytes");
-        expect_msg("uid");
+        expect_last_error("limit of 1048576 shared bytes");
+        expect_last_error("uid");
         if (can_switch_uid()) {
                 ck_assert_int_eq(run_as_nobody(nobody_allocates), 0);
                 ck_assert_int_eq(dlx_stats(c, &st), 0);
@@ -257,8 +251,8 @@ START_TEST(alloc_fills_per_uid_limit)
         ck_assert_uint_eq(st.uid_bytes, 5 * 204800);
         ck_assert_int_eq(alloc_bytes(c, 204800, &t[5]), -ENOSPC);
         ck_assert_ptr_null(t[5]);
-        expect_msg("limit of 1048576 shared bytes");
-        expect_msg("uid");
+        expect_last_error("limit of 1048576 shared bytes");
+        expect_last_error("uid");
         /*
          * Freed, the room comes back, all of it: the empty segment the client
          * keeps for reuse is given back for a tensor of the whole MiB.
@@ -317,7 +311,7 @@ START_TEST(alloc_under_small_limits)
         ck_assert_int_eq(alloc_bytes(c, limit / 2, &t[2]), -ENOSPC);
         ck_assert_ptr_null(t[2]);
         snprintf(msg, sizeof(msg), "limit of %llu shared bytes", (unsigned long long)limit);
-        expect_msg(msg);
+        expect_last_error(msg);
         /* freed, the room comes back: the whole limit in one tensor */
         free_all(t, 2);
         ck_assert_msg(alloc_bytes(c, limit, &t[0]) == 0, "%llu bytes, all of %s %s: %s",
@@ -391,7 +385,7 @@ START_TEST(names_per_uid)
         ck_assert_int_eq(publish(c, "n/2"), 0);
         ck_assert_int_eq(publish(c, "n/3"), 0);
         ck_assert_int_eq(publish(c, "n/4"), -EAGAIN);
-        expect_msg("owns 3 names (the limit)");
+        expect_last_error("owns 3 names (the limit)");
         /* replacing a name it owns is no new name */
         ck_assert_int_eq(publish(c, "n/2"), 0);
         ck_assert_int_eq(dlx_stats(c, &st), 0);
@@ -418,7 +412,7 @@ START_TEST(names_in_all)
         ck_assert_int_eq(publish(a, "g/1"), 0);
         ck_assert_int_eq(publish(b, "g/2"), 0);
         ck_assert_int_eq(publish(b, "g/3"), -EAGAIN);
-        expect_msg("the daemon holds 2 names (the limit)");
+        expect_last_error("the daemon holds 2 names (the limit)");
         /* names of a client that leaves go with it, and so does the count */
         dlx_close(a);
         int err = -EAGAIN;
@@ -480,7 +474,7 @@ START_TEST(names_fair_share)
         ck_assert_uint_eq(st.limits.max_names_per_uid, 56);
         ck_assert_int_eq(persist_until_refused(c, "fair/hog", &err), 56);
         ck_assert_int_eq(err, -EAGAIN);
-        expect_msg("its fair share, 7/8 of what other uids leave of 64");
+        expect_last_error("its fair share, 7/8 of what other uids leave of 64");
         ck_assert_int_eq(dlx_stats(c, &st), 0);
         ck_assert_uint_eq(st.uid_names, 56);
         if (can_switch_uid()) {
@@ -504,7 +498,7 @@ START_TEST(names_small_limit_is_whole)
         c = fx_connect(&fx, "small");
         ck_assert_int_eq(persist_until_refused(c, "small", &err), 5);
         ck_assert_int_eq(err, -EAGAIN);
-        expect_msg("the daemon holds 5 names (the limit)");
+        expect_last_error("the daemon holds 5 names (the limit)");
         ck_assert_int_eq(dlx_stats(c, &st), 0);
         ck_assert_uint_eq(st.limits.max_names_per_uid, 5);
         dlx_close(c);
@@ -547,7 +541,7 @@ START_TEST(clients_fair_share)
         while (n < 64 && (c[n] = connect_as_self()) != NULL)
                 n++;
         ck_assert_int_eq(n, 56);
-        expect_msg("its fair share, 7/8 of what other uids leave of 64");
+        expect_last_error("its fair share, 7/8 of what other uids leave of 64");
         ck_assert_int_eq(dlx_stats(c[0], &st), 0);
         ck_assert_uint_eq(st.limits.max_clients_per_uid, 56);
         if (can_switch_uid()) {
@@ -590,7 +584,7 @@ START_TEST(leases_per_client)
                 ck_assert_int_eq(dlx_acquire(q, "l/x", NULL, &held[i]), 0);
         ck_assert_int_eq(dlx_acquire(q, "l/x", NULL, &t), -EAGAIN);
         ck_assert_ptr_null(t);
-        expect_msg("holds 4 leases already");
+        expect_last_error("holds 4 leases already");
         /* per client: another has its own */
         r = fx_connect(&fx, "other");
         ck_assert_int_eq(dlx_acquire(r, "l/x", NULL, &t), 0);
@@ -619,7 +613,7 @@ START_TEST(watches_per_client)
         ck_assert_int_eq(dlx_watch(c, "a/", &w1), 0);
         ck_assert_int_eq(dlx_watch(c, "b/", &w2), 0);
         ck_assert_int_eq(dlx_watch(c, "c/", &w3), -EAGAIN);
-        expect_msg("has 2 watches already");
+        expect_last_error("has 2 watches already");
         ck_assert_int_eq(dlx_unwatch(c, w1), 0);
         ck_assert_int_eq(dlx_watch(c, "c/", &w3), 0);
         ck_assert_int_eq(dlx_stats(c, &st), 0);
@@ -700,7 +694,7 @@ START_TEST(fds_per_uid)
         c = fx_connect(&fx, "hog-again");
         ck_assert_int_eq(fill_with_copies(c, "fd", 1, &err), 0);
         ck_assert_int_eq(err, -EAGAIN);
-        expect_msg("--max-fds-per-uid");
+        expect_last_error("--max-fds-per-uid");
         /* an allocation needs a descriptor too */
         int64_t shape[1] = {8};
         DLTensor proto = {.device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLUInt, 8, 1}};
@@ -741,7 +735,7 @@ START_TEST(fds_in_all)
         c = fx_connect(&fx, "all");
         ck_assert_int_eq(fill_with_copies(c, "all", 100, &err), 12);
         ck_assert_int_eq(err, -EAGAIN);
-        expect_msg("--max-fds)");
+        expect_last_error("--max-fds)");
         ck_assert_int_eq(dlx_stats(c, &st), 0);
         ck_assert_uint_eq(st.limits.max_fds, 12);
         ck_assert_uint_eq(st.limits.max_fds_per_uid, 0);
@@ -824,7 +818,7 @@ START_TEST(fds_fair_share)
         c = fx_connect(&fx, "hog");
         ck_assert_int_eq(fill_with_copies(c, "fair/hog", 100, &err), 8);
         ck_assert_int_eq(err, -EAGAIN);
-        expect_msg("its fair share: half of what other uids leave");
+        expect_last_error("its fair share: half of what other uids leave");
         ck_assert_int_eq(dlx_stats(c, &st), 0);
         ck_assert_uint_eq(st.limits.max_fds_per_uid, 8);
         if (can_switch_uid()) {
@@ -948,8 +942,7 @@ Suite *limits_suite(void)
         tcase_add_test(tc, clients_per_uid);
         tcase_add_test(tc, bytes_per_uid);
         tcase_add_test(tc, alloc_fills_per_uid_limit);
-        tcase_add_loop_test(tc, alloc_under_small_limits, 0,
-                            (int)(sizeof(small_limits) / sizeof(small_limits[0])));
+        tcase_add_loop_test(tc, alloc_under_small_limits, 0, (int)(N_ELEMS(small_limits)));
         tcase_add_test(tc, alloc_packs_small_tensors);
         tcase_add_test(tc, names_per_uid);
         tcase_add_test(tc, names_in_all);

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "npy.h"
+#include "toolkit.h"
 
 #define ERRSZ 256
 
@@ -227,7 +228,7 @@ static const struct dtype_case supported[] = {
         {{kDLComplex, 64, 1}, "@c8"}, {{kDLComplex, 128, 1}, "@c16"},
 };
 
-#define N_SUPPORTED (sizeof(supported) / sizeof(supported[0]))
+#define N_SUPPORTED (N_ELEMS(supported))
 
 static void host_descr(const char *pattern, char *out)
 {
@@ -266,7 +267,7 @@ START_TEST(test_descr_unsupported)
         };
         char buf[NPY_DESCR_MAX] = "x";
 
-        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(bad); i++) {
                 ck_assert_int_eq(npy_descr(bad[i], buf, sizeof(buf)), -ENOTSUP);
                 ck_assert_str_eq(buf, "x");
         }
@@ -298,7 +299,7 @@ START_TEST(test_dtype_from_descr)
         DLDataType d = {7, 7, 7};
         bool swap = true;
 
-        for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(good); i++) {
                 char descr[16];
 
                 strcpy(descr, good[i].descr);
@@ -314,7 +315,7 @@ START_TEST(test_dtype_from_descr)
         }
         d = dt(7, 7, 7);
         swap = true;
-        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(bad); i++) {
                 ck_assert_msg(npy_dtype_from_descr(bad[i], &d, &swap) == -ENOTSUP, "'%s'", bad[i]);
                 ck_assert(d.code == 7 && d.bits == 7 && d.lanes == 7 && swap);
         }
@@ -607,7 +608,7 @@ START_TEST(test_parse_tolerant)
                  (uint64_t)INT64_MAX},
         };
 
-        for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(ok); i++) {
                 struct npy_info info;
                 char err[ERRSZ];
 
@@ -688,7 +689,7 @@ START_TEST(test_parse_malformed)
                 D("{'descr': '<f4', 'fortran_order': False, 'shape': (), # comment\n}"),
         };
 #undef D
-        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(bad); i++) {
                 struct npy_info info, before;
                 char err[ERRSZ] = "";
                 int r;
@@ -722,7 +723,7 @@ START_TEST(test_parse_sizes)
                 {"(1152921504606846976,)", "<f8", -EOVERFLOW},
         };
 
-        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(cases); i++) {
                 char dict[200], err[ERRSZ];
                 struct npy_info info;
                 int r;
@@ -795,7 +796,7 @@ START_TEST(test_parse_priority)
                  -EOVERFLOW, "dimension 1 does not fit"},
         };
 
-        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(cases); i++) {
                 struct npy_info info;
                 char err[ERRSZ];
                 int r = parse(cases[i].dict, &info, err);
@@ -843,7 +844,7 @@ START_TEST(test_reject_dtypes)
         };
         float data[2] = {0};
 
-        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(cases); i++) {
                 char dict[256], err[ERRSZ] = "";
                 struct npy_info info;
                 size_t n = dict_for(cases[i].descr, "(2,)", dict, sizeof(dict));
@@ -977,7 +978,7 @@ START_TEST(test_bad_magic)
                 "\x92",
         };
 
-        for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(files); i++) {
                 struct npy_info info;
                 char err[ERRSZ] = "";
                 int fd = open_new("magic.npy");
@@ -999,7 +1000,7 @@ START_TEST(test_bad_version_and_length)
         char err[ERRSZ];
         int fd;
 
-        for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(versions); i++) {
                 fd = raw_file("ver.npy", versions[i][0], versions[i][1], dict, strlen(dict), "x",
                               1);
                 ck_assert_int_eq(npy_read_header(fd, &info, err, sizeof(err)), -ENOTSUP);
@@ -1063,7 +1064,7 @@ START_TEST(test_endian_swap)
         };
         uint8_t buf[16];
 
-        for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(files); i++) {
                 char dict[128], shape[16], err[ERRSZ];
                 struct npy_info info;
                 size_t n, isz = files[i].isz;
@@ -1237,7 +1238,7 @@ START_TEST(test_write_invalid)
 
         for (int k = 0; k <= NPY_MAX_NDIM; k++)
                 many[k] = 1;
-        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(cases); i++) {
                 err[0] = '\0';
                 ck_assert_msg(npy_write_fd(fd, &cases[i].t, err, sizeof(err)) == cases[i].r,
                               "case %zu: %s", i, err);

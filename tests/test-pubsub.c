@@ -7,6 +7,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -24,48 +26,11 @@
 #include <dlx/dlx.h>
 
 #include "fixture.h"
+#include "internal.h" /* forgotten_segment_unmapped_after_crossing_reply: when a request is out */
+#include "rawpeer.h"
 #include "wire_limits.h"
 
 /* ---- helpers ------------------------------------------------------------------------- */
-
-/* A float32 vector of n elements in shared memory, element i = base + i. */
-static DLManagedTensorVersioned *make_vec(dlx_client *c, int64_t n, float base)
-{
-        DLManagedTensorVersioned *t = fx_alloc_f32(c, n);
-
-        for (int64_t i = 0; i < n; i++)
-                ((float *)t->dl_tensor.data)[i] = base + (float)i;
-        return t;
-}
-
-/* Wraps a tensor so its deletion is counted: the counter lives in shared memory. */
-struct counted {
-        DLManagedTensorVersioned mt;
-        DLManagedTensorVersioned *inner;
-        int *count;
-};
-
-static void counted_deleter(DLManagedTensorVersioned *t)
-{
-        struct counted *w = t->manager_ctx;
-
-        __atomic_add_fetch(w->count, 1, __ATOMIC_SEQ_CST);
-        w->inner->deleter(w->inner);
-        free(w);
-}
-
-static DLManagedTensorVersioned *counted(DLManagedTensorVersioned *inner, int *count)
-{
-        struct counted *w = calloc(1, sizeof(*w));
-
-        ck_assert_ptr_nonnull(w);
-        w->mt = *inner;
-        w->mt.manager_ctx = w;
-        w->mt.deleter = counted_deleter;
-        w->inner = inner;
-        w->count = count;
-        return &w->mt;
-}
 
 static int *shared_counter(void)
 {
@@ -74,23 +39,6 @@ static int *shared_counter(void)
         ck_assert_ptr_ne(p, MAP_FAILED);
         *p = 0;
         return p;
-}
-
-static void publish_ok(dlx_client *c, const char *name, DLManagedTensorVersioned *t,
-                       const struct dlx_publish_options *o, uint64_t *ret_version)
-{
-        int err = dlx_publish(c, name, t, o, ret_version);
-        ck_assert_msg(err == 0, "publish %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
-}
-
-static DLManagedTensorVersioned *acquire_ok(dlx_client *c, const char *name,
-                                            const struct dlx_acquire_options *o)
-{
-        DLManagedTensorVersioned *t = NULL;
-        int err = dlx_acquire(c, name, o, &t);
-
-        ck_assert_msg(err == 0, "acquire %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
-        return t;
 }
 
 /* A pipe used to say "I'm there" between processes. */
@@ -157,7 +105,7 @@ START_TEST(publish_acquire_same_pages)
         struct dlx_publish_options o = {.writable = true};
         struct share_arg a = {.name = "share/vec", .n = 1000};
         dlx_client *c = fx_connect(&fx, "producer");
-        DLManagedTensorVersioned *t = make_vec(c, a.n, 1.0f);
+        DLManagedTensorVersioned *t = fx_vec_f32(c, a.n, 1.0f);
         volatile float *mine = t->dl_tensor.data;
         uint64_t v = 0;
 
@@ -201,7 +149,7 @@ START_TEST(read_only_is_enforced)
         struct share_arg a = {.name = "share/ro", .n = 64};
         dlx_client *c = fx_connect(&fx, "producer");
 
-        publish_ok(c, a.name, make_vec(c, a.n, 5.0f), NULL, NULL);
+        publish_ok(c, a.name, fx_vec_f32(c, a.n, 5.0f), NULL, NULL);
         ck_assert_int_eq(fx_wait(fx_spawn(consumer_tries_write, &a)), 0);
 
         /* the copy path seals the memfd against writes altogether */
@@ -221,7 +169,7 @@ START_TEST(read_only_is_enforced)
         mt->deleter = free_struct_deleter;
         struct dlx_publish_options o = {.copy = DLX_COPY_ALWAYS};
         int *count = shared_counter();
-        publish_ok(c, "share/ro-copy", counted(mt, count), &o, NULL);
+        publish_ok(c, "share/ro-copy", fx_counted(mt, count), &o, NULL);
         ck_assert_int_eq(*count, 1); /* the copy path deletes at once */
         a.name = "share/ro-copy";
         ck_assert_int_eq(fx_wait(fx_spawn(consumer_tries_write, &a)), 0);
@@ -238,8 +186,8 @@ static int producer_then_exit(void *p)
         dlx_client *c = fx_connect(&fx, "short-lived");
         struct dlx_publish_options keep = {.persist = true};
 
-        publish_ok(c, "life/persist", make_vec(c, 16, 3.0f), &keep, NULL);
-        publish_ok(c, "life/temp", make_vec(c, 16, 4.0f), NULL, NULL);
+        publish_ok(c, "life/persist", fx_vec_f32(c, 16, 3.0f), &keep, NULL);
+        publish_ok(c, "life/temp", fx_vec_f32(c, 16, 4.0f), NULL, NULL);
         dlx_close(c);
         return 0;
 }
@@ -274,10 +222,10 @@ START_TEST(replace_while_leased)
         DLManagedTensorVersioned *old, *cur;
         uint64_t v = 0;
 
-        publish_ok(p, "r/x", counted(make_vec(p, 32, 1.0f), count), NULL, &v);
+        publish_ok(p, "r/x", fx_counted(fx_vec_f32(p, 32, 1.0f), count), NULL, &v);
         ck_assert_uint_eq(v, 1);
         old = acquire_ok(q, "r/x", NULL);
-        publish_ok(p, "r/x", make_vec(p, 32, 100.0f), NULL, &v);
+        publish_ok(p, "r/x", fx_vec_f32(p, 32, 100.0f), NULL, &v);
         ck_assert_uint_eq(v, 2);
 
         /* the old version is still readable by its lease holder */
@@ -311,7 +259,7 @@ START_TEST(unpublish_while_leased)
         int *count = shared_counter();
         DLManagedTensorVersioned *held, *t;
 
-        publish_ok(p, "u/x", counted(make_vec(p, 8, 7.0f), count), NULL, NULL);
+        publish_ok(p, "u/x", fx_counted(fx_vec_f32(p, 8, 7.0f), count), NULL, NULL);
         held = acquire_ok(q, "u/x", NULL);
         ck_assert_int_eq(dlx_unpublish(p, "u/x"), 0);
         ck_assert_int_eq(dlx_acquire(q, "u/x", NULL, &t), -ENOENT);
@@ -338,8 +286,8 @@ START_TEST(close_runs_held_deleters)
         dlx_client *p = fx_connect(&fx, "producer");
         int *count = shared_counter();
 
-        publish_ok(p, "c/a", counted(make_vec(p, 8, 1.0f), count), NULL, NULL);
-        publish_ok(p, "c/b", counted(make_vec(p, 8, 2.0f), count), NULL, NULL);
+        publish_ok(p, "c/a", fx_counted(fx_vec_f32(p, 8, 1.0f), count), NULL, NULL);
+        publish_ok(p, "c/b", fx_counted(fx_vec_f32(p, 8, 2.0f), count), NULL, NULL);
         ck_assert_int_eq(*count, 0);
         dlx_close(p);
         ck_assert_int_eq(*count, 2);
@@ -372,11 +320,11 @@ START_TEST(kill9_releases_leases)
         pid_t pid;
 
         gate_init(&a.ready);
-        publish_ok(p, "k/x", counted(make_vec(p, 8, 1.0f), count), NULL, NULL);
+        publish_ok(p, "k/x", fx_counted(fx_vec_f32(p, 8, 1.0f), count), NULL, NULL);
         pid = fx_spawn(hold_forever, &a);
         ck_assert(gate_wait(&a.ready, 5000));
         ck_assert_int_eq(fx_wait_leases(p, 1, 1000), 1);
-        publish_ok(p, "k/x", make_vec(p, 8, 2.0f), NULL, NULL);
+        publish_ok(p, "k/x", fx_vec_f32(p, 8, 2.0f), NULL, NULL);
         ck_assert_int_eq(*count, 0);
 
         kill(pid, SIGKILL);
@@ -405,7 +353,7 @@ START_TEST(acquire_timeout)
         ck_assert_int_eq(dlx_acquire(c, "w/none", &o, &t), -ETIMEDOUT);
         ck_assert_int_ge(fx_now_ms() - start, 140);
         ck_assert_ptr_null(t);
-        ck_assert_ptr_nonnull(strstr(dlx_last_error(), "w/none"));
+        expect_last_error("w/none");
         ck_assert_int_eq(dlx_acquire(c, "w/none", NULL, &t), -ENOENT);
         dlx_close(c);
 }
@@ -424,7 +372,7 @@ static int publish_late(void *p)
 
         for (int i = 0; i < a->count; i++) {
                 fx_sleep_ms(a->delay_ms);
-                publish_ok(c, a->name, make_vec(c, 4, (float)(i + 1) * 10.0f),
+                publish_ok(c, a->name, fx_vec_f32(c, 4, (float)(i + 1) * 10.0f),
                            &(struct dlx_publish_options){.persist = true}, NULL);
         }
         dlx_close(c);
@@ -497,11 +445,11 @@ START_TEST(watch_events)
 
         ck_assert_int_eq(dlx_watch(w, "sensors/", &id), 0);
         ck_assert_uint_gt(id, 0);
-        publish_ok(p, "sensors/a", make_vec(p, 2, 0), NULL, NULL);
-        publish_ok(p, "other/b", make_vec(p, 2, 0), NULL, NULL);
-        publish_ok(p, "sensors/a", make_vec(p, 2, 0), NULL, NULL);
+        publish_ok(p, "sensors/a", fx_vec_f32(p, 2, 0), NULL, NULL);
+        publish_ok(p, "other/b", fx_vec_f32(p, 2, 0), NULL, NULL);
+        publish_ok(p, "sensors/a", fx_vec_f32(p, 2, 0), NULL, NULL);
         ck_assert_int_eq(dlx_unpublish(p, "sensors/a"), 0);
-        publish_ok(p, "sensors/c", make_vec(p, 2, 0), NULL, NULL);
+        publish_ok(p, "sensors/c", fx_vec_f32(p, 2, 0), NULL, NULL);
 
         expect_event(w, DLX_EVENT_PUBLISHED, "sensors/a", 1);
         expect_event(w, DLX_EVENT_REPLACED, "sensors/a", 2);
@@ -529,7 +477,7 @@ START_TEST(event_loop_integration)
         ck_assert_int_ge(pfd.fd, 0);
         ck_assert_int_eq(dlx_watch(w, "", NULL), 0);
         ck_assert_int_eq(dlx_process_events(w), 0);
-        publish_ok(p, "loop/x", make_vec(p, 2, 0), NULL, NULL);
+        publish_ok(p, "loop/x", fx_vec_f32(p, 2, 0), NULL, NULL);
         for (int i = 0; i < 100 && n == 0; i++) {
                 ck_assert_int_ge(poll(&pfd, 1, 50), 0);
                 n = dlx_process_events(w);
@@ -559,37 +507,6 @@ static int count_dlx_maps(void)
         return n;
 }
 
-/* A float32 vector in plain memory (published by copy: a segment of its own each). */
-struct plain_vec {
-        DLManagedTensorVersioned mt;
-        int64_t shape[1];
-        float data[];
-};
-
-static void plain_vec_free(DLManagedTensorVersioned *t)
-{
-        free(t);
-}
-
-static DLManagedTensorVersioned *plain_vec(int64_t n, float base)
-{
-        struct plain_vec *v = calloc(1, sizeof(*v) + (size_t)n * sizeof(float));
-
-        ck_assert_ptr_nonnull(v);
-        v->shape[0] = n;
-        for (int64_t i = 0; i < n; i++)
-                v->data[i] = base + (float)i;
-        v->mt.version.major = DLX_DLPACK_MAJOR;
-        v->mt.version.minor = DLX_DLPACK_MINOR;
-        v->mt.dl_tensor = (DLTensor){.data = v->data,
-                                     .device = {kDLCPU, 0},
-                                     .ndim = 1,
-                                     .dtype = {kDLFloat, 32, 1},
-                                     .shape = v->shape};
-        v->mt.deleter = plain_vec_free;
-        return &v->mt;
-}
-
 /*
  * A consumer cycling through more segments than it keeps idle forgets the
  * oldest in batches; what it forgot comes back with an fd, with the right
@@ -606,7 +523,7 @@ START_TEST(idle_maps_forgotten_in_batches)
 
         for (int i = 0; i < N; i++) {
                 snprintf(name, sizeof(name), "forget/%d", i);
-                publish_ok(p, name, plain_vec(64, (float)(i * 100)), &copy, NULL);
+                publish_ok(p, name, fx_plain_f32(64, (float)(i * 100), NULL), &copy, NULL);
         }
         maps0 = count_dlx_maps();
         for (int round = 0; round < 3; round++) {
@@ -642,13 +559,13 @@ START_TEST(allocator_keeps_the_larger_empty_segment)
         DLManagedTensorVersioned *t;
         struct dlx_stats st0, st1;
 
-        t = make_vec(p, SMALL, 0);
+        t = fx_vec_f32(p, SMALL, 0);
         t->deleter(t);
-        t = make_vec(p, LARGE, 1);
+        t = fx_vec_f32(p, LARGE, 1);
         t->deleter(t);
         ck_assert_int_eq(dlx_stats(p, &st0), 0);
         for (int i = 0; i < ROUNDS; i++) {
-                t = make_vec(p, LARGE, (float)i);
+                t = fx_vec_f32(p, LARGE, (float)i);
                 t->deleter(t);
         }
         ck_assert_int_eq(dlx_stats(p, &st1), 0);
@@ -719,8 +636,8 @@ START_TEST(mapping_cache)
         DLManagedTensorVersioned *t[100];
         int maps0, fds0;
 
-        publish_ok(p, "m/a", make_vec(p, 256, 0), NULL, NULL);
-        publish_ok(p, "m/b", make_vec(p, 256, 1), NULL, NULL);
+        publish_ok(p, "m/a", fx_vec_f32(p, 256, 0), NULL, NULL);
+        publish_ok(p, "m/b", fx_vec_f32(p, 256, 1), NULL, NULL);
         maps0 = count_dlx_maps();
         t[0] = acquire_ok(q, "m/a", NULL);
         /* one new mapping (read-only) for the segment */
@@ -764,7 +681,7 @@ START_TEST(threads_share_a_client)
         dlx_client *q = fx_connect(&fx, "consumer");
         pthread_t th[4];
 
-        publish_ok(p, "t/x", make_vec(p, 64, 9.0f), NULL, NULL);
+        publish_ok(p, "t/x", fx_vec_f32(p, 64, 9.0f), NULL, NULL);
         for (int i = 0; i < 4; i++)
                 ck_assert_int_eq(pthread_create(&th[i], NULL, acquire_loop, q), 0);
         for (int i = 0; i < 4; i++) {
@@ -784,8 +701,8 @@ START_TEST(tensor_outlives_close)
         dlx_client *q = fx_connect(&fx, "consumer");
         DLManagedTensorVersioned *t;
 
-        publish_ok(p, "o/x", make_vec(p, 16, 2.0f), &(struct dlx_publish_options){.persist = true},
-                   NULL);
+        publish_ok(p, "o/x", fx_vec_f32(p, 16, 2.0f),
+                   &(struct dlx_publish_options){.persist = true}, NULL);
         t = acquire_ok(q, "o/x", NULL);
         dlx_close(q);
         ck_assert(fx_vec_is(t, 16, 2.0f));
@@ -819,9 +736,9 @@ START_TEST(stats_and_list)
 
         for (int i = 0; i < 8; i++) {
                 snprintf(names[i], sizeof(names[i]), "l/%d", 7 - i);
-                publish_ok(c, names[i], make_vec(c, 4, 0), NULL, NULL);
+                publish_ok(c, names[i], fx_vec_f32(c, 4, 0), NULL, NULL);
         }
-        publish_ok(c, "z/other", make_vec(c, 4, 0), NULL, NULL);
+        publish_ok(c, "z/other", fx_vec_f32(c, 4, 0), NULL, NULL);
         ck_assert_int_eq(dlx_stats(c, &s), 0);
         ck_assert_uint_eq(s.names, 9);
         ck_assert_uint_eq(s.versions, 9);
@@ -848,7 +765,7 @@ START_TEST(many_names_page_through_list)
         /* more than one list page (256 by default) */
         for (int i = 0; i < 600; i++) {
                 snprintf(name, sizeof(name), "many/%04d", i);
-                publish_ok(c, name, make_vec(c, 1, 0), NULL, NULL);
+                publish_ok(c, name, fx_vec_f32(c, 1, 0), NULL, NULL);
         }
         int n = dlx_list(c, "many/", list_collect, &acc);
         ck_assert_int_eq(n, 600);
@@ -873,11 +790,11 @@ START_TEST(max_bytes_limit)
         dlxd_start(&fx, args);
         c = fx_connect(&fx, "big");
         ck_assert_int_eq(dlx_alloc(c, &proto, &t), -ENOSPC);
-        ck_assert_ptr_nonnull(strstr(dlx_last_error(), "limit"));
+        expect_last_error("limit");
         ck_assert_int_eq(dlx_stats(c, &s), 0);
         ck_assert_uint_eq(s.max_bytes, 1 << 20);
         /* small ones still fit */
-        publish_ok(c, "b/small", make_vec(c, 16, 0), NULL, NULL);
+        publish_ok(c, "b/small", fx_vec_f32(c, 16, 0), NULL, NULL);
         dlx_close(c);
         dlxd_stop(&fx);
 }
@@ -895,7 +812,7 @@ START_TEST(max_clients_limit)
         b = fx_connect(&fx, "b");
         ck_assert_int_eq(dlx_connect(&o, &c), -EAGAIN);
         ck_assert_ptr_null(c);
-        ck_assert_ptr_nonnull(strstr(dlx_last_error(), "too many clients"));
+        expect_last_error("too many clients");
         dlx_close(b);
         /* a slot frees up once the daemon has seen b go */
         for (int i = 0; i < 200 && dlx_connect(&o, &c) != 0; i++)
@@ -985,7 +902,7 @@ START_TEST(default_socket_from_environment)
         dlx_close(c);
         setenv("DLX_SOCKET", "/nonexistent/dlx.sock", 1);
         ck_assert_int_eq(dlx_connect(NULL, &c), -ENOENT);
-        ck_assert_ptr_nonnull(strstr(dlx_last_error(), "/nonexistent/dlx.sock"));
+        expect_last_error("/nonexistent/dlx.sock");
         unsetenv("DLX_SOCKET");
 }
 END_TEST
@@ -1018,7 +935,7 @@ START_TEST(connect_errors)
         ck_assert_ptr_nonnull(mkdtemp(dir));
         snprintf(path, sizeof(path), "%s/none.sock", dir);
         connect_fails(path, -ENOENT);
-        ck_assert_ptr_nonnull(strstr(dlx_last_error(), "is dlxd running"));
+        expect_last_error("is dlxd running");
 
         /* a path through a regular file */
         snprintf(file, sizeof(file), "%s/file", dir);
@@ -1036,7 +953,7 @@ START_TEST(connect_errors)
         ck_assert_int_eq(bind(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
         close(fd);
         connect_fails(path, -ECONNREFUSED);
-        ck_assert_ptr_nonnull(strstr(dlx_last_error(), "no daemon listens"));
+        expect_last_error("no daemon listens");
 
         /* one byte more than a socket address holds */
         memset(longer, 'x', sizeof(longer));
@@ -1067,8 +984,9 @@ START_TEST(bad_arguments)
         ck_assert_int_eq(dlx_unpublish(c, "/lead"), -EINVAL);
         ck_assert_int_eq(dlx_watch(c, "\xff", NULL), -EINVAL);
         /* a bad name still consumes the tensor */
-        ck_assert_int_eq(dlx_publish(c, "trail/", counted(make_vec(c, 2, 0), count), NULL, NULL),
-                         -EINVAL);
+        ck_assert_int_eq(
+                dlx_publish(c, "trail/", fx_counted(fx_vec_f32(c, 2, 0), count), NULL, NULL),
+                -EINVAL);
         ck_assert_int_eq(*count, 1);
         ck_assert_int_eq(dlx_publish(c, "x", NULL, NULL, NULL), -EINVAL);
         ck_assert_str_ne(dlx_strerror(-ENOENT), "");
@@ -1149,7 +1067,7 @@ START_TEST(release_after_idle_reaches_producer)
         DLManagedTensorVersioned *t;
         int64_t start;
 
-        publish_ok(p, "idle/x", counted(make_vec(p, 8, 1.0f), count), NULL, NULL);
+        publish_ok(p, "idle/x", fx_counted(fx_vec_f32(p, 8, 1.0f), count), NULL, NULL);
         t = acquire_ok(q, "idle/x", NULL);
         ck_assert_int_eq(dlx_unpublish(p, "idle/x"), 0);
         /* long enough for the daemon to have put the consumer's ring to sleep */
@@ -1163,7 +1081,7 @@ START_TEST(release_after_idle_reaches_producer)
         ck_assert_int_eq(*count, 1);
         ck_assert_int_lt(fx_now_ms() - start, 500);
         /* and one released while it is awake, with the consumer then going quiet */
-        publish_ok(p, "idle/y", counted(make_vec(p, 8, 2.0f), count), NULL, NULL);
+        publish_ok(p, "idle/y", fx_counted(fx_vec_f32(p, 8, 2.0f), count), NULL, NULL);
         t = acquire_ok(q, "idle/y", NULL);
         ck_assert_int_eq(dlx_unpublish(p, "idle/y"), 0);
         t->deleter(t);
@@ -1189,7 +1107,7 @@ START_TEST(session_bounds)
         DLManagedTensorVersioned *t = NULL;
 
         /* descriptors are bounded per uid (test-limits); leases per session */
-        publish_ok(p, "fdv/zero-copy", make_vec(p, 1, 0), NULL, NULL);
+        publish_ok(p, "fdv/zero-copy", fx_vec_f32(p, 1, 0), NULL, NULL);
         for (int i = 0; i < DLX_MAX_LEASES_PER_SESSION; i++)
                 held[i] = acquire_ok(q, "fdv/zero-copy", NULL);
         ck_assert_int_eq(dlx_acquire(q, "fdv/zero-copy", NULL, &t), -EAGAIN);
@@ -1202,6 +1120,444 @@ START_TEST(session_bounds)
                 held[i]->deleter(held[i]);
         dlx_close(q);
         dlx_close(p);
+}
+END_TEST
+
+/* ---- mappings: placement, permissions, failures ------------------------------------------ */
+
+/* The /proc/self/maps line of the mapping holding addr. */
+struct mapping {
+        uintptr_t start, end;
+        char perms[5];
+        unsigned long inode;
+};
+
+static bool mapping_of(const void *addr, struct mapping *ret)
+{
+        FILE *f = fopen("/proc/self/maps", "re");
+        char line[512];
+        bool found = false;
+
+        ck_assert_ptr_nonnull(f);
+        while (!found && fgets(line, sizeof(line), f)) {
+                struct mapping m;
+
+                if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %4s %*s %*s %lu", &m.start, &m.end,
+                           m.perms, &m.inode) != 4)
+                        continue;
+                if ((uintptr_t)addr >= m.start && (uintptr_t)addr < m.end) {
+                        *ret = m;
+                        found = true;
+                }
+        }
+        fclose(f);
+        return found;
+}
+
+static long vm_size_bytes(void)
+{
+        FILE *f = fopen("/proc/self/status", "r");
+        char line[256];
+        long kb = -1;
+
+        ck_assert_ptr_nonnull(f);
+        while (fgets(line, sizeof(line), f))
+                if (sscanf(line, "VmSize: %ld kB", &kb) == 1)
+                        break;
+        fclose(f);
+        return kb * 1024;
+}
+
+/*
+ * An acquire whose mmap() fails (here: a transient shortage of address space)
+ * fails with -ENOMEM and leaves nothing behind: the daemon is told, and the
+ * same acquire works once the shortage is over.
+ */
+START_TEST(acquire_works_again_after_failed_mmap)
+{
+        const int64_t n = (64 << 20) / 4; /* 64 MiB */
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_client *q = fx_connect(&fx, "consumer");
+        DLManagedTensorVersioned *t = NULL;
+        struct rlimit old, low;
+        int err;
+
+        publish_ok(p, "poison/big", fx_plain_f32(n, 1.0f, NULL), NULL, NULL);
+
+        /* a transient shortage of address space: this mmap cannot succeed */
+        ck_assert_int_eq(getrlimit(RLIMIT_AS, &old), 0);
+        low = old;
+        low.rlim_cur = (rlim_t)vm_size_bytes() + (16 << 20);
+        ck_assert_int_eq(setrlimit(RLIMIT_AS, &low), 0);
+        err = dlx_acquire(q, "poison/big", NULL, &t);
+        ck_assert_int_eq(setrlimit(RLIMIT_AS, &old), 0);
+        ck_assert_msg(err == -ENOMEM, "acquire under RLIMIT_AS: %s (%s)", dlx_strerror(err),
+                      dlx_last_error());
+
+        /* the shortage is over: acquiring again must work */
+        t = NULL;
+        err = dlx_acquire(q, "poison/big", NULL, &t);
+        ck_assert_msg(err == 0, "acquire after the shortage: %d %s (%s)", err, dlx_strerror(err),
+                      dlx_last_error());
+        ck_assert(((float *)t->dl_tensor.data)[7] == 8.0f);
+        t->deleter(t);
+        dlx_close(q);
+        dlx_close(p);
+}
+END_TEST
+
+/*
+ * dlx_alloc() memory is published zero-copy wherever it lies in the
+ * allocator's segments, at offset 0 of one too, even when mmap placed a newer
+ * segment so that it ends exactly where the older one begins.
+ */
+START_TEST(zero_copy_at_start_of_any_segment)
+{
+        enum { MAXSEG = 8 };
+        dlx_client *c = fx_connect(&fx, "producer");
+        struct dlx_publish_options never = {.copy = DLX_COPY_NEVER};
+        DLManagedTensorVersioned *t[MAXSEG];
+        uintptr_t start[MAXSEG], end[MAXSEG];
+        struct mapping m;
+        int n = 0, victim = -1, err;
+
+        /*
+         * The allocator's segments are 256 KiB, 512 KiB, 1 MiB...: one tensor
+         * filling each sits at offset 0 of its own segment. Stop as soon as a
+         * newer segment ends exactly where an older one begins.
+         */
+        while (n < MAXSEG && victim < 0) {
+                t[n] = fx_alloc_f32(c, ((int64_t)256 << 10 << n) / 4);
+                ck_assert(mapping_of(t[n]->dl_tensor.data, &m));
+                start[n] = m.start;
+                end[n] = m.end;
+                ck_assert_msg(start[n] == (uintptr_t)t[n]->dl_tensor.data,
+                              "tensor %d is not at the start of its segment", n);
+                for (int i = 0; i < n; i++)
+                        if (end[n] == start[i])
+                                victim = i;
+                n++;
+        }
+        if (victim < 0 && getenv("DLX_TEST_VALGRIND")) {
+                /* valgrind places mappings its own way: nothing to test here */
+                for (int i = 0; i < n; i++)
+                        t[i]->deleter(t[i]);
+                dlx_close(c);
+                return;
+        }
+        ck_assert_msg(victim >= 0, "precondition: no two allocator segments are adjacent here");
+
+        /* t[victim] lies wholly inside dlx_alloc() memory of this client: no copy needed */
+        err = dlx_publish(c, "adj/victim", t[victim], &never, NULL);
+        t[victim] = NULL;
+        ck_assert_msg(err == 0, "publish of dlx_alloc() memory with DLX_COPY_NEVER: %s (%s)",
+                      dlx_strerror(err), dlx_last_error());
+        for (int i = 0; i < n; i++)
+                if (t[i])
+                        t[i]->deleter(t[i]);
+        dlx_close(c);
+}
+END_TEST
+
+/*
+ * A read-only tensor is handed out in a read-only mapping, even when the
+ * consumer already maps its segment writable for a writable tensor of the
+ * same dlx_alloc() segment acquired first.
+ */
+START_TEST(read_only_tensor_never_mapped_writable)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_client *q = fx_connect(&fx, "consumer");
+        DLManagedTensorVersioned *w, *r;
+        struct mapping m;
+
+        publish_ok(p, "mix/w", fx_alloc_f32(p, 1024),
+                   &(struct dlx_publish_options){.writable = true}, NULL);
+        publish_ok(p, "mix/r", fx_alloc_f32(p, 1024), NULL, NULL);
+
+        w = acquire_ok(q, "mix/w", NULL);
+        r = acquire_ok(q, "mix/r", NULL);
+        ck_assert(!(w->flags & DLPACK_FLAG_BITMASK_READ_ONLY));
+        ck_assert(r->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
+        ck_assert(mapping_of(r->dl_tensor.data, &m));
+        ck_assert_msg(m.perms[1] != 'w',
+                      "the read-only tensor 'mix/r' is mapped %s in the consumer: writes go "
+                      "straight into the producer's memory",
+                      m.perms);
+        r->deleter(r);
+        w->deleter(w);
+        dlx_close(q);
+        dlx_close(p);
+}
+END_TEST
+
+/* ---- the mapping cache and what the daemon thinks this session holds ------------------------ */
+
+static bool inode_mapped(unsigned long ino)
+{
+        FILE *f = fopen("/proc/self/maps", "r");
+        char line[512];
+        bool found = false;
+
+        ck_assert_ptr_nonnull(f);
+        while (fgets(line, sizeof(line), f)) {
+                unsigned long i;
+                if (sscanf(line, "%*s %*s %*s %*s %lu", &i) == 1 && i == ino)
+                        found = true;
+        }
+        fclose(f);
+        return found;
+}
+
+struct crossing {
+        dlx_client *c;
+        DLManagedTensorVersioned *t;
+        int err;
+};
+
+static void *acquire_s(void *arg)
+{
+        struct crossing *x = arg;
+
+        x->err = dlx_acquire(x->c, "x/s", NULL, &x->t);
+        return NULL;
+}
+
+/*
+ * Thread A acquires a tensor in an idle cached segment S while thread B's
+ * release evicts S from the cache (a Forget goes out): whatever order the
+ * daemon handles them in, client and daemon agree on whether this session
+ * holds S, so when S dies this process unmaps it.
+ */
+START_TEST(forgotten_segment_unmapped_after_crossing_reply)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        char name[32];
+        int stale = 0;
+
+        for (int i = 0; i < 32; i++) {
+                snprintf(name, sizeof(name), "x/d%d", i);
+                publish_ok(p, name, fx_plain_f32(16, (float)i, NULL), NULL, NULL);
+        }
+        for (int trial = 0; trial < 100; trial++) {
+                dlx_client *q = fx_connect(&fx, "consumer");
+                DLManagedTensorVersioned *t, *hold;
+                struct crossing x = {.c = q};
+                struct mapping m;
+                unsigned long ino;
+                uint64_t id0;
+                pthread_t th;
+
+                publish_ok(p, "x/s", fx_plain_f32(16, 100.0f, NULL), NULL, NULL);
+                /* S first in the idle cache, then 31 others: 32 idle, one held */
+                t = acquire_ok(q, "x/s", NULL);
+                ck_assert(mapping_of(t->dl_tensor.data, &m));
+                ino = m.inode;
+                ck_assert_uint_ne(ino, 0);
+                t->deleter(t);
+                for (int i = 0; i < 31; i++) {
+                        snprintf(name, sizeof(name), "x/d%d", i);
+                        t = acquire_ok(q, name, NULL);
+                        t->deleter(t);
+                }
+                hold = acquire_ok(q, "x/d31", NULL);
+
+                /* A asks for S; as soon as its request is out, B releases (S evicted) */
+                pthread_mutex_lock(&q->lock);
+                id0 = q->next_id;
+                pthread_mutex_unlock(&q->lock);
+                ck_assert_int_eq(pthread_create(&th, NULL, acquire_s, &x), 0);
+                while (__atomic_load_n(&q->next_id, __ATOMIC_ACQUIRE) == id0)
+                        ;
+                hold->deleter(hold);
+                pthread_join(th, NULL);
+                ck_assert_msg(x.err == 0, "acquire x/s: %s", dlx_strerror(x.err));
+                x.t->deleter(x.t);
+                ck_assert_int_eq(dlx_ping(q), 0);
+
+                /* S dies: the consumer must not keep it mapped */
+                publish_ok(p, "x/s", fx_plain_f32(16, 200.0f, NULL), NULL, NULL);
+                ck_assert_int_eq(dlx_ping(q), 0);
+                ck_assert_int_eq(dlx_ping(q), 0);
+                if (inode_mapped(ino))
+                        stale++;
+                dlx_close(q);
+                if (stale)
+                        break;
+        }
+        ck_assert_msg(stale == 0,
+                      "a destroyed segment is still mapped by a client that holds no tensor in it");
+        dlx_close(p);
+}
+END_TEST
+
+/* ---- the pollable fd and dlx_wait_released() ----------------------------------------------- */
+
+/*
+ * dlx_fd() polls readable while an event is queued, even one that another
+ * call (here a ping) read off the socket: an event loop that waits for it
+ * never misses the event.
+ */
+START_TEST(pollable_fd_readable_while_event_queued)
+{
+        dlx_client *w = fx_connect(&fx, "loop");
+        dlx_client *p = fx_connect(&fx, "producer");
+        struct pollfd pfd = {.fd = dlx_fd(w), .events = POLLIN};
+        struct dlx_event ev;
+
+        ck_assert_int_eq(dlx_watch(w, "q/", NULL), 0);
+        publish_ok(p, "q/x", fx_alloc_f32(p, 4), NULL, NULL);
+        /* the daemon has sent the event: the fd is readable */
+        ck_assert_int_eq(poll(&pfd, 1, 5000), 1);
+        /* the loop's own work makes one call before getting back to poll() */
+        ck_assert_int_eq(dlx_ping(w), 0);
+        /* an event is waiting... */
+        int readable = poll(&pfd, 1, 200);
+        int got = dlx_next_event(w, &ev, 0);
+        ck_assert_int_eq(got, 0);
+        /* ...so the descriptor must say so, or the event loop never comes back for it */
+        ck_assert_msg(readable == 1, "an event is queued but dlx_fd() does not poll readable");
+        dlx_close(p);
+        dlx_close(w);
+}
+END_TEST
+
+/*
+ * dlx_wait_released() with timeout 0 asks without waiting: a RELEASED notice
+ * already sent is seen, without any other call reading the socket first.
+ */
+START_TEST(wait_released_poll_sees_release)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_client *q = fx_connect(&fx, "consumer");
+        DLManagedTensorVersioned *t;
+        uint64_t v1 = 0;
+        int err = -1;
+
+        ck_assert_int_eq(dlx_publish(p, "db/x", fx_alloc_f32(p, 64), NULL, &v1), 0);
+        t = acquire_ok(q, "db/x", NULL);
+        publish_ok(p, "db/x", fx_alloc_f32(p, 64), NULL, NULL); /* v2: v1 lives on for its reader */
+        t->deleter(t);                    /* last lease of v1: RELEASED goes out */
+        ck_assert_int_eq(dlx_ping(q), 0); /* the daemon has handled the release */
+
+        for (int i = 0; i < 100 && err != 0; i++) {
+                err = dlx_wait_released(p, "db/x", v1, NULL, 0);
+                if (err != 0)
+                        fx_sleep_ms(10);
+        }
+        ck_assert_msg(err == 0,
+                      "v1 was released a second ago, dlx_wait_released(timeout 0) still says %s",
+                      dlx_strerror(err));
+        /* with a timeout the same call sees it at once */
+        ck_assert_int_eq(dlx_wait_released(p, "db/x", v1, NULL, 1000), 0);
+        dlx_close(q);
+        dlx_close(p);
+}
+END_TEST
+
+/*
+ * dlx_alloc() refuses a size whose byte count wraps 64 bits: 2^61 float64
+ * elements are 2^64 bytes, which must not become a 0-byte allocation.
+ */
+START_TEST(alloc_refuses_size_that_wraps)
+{
+        dlx_client *c = fx_connect(&fx, "alloc");
+        int64_t shape[1] = {INT64_C(1) << 61};
+        DLTensor proto = {
+                .device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLFloat, 64, 1}, .shape = shape};
+        DLManagedTensorVersioned *t = NULL;
+        int err = dlx_alloc(c, &proto, &t);
+
+        if (err == 0)
+                t->deleter(t);
+        ck_assert_msg(err < 0, "dlx_alloc of 2^61 float64 (2^64 bytes) succeeded");
+        dlx_close(c);
+}
+END_TEST
+
+/* ---- release events ----------------------------------------------------------------------- */
+
+static void handle_fill(uint8_t h[DLX_CUDA_HANDLE], uint32_t seed)
+{
+        for (int i = 0; i < DLX_CUDA_HANDLE; i++)
+                h[i] = (uint8_t)(seed >> (8 * (i % 4)));
+        h[0] ^= 0x5a;
+}
+
+/* Acquires name and releases it with a release event made from seed. */
+static void acquire_release_with_event(int sock, uint64_t id, const char *name, uint32_t seed)
+{
+        struct wire_request req = {.id = id, .type = WIRE_REQ_ACQUIRE};
+        struct wire_reply rep;
+
+        snprintf(req.acquire.name, sizeof(req.acquire.name), "%s", name);
+        rp_send(sock, &req, -1);
+        rp_expect_ok(sock, id, WIRE_REP_ACQUIRE, &rep, NULL);
+        req = (struct wire_request){.id = id + 1, .type = WIRE_REQ_RELEASE};
+        req.release.lease = rep.acquire.lease;
+        req.release.has_event = true;
+        handle_fill(req.release.event, seed);
+        rp_send(sock, &req, -1);
+}
+
+/*
+ * Every consumer's release event reaches the producer: one consumer that
+ * acquires and releases with a fresh event more often than a version keeps
+ * events (DLX_MAX_RELEASE_EVENTS) cannot crowd out another consumer's, whose
+ * GPU work the producer must wait for before reusing its memory. Checked with
+ * a cuda-ipc tensor, which the daemon handles without a GPU.
+ */
+START_TEST(release_events_of_every_consumer_kept)
+{
+        int prod = rp_connect(fx.socket, "producer"), hog = rp_connect(fx.socket, "hog"),
+            good = rp_connect(fx.socket, "good");
+        uint8_t mine[DLX_CUDA_HANDLE];
+        struct wire_request req;
+        struct wire_reply rep;
+        bool found = false;
+        uint32_t nevents = 0;
+
+        rp_publish_req(&req, 2, "pubsub/gpu", 4096, 0, 0);
+        req.publish.tensor.storage = WIRE_STORAGE_CUDA_IPC;
+        req.publish.tensor.device_type = kDLCUDA;
+        req.publish.tensor.has_ipc_handle = true;
+        handle_fill(req.publish.tensor.ipc_handle, 0xabcdef);
+        req.publish.segment_size = 4096;
+        req.publish.token = 99;
+        rp_send(prod, &req, -1);
+        rp_expect_ok(prod, 2, WIRE_REP_PUBLISH, NULL, NULL);
+
+        for (uint32_t i = 0; i < DLX_MAX_RELEASE_EVENTS + 8; i++)
+                acquire_release_with_event(hog, 10 + 2 * (uint64_t)i, "pubsub/gpu", i + 1);
+        rp_ping(hog, 5);
+        acquire_release_with_event(good, 10, "pubsub/gpu", 0xfeedface);
+        rp_ping(good, 20);
+        handle_fill(mine, 0xfeedface);
+
+        req = (struct wire_request){.id = 3, .type = WIRE_REQ_UNPUBLISH};
+        snprintf(req.unpublish.name, sizeof(req.unpublish.name), "pubsub/gpu");
+        rp_send(prod, &req, -1);
+        for (;;) {
+                int r = rp_read_keep(prod, &rep, 5000, NULL);
+                ck_assert_msg(r == 1, "no RELEASED for the producer (%s)",
+                              r == 0 ? "EOF" : strerror(-r));
+                if (rep.type == WIRE_REP_EVENT && rep.event.kind == WIRE_EVENT_RELEASED) {
+                        nevents = rep.event.nevents;
+                        for (uint32_t i = 0; i < rep.event.nevents; i++)
+                                if (memcmp(rep.event.events[i], mine, DLX_CUDA_HANDLE) == 0)
+                                        found = true;
+                        wire_reply_done(&rep);
+                        break;
+                }
+                wire_reply_done(&rep);
+        }
+        ck_assert_msg(found,
+                      "RELEASED hands the producer %u release events, all from one consumer; "
+                      "another consumer's event was dropped",
+                      nevents);
+        close(good);
+        close(hog);
+        close(prod);
 }
 END_TEST
 
@@ -1219,6 +1575,14 @@ Suite *pubsub_suite(void)
         tcase_add_test(tc, replace_while_leased);
         tcase_add_test(tc, unpublish_while_leased);
         tcase_add_test(tc, release_after_idle_reaches_producer);
+        tcase_add_test(tc, release_events_of_every_consumer_kept);
+        tcase_add_test(tc, acquire_works_again_after_failed_mmap);
+        tcase_add_test(tc, zero_copy_at_start_of_any_segment);
+        tcase_add_test(tc, read_only_tensor_never_mapped_writable);
+        tcase_add_test(tc, forgotten_segment_unmapped_after_crossing_reply);
+        tcase_add_test(tc, pollable_fd_readable_while_event_queued);
+        tcase_add_test(tc, wait_released_poll_sees_release);
+        tcase_add_test(tc, alloc_refuses_size_that_wraps);
         tcase_add_test(tc, session_bounds);
         tcase_add_test(tc, close_runs_held_deleters);
         tcase_add_test(tc, kill9_releases_leases);

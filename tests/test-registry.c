@@ -26,10 +26,10 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "fdcount.h"
 #include "log.h"
 #include "session.h"
 #include "store.h"
+#include "toolkit.h"
 #include "watch.h"
 #include "wire.h"
 
@@ -338,21 +338,6 @@ static void expect_status(const struct sent *r, enum wire_status status)
 
 /* ---- segments and descriptors ------------------------------------------------------------ */
 
-static int make_memfd(uint64_t size, int extra_seals)
-{
-        int fd = memfd_create("test-registry", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-
-        ck_assert_int_ge(fd, 0);
-        ck_assert_int_eq(ftruncate(fd, (off_t)size), 0);
-        ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | extra_seals), 0);
-        return fd;
-}
-
-static bool fd_is_open(int fd)
-{
-        return fcntl(fd, F_GETFD) >= 0;
-}
-
 /* A 1-D compact float32 tensor of n elements at offset, length bytes long. */
 static void tensor_f32(struct wire_tensor *t, const char *name, int64_t n, uint64_t offset,
                        uint64_t length)
@@ -403,7 +388,7 @@ static const struct sent *publish_flags(struct client *c, const char *name, bool
 
         tensor_f32(&t, name, 16, 0, SEG_BYTES);
         t.flags = flags;
-        return expect_ok(publish_t(c, &t, make_memfd(SEG_BYTES, 0), persist, token),
+        return expect_ok(publish_t(c, &t, sealed_memfd(SEG_BYTES), persist, token),
                          WIRE_REP_PUBLISH);
 }
 
@@ -953,12 +938,7 @@ START_TEST(test_watch_index_matches_a_scan)
                                                "ab", "b", "b/a", "a/b/c/d", "c/"};
         static const char *const names[] = {"a", "ab",  "a/b",     "a/bc", "a/b/c",
                                             "b", "b/a", "a/b/c/d", "c",    "a/b/c/de"};
-        enum {
-                NPREFIXES = sizeof(prefixes) / sizeof(prefixes[0]),
-                NNAMES = sizeof(names) / sizeof(names[0]),
-                NW = 6,
-                MAXW = 512
-        };
+        enum { NPREFIXES = N_ELEMS(prefixes), NNAMES = N_ELEMS(names), NW = 6, MAXW = 512 };
         struct {
                 int who;      /* the slot in w[] */
                 unsigned gen; /* which session in that slot: a closed one's are dead */
@@ -1134,11 +1114,14 @@ START_TEST(test_read_only_and_writable)
 
         /* a memfd sealed against writes cannot carry a writable version, and says why */
         tensor_f32(&t, "sealed", 16, 0, SEG_BYTES);
-        r = publish_t(p, &t, make_memfd(SEG_BYTES, F_SEAL_WRITE), false, 3);
+        r = publish_t(p, &t, make_memfd(SEG_BYTES, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE),
+                      false, 3);
         expect_status(r, WIRE_BUSY);
         ck_assert_ptr_nonnull(strstr(r->rep.error, "sealed against writing"));
         t.flags = DLPACK_FLAG_BITMASK_READ_ONLY;
-        expect_ok(publish_t(p, &t, make_memfd(SEG_BYTES, F_SEAL_WRITE), false, 3),
+        expect_ok(publish_t(p, &t,
+                            make_memfd(SEG_BYTES, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE),
+                            false, 3),
                   WIRE_REP_PUBLISH);
         r = acquire_ok(c, "sealed");
         ck_assert(!r->rep.acquire.writable);
@@ -1329,7 +1312,7 @@ START_TEST(test_publish_permissions)
         publish(p, "owned", false, 1);
 
         tensor_f32(&t, "owned", 16, 0, SEG_BYTES);
-        fd = make_memfd(SEG_BYTES, 0);
+        fd = sealed_memfd(SEG_BYTES);
         expect_status(publish_t(other, &t, fd, false, 2), WIRE_PERMISSION);
         /* the fd was consumed: closed */
         ck_assert(!fd_is_open(fd));
@@ -1350,7 +1333,7 @@ START_TEST(test_publish_permissions)
         ck_assert_uint_eq(r->rep.publish.version, 3);
         /* replacing does not transfer the name */
         ck_assert_uint_eq(stat_ok(p, "owned")->owner_uid, 1000);
-        expect_status(publish_t(other, &t, make_memfd(SEG_BYTES, 0), false, 6), WIRE_PERMISSION);
+        expect_status(publish_t(other, &t, sealed_memfd(SEG_BYTES), false, 6), WIRE_PERMISSION);
         ck_assert_uint_eq(stats(p).segments, 1);
 
         /* once unpublished, the name is free for anyone */
@@ -1654,7 +1637,7 @@ START_TEST(test_list_prefix_and_pages)
         const struct sent *r;
         uint64_t lease;
 
-        for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++)
+        for (size_t i = 0; i < N_ELEMS(order); i++)
                 publish(p, order[i], i == 2, 100 + i);
         /* names without a current version: waited for, and unpublished but leased */
         ck_assert_ptr_null(acquire(c, "l/bb", 0, -1, NULL));
@@ -1708,7 +1691,7 @@ START_TEST(test_stat_fields)
         t.strides[0] = 4;
         t.strides[1] = 1;
         t.byte_offset = 8;
-        expect_ok(publish_t(p, &t, make_memfd(256, 0), true, 5), WIRE_REP_PUBLISH);
+        expect_ok(publish_t(p, &t, sealed_memfd(256), true, 5), WIRE_REP_PUBLISH);
 
         info = stat_ok(c, "s");
         ck_assert_str_eq(info->tensor.name, "s");
@@ -1774,7 +1757,7 @@ START_TEST(test_alloc_and_publish_by_segment)
         /* a published memfd counts against the same limit */
         {
                 struct wire_tensor t;
-                int fd = make_memfd(SEG_BYTES, 0);
+                int fd = sealed_memfd(SEG_BYTES);
                 tensor_f32(&t, "nospace", 16, 0, SEG_BYTES);
                 expect_status(publish_t(a, &t, fd, false, 1), WIRE_NO_SPACE);
                 ck_assert(!fd_is_open(fd));
@@ -1911,7 +1894,7 @@ END_TEST
 static void publish_expect(struct client *c, const struct wire_tensor *t, uint64_t size,
                            enum wire_status status)
 {
-        int fd = make_memfd(size, 0);
+        int fd = sealed_memfd(size);
         const struct sent *r = publish_t(c, t, fd, false, 1);
 
         if (status == WIRE_OK) {
@@ -2206,7 +2189,7 @@ START_TEST(test_cuda_ipc_descriptor)
         t.has_ipc_handle = false;
         expect_status(publish_ipc(p, &t, 4096, false, 0), WIRE_INVALID);
         tensor_ipc(&t, "gpu/y");
-        int fd = make_memfd(SEG_BYTES, 0);
+        int fd = sealed_memfd(SEG_BYTES);
         req_init(&req, WIRE_REQ_PUBLISH);
         req.publish.tensor = t;
         req.publish.segment_size = 4096;
@@ -2221,7 +2204,7 @@ START_TEST(test_cuda_ipc_descriptor)
         /* an event on a CPU tensor is refused too */
         tensor_f32(&t, "cpu/e", 16, 0, 64);
         t.has_event = true;
-        fd = make_memfd(SEG_BYTES, 0);
+        fd = sealed_memfd(SEG_BYTES);
         expect_status(publish_t(p, &t, fd, false, 0), WIRE_INVALID);
         /* IPC segments charge no bytes: the producer's process holds that memory */
         ck_assert_uint_eq(stats(p).bytes, 0);
@@ -2322,7 +2305,7 @@ START_TEST(test_cuda_vmm_and_host_segments)
         req_init(&req, WIRE_REQ_ALLOC);
         req.alloc.size = 4096;
         req.alloc.storage = WIRE_STORAGE_MEMFD;
-        fd = make_memfd(4096, 0);
+        fd = sealed_memfd(4096);
         registry_alloc(p->s, &req, fd);
         expect_status(reply_for(p, req.id), WIRE_INVALID);
         ck_assert(!fd_is_open(fd));
@@ -2348,6 +2331,18 @@ START_TEST(test_cuda_vmm_and_host_segments)
         expect_status(publish_t(p, &t, -1, false, 0), WIRE_INVALID);
 }
 END_TEST
+
+/*
+ * libuv opens a process-wide signal pipe with the first loop and keeps it for
+ * the life of the process: no leak of a test's (see check-main.c).
+ */
+void suite_open_process_fds(void)
+{
+        uv_loop_t loop;
+
+        if (uv_loop_init(&loop) == 0)
+                uv_loop_close(&loop);
+}
 
 Suite *registry_suite(void)
 {

@@ -22,63 +22,6 @@
 #include "fixture.h"
 
 /* A float32 vector in shared memory, element i = base + i; its deleter bumps *deleted. */
-struct counted {
-        DLManagedTensorVersioned mt;
-        DLManagedTensorVersioned *inner;
-        int *deleted;
-};
-
-static void counted_deleter(DLManagedTensorVersioned *t)
-{
-        struct counted *w = t->manager_ctx;
-
-        (*w->deleted)++;
-        w->inner->deleter(w->inner);
-        free(w);
-}
-
-static DLManagedTensorVersioned *make_vec(dlx_client *c, int64_t n, float base, int *deleted)
-{
-        int64_t shape[1] = {n};
-        DLTensor proto = {
-                .device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLFloat, 32, 1}, .shape = shape};
-        DLManagedTensorVersioned *t = NULL;
-        struct counted *w;
-        int err = dlx_alloc(c, &proto, &t);
-
-        ck_assert_msg(err == 0, "dlx_alloc: %s (%s)", dlx_strerror(err), dlx_last_error());
-        for (int64_t i = 0; i < n; i++)
-                ((float *)t->dl_tensor.data)[i] = base + (float)i;
-        if (!deleted)
-                return t;
-        w = calloc(1, sizeof(*w));
-        ck_assert_ptr_nonnull(w);
-        w->mt = *t;
-        w->mt.manager_ctx = w;
-        w->mt.deleter = counted_deleter;
-        w->inner = t;
-        w->deleted = deleted;
-        return &w->mt;
-}
-
-static void publish_ok(dlx_client *c, const char *name, DLManagedTensorVersioned *t, bool persist,
-                       uint64_t *ret_version)
-{
-        struct dlx_publish_options o = {.persist = persist};
-        int err = dlx_publish(c, name, t, &o, ret_version);
-
-        ck_assert_msg(err == 0, "publish %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
-}
-
-static DLManagedTensorVersioned *acquire_ok(dlx_client *c, const char *name)
-{
-        DLManagedTensorVersioned *t = NULL;
-        int err = dlx_acquire(c, name, NULL, &t);
-
-        ck_assert_msg(err == 0, "acquire %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
-        return t;
-}
-
 /* How the daemon went: stopped (SIGTERM) or killed. */
 static int gone_by;
 
@@ -126,6 +69,7 @@ static void *acquire_blocked(void *arg)
 static void daemon_goes_away(int sig)
 {
         struct dlx_connect_options o = {.socket_path = fx.socket};
+        struct dlx_publish_options persist = {.persist = true};
         dlx_client *p = fx_connect(&fx, "producer");
         dlx_client *c = fx_connect(&fx, "consumer");
         DLManagedTensorVersioned *kept, *plain, *t = NULL;
@@ -138,10 +82,11 @@ static void daemon_goes_away(int sig)
         uint64_t version = 0;
         pthread_t th;
 
-        publish_ok(p, "restart/persist", make_vec(p, 1000, 1.0f, &deleted), true, NULL);
-        publish_ok(p, "restart/plain", make_vec(p, 10, 5.0f, &deleted), false, NULL);
-        kept = acquire_ok(c, "restart/persist");
-        plain = acquire_ok(c, "restart/plain");
+        publish_ok(p, "restart/persist", fx_counted(fx_vec_f32(p, 1000, 1.0f), &deleted), &persist,
+                   NULL);
+        publish_ok(p, "restart/plain", fx_counted(fx_vec_f32(p, 10, 5.0f), &deleted), NULL, NULL);
+        kept = acquire_ok(c, "restart/persist", NULL);
+        plain = acquire_ok(c, "restart/plain", NULL);
         ck_assert_int_eq(pthread_create(&th, NULL, acquire_blocked, &b), 0);
         /* let it reach the daemon (it fails the same way if it has not yet) */
         fx_sleep_ms(100);
@@ -201,9 +146,9 @@ static void daemon_goes_away(int sig)
         assert_gone(dlx_ping(c), dlx_last_error(), "dlx_ping() after the restart");
 
         /* the old name is free again: a new version 1 */
-        publish_ok(n, "restart/persist", make_vec(n, 4, 9.0f, NULL), true, &version);
+        publish_ok(n, "restart/persist", fx_vec_f32(n, 4, 9.0f), &persist, &version);
         ck_assert_uint_eq(version, 1);
-        t = acquire_ok(n, "restart/persist");
+        t = acquire_ok(n, "restart/persist", NULL);
         ck_assert(fx_vec_is(t, 4, 9.0f));
         t->deleter(t);
 

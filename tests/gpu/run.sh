@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One run on a machine with an NVIDIA GPU (Debian 12, CUDA toolkit at /usr/local/cuda, driver
 # installed): build dlx with CUDA and warnings as errors in build-gpu, run the real-hardware
-# suite (test "gpu", tests/test-gpu.c) and the driver-double suite (test "cuda"), then every
-# other test, then the CUDA benchmark if one is built. Output is kept short (the caller sees
-# only the tail); full logs stay in a temporary directory named at the end.
-# Exits 0 only if everything ran and passed; a skipped "gpu" test counts as a failure here.
+# suite (test "cuda-device", tests/test-cuda-device.c) and the driver-double suite (test
+# "cuda-double", tests/test-cuda-double.c), then every other test, then the CUDA benchmark if
+# one is built. Output is kept short (the caller sees only the tail); full logs stay in a
+# temporary directory named at the end.
+# Exits 0 only if everything ran and passed; a skipped "cuda-device" test counts as a failure here.
 #
 # Time limits per step (seconds), overridable from the environment.
 set -uo pipefail
@@ -37,7 +38,7 @@ errors() {
 }
 
 # Counts results of a copied testlog.json; prints one line, and the failing tests' names.
-# For the gpu test, also the lines test-gpu printed (its device probe and notes).
+# For the cuda-device test, also the lines test-cuda-device printed (its device probe and notes).
 count_log() {
   python3 - "$1" "$2" <<'PY'
 import json, sys
@@ -55,10 +56,10 @@ for line in open(path):
     else:
         n["failed"] += 1
         bad.append(f"{t['name']} ({r})")
-    if t["name"] == "gpu":
+    if t["name"] == "cuda-device":
         out = (t.get("stdout") or "") + (t.get("stderr") or "")
         for l in out.splitlines():
-            if l.startswith("test-gpu") or ":F:" in l or ":E:" in l or "%: Checks" in l:
+            if l.startswith("test-cuda-device") or ":F:" in l or ":E:" in l or "%: Checks" in l:
                 print("    " + l[:400])
 print(f"{label}: {n['passed']} passed, {n['failed']} failed, {n['skipped']} skipped"
       + (f" [{', '.join(bad)}]" if bad else ""))
@@ -102,11 +103,11 @@ note "build: ok ($build, ${opts[*]})"
 # Which of the two CUDA tests this tree builds.
 meson test -C "$build" --list >"$logs/list.txt" 2>/dev/null
 wanted=()
-for t in gpu cuda; do
+for t in cuda-device cuda-double; do
   grep -qE "/ $t\$" "$logs/list.txt" && wanted+=("$t")
 done
-if ! grep -qE "/ gpu\$" "$logs/list.txt"; then
-  fail "no test named gpu in $build: paste tests/gpu/meson-snippet.txt into tests/meson.build"
+if ! grep -qE "/ cuda-device\$" "$logs/list.txt"; then
+  fail "no test named cuda-device in $build: paste tests/gpu/meson-snippet.txt into tests/meson.build"
 fi
 
 if [ ${#wanted[@]} -gt 0 ]; then

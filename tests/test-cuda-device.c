@@ -191,7 +191,7 @@ __attribute__((noreturn, format(printf, 1, 2))) static void die(const char *fmt,
         va_start(ap, fmt);
         vsnprintf(sh->why[me], sizeof(sh->why[me]), fmt, ap);
         va_end(ap);
-        fprintf(stderr, "test-gpu %s[%d]: %s\n", role_name[me], (int)getpid(), sh->why[me]);
+        fprintf(stderr, "test-cuda-device %s[%d]: %s\n", role_name[me], (int)getpid(), sh->why[me]);
         _exit(1);
 }
 
@@ -857,7 +857,7 @@ static void ordering_case(bool gated, bool other)
         run_end(k, 2);
         if (busy == 0)
                 fprintf(stderr,
-                        "test-gpu: note: the producer's %s stream had drained before "
+                        "test-cuda-device: note: the producer's %s stream had drained before "
                         "the publish returned; this run did not race\n",
                         gated ? "gated" : "ungated");
         ck_assert_msg(!gated || busy == 1, "the gated stream was idle at publish");
@@ -1333,12 +1333,12 @@ static void require_gpu(void)
                 CUresult r;
 
                 if (cu_load(why, sizeof(why)) < 0) {
-                        fprintf(stderr, "test-gpu: %s\n", why);
+                        fprintf(stderr, "test-cuda-device: %s\n", why);
                         _exit(1);
                 }
                 if ((r = cu.Init(0)) != CUDA_SUCCESS ||
                     (r = cu.DeviceGetCount(&n)) != CUDA_SUCCESS || n < 1) {
-                        fprintf(stderr, "test-gpu: %s\n",
+                        fprintf(stderr, "test-cuda-device: %s\n",
                                 r != CUDA_SUCCESS ? cu_error(r) : "no CUDA device");
                         _exit(1);
                 }
@@ -1357,13 +1357,15 @@ static void require_gpu(void)
                         cu.DeviceGetAttribute(&mode, CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, dev);
                 }
                 fprintf(stderr,
-                        "test-gpu: %d device(s); device 0: %s; driver %d.%d; VMM %d, POSIX-fd "
+                        "test-cuda-device: %d device(s); device 0: %s; driver %d.%d; VMM %d, "
+                        "POSIX-fd "
                         "handles %d, IPC events %d, compute mode %d\n",
                         n, name, version / 1000, version % 1000 / 10, vmm, fd, ipc_ev, mode);
                 _exit(0);
         }
         if (pid < 0 || waitpid(pid, &st, 0) != pid) {
-                fprintf(stderr, "test-gpu: cannot run the CUDA probe: %s\n", strerror(errno));
+                fprintf(stderr, "test-cuda-device: cannot run the CUDA probe: %s\n",
+                        strerror(errno));
                 exit(EXIT_FAILURE);
         }
         if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
@@ -1373,17 +1375,17 @@ static void require_gpu(void)
                 fflush(stdout);
                 exit(77);
         }
-        fprintf(stderr, "test-gpu: the CUDA probe itself failed (status 0x%x)\n", st);
+        fprintf(stderr, "test-cuda-device: the CUDA probe itself failed (status 0x%x)\n", st);
         exit(EXIT_FAILURE);
 }
 
-Suite *gpu_suite(void)
+Suite *cuda_device_suite(void)
 {
         Suite *s;
         TCase *tc;
 
         require_gpu();
-        s = suite_create("gpu");
+        s = suite_create("cuda-device");
         tc = tcase_create("hardware");
         tcase_add_checked_fixture(tc, fx_setup, fx_teardown);
         tcase_set_timeout(tc, 150);

@@ -18,30 +18,7 @@
 #include <string.h>
 
 #include "dlx.pb-c.h"
-
-#define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
-
-/* Only reaches Check when the condition fails: hot loops stay fast. */
-#define expect(cond, fmt, ...)                                                                     \
-        do {                                                                                       \
-                if (!(cond))                                                                       \
-                        ck_abort_msg("expected %s: " fmt, #cond, __VA_ARGS__);                     \
-        } while (0)
-
-/* splitmix64: the same sequence on every libc. */
-static uint64_t rng_next(uint64_t *state)
-{
-        uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
-
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-        return z ^ (z >> 31);
-}
-
-static uint64_t rng_below(uint64_t *state, uint64_t n)
-{
-        return rng_next(state) % n;
-}
+#include "toolkit.h"
 
 /* ---- builders and comparisons ------------------------------------------------------------- */
 
@@ -1446,7 +1423,7 @@ START_TEST(test_decode_event_names)
         ck_assert_int_eq(decode_pb_reply(&r, &out), 0);
         ck_assert_str_eq(out.event.name, "ok/name");
         wire_reply_done(&out);
-        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        for (size_t i = 0; i < N_ELEMS(bad); i++) {
                 ev.name = str(bad[i]);
                 ck_assert_msg(decode_pb_reply(&r, &out) == -EINVAL, "event name '%s' accepted",
                               bad[i]);
@@ -1871,9 +1848,9 @@ START_TEST(test_fuzz_replies)
 }
 END_TEST
 
-Suite *codec_suite(void)
+Suite *wire_suite(void)
 {
-        Suite *s = suite_create("codec");
+        Suite *s = suite_create("wire");
         TCase *tc = tcase_create("requests");
 
         tcase_add_test(tc, test_request_hello);
