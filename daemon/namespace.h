@@ -103,7 +103,10 @@ struct entry *entry_get(struct registry *reg, const char *name, uid_t owner);
 void entry_maybe_free(struct registry *reg, struct entry *e);
 /* The current version stops being current; it dies now if nobody leases it. */
 void entry_retire_current(struct registry *reg, struct entry *e);
-/* Frees a version no longer current nor leased, telling its producer (RELEASED). */
+/*
+ * Frees a version no longer current nor leased; a producer still connected
+ * that published it with a token is told (RELEASED).
+ */
 void version_destroy(struct registry *reg, struct version *v);
 void version_describe(const struct version *v, struct wire_tensor *t);
 void notify_watchers(struct registry *reg, enum wire_event_kind kind, struct entry *e,

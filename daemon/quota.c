@@ -2,8 +2,9 @@
 /*
  * Per-uid limits on what sessions hold in the registry: clients and names,
  * and the descriptor cap as it stands for a uid. A per-uid limit left "fair"
- * is a share of what the other uids leave of the limit in all (store.h's
- * quota_uid_cap); the counts themselves live in the store's uid records.
+ * is a share of what the other uids leave of the limit in all
+ * (quota_uid_cap); the counts themselves live in the uid records (quota.h),
+ * kept in the store.
  */
 #include "quota.h"
 

@@ -3,8 +3,9 @@
  * Per-uid accounting, in one place: what each uid uses (one record per uid,
  * kept in the store while anything is counted in it), and the fair-share
  * arithmetic every per-uid limit goes through. The store charges bytes and
- * descriptors, the registry clients and names (quota.c), the connections
- * what they queue and leave unread.
+ * descriptors; session.c counts clients and registry.c names, against the
+ * caps quota.c works out; the connections count what they queue and leave
+ * unread.
  */
 #ifndef DLX_DAEMON_QUOTA_H
 #define DLX_DAEMON_QUOTA_H

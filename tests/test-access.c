@@ -237,7 +237,7 @@ static int producer_memfd(void)
  * Whatever a consumer holding fd tries, nothing it does can write: a
  * writable mapping, write(), a read-only mapping made writable, a read-write
  * reopen through /proc (mode bits do not matter to root or the file's owner).
- * 0: all refused; 1: it wrote.
+ * 0: all refused; 1: it wrote; 2: it could not even map it read-only.
  */
 static int try_to_write(int fd)
 {
@@ -254,7 +254,9 @@ static int try_to_write(int fd)
         if (pwrite(fd, "\0\0\0\0", 4, 0) == 4)
                 return 1;
         w = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
-        if (w != MAP_FAILED && mprotect(w, 4096, PROT_READ | PROT_WRITE) == 0) {
+        if (w == MAP_FAILED)
+                return 2; /* a reader must at least map it read-only */
+        if (mprotect(w, 4096, PROT_READ | PROT_WRITE) == 0) {
                 w[0] = -7.0f;
                 return 1;
         }

@@ -1166,7 +1166,7 @@ static size_t impostors(struct impostor *v)
         impostor_dev(v, &n, "/dev/zero");
         v[n - 1].declared = DLX_MAX_SEGMENT; /* endless bytes, declared as 1 TiB */
         impostor_dev(v, &n, "/dev/null");
-        /* a character device whose every open is distinct (tests/test-cuda.c exports through it) */
+        /* a character device whose every open is distinct (the CUDA double exports through it) */
         impostor_dev(v, &n, "/dev/ptmx");
         impostor(v, &n, "an eventfd", eventfd(0, EFD_CLOEXEC), "not an anonymous inode (eventfd)");
         ck_assert_int_eq(pipe2(pfd, O_CLOEXEC), 0);

@@ -1044,6 +1044,8 @@ Suite *flow_suite(void)
         suite_add_tcase(s, pipe);
 
         tcase_set_timeout(slow, 120);
+        /* a stopped dlxd left by a failed case is killed */
+        tcase_add_unchecked_fixture(slow, fx_reaper_init, fx_reaper_run);
         tcase_add_test(slow, half_closed_peer_gets_every_reply);
         tcase_add_test(slow, half_closed_nonreader_dropped);
         tcase_add_test(slow, slow_reader_not_dropped);

@@ -1,10 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Unit tests for daemon/registry.c, without sockets. Sessions are created
- * directly and given a fake send that records every reply and event in a
- * per-session log; requests are filled in as struct wire_request and handed
- * to the registry_* handlers. Published segments are real sealed memfds, so
- * the store's seal and size checks run as in the daemon.
+ * Unit tests for the registry (daemon/namespace.h lists its files), without sockets. Sessions are
+ * created directly and given a fake send that records every reply and event in a per-session log;
+ * requests are filled in as struct wire_request and handed to the registry_* handlers. Published
+ * segments are real sealed memfds, so the store's seal and size checks run as in the daemon.
  *
  * Every test runs in a checked fixture that counts the open fds before the
  * loop, store and registry are created and after they are all torn down: a

@@ -21,7 +21,6 @@
 
 #include "fixture.h"
 
-/* A float32 vector in shared memory, element i = base + i; its deleter bumps *deleted. */
 /* How the daemon went: stopped (SIGTERM) or killed. */
 static int gone_by;
 

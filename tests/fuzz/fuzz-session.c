@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Fuzz target: dlxd's whole session layer in one process, without sockets.
- * A registry and store (daemon/registry.c, store.c) serve three peers; each
+ * A registry and store (daemon/namespace.h lists its files) serve three peers; each
  * peer's bytes and descriptors go through a frame reader into dispatch_frame()
  * exactly as daemon/conn.c sends them (its release ring drained before each
  * batch, a bad frame or DISPATCH_CLOSE ending the session once its replies are
