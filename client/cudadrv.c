@@ -8,10 +8,6 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Devices whose primary context this process has retained (never released: it lives as long
- * as the process, as the runtime's does). */
-#define MAX_DEVICES 64
-
 static struct dlx_cuda_driver loaded;
 static const struct dlx_cuda_driver *installed;
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
@@ -19,7 +15,9 @@ static int load_error; /* 0 or -ENODEV */
 static char load_why[200];
 
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
-static CUcontext primary[MAX_DEVICES];
+/* Devices whose primary context this process has retained (never released: it lives as long
+ * as the process, as the runtime's does). */
+static CUcontext primary[DLX_GPU_MAX_DEVICES];
 
 /*
  * The fork generation (dlx__fork_generation) CUDA was first used in;
@@ -198,7 +196,7 @@ int dlx__cuda_enter(const struct dlx_cuda_driver *cu, int device)
         CUcontext ctx;
         CUresult r;
 
-        if (device < 0 || device >= MAX_DEVICES)
+        if (device < 0 || device >= DLX_GPU_MAX_DEVICES)
                 return dlx__fail(-ENODEV, "CUDA device %d is out of range", device);
         pthread_mutex_lock(&ctx_lock);
         ctx = primary[device];

@@ -25,9 +25,8 @@
 
 #include "cudadrv.h"
 
-#define GPU_MAX_DEVICES 64
-/* Release events each client cycles through per device. */
-#define RELEASE_RING 64
+/* Release events each client cycles through per device (not the release ring: no leases here). */
+#define RELEASE_EVENTS 64
 /* Opened foreign events kept per process. */
 #define MAX_OPENED_EVENTS 4096
 
@@ -38,9 +37,9 @@ struct gpu_event {
 };
 
 struct gpu_state {
-        struct gpu_event *pool[GPU_MAX_DEVICES]; /* free publish events */
-        struct gpu_event ring[GPU_MAX_DEVICES][RELEASE_RING];
-        unsigned ring_next[GPU_MAX_DEVICES];
+        struct gpu_event *pool[DLX_GPU_MAX_DEVICES]; /* free publish events */
+        struct gpu_event rel_cycle[DLX_GPU_MAX_DEVICES][RELEASE_EVENTS];
+        unsigned rel_next[DLX_GPU_MAX_DEVICES];
 };
 
 /* An IPC allocation opened in this process. */
@@ -134,7 +133,7 @@ static int cmp_event(const void *key, const struct avl_node *n)
 
 static int device_ok(int device)
 {
-        if (device < 0 || device >= GPU_MAX_DEVICES)
+        if (device < 0 || device >= DLX_GPU_MAX_DEVICES)
                 return dlx__fail(-ENODEV, "CUDA device %d is out of range", device);
         return 0;
 }
@@ -148,7 +147,7 @@ static struct gpu_state *state(dlx_client *c)
 
 void *dlx__gpu_stream(dlx_client *c, int device)
 {
-        return device >= 0 && device < GPU_MAX_DEVICES ? c->streams[device] : NULL;
+        return device >= 0 && device < DLX_GPU_MAX_DEVICES ? c->streams[device] : NULL;
 }
 
 /* Closes IPC allocations whose last reader's work is done. cache_lock held. */
@@ -604,8 +603,8 @@ void dlx__gpu_release(dlx_client *c, struct gpu_acq *acq, struct wire_request *r
         }
         join_streams(cu, c, acq);
         if (g) {
-                unsigned i = g->ring_next[acq->device]++ % RELEASE_RING;
-                e = &g->ring[acq->device][i];
+                unsigned i = g->rel_next[acq->device]++ % RELEASE_EVENTS;
+                e = &g->rel_cycle[acq->device][i];
                 bool fresh = !e->ev;
                 if (!e->ev &&
                     (cu->EventCreate(&e->ev, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS) !=
@@ -884,10 +883,10 @@ void dlx__gpu_final(dlx_client *c)
                         dlx__cuda_leave(cu);
                 }
                 pthread_mutex_unlock(&cache_lock);
-                for (int d = 0; d < GPU_MAX_DEVICES; d++) {
+                for (int d = 0; d < DLX_GPU_MAX_DEVICES; d++) {
                         bool any = g->pool[d] != NULL;
-                        for (int i = 0; i < RELEASE_RING; i++)
-                                any |= g->ring[d][i].ev != NULL;
+                        for (int i = 0; i < RELEASE_EVENTS; i++)
+                                any |= g->rel_cycle[d][i].ev != NULL;
                         if (!any || dlx__cuda_enter(cu, d) < 0)
                                 continue;
                         pthread_mutex_lock(&cache_lock);
@@ -898,11 +897,12 @@ void dlx__gpu_final(dlx_client *c)
                                 cu->EventDestroy(e->ev);
                                 free(e);
                         }
-                        for (int i = 0; i < RELEASE_RING; i++) {
-                                if (!g->ring[d][i].ev)
+                        for (int i = 0; i < RELEASE_EVENTS; i++) {
+                                if (!g->rel_cycle[d][i].ev)
                                         continue;
-                                export_forget_event((const uint8_t *)g->ring[d][i].handle.reserved);
-                                cu->EventDestroy(g->ring[d][i].ev);
+                                export_forget_event(
+                                        (const uint8_t *)g->rel_cycle[d][i].handle.reserved);
+                                cu->EventDestroy(g->rel_cycle[d][i].ev);
                         }
                         pthread_mutex_unlock(&cache_lock);
                         dlx__cuda_leave(cu);

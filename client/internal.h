@@ -116,6 +116,7 @@ struct released {
 };
 
 #define RELEASED_KEPT 64
+/* CUDA devices libdlx addresses (ids 0..63): streams, events, primary contexts. */
 #define DLX_GPU_MAX_DEVICES 64
 
 struct dlx_client {

@@ -15,7 +15,12 @@
 /* File descriptors one frame may carry, and how many may wait in a receive queue. */
 #define DLX_MAX_FDS_PER_FRAME 4
 #define DLX_MAX_FDS_QUEUED 4
-/* Tensor rank, as DLPack frameworks use it (numpy's limit is 64, torch's is 25). */
+/*
+ * Tensor rank, as DLPack frameworks use it (numpy's limit is 64, torch's is
+ * 25). This and DLX_NAME_MAX are also the public header's (dlx.h), which the
+ * protocol does not include: libdlx includes both, and a redefinition with
+ * another value fails its build.
+ */
 #define DLX_MAX_NDIM 32
 /* Bytes of a name, excluding the terminating NUL. */
 #define DLX_NAME_MAX 255
