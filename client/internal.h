@@ -178,12 +178,14 @@ struct dlx_client {
         bool log_stderr;
 };
 
-/* ---- client.c ---- */
+/* ---- error.c: a leaf, calling no other file ---- */
 DLX_HIDDEN void dlx__log(dlx_client *c, int level, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
 /* Records a thread-local detail for dlx_last_error() and returns err. */
 DLX_HIDDEN int dlx__fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 DLX_HIDDEN void dlx__clear_error(void);
+
+/* ---- client.c ---- */
 DLX_HIDDEN void dlx__client_ref(dlx_client *c);
 DLX_HIDDEN void dlx__client_unref(dlx_client *c);
 /*
