@@ -31,13 +31,16 @@ static unsigned fork_generation;
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 
 /*
- * Clients whose connection is open in this process. A child made by fork()
- * closes its copies of their descriptors at once: a child that outlives a
- * killed parent (a worker process, say) must not keep the parent's
- * connection, and with it its leases and names, alive.
+ * Clients whose connection is open in this process, newest first. A child
+ * made by fork() closes its copies of their descriptors at once: a child that
+ * outlives a killed parent (a worker process, say) must not keep the
+ * parent's connection, and with it its leases and names, alive. The exchange
+ * API allocates from the one pinned with dlx_set_default_client(), else from
+ * the oldest not closing.
  */
 static pthread_mutex_t conn_lock = PTHREAD_MUTEX_INITIALIZER;
 static dlx_client *conns;
+static dlx_client *pinned;
 
 /*
  * The process-wide locks, taken in one order before a fork and let go after
@@ -49,14 +52,12 @@ static dlx_client *conns;
 static void on_fork_prepare(void)
 {
         pthread_mutex_lock(&conn_lock);
-        dlx__exchange_fork(DLX_FORK_PREPARE);
         dlx__segment_fork(DLX_FORK_PREPARE);
 }
 
 static void on_fork_parent(void)
 {
         dlx__segment_fork(DLX_FORK_PARENT);
-        dlx__exchange_fork(DLX_FORK_PARENT);
         pthread_mutex_unlock(&conn_lock);
 }
 
@@ -76,9 +77,8 @@ static void on_fork_child(void)
                 close_copy(&c->efd);
                 close_copy(&c->pfd);
         }
-        conns = NULL; /* none of them is this process's */
+        conns = pinned = NULL; /* none of them is this process's */
         dlx__segment_fork(DLX_FORK_CHILD);
-        dlx__exchange_fork(DLX_FORK_CHILD);
         pthread_mutex_unlock(&conn_lock);
 }
 
@@ -99,6 +99,39 @@ static void conn_register(dlx_client *c)
 }
 
 /* The connection's descriptor is closed from here on (c->lock held, or c not shared yet). */
+/* dlx_close() began: c is no longer the exchange API's default. */
+static void conn_closing(dlx_client *c)
+{
+        pthread_mutex_lock(&conn_lock);
+        c->closing = true;
+        if (pinned == c)
+                pinned = NULL;
+        pthread_mutex_unlock(&conn_lock);
+}
+
+void dlx_set_default_client(dlx_client *c)
+{
+        pthread_mutex_lock(&conn_lock);
+        pinned = c;
+        pthread_mutex_unlock(&conn_lock);
+}
+
+dlx_client *dlx__default_client_ref(void)
+{
+        dlx_client *c;
+
+        pthread_mutex_lock(&conn_lock);
+        c = pinned;
+        /* newest first: the last one not closing is the oldest */
+        for (dlx_client *o = conns; !pinned && o; o = o->conn_next)
+                if (!o->closing)
+                        c = o;
+        if (c)
+                dlx__client_ref(c);
+        pthread_mutex_unlock(&conn_lock);
+        return c;
+}
+
 static void conn_closed(dlx_client *c)
 {
         pthread_mutex_lock(&conn_lock);
@@ -1002,7 +1035,6 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
         dlx__log(c, DLX_LOG_DEBUG, "connected to %s at %s as session %llu", c->server,
                  addr.sun_path, (unsigned long long)c->session);
         conn_register(c);
-        dlx__default_client_connected(c);
         *ret_client = c;
         return 0;
 }
@@ -1051,7 +1083,7 @@ void dlx_close(dlx_client *c)
                 close_inherited(c);
                 return;
         }
-        dlx__default_client_closing(c);
+        conn_closing(c);
         /*
          * The daemon lets go of everything the session holds but its leases,
          * and answers: when dlx_close() returns, its names, watches, waits and

@@ -94,73 +94,13 @@ const DLTensor *dlx_tensor_dltensor(const dlx_tensor *h)
 
 /* ---- the table's slots ------------------------------------------------------------------ */
 
-/*
- * Every open client, oldest first: the allocator uses the one set with
- * dlx_set_default_client(), else the oldest still open.
- */
-static dlx_client *live_head, *live_tail;
-static dlx_client *pinned;
-static pthread_mutex_t default_lock = PTHREAD_MUTEX_INITIALIZER;
-
-void dlx__exchange_fork(enum dlx_fork_step step)
-{
-        if (step == DLX_FORK_PREPARE) {
-                pthread_mutex_lock(&default_lock);
-                return;
-        }
-        if (step == DLX_FORK_CHILD)
-                live_head = live_tail = pinned = NULL;
-        pthread_mutex_unlock(&default_lock);
-}
-
-void dlx_set_default_client(dlx_client *c)
-{
-        pthread_mutex_lock(&default_lock);
-        pinned = c;
-        pthread_mutex_unlock(&default_lock);
-}
-
-void dlx__default_client_connected(dlx_client *c)
-{
-        pthread_mutex_lock(&default_lock);
-        c->live_prev = live_tail;
-        c->live_next = NULL;
-        if (live_tail)
-                live_tail->live_next = c;
-        else
-                live_head = c;
-        live_tail = c;
-        pthread_mutex_unlock(&default_lock);
-}
-
-void dlx__default_client_closing(dlx_client *c)
-{
-        pthread_mutex_lock(&default_lock);
-        if (pinned == c)
-                pinned = NULL;
-        if (c->live_prev)
-                c->live_prev->live_next = c->live_next;
-        else if (live_head == c)
-                live_head = c->live_next;
-        if (c->live_next)
-                c->live_next->live_prev = c->live_prev;
-        else if (live_tail == c)
-                live_tail = c->live_prev;
-        c->live_prev = c->live_next = NULL;
-        pthread_mutex_unlock(&default_lock);
-}
-
 static int allocator(DLTensor *prototype, DLManagedTensorVersioned **out, void *error_ctx,
                      void (*set_error)(void *error_ctx, const char *kind, const char *message))
 {
         dlx_client *c;
         int err;
 
-        pthread_mutex_lock(&default_lock);
-        c = pinned ? pinned : live_head;
-        if (c)
-                dlx__client_ref(c);
-        pthread_mutex_unlock(&default_lock);
+        c = dlx__default_client_ref();
         if (!c) {
                 if (set_error)
                         set_error(error_ctx, "RuntimeError",
@@ -255,11 +195,11 @@ static int current_work_stream(DLDeviceType device_type, int32_t device_id, void
         /* CPU work is synchronous; a CUDA device's stream is the default client's */
         if (device_type != kDLCUDA && device_type != kDLCUDAManaged)
                 return 0;
-        pthread_mutex_lock(&default_lock);
-        c = pinned ? pinned : live_head;
-        if (c)
+        c = dlx__default_client_ref();
+        if (c) {
                 *out = dlx_get_stream(c, device_id);
-        pthread_mutex_unlock(&default_lock);
+                dlx__client_unref(c);
+        }
         return 0;
 }
 

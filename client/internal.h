@@ -159,9 +159,9 @@ struct dlx_client {
         void *streams[DLX_GPU_MAX_DEVICES]; /* current stream per CUDA device */
 
         /* --- under exchange.c's lock: the process's open clients --- */
-        struct dlx_client *live_prev, *live_next;
         /* --- under client.c's fork lock: clients whose connection is open (fork closes it) --- */
-        struct dlx_client *conn_prev, *conn_next;
+        struct dlx_client *conn_prev, *conn_next; /* in client.c's list of open connections */
+        bool closing; /* dlx_close() began: no longer the exchange API's default (conn_lock) */
 
         /* --- set at connect, read-only after --- */
         struct release_ring *ring;  /* releases posted without a syscall, or NULL */
@@ -187,6 +187,12 @@ DLX_HIDDEN void dlx__clear_error(void);
 
 /* ---- client.c ---- */
 DLX_HIDDEN void dlx__client_ref(dlx_client *c);
+/*
+ * The client the exchange API allocates from, with a reference: the one set
+ * with dlx_set_default_client(), else the oldest of this process not closing;
+ * NULL when there is none.
+ */
+DLX_HIDDEN dlx_client *dlx__default_client_ref(void);
 DLX_HIDDEN void dlx__client_unref(dlx_client *c);
 /*
  * Evaluates call with a reference on c (not NULL) held: a public entry point
@@ -287,10 +293,6 @@ DLX_HIDDEN void dlx__segment_fork(enum dlx_fork_step step);
 DLX_HIDDEN void dlx__info_from_wire(const struct wire_info *w, struct dlx_info *info);
 
 /* ---- exchange.c ---- */
-DLX_HIDDEN void dlx__default_client_closing(dlx_client *c);
-DLX_HIDDEN void dlx__default_client_connected(dlx_client *c);
-/* A child forgets the parent's clients: none can allocate for it. */
-DLX_HIDDEN void dlx__exchange_fork(enum dlx_fork_step step);
 /* The tensor an exchange-API export (of an export...) stands for; t itself otherwise. */
 DLX_HIDDEN const DLManagedTensorVersioned *dlx__exchange_unwrap(const DLManagedTensorVersioned *t);
 

@@ -285,6 +285,40 @@ START_TEST(test_allocator_no_client)
 }
 END_TEST
 
+/* Whose allocation a tensor is: only that client publishes it without a copy. */
+static void expect_allocated_by(dlx_client *owner, dlx_client *other, const char *name)
+{
+        const DLPackExchangeAPI *api = dlx_exchange_api();
+        DLTensor proto = cpu_prototype(DT(kDLFloat, 32, 1));
+        struct dlx_publish_options never = {.copy = DLX_COPY_NEVER};
+        DLManagedTensorVersioned *out = NULL;
+
+        ck_assert_int_eq(api->managed_tensor_allocator(&proto, &out, NULL, NULL), 0);
+        if (other) {
+                ck_assert_int_eq(dlx_publish(other, name, out, &never, NULL), -EXDEV);
+                ck_assert_int_eq(api->managed_tensor_allocator(&proto, &out, NULL, NULL), 0);
+        }
+        ck_assert_int_eq(dlx_publish(owner, name, out, &never, NULL), 0);
+}
+
+/*
+ * A client being closed is not the allocator's, even while tensors acquired
+ * through it keep its connection open: the oldest other one is.
+ */
+START_TEST(test_allocator_skips_closing_client)
+{
+        dlx_client *a = fx_connect(&fx, "older"), *b = fx_connect(&fx, "newer");
+        DLManagedTensorVersioned *kept;
+
+        expect_allocated_by(a, b, "ex/closing/1");
+        ck_assert_int_eq(dlx_acquire(a, "ex/closing/1", NULL, &kept), 0);
+        dlx_close(a);
+        expect_allocated_by(b, NULL, "ex/closing/2");
+        kept->deleter(kept);
+        dlx_close(b);
+}
+END_TEST
+
 START_TEST(test_allocator_bad_prototypes)
 {
         const DLPackExchangeAPI *api = dlx_exchange_api();
@@ -965,6 +999,7 @@ Suite *exchange_suite(void)
         tc = tcase_create("allocator");
         tcase_add_checked_fixture(tc, fx_setup, fx_teardown);
         tcase_add_test(tc, test_allocator_no_client);
+        tcase_add_test(tc, test_allocator_skips_closing_client);
         tcase_add_test(tc, test_allocator_bad_prototypes);
         tcase_add_test(tc, test_allocator_publish);
         tcase_add_test(tc, test_allocator_default_client);
