@@ -248,6 +248,8 @@ DLX_HIDDEN void dlx__poll_notices(dlx_client *c);
 
 /* ---- segment.c ---- */
 DLX_HIDDEN struct seg_map *dlx__map_find(dlx_client *c, uint64_t id);
+/* Adds a mapping made elsewhere (a VMM segment of ours); false if the id is taken. Lock held. */
+DLX_HIDDEN bool dlx__map_insert(dlx_client *c, struct seg_map *m);
 /*
  * Mapping for a reply about segment id: maps fd (consumed) if given and the
  * needed mode is missing, else revives the cached one. Takes one reference.
@@ -263,6 +265,17 @@ DLX_HIDDEN void dlx__maps_close(dlx_client *c);
 /* Frees every mapping and the allocator (the last reference to the client went). */
 DLX_HIDDEN void dlx__maps_final(dlx_client *c);
 
+/*
+ * Whether any of the bytes [data + lo, data + hi) lie in a mapping libdlx made
+ * read-only, by any client of this process (host or CUDA VMM addresses). Takes
+ * a lock of its own, the innermost of all; no client lock is needed.
+ */
+DLX_HIDDEN bool dlx__mapped_read_only(const void *data, int64_t lo, int64_t hi);
+DLX_HIDDEN void dlx__segment_fork(enum dlx_fork_step step);
+
+/* ---- arena.c ---- */
+/* Frees the allocator's records of c's segments (their mappings go with the cache). */
+DLX_HIDDEN void dlx__arena_final(dlx_client *c);
 /* The allocator. alloc takes the lock itself (it may ask the daemon for a segment);
  * free is called with the lock held. Each chunk holds one reference on its map. */
 DLX_HIDDEN int dlx__arena_alloc(dlx_client *c, uint32_t kind, int device, uint64_t bytes,
@@ -281,13 +294,6 @@ DLX_HIDDEN unsigned dlx__arena_give_back_empty(dlx_client *c);
  */
 DLX_HIDDEN struct seg_map *dlx__arena_find(dlx_client *c, uint32_t kind, const void *data,
                                            int64_t lo, int64_t hi);
-/*
- * Whether any of the bytes [data + lo, data + hi) lie in a mapping libdlx made
- * read-only, by any client of this process (host or CUDA VMM addresses). Takes
- * a lock of its own, the innermost of all; no client lock is needed.
- */
-DLX_HIDDEN bool dlx__mapped_read_only(const void *data, int64_t lo, int64_t hi);
-DLX_HIDDEN void dlx__segment_fork(enum dlx_fork_step step);
 
 /* ---- tensor.c ---- */
 DLX_HIDDEN void dlx__info_from_wire(const struct wire_info *w, struct dlx_info *info);
