@@ -2,7 +2,8 @@
 /*
  * libdlx's CUDA backend: sharing device memory through legacy IPC handles,
  * ordering with interprocess events on the producer's and consumer's work
- * streams. Everything here runs with client->lock held unless it says
+ * streams (gpu.c), and the memory libdlx makes or maps itself, VMM and
+ * pinned host (gpumem.c). Everything here runs with client->lock held unless it says
  * otherwise, and enters the device's primary context only around driver
  * calls. Without -Dcuda, every entry point answers -ENOTSUP.
  */
@@ -23,6 +24,9 @@ struct dlx_gpu_vmm {
 };
 
 #ifdef DLX_HAVE_CUDA
+
+/* 0, or -ENODEV with a detail when device is not one libdlx can address. */
+DLX_HIDDEN int dlx__gpu_device_ok(int device);
 
 /*
  * Creates a shareable VMM allocation of at least size bytes on device (rounded
