@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fd.h"
 #include "gpu.h"
 #include "internal.h"
 #include "ring.h"
@@ -61,21 +62,14 @@ static void on_fork_parent(void)
         pthread_mutex_unlock(&conn_lock);
 }
 
-static void close_copy(int *fd)
-{
-        if (*fd >= 0)
-                close(*fd);
-        *fd = -1;
-}
-
 static void on_fork_child(void)
 {
         __atomic_add_fetch(&fork_generation, 1, __ATOMIC_RELAXED);
         /* only this thread runs here: no client lock is taken, another thread may hold one */
         for (dlx_client *c = conns; c; c = c->conn_next) {
-                close_copy(&c->fd);
-                close_copy(&c->efd);
-                close_copy(&c->pfd);
+                fd_drop(&c->fd);
+                fd_drop(&c->efd);
+                fd_drop(&c->pfd);
         }
         conns = pinned = NULL; /* none of them is this process's */
         dlx__segment_fork(DLX_FORK_CHILD);
@@ -142,7 +136,7 @@ static void conn_closed(dlx_client *c)
         if (c->conn_next)
                 c->conn_next->conn_prev = c->conn_prev;
         c->conn_prev = c->conn_next = NULL;
-        close_copy(&c->fd);
+        fd_drop(&c->fd);
         pthread_mutex_unlock(&conn_lock);
 }
 
@@ -179,6 +173,7 @@ void dlx__client_unref(dlx_client *c)
                 close(c->efd);
         if (c->pfd >= 0)
                 close(c->pfd);
+        dlx__arena_final(c);
         dlx__maps_final(c);
         dlx__gpu_final(c);
         for (int i = 0; i < RELEASED_KEPT; i++)
@@ -512,8 +507,7 @@ static void resolve_segment(dlx_client *c, struct pending *p)
                                    fd, true, &p->map);
                 fd = -1;
         }
-        if (fd >= 0)
-                close(fd);
+        fd_drop(&fd);
         if (err < 0 && had_fd && rep->type == WIRE_REP_ACQUIRE) {
                 /* the daemon counts the fd as delivered: make it send one again next time */
                 struct wire_request fr = {.type = WIRE_REQ_FORGET};

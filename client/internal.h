@@ -13,6 +13,19 @@
  * dispatch every complete frame: replies to their waiting callers, events to
  * their queues. Segment mappings change only there, in stream order, which
  * is what makes the fd-less acquire replies safe (see segment.c).
+ *
+ * Files, and who calls whom. error.c is a leaf. client.c (the connection,
+ * the reader, the process's clients) is the hub; api.c, stream.c and
+ * tensor.c sit above it; arena.c (the allocator) calls down into segment.c
+ * (the mapping cache), gpumem.c and the connection; exchange.c calls
+ * tensor.c, stream.c and client.c.
+ * One circle is left, and the design needs it: client.c <-> segment.c. The
+ * reader maps and unmaps segments as replies arrive, in stream order (see
+ * above), and the cache sends Forget and reads its reply through the
+ * connection. Apart from that, only lifetimes go upward: client.c, which
+ * owns a client's, frees the allocator's records when the client dies.
+ * Anything else that needs to go both ways between two files goes in the
+ * lower one.
  */
 #ifndef DLX_CLIENT_INTERNAL_H
 #define DLX_CLIENT_INTERNAL_H
@@ -262,7 +275,7 @@ DLX_HIDDEN void dlx__map_gone(dlx_client *c, uint64_t id);
 DLX_HIDDEN void dlx__map_forgotten(dlx_client *c, uint64_t forget_id);
 /* Unmaps every idle mapping (at close). Lock held. */
 DLX_HIDDEN void dlx__maps_close(dlx_client *c);
-/* Frees every mapping and the allocator (the last reference to the client went). */
+/* Frees every mapping (the last reference to the client went; the allocator's records first). */
 DLX_HIDDEN void dlx__maps_final(dlx_client *c);
 
 /*

@@ -22,6 +22,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "fd.h"
 #include "gpu.h"
 #include "internal.h"
 
@@ -196,8 +197,7 @@ int dlx__map_get(dlx_client *c, uint64_t id, uint32_t kind, int device, uint64_t
                 m->device = device;
                 avl_insert(&c->maps, &m->node, &m->id, cmp_map);
         } else if ((m->kind == WIRE_STORAGE_CUDA_VMM) != (kind == WIRE_STORAGE_CUDA_VMM)) {
-                if (fd >= 0)
-                        close(fd);
+                fd_drop(&fd);
                 return -EPROTO; /* one segment cannot be both host and device memory */
         }
         have = writable ? m->rw != NULL : (m->ro || m->rw);
@@ -310,7 +310,6 @@ void dlx__maps_final(dlx_client *c)
 {
         struct avl_node *n, *next;
 
-        dlx__arena_final(c);
         for (n = avl_first(&c->maps); n; n = next) {
                 next = avl_next(n);
                 map_destroy(c, avl_entry(n, struct seg_map, node));

@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "fd.h"
 #include "gpu.h"
 #include "internal.h"
 #include "layout.h"
@@ -583,8 +584,7 @@ static int held_publish(dlx_client *c, const char *name, DLManagedTensorVersione
                 dlx__pending_done(c, &p);
                 err = dlx__call(c, &req, fd, &p);
         }
-        if (fd >= 0)
-                close(fd);
+        fd_drop(&fd);
         if (err == 0 && p.rep.type != WIRE_REP_PUBLISH)
                 err = dlx__fail(-EPROTO, "the daemon answered publish with something else");
         if (err == 0 && ret_version)

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fd.h"
 #include "namespace.h"
 
 static int cmp_hold(const void *key, const struct avl_node *n)
@@ -103,8 +104,7 @@ void registry_alloc(struct session *s, const struct wire_request *req, int fd)
 
         if (fd >= 0 ? storage != WIRE_STORAGE_CUDA_VMM
                     : storage != WIRE_STORAGE_UNSPECIFIED && storage != WIRE_STORAGE_MEMFD) {
-                if (fd >= 0)
-                        close(fd);
+                fd_drop(&fd);
                 session_fail(s, req->id, -EINVAL,
                              "alloc: the daemon creates memfd segments; only a cuda-vmm "
                              "segment comes with its fd");

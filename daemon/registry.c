@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fd.h"
 #include "layout.h"
 #include "log.h"
 #include "namespace.h"
@@ -334,21 +335,18 @@ static int publish_segment(struct session *s, const struct wire_request *req, in
         int err;
 
         if (storage_device(t->storage) < 0) {
-                if (fd >= 0)
-                        close(fd);
+                fd_drop(&fd);
                 snprintf(why, whysz, "storage kind %u is not supported", t->storage);
                 return -ENOTSUP;
         }
         if (t->device_type != storage_device(t->storage)) {
-                if (fd >= 0)
-                        close(fd);
+                fd_drop(&fd);
                 snprintf(why, whysz, "a %s tensor cannot be on device type %d",
                          wire_storage_name(t->storage), t->device_type);
                 return -EINVAL;
         }
         if (t->has_event && t->storage == WIRE_STORAGE_MEMFD) {
-                if (fd >= 0)
-                        close(fd);
+                fd_drop(&fd);
                 snprintf(why, whysz, "a CPU tensor carries no CUDA event");
                 return -EINVAL;
         }
@@ -414,15 +412,13 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
 
         e = entry_find(reg, t->name);
         if (e && e->current && !may_write(s, e)) {
-                if (fd >= 0)
-                        close(fd);
+                fd_drop(&fd);
                 session_fail(s, req->id, -EACCES, "'%s' is owned by uid %u", t->name,
                              (unsigned)e->owner);
                 return;
         }
         if (!(e && e->current) && names_full(s, why, sizeof(why))) {
-                if (fd >= 0)
-                        close(fd);
+                fd_drop(&fd);
                 session_fail(s, req->id, -EAGAIN, "publish '%s': %s", t->name, why);
                 return;
         }
