@@ -139,6 +139,17 @@ int dlx__gpu_device_ok(int device)
         return 0;
 }
 
+int dlx__gpu_enter(int device, const struct dlx_cuda_driver **ret_cu)
+{
+        int err = dlx__gpu_device_ok(device);
+
+        if (err == 0)
+                err = dlx__cuda(ret_cu);
+        if (err == 0)
+                err = dlx__cuda_enter(*ret_cu, device);
+        return err;
+}
+
 static struct gpu_state *state(dlx_client *c)
 {
         if (!c->gpu)
@@ -220,11 +231,7 @@ int dlx__gpu_wait_events(dlx_client *c, int device, void *stream,
 
         if (nevents == 0)
                 return 0;
-        err = dlx__gpu_device_ok(device);
-        if (err == 0)
-                err = dlx__cuda(&cu);
-        if (err == 0)
-                err = dlx__cuda_enter(cu, device);
+        err = dlx__gpu_enter(device, &cu);
         if (err < 0)
                 return err;
         pthread_mutex_lock(&cache_lock);
@@ -459,11 +466,7 @@ int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, struct seg_map 
         if (t->storage == WIRE_STORAGE_CUDA_VMM && (!vmm || vmm->device != device))
                 return dlx__fail(-EPROTO, "a cuda-vmm tensor without its mapping on device %d",
                                  device);
-        err = dlx__gpu_device_ok(device);
-        if (err == 0)
-                err = dlx__cuda(&cu);
-        if (err == 0)
-                err = dlx__cuda_enter(cu, device);
+        err = dlx__gpu_enter(device, &cu);
         if (err < 0)
                 return err;
         pthread_mutex_lock(&cache_lock);

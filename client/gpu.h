@@ -27,6 +27,12 @@ struct dlx_gpu_vmm {
 
 /* 0, or -ENODEV with a detail when device is not one libdlx can address. */
 DLX_HIDDEN int dlx__gpu_device_ok(int device);
+struct dlx_cuda_driver;
+/*
+ * Checks device, loads the driver and makes device's primary context current
+ * (dlx__cuda_leave() undoes it): 0 with *ret_cu, or -errno with a detail.
+ */
+DLX_HIDDEN int dlx__gpu_enter(int device, const struct dlx_cuda_driver **ret_cu);
 
 /*
  * Creates a shareable VMM allocation of at least size bytes on device (rounded

@@ -63,11 +63,7 @@ int dlx__gpu_vmm_create(dlx_client *c, int device, uint64_t size, struct dlx_gpu
         int fd = -1, err;
 
         (void)c;
-        err = dlx__gpu_device_ok(device);
-        if (err == 0)
-                err = dlx__cuda(&cu);
-        if (err == 0)
-                err = dlx__cuda_enter(cu, device);
+        err = dlx__gpu_enter(device, &cu);
         if (err < 0)
                 return err;
         vmm_prop(&prop, device);
@@ -124,11 +120,7 @@ int dlx__gpu_vmm_map(struct seg_map *m, int fd, bool writable)
         CUresult r;
         int err;
 
-        err = dlx__gpu_device_ok(m->device);
-        if (err == 0)
-                err = dlx__cuda(&cu);
-        if (err == 0)
-                err = dlx__cuda_enter(cu, m->device);
+        err = dlx__gpu_enter(m->device, &cu);
         if (err < 0)
                 return err;
         if (!m->vmm_handle) {
