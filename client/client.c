@@ -185,9 +185,6 @@ void dlx__client_unref(dlx_client *c)
         free(c);
 }
 
-static int pump(dlx_client *c, int64_t timeout_ms);
-static int64_t now_ms(void);
-
 /* Every waiter learns the connection is gone. Lock held. */
 static void fail_pending(dlx_client *c)
 {
@@ -312,7 +309,7 @@ static int send_locked(dlx_client *c, struct wire_request *req, int fd)
         err = encode_send(c, req, fd);
         /* everything but a release is answered: the daemon's silence counts from here */
         if (err == 0 && req->type != WIRE_REQ_RELEASE && req->type != WIRE_REQ_PING)
-                c->asked_ms = now_ms();
+                c->asked_ms = dlx__now_ms();
         if (err == -ETIMEDOUT)
                 break_connection(c, err, "the daemon read nothing from us for %lld ms",
                                  (long long)c->timeout_ms);
@@ -603,7 +600,7 @@ static ssize_t read_some(dlx_client *c, bool block)
         return n;
 }
 
-static int64_t now_ms(void)
+int64_t dlx__now_ms(void)
 {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -616,7 +613,7 @@ static int64_t now_ms(void)
  * for it to publish what it read instead. Returns 0, or -ETIMEDOUT when
  * nothing happened in time, or the connection's error.
  */
-static int pump(dlx_client *c, int64_t timeout_ms)
+int dlx__pump(dlx_client *c, int64_t timeout_ms)
 {
         struct frame f;
         ssize_t n;
@@ -650,7 +647,7 @@ static int pump(dlx_client *c, int64_t timeout_ms)
                 /*
                  * Waiting without a limit: one blocking recvmsg, no poll. The
                  * socket's SO_RCVTIMEO (the client's timeout) ends it when the
-                 * daemon stays silent: wait_step() decides what that means.
+                 * daemon stays silent: dlx__wait_step() decides what that means.
                  */
                 n = read_some(c, timeout_ms < 0);
                 if (n == -EAGAIN && timeout_ms < 0) {
@@ -675,7 +672,7 @@ static int pump(dlx_client *c, int64_t timeout_ms)
         pthread_mutex_lock(&c->lock);
         c->reading = false;
         if (n > 0)
-                c->heard_ms = now_ms();
+                c->heard_ms = dlx__now_ms();
         if (n == 0 || (n < 0 && n != -ETIMEDOUT)) {
                 if (!c->broken)
                         c->broken = n == 0 || n == -ECONNRESET ? -ECONNRESET : (int)n;
@@ -700,7 +697,7 @@ static int pump(dlx_client *c, int64_t timeout_ms)
 
 void dlx__poll_notices(dlx_client *c)
 {
-        (void)pump(c, 0);
+        (void)dlx__pump(c, 0);
 }
 
 void dlx__run_deleters(dlx_client *c)
@@ -730,9 +727,9 @@ void dlx__run_deleters(dlx_client *c)
  * however long (a ping each timeout). Returns 0, -ETIMEDOUT (the deadline or
  * a silence passed) or the connection's error.
  */
-static int wait_step(dlx_client *c, int64_t deadline)
+int dlx__wait_step(dlx_client *c, int64_t deadline)
 {
-        int64_t now = now_ms(), wake = deadline;
+        int64_t now = dlx__now_ms(), wake = deadline;
 
         if (c->timeout_ms > 0 && !c->broken && !c->closed) {
                 int64_t heard = c->heard_ms > c->asked_ms ? c->heard_ms : c->asked_ms;
@@ -757,11 +754,11 @@ static int wait_step(dlx_client *c, int64_t deadline)
                 wake = check;
                 /* no deadline of the caller's: the socket's SO_RCVTIMEO is this one */
                 if (deadline < 0)
-                        return pump(c, -1);
+                        return dlx__pump(c, -1);
         }
         if (wake < 0)
-                return pump(c, -1);
-        return pump(c, wake > now ? wake - now : 0);
+                return dlx__pump(c, -1);
+        return dlx__pump(c, wake > now ? wake - now : 0);
 }
 
 static int call(dlx_client *c, struct wire_request *req, int fd, struct pending *p)
@@ -775,7 +772,7 @@ static int call(dlx_client *c, struct wire_request *req, int fd, struct pending 
         if (err == -ECONNRESET && !c->reading && !c->closed && !c->broken_why[0]) {
                 /* the daemon may have said why it hung up (a client limit, say) */
                 c->broken = 0;
-                pump(c, 0);
+                dlx__pump(c, 0);
                 if (!c->broken)
                         c->broken = err;
                 err = c->broken;
@@ -791,7 +788,7 @@ static int call(dlx_client *c, struct wire_request *req, int fd, struct pending 
         p->next = c->pending;
         c->pending = p;
         while (!p->done) {
-                err = wait_step(c, -1);
+                err = dlx__wait_step(c, -1);
                 if (err < 0 && err != -ETIMEDOUT && !p->done) {
                         pending_take(c, p->id);
                         p->done = true;
@@ -964,7 +961,7 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
         /*
          * The timeout bounds connect() (a daemon whose backlog is full), every
          * blocking send (a daemon that reads nothing) and every blocking
-         * receive (wait_step() then pings it before giving up).
+         * receive (dlx__wait_step() then pings it before giving up).
          */
         if (c->timeout_ms > 0) {
                 struct timeval tv = {.tv_sec = c->timeout_ms / 1000,
@@ -991,7 +988,7 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
                 return dlx__fail(err, "cannot connect to dlxd at %s: %s%s", addr.sun_path,
                                  strerror(-err), connect_hint(err));
         }
-        c->heard_ms = now_ms();
+        c->heard_ms = dlx__now_ms();
         /*
          * The default path means the user's own daemon: one of another uid
          * (a squatter of /tmp/dlx-$UID, say) must not get our tensors. A path
@@ -1163,7 +1160,7 @@ int dlx_fd(const dlx_client *c)
 }
 
 /* Unlocks c and fails with err, and the daemon's words or the reason it was given up. */
-static int fail_unlock(dlx_client *c, int err)
+int dlx__fail_unlock(dlx_client *c, int err)
 {
         char why[sizeof(c->broken_why)];
 
@@ -1187,7 +1184,7 @@ static int held_process_events(dlx_client *c)
                 pthread_mutex_unlock(&c->lock);
                 return count;
         }
-        err = pump(c, 0);
+        err = dlx__pump(c, 0);
         count = (int)c->nevents;
         pthread_mutex_unlock(&c->lock);
         if (err < 0 && err != -ETIMEDOUT)
@@ -1204,7 +1201,7 @@ int dlx_process_events(dlx_client *c)
 
 static int held_next_event(dlx_client *c, struct dlx_event *ret_event, int64_t timeout_ms)
 {
-        int64_t deadline = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
+        int64_t deadline = timeout_ms > 0 ? dlx__now_ms() + timeout_ms : 0;
         int err = 0;
 
         if (!c || !ret_event)
@@ -1214,7 +1211,7 @@ static int held_next_event(dlx_client *c, struct dlx_event *ret_event, int64_t t
         pthread_mutex_lock(&c->lock);
         while (!c->ev_head) {
                 if (timeout_ms == 0) {
-                        err = pump(c, 0);
+                        err = dlx__pump(c, 0);
                         if (!c->ev_head) {
                                 pthread_mutex_unlock(&c->lock);
                                 if (err < 0 && err != -ETIMEDOUT)
@@ -1223,14 +1220,14 @@ static int held_next_event(dlx_client *c, struct dlx_event *ret_event, int64_t t
                         }
                         break;
                 }
-                if (timeout_ms > 0 && now_ms() >= deadline) {
+                if (timeout_ms > 0 && dlx__now_ms() >= deadline) {
                         pthread_mutex_unlock(&c->lock);
                         return dlx__fail(-ETIMEDOUT, "no event within %lld ms",
                                          (long long)timeout_ms);
                 }
-                err = wait_step(c, timeout_ms > 0 ? deadline : -1);
+                err = dlx__wait_step(c, timeout_ms > 0 ? deadline : -1);
                 if (c->broken || (err < 0 && err != -ETIMEDOUT))
-                        return fail_unlock(c, c->broken ? c->broken : err);
+                        return dlx__fail_unlock(c, c->broken ? c->broken : err);
         }
         struct event_node *n = c->ev_head;
         c->ev_head = n->next;
@@ -1256,96 +1253,4 @@ int dlx_next_event(dlx_client *c, struct dlx_event *ret_event, int64_t timeout_m
         if (!c)
                 return dlx__fail(-EINVAL, "NULL argument");
         return DLX_HOLDING(c, held_next_event(c, ret_event, timeout_ms));
-}
-
-/* ---- waiting for readers ------------------------------------------------------------------ */
-
-static struct released *find_released(dlx_client *c, const char *name, uint64_t version)
-{
-        for (int i = 0; i < RELEASED_KEPT; i++) {
-                struct released *r = &c->released[i];
-                if (r->version == version && strcmp(r->name, name) == 0)
-                        return r;
-        }
-        return NULL;
-}
-
-/* A tensor of ours under name that may be this version (its publish reply may not be in). */
-static bool still_held(dlx_client *c, const char *name, uint64_t version)
-{
-        for (struct avl_node *n = avl_first(&c->held); n; n = avl_next(n)) {
-                struct held *h = avl_entry(n, struct held, node);
-                if ((h->version == version || h->version == 0) && strcmp(h->name, name) == 0)
-                        return true;
-        }
-        return false;
-}
-
-static int held_wait_released(dlx_client *c, const char *name, uint64_t version, void *stream,
-                              int64_t timeout_ms)
-{
-        int64_t deadline = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
-        struct released *r;
-        int err = 0;
-
-        dlx__clear_error();
-        if (!c || !name || version == 0)
-                return dlx__fail(-EINVAL, "NULL client or name, or version 0");
-        if ((err = dlx__usable(c)) < 0)
-                return err;
-        pthread_mutex_lock(&c->lock);
-        while (!(r = find_released(c, name, version))) {
-                int64_t left = -1;
-
-                /* a client closed (or broken) meanwhile holds nothing any more */
-                if (c->closed || c->broken)
-                        return fail_unlock(c, c->broken ? c->broken : -ECONNRESET);
-                if (!still_held(c, name, version)) {
-                        pthread_mutex_unlock(&c->lock);
-                        return dlx__fail(-ENOENT,
-                                         "'%s' v%llu is not a version this client published, "
-                                         "or was released long ago",
-                                         name, (unsigned long long)version);
-                }
-                if (timeout_ms == 0) {
-                        /* no waiting, but a RELEASED already sent must still be read */
-                        err = c->reading ? -ETIMEDOUT : pump(c, 0);
-                        if (err == 0 && !find_released(c, name, version))
-                                err = -ETIMEDOUT;
-                        if (err == 0)
-                                continue;
-                } else if (timeout_ms > 0 && (left = deadline - now_ms()) <= 0) {
-                        err = -ETIMEDOUT;
-                }
-                if (err == 0) {
-                        err = wait_step(c, timeout_ms > 0 ? deadline : -1);
-                        if (c->broken)
-                                return fail_unlock(c, c->broken);
-                        if (err == -ETIMEDOUT && timeout_ms < 0)
-                                err = 0;
-                }
-                if (err == -ETIMEDOUT && timeout_ms >= 0 && now_ms() < deadline)
-                        err = 0;
-                if (err < 0) {
-                        pthread_mutex_unlock(&c->lock);
-                        if (err == -ETIMEDOUT)
-                                return dlx__fail(err, "'%s' v%llu still has readers", name,
-                                                 (unsigned long long)version);
-                        return dlx__fail(err, "%s", dlx_strerror(err));
-                }
-        }
-        if (r->device >= 0)
-                err = dlx__gpu_wait_events(c, r->device,
-                                           stream ? stream : dlx__gpu_stream(c, r->device),
-                                           r->events, r->nevents);
-        pthread_mutex_unlock(&c->lock);
-        return err;
-}
-
-int dlx_wait_released(dlx_client *c, const char *name, uint64_t version, void *stream,
-                      int64_t timeout_ms)
-{
-        if (!c)
-                return dlx__fail(-EINVAL, "NULL client or name, or version 0");
-        return DLX_HOLDING(c, held_wait_released(c, name, version, stream, timeout_ms));
 }

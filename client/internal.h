@@ -15,8 +15,8 @@
  * is what makes the fd-less acquire replies safe (see segment.c).
  *
  * Files, and who calls whom. error.c is a leaf. client.c (the connection,
- * the reader, the process's clients) is the hub; api.c, stream.c and
- * tensor.c sit above it; arena.c (the allocator) calls down into segment.c
+ * the reader, the process's clients) is the hub; api.c, stream.c, release.c
+ * and tensor.c sit above it; arena.c (the allocator) calls down into segment.c
  * (the mapping cache), gpumem.c and the connection; exchange.c calls
  * tensor.c, stream.c and client.c.
  * One circle is left, and the design needs it: client.c <-> segment.c. The
@@ -258,6 +258,22 @@ DLX_HIDDEN void dlx__run_deleters(dlx_client *c);
  * their deleters, unlocked). Lock held; it is dropped and retaken.
  */
 DLX_HIDDEN void dlx__poll_notices(dlx_client *c);
+/* Monotonic milliseconds. */
+DLX_HIDDEN int64_t dlx__now_ms(void);
+/*
+ * The reader (see above): makes progress on the socket for up to timeout_ms
+ * (< 0: until something arrives), or waits for the thread reading. Lock held
+ * on entry and exit. Returns 0, -ETIMEDOUT or the connection's error.
+ */
+DLX_HIDDEN int dlx__pump(dlx_client *c, int64_t timeout_ms);
+/*
+ * One wait for the daemon until deadline (monotonic ms, < 0: none), pinging
+ * a daemon silent for the client's timeout and breaking the connection when
+ * the ping goes unanswered as long. Lock held. Returns as dlx__pump().
+ */
+DLX_HIDDEN int dlx__wait_step(dlx_client *c, int64_t deadline);
+/* Unlocks c and fails with err and the daemon's words or why it was given up. */
+DLX_HIDDEN int dlx__fail_unlock(dlx_client *c, int err);
 
 /* ---- segment.c ---- */
 DLX_HIDDEN struct seg_map *dlx__map_find(dlx_client *c, uint64_t id);
