@@ -74,7 +74,7 @@ void dlx__info_from_wire(const struct wire_info *w, struct dlx_info *info)
         info->device.device_type = (DLDeviceType)t->device_type;
         info->device.device_id = t->device_id;
         info->flags = t->flags;
-        info->storage = wire_storage_name(t->storage);
+        info->storage = storage_name(t->storage);
         info->nbytes = t->length;
         info->segment = t->segment;
         info->segment_size = w->segment_size;

@@ -172,14 +172,14 @@ static int arena_segment(dlx_client *c, uint32_t kind, int device, uint64_t size
         struct pending p;
         int err;
 
-        if (kind != WIRE_STORAGE_CUDA_VMM) {
+        if (storage_kind(kind)->host_mapped) {
                 req.alloc.size = size;
                 err = dlx__call(c, &req, -1, &p);
                 if (err == 0 && (!p.map || !p.map->rw || p.rep.type != WIRE_REP_ALLOC))
                         err = dlx__fail(-EPROTO, "alloc reply without a usable segment");
                 m = p.map;
                 p.map = NULL;
-                if (err == 0 && kind == WIRE_STORAGE_CUDA_HOST) {
+                if (err == 0 && storage_kind(kind)->needs_cuda) {
                         pthread_mutex_lock(&c->lock);
                         err = dlx__gpu_register_host(c, m);
                         pthread_mutex_unlock(&c->lock);
@@ -342,14 +342,14 @@ struct seg_map *dlx__arena_find(dlx_client *c, uint32_t kind, const void *data, 
                                 int64_t hi)
 {
         uintptr_t p = (uintptr_t)data;
-        bool device = kind == WIRE_STORAGE_CUDA_VMM;
+        bool host = storage_kind(kind)->host_mapped;
 
         for (struct arena_seg *a = c->arena; a; a = a->next) {
                 uintptr_t base = (uintptr_t)a->map->rw;
                 uint64_t off;
 
                 /* host tensors may come from either host arena; device ones from VMM only */
-                if ((a->kind == WIRE_STORAGE_CUDA_VMM) != device)
+                if (storage_kind(a->kind)->host_mapped != host)
                         continue;
                 /* segments may sit back to back: one's end is the next one's start */
                 if (p < base || p - base > a->size)

@@ -487,14 +487,21 @@ static void resolve_segment(dlx_client *c, struct pending *p)
         bool had_fd = fd >= 0;
 
         p->fd = -1;
-        if (rep->status == WIRE_OK && rep->type == WIRE_REP_ACQUIRE &&
-            rep->acquire.tensor.storage == WIRE_STORAGE_CUDA_IPC) {
-                /* an IPC handle travels in the descriptor: no segment to map */
-        } else if (rep->status == WIRE_OK && rep->type == WIRE_REP_ACQUIRE) {
+        if (rep->status == WIRE_OK && rep->type == WIRE_REP_ACQUIRE) {
                 const struct wire_tensor *t = &rep->acquire.tensor;
-                err = dlx__map_get(c, t->segment, t->storage, t->device_id,
-                                   rep->acquire.segment_size, fd, rep->acquire.writable, &p->map);
-                fd = -1;
+                const struct storage_kind *kind = storage_kind(t->storage);
+                if (!kind) {
+                        err = dlx__fail(-ENOTSUP,
+                                        "'%s' is shared as storage kind %u, which this build "
+                                        "cannot map",
+                                        t->name, t->storage);
+                } else if (kind->check != STORAGE_CHECK_HANDLE) {
+                        /* (a handle travels in the descriptor: no segment to map) */
+                        err = dlx__map_get(c, t->segment, t->storage, t->device_id,
+                                           rep->acquire.segment_size, fd, rep->acquire.writable,
+                                           &p->map);
+                        fd = -1;
+                }
         } else if (rep->status == WIRE_OK && rep->type == WIRE_REP_HELLO && fd >= 0) {
                 p->fd = fd; /* the release ring: hello() maps it */
                 fd = -1;

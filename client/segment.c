@@ -136,7 +136,7 @@ static void map_destroy(dlx_client *c, struct seg_map *m)
         avl_remove(&c->maps, &m->node);
         if (m->ro)
                 ro_remove(m);
-        if (m->kind == WIRE_STORAGE_CUDA_VMM) {
+        if (!storage_kind(m->kind)->host_mapped) {
                 dlx__gpu_vmm_unmap(m);
         } else {
                 dlx__gpu_unregister_host(m);
@@ -150,7 +150,7 @@ static void map_destroy(dlx_client *c, struct seg_map *m)
 
 static int map_mode(struct seg_map *m, int fd, bool writable)
 {
-        if (m->kind == WIRE_STORAGE_CUDA_VMM) {
+        if (!storage_kind(m->kind)->host_mapped) {
                 int err = dlx__gpu_vmm_map(m, fd, writable);
                 if (err == 0 && !writable)
                         ro_add(m);
@@ -193,10 +193,10 @@ int dlx__map_get(dlx_client *c, uint64_t id, uint32_t kind, int device, uint64_t
                 m->id = id;
                 m->size = size;
                 /* a cuda-host segment is a memfd like any other until a tensor pins it */
-                m->kind = kind == WIRE_STORAGE_CUDA_VMM ? kind : WIRE_STORAGE_MEMFD;
+                m->kind = storage_kind(kind)->host_mapped ? WIRE_STORAGE_MEMFD : kind;
                 m->device = device;
                 avl_insert(&c->maps, &m->node, &m->id, cmp_map);
-        } else if ((m->kind == WIRE_STORAGE_CUDA_VMM) != (kind == WIRE_STORAGE_CUDA_VMM)) {
+        } else if (storage_kind(m->kind)->host_mapped != storage_kind(kind)->host_mapped) {
                 fd_drop(&fd);
                 return -EPROTO; /* one segment cannot be both host and device memory */
         }

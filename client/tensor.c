@@ -91,7 +91,9 @@ static int build_acquired(dlx_client *c, struct pending *p, void *stream,
         uint8_t *data;
         int err;
 
-        if (t->storage == WIRE_STORAGE_CUDA_IPC || t->storage == WIRE_STORAGE_CUDA_VMM) {
+        const struct storage_kind *kind = storage_kind(t->storage);
+
+        if (!kind->host_mapped) {
                 if (!stream)
                         stream = dlx__gpu_stream(c, t->device_id);
                 if (m && (t->offset > m->size || t->length > m->size - t->offset))
@@ -107,7 +109,7 @@ static int build_acquired(dlx_client *c, struct pending *p, void *stream,
                 if (!base || t->offset > m->size || t->length > m->size - t->offset)
                         return dlx__fail(-EPROTO, "the daemon described '%s' outside its segment",
                                          t->name);
-                if (t->storage == WIRE_STORAGE_CUDA_HOST) {
+                if (kind->needs_cuda) {
                         pthread_mutex_lock(&c->lock);
                         err = dlx__gpu_register_host(c, m);
                         pthread_mutex_unlock(&c->lock);
@@ -184,12 +186,6 @@ static int held_acquire(dlx_client *c, const char *name, const struct dlx_acquir
         err = dlx__call(c, &req, -1, &p);
         if (err == 0 && p.rep.type != WIRE_REP_ACQUIRE)
                 err = dlx__fail(-EPROTO, "the daemon answered acquire with something else");
-        if (err == 0 && p.rep.acquire.tensor.storage != WIRE_STORAGE_MEMFD &&
-            p.rep.acquire.tensor.storage != WIRE_STORAGE_CUDA_HOST &&
-            p.rep.acquire.tensor.storage != WIRE_STORAGE_CUDA_IPC &&
-            p.rep.acquire.tensor.storage != WIRE_STORAGE_CUDA_VMM)
-                err = dlx__fail(-ENOTSUP, "'%s' is shared as %s, which this build cannot map", name,
-                                wire_storage_name(p.rep.acquire.tensor.storage));
         if (err == 0)
                 err = build_acquired(c, &p, opts ? opts->stream : NULL, ret_tensor);
         if (err < 0 && p.rep.status == WIRE_OK && p.rep.type == WIRE_REP_ACQUIRE) {
@@ -231,7 +227,7 @@ int dlx_tensor_info(const DLManagedTensorVersioned *t, const char **ret_name, ui
         if (ret_version)
                 *ret_version = a->version;
         if (ret_storage)
-                *ret_storage = wire_storage_name(a->storage);
+                *ret_storage = storage_name(a->storage);
         return 0;
 }
 
@@ -287,21 +283,11 @@ int dlx_alloc(dlx_client *c, const DLTensor *proto, DLManagedTensorVersioned **r
         int usable = dlx__usable(c);
         if (usable < 0)
                 return usable;
-        uint32_t kind;
-        switch (proto->device.device_type) {
-        case kDLCPU:
-                kind = WIRE_STORAGE_MEMFD;
-                break;
-        case kDLCUDAHost:
-                kind = WIRE_STORAGE_CUDA_HOST; /* a memfd pinned with the driver */
-                break;
-        case kDLCUDA:
-                kind = WIRE_STORAGE_CUDA_VMM; /* device memory exported as a POSIX fd */
-                break;
-        default:
+        const struct storage_kind *made = storage_allocated_on(proto->device.device_type);
+        if (!made)
                 return dlx__fail(-ENOTSUP, "dlx_alloc: device type %d is not supported",
                                  (int)proto->device.device_type);
-        }
+        uint32_t kind = made->id;
         int device = proto->device.device_type == kDLCPU ? 0 : proto->device.device_id;
         if (proto->ndim < 0 || proto->ndim > DLX_MAX_NDIM || (proto->ndim && !proto->shape))
                 return dlx__fail(-EINVAL, "dlx_alloc: bad ndim %d or NULL shape", (int)proto->ndim);
@@ -448,8 +434,10 @@ static int held_publish(dlx_client *c, const char *name, DLManagedTensorVersione
                 err = dlx__fail(-EINVAL, "bad name '%s': %s", name, why);
                 goto out_delete;
         }
-        if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost &&
-            t->device.device_type != kDLCUDA) {
+        /* the device types dlx_alloc() can make memory on are those a tensor may be published from
+         */
+        const struct storage_kind *made = storage_allocated_on(t->device.device_type);
+        if (!made) {
                 err = dlx__fail(-ENOTSUP, "publish '%s': device type %d is not supported", name,
                                 (int)t->device.device_type);
                 goto out_delete;
@@ -492,18 +480,17 @@ static int held_publish(dlx_client *c, const char *name, DLManagedTensorVersione
         w->device_id = t->device.device_type == kDLCPU ? 0 : t->device.device_id;
         w->flags = (o.writable ? 0 : DLPACK_FLAG_BITMASK_READ_ONLY) |
                    (tensor->flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED);
-        w->storage =
-                t->device.device_type == kDLCUDAHost ? WIRE_STORAGE_CUDA_HOST : WIRE_STORAGE_MEMFD;
+        /* as the allocator (where a copy would go) makes it; gpu.c says which CUDA kind */
+        w->storage = made->id;
         w->length = hi > 0 ? (uint64_t)hi : 0;
         req.publish.persist = o.persist;
 
         pthread_mutex_lock(&c->lock);
-        bool cuda = t->device.device_type == kDLCUDA;
+        bool cuda = !made->host_mapped;
         const char *mixed = NULL;
         /* any tensor whose bytes lie in our allocator's memory goes as is */
         if (o.copy != DLX_COPY_ALWAYS && t->data)
-                map = dlx__arena_find(c, cuda ? WIRE_STORAGE_CUDA_VMM : WIRE_STORAGE_MEMFD, t->data,
-                                      lo, hi);
+                map = dlx__arena_find(c, made->id, t->data, lo, hi);
         /*
          * ... unless its segment already went the other way: dlxd seals a
          * segment against writing for its first read-only version, and one

@@ -102,7 +102,9 @@ void registry_alloc(struct session *s, const struct wire_request *req, int fd)
         struct known *k;
         int err;
 
-        if (fd >= 0 ? storage != WIRE_STORAGE_CUDA_VMM
+        /* what the daemon makes is a memfd; what a producer made comes with its fd */
+        const struct storage_kind *kind = storage_kind(storage);
+        if (fd >= 0 ? !kind || kind->check != STORAGE_CHECK_DRIVER_FD
                     : storage != WIRE_STORAGE_UNSPECIFIED && storage != WIRE_STORAGE_MEMFD) {
                 fd_drop(&fd);
                 session_fail(s, req->id, -EINVAL,

@@ -147,7 +147,7 @@ void version_describe(const struct version *v, struct wire_tensor *t)
         t->segment = v->seg->id;
         t->offset = v->offset;
         t->length = v->length;
-        t->has_ipc_handle = v->seg->kind == WIRE_STORAGE_CUDA_IPC;
+        t->has_ipc_handle = storage_kind(v->seg->kind)->check == STORAGE_CHECK_HANDLE;
         if (t->has_ipc_handle)
                 memcpy(t->ipc_handle, v->seg->ipc_handle, DLX_CUDA_HANDLE);
         t->has_event = v->has_event;
@@ -274,7 +274,7 @@ static int check_access(const struct wire_tensor *t, struct segment *seg, char *
         const char *reason = NULL;
         int err;
 
-        if (seg->kind != WIRE_STORAGE_MEMFD && seg->kind != WIRE_STORAGE_CUDA_HOST)
+        if (!storage_kind(seg->kind)->host_mapped)
                 return 0;
         if (t->flags & DLPACK_FLAG_BITMASK_READ_ONLY) {
                 err = segment_seal_ro(seg, &reason);
@@ -295,30 +295,6 @@ static int check_access(const struct wire_tensor *t, struct segment *seg, char *
         return 0;
 }
 
-/* The device each storage kind lives on. */
-static int32_t storage_device(uint32_t storage)
-{
-        switch (storage) {
-        case WIRE_STORAGE_MEMFD:
-                return kDLCPU;
-        case WIRE_STORAGE_CUDA_HOST:
-                return kDLCUDAHost;
-        case WIRE_STORAGE_CUDA_IPC:
-        case WIRE_STORAGE_CUDA_VMM:
-                return kDLCUDA;
-        default:
-                return -1;
-        }
-}
-
-/* Whether a segment of kind may carry a tensor published as storage. */
-static bool kind_fits(uint32_t kind, uint32_t storage)
-{
-        if (storage == WIRE_STORAGE_CUDA_HOST)
-                return kind == WIRE_STORAGE_MEMFD || kind == WIRE_STORAGE_CUDA_HOST;
-        return kind == storage;
-}
-
 /*
  * The segment a publish refers to, with one reference: an attached fd
  * (adopted, and held for this session if asked), an IPC handle, or a
@@ -329,44 +305,47 @@ static int publish_segment(struct session *s, const struct wire_request *req, in
 {
         struct registry *reg = s->reg;
         const struct wire_tensor *t = &req->publish.tensor;
+        const struct storage_kind *kind = storage_kind(t->storage);
         const char *reason = NULL;
         struct segment *seg;
         struct hold *h;
         int err;
 
-        if (storage_device(t->storage) < 0) {
+        if (!kind) {
                 fd_drop(&fd);
                 snprintf(why, whysz, "storage kind %u is not supported", t->storage);
                 return -ENOTSUP;
         }
-        if (t->device_type != storage_device(t->storage)) {
+        if (t->device_type != kind->device_type) {
                 fd_drop(&fd);
-                snprintf(why, whysz, "a %s tensor cannot be on device type %d",
-                         wire_storage_name(t->storage), t->device_type);
+                snprintf(why, whysz, "a %s tensor cannot be on device type %d", kind->name,
+                         t->device_type);
                 return -EINVAL;
         }
-        if (t->has_event && t->storage == WIRE_STORAGE_MEMFD) {
+        if (t->has_event && !kind->takes_event) {
                 fd_drop(&fd);
-                snprintf(why, whysz, "a CPU tensor carries no CUDA event");
+                snprintf(why, whysz, "a %s tensor carries no CUDA event", kind->name);
                 return -EINVAL;
+        }
+        if (kind->check == STORAGE_CHECK_HANDLE && fd >= 0) {
+                close(fd);
+                snprintf(why, whysz, "a %s tensor travels as a handle, not an fd", kind->name);
+                return -EINVAL;
+        }
+        if (kind->check == STORAGE_CHECK_HANDLE && !t->has_ipc_handle) {
+                snprintf(why, whysz, "a %s tensor needs its memory handle", kind->name);
+                return -EINVAL;
+        }
+        if (req->publish.persist && !kind->may_persist) {
+                fd_drop(&fd);
+                snprintf(why, whysz,
+                         "%s memory dies with its producer and cannot persist; allocate it "
+                         "with dlx_alloc (cuda-vmm) instead",
+                         kind->name);
+                return -ENOTSUP;
         }
 
-        if (t->storage == WIRE_STORAGE_CUDA_IPC) {
-                if (fd >= 0) {
-                        close(fd);
-                        snprintf(why, whysz, "a cuda-ipc tensor travels as a handle, not an fd");
-                        return -EINVAL;
-                }
-                if (!t->has_ipc_handle) {
-                        snprintf(why, whysz, "a cuda-ipc tensor needs its memory handle");
-                        return -EINVAL;
-                }
-                if (req->publish.persist) {
-                        snprintf(why, whysz,
-                                 "legacy CUDA IPC memory dies with its producer and cannot "
-                                 "persist; allocate it with dlx_alloc (cuda-vmm) instead");
-                        return -ENOTSUP;
-                }
+        if (kind->check == STORAGE_CHECK_HANDLE) {
                 err = store_ipc(reg->store, t->ipc_handle, req->publish.segment_size, s->uid, ret);
                 if (err < 0)
                         snprintf(why, whysz, "bad allocation size %llu",
@@ -376,11 +355,11 @@ static int publish_segment(struct session *s, const struct wire_request *req, in
 
         if (fd < 0) {
                 h = hold_find(s, t->segment);
-                if (!h || !kind_fits(h->seg->kind, t->storage)) {
+                if (!h || !storage_fits(h->seg->kind, t->storage)) {
                         snprintf(why, whysz,
                                  "no fd attached and segment %llu is not a %s segment held by "
                                  "this session",
-                                 (unsigned long long)t->segment, wire_storage_name(t->storage));
+                                 (unsigned long long)t->segment, kind->name);
                         return -EBADF;
                 }
                 segment_ref(h->seg);

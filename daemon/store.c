@@ -249,8 +249,8 @@ static void describe_fd(int fd, const struct stat *sb, int fl, char *buf, size_t
  * impostor: held, charged and handed to every consumer, it could only fail
  * in each of them.
  */
-static int adopt_vmm(struct store *st, int fd, const struct stat *sb, uint64_t declared_size,
-                     uid_t uid, struct segment **ret, const char **ret_why)
+static int adopt_vmm(struct store *st, int fd, const struct stat *sb, uint32_t kind,
+                     uint64_t declared_size, uid_t uid, struct segment **ret, const char **ret_why)
 {
         unsigned maj = major(st->vmm_dev), min = minor(st->vmm_dev);
         int fl = fcntl(fd, F_GETFL), err;
@@ -278,7 +278,7 @@ static int adopt_vmm(struct store *st, int fd, const struct stat *sb, uint64_t d
         else if (err < 0)
                 *ret_why = st->why;
         if (err == 0)
-                err = insert(st, fd, WIRE_STORAGE_CUDA_VMM, declared_size, uid, ret);
+                err = insert(st, fd, kind, declared_size, uid, ret);
         if (err < 0)
                 close(fd);
         return err;
@@ -287,6 +287,7 @@ static int adopt_vmm(struct store *st, int fd, const struct stat *sb, uint64_t d
 int store_adopt(struct store *st, int fd, uint32_t kind, uint64_t declared_size, uid_t uid,
                 struct segment **ret, const char **ret_why)
 {
+        const struct storage_kind *k = storage_kind(kind);
         struct stat sb;
         int seals, err, mode;
 
@@ -296,9 +297,9 @@ int store_adopt(struct store *st, int fd, uint32_t kind, uint64_t declared_size,
                 return err;
         }
         *ret_why = NULL;
-        if (kind == WIRE_STORAGE_CUDA_VMM)
-                return adopt_vmm(st, fd, &sb, declared_size, uid, ret, ret_why);
-        if (kind != WIRE_STORAGE_MEMFD && kind != WIRE_STORAGE_CUDA_HOST) {
+        if (k && k->check == STORAGE_CHECK_DRIVER_FD)
+                return adopt_vmm(st, fd, &sb, k->id, declared_size, uid, ret, ret_why);
+        if (!k || k->check != STORAGE_CHECK_MEMFD) {
                 *ret_why = "this storage kind takes no fd";
                 close(fd);
                 return -EINVAL;

@@ -56,22 +56,6 @@ enum wire_status wire_errno_status(int err)
         return WIRE_INTERNAL;
 }
 
-const char *wire_storage_name(uint32_t storage)
-{
-        switch (storage) {
-        case WIRE_STORAGE_MEMFD:
-                return "memfd";
-        case WIRE_STORAGE_CUDA_IPC:
-                return "cuda-ipc";
-        case WIRE_STORAGE_CUDA_VMM:
-                return "cuda-vmm";
-        case WIRE_STORAGE_CUDA_HOST:
-                return "cuda-host";
-        default:
-                return "unknown";
-        }
-}
-
 static const char *const request_names[WIRE_REQ_COUNT] = {
         [WIRE_REQ_NONE] = "none",       [WIRE_REQ_HELLO] = "hello",
         [WIRE_REQ_PUBLISH] = "publish", [WIRE_REQ_ACQUIRE] = "acquire",

@@ -14,6 +14,7 @@
 
 #include <dlx/dlpack.h>
 
+#include "storage.h"
 #include "wire_limits.h"
 
 /*
@@ -55,16 +56,6 @@ enum wire_status {
 int wire_status_errno(int status);
 /* Status for a positive or negative errno (unlisted ones -> WIRE_INTERNAL). */
 enum wire_status wire_errno_status(int err);
-
-enum wire_storage {
-        WIRE_STORAGE_UNSPECIFIED = 0,
-        WIRE_STORAGE_MEMFD = 1,
-        WIRE_STORAGE_CUDA_IPC = 2,
-        WIRE_STORAGE_CUDA_VMM = 3,
-        WIRE_STORAGE_CUDA_HOST = 4,
-};
-/* Short name of a storage kind ("memfd", "cuda-ipc", "cuda-vmm", "cuda-host"), else "unknown". */
-const char *wire_storage_name(uint32_t storage);
 
 struct wire_tensor {
         char name[DLX_NAME_MAX + 1];

@@ -449,8 +449,60 @@ START_TEST(test_request_names_table)
         ck_assert_str_eq(wire_request_name((enum wire_request_type) - 1), "unknown");
         for (int t = 0; t < WIRE_REQ_COUNT; t++)
                 ck_assert_ptr_nonnull(wire_request_name((enum wire_request_type)t));
-        ck_assert_str_eq(wire_storage_name(WIRE_STORAGE_MEMFD), "memfd");
-        ck_assert_str_eq(wire_storage_name(77), "unknown");
+        ck_assert_str_eq(storage_name(WIRE_STORAGE_MEMFD), "memfd");
+        ck_assert_str_eq(storage_name(77), "unknown");
+}
+END_TEST
+
+/* The storage table has one row per value of the protocol's Storage enum, named after it. */
+START_TEST(test_storage_kinds_table)
+{
+        const ProtobufCEnumDescriptor *d = &dlxp__storage__descriptor;
+        unsigned rows = 0;
+
+        for (unsigned i = 0; i < d->n_values; i++) {
+                const ProtobufCEnumValue *v = &d->values[i];
+                const struct storage_kind *k = storage_kind((uint32_t)v->value);
+                char want[32];
+
+                if (v->value == WIRE_STORAGE_UNSPECIFIED) {
+                        ck_assert_ptr_null(k);
+                        continue;
+                }
+                ck_assert_msg(k, "no row for %s", v->name);
+                ck_assert_uint_eq(k->id, (uint32_t)v->value);
+                /* STORAGE_CUDA_HOST -> cuda-host */
+                snprintf(want, sizeof(want), "%s", v->name + strlen("STORAGE_"));
+                for (char *c = want; *c; c++)
+                        *c = *c == '_' ? '-' : (char)(*c - 'A' + 'a');
+                ck_assert_str_eq(k->name, want);
+                ck_assert_str_eq(storage_name(k->id), want);
+                /* a kind carries its own tensors; seals and mmap go together with a memfd */
+                ck_assert(storage_fits(k->id, k->id));
+                ck_assert_int_eq(k->host_mapped, k->check == STORAGE_CHECK_MEMFD);
+                rows++;
+        }
+        ck_assert_uint_eq(rows, 4);
+        ck_assert_ptr_null(storage_kind((uint32_t)d->n_values));
+        ck_assert_ptr_null(storage_kind(UINT32_MAX));
+
+        ck_assert_uint_eq(storage_allocated_on(kDLCPU)->id, WIRE_STORAGE_MEMFD);
+        ck_assert_uint_eq(storage_allocated_on(kDLCUDAHost)->id, WIRE_STORAGE_CUDA_HOST);
+        ck_assert_uint_eq(storage_allocated_on(kDLCUDA)->id, WIRE_STORAGE_CUDA_VMM);
+        ck_assert_ptr_null(storage_allocated_on(kDLROCM));
+        ck_assert_ptr_null(storage_allocated_on(-1));
+
+        /* pinned host tensors may live in any host segment; nothing else crosses kinds */
+        ck_assert(storage_fits(WIRE_STORAGE_MEMFD, WIRE_STORAGE_CUDA_HOST));
+        ck_assert(!storage_fits(WIRE_STORAGE_CUDA_HOST, WIRE_STORAGE_MEMFD));
+        ck_assert(!storage_fits(WIRE_STORAGE_CUDA_VMM, WIRE_STORAGE_CUDA_IPC));
+        ck_assert(!storage_fits(WIRE_STORAGE_MEMFD, WIRE_STORAGE_CUDA_VMM));
+        ck_assert(!storage_fits(40, WIRE_STORAGE_MEMFD));
+        ck_assert(!storage_fits(WIRE_STORAGE_MEMFD, 40));
+        /* legacy IPC memory is the producer's: it cannot persist, nor be made by dlx_alloc */
+        ck_assert(!storage_kind(WIRE_STORAGE_CUDA_IPC)->may_persist);
+        ck_assert(!storage_kind(WIRE_STORAGE_CUDA_IPC)->allocated);
+        ck_assert(!storage_kind(WIRE_STORAGE_MEMFD)->takes_event);
 }
 END_TEST
 
@@ -1858,6 +1910,7 @@ Suite *wire_suite(void)
         tcase_add_test(tc, test_request_names);
         tcase_add_test(tc, test_request_scalars);
         tcase_add_test(tc, test_request_names_table);
+        tcase_add_test(tc, test_storage_kinds_table);
         suite_add_tcase(s, tc);
 
         tc = tcase_create("replies");
