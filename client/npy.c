@@ -227,8 +227,8 @@ struct cursor {
         const char *start;
         const char *p;
         const char *end;
-        char *err;
-        size_t errsz;
+        char *why;
+        size_t whysz;
 };
 
 static bool is_space(char ch)
@@ -260,7 +260,7 @@ static int peek(const struct cursor *c)
 
 static int syntax(const struct cursor *c, const char *what)
 {
-        return fail(c->err, c->errsz, -EINVAL, "malformed .npy header: %s at offset %td", what,
+        return fail(c->why, c->whysz, -EINVAL, "malformed .npy header: %s at offset %td", what,
                     c->p - c->start);
 }
 
@@ -488,9 +488,9 @@ static int data_size(const int64_t *shape, int32_t ndim, size_t itemsize, uint64
         return 0;
 }
 
-int npy_parse_header(const char *text, size_t len, struct npy_info *ret, char *err, size_t errsz)
+int npy_parse_header(const char *text, size_t len, struct npy_info *ret, char *why, size_t whysz)
 {
-        struct cursor c = {.start = text, .p = text, .end = text + len, .err = err, .errsz = errsz};
+        struct cursor c = {.start = text, .p = text, .end = text + len, .why = why, .whysz = whysz};
         struct npy_info info = {0};
         char descr[NPY_TOKEN_MAX] = "";
         size_t descr_len = 0;
@@ -500,7 +500,7 @@ int npy_parse_header(const char *text, size_t len, struct npy_info *ret, char *e
         int r;
 
         if (!text || !ret)
-                return fail(err, errsz, -EINVAL, "npy_parse_header: NULL argument");
+                return fail(why, whysz, -EINVAL, "npy_parse_header: NULL argument");
         r = expect(&c, '{', "expected '{'");
         if (r < 0)
                 return r;
@@ -543,7 +543,7 @@ int npy_parse_header(const char *text, size_t len, struct npy_info *ret, char *e
                 } else {
                         quote_for_message(key, key_len < sizeof(key) ? key_len : sizeof(key) - 1,
                                           shown, 32);
-                        return fail(err, errsz, -EINVAL,
+                        return fail(why, whysz, -EINVAL,
                                     "malformed .npy header: unexpected key '%s'", shown);
                 }
                 if (r < 0)
@@ -563,33 +563,33 @@ int npy_parse_header(const char *text, size_t len, struct npy_info *ret, char *e
         if (c.p != c.end)
                 return syntax(&c, "trailing characters after the dict");
         if (!have_descr || !have_fortran || !have_shape)
-                return fail(err, errsz, -EINVAL, "malformed .npy header: no '%s' key",
+                return fail(why, whysz, -EINVAL, "malformed .npy header: no '%s' key",
                             !have_descr     ? "descr"
                             : !have_fortran ? "fortran_order"
                                             : "shape");
         /* Malformed first, then what dlx cannot hold, then what does not fit 64 bits. */
         if (found.negative)
-                return fail(err, errsz, -EINVAL, "malformed .npy header: dimension %zu is negative",
+                return fail(why, whysz, -EINVAL, "malformed .npy header: dimension %zu is negative",
                             found.negative - 1);
         if (structured)
-                return fail(err, errsz, -ENOTSUP,
+                return fail(why, whysz, -ENOTSUP,
                             "numpy structured dtype (a list descr) has no DLPack equivalent");
         if (descr_len >= sizeof(descr) ||
             npy_dtype_from_descr(descr, &info.dtype, &info.swap_bytes) < 0) {
                 quote_for_message(descr, descr_len < sizeof(descr) ? descr_len : sizeof(descr) - 1,
                                   shown, 32);
-                return fail(err, errsz, -ENOTSUP, "numpy dtype '%s'%s has no DLPack equivalent",
+                return fail(why, whysz, -ENOTSUP, "numpy dtype '%s'%s has no DLPack equivalent",
                             shown, descr_hint(descr));
         }
         if (found.ndim > NPY_MAX_NDIM)
-                return fail(err, errsz, -ENOTSUP,
+                return fail(why, whysz, -ENOTSUP,
                             ".npy array has %zu dimensions; dlx supports at most %d", found.ndim,
                             NPY_MAX_NDIM);
         if (found.overflow)
-                return fail(err, errsz, -EOVERFLOW,
+                return fail(why, whysz, -EOVERFLOW,
                             ".npy shape: dimension %zu does not fit 64 bits", found.overflow - 1);
         if (data_size(info.shape, info.ndim, info.dtype.bits / 8u, &info.data_bytes) < 0)
-                return fail(err, errsz, -EOVERFLOW, ".npy array size does not fit 64 bits");
+                return fail(why, whysz, -EOVERFLOW, ".npy array size does not fit 64 bits");
         *ret = info;
         return 0;
 }
@@ -644,7 +644,7 @@ static int io_error(char *err, size_t errsz, int r)
         return fail(err, errsz, r, "reading .npy: %s", strerror(-r));
 }
 
-int npy_read_header(int fd, struct npy_info *ret, char *err, size_t errsz)
+int npy_read_header(int fd, struct npy_info *ret, char *why, size_t whysz)
 {
         uint8_t pre[12];
         size_t len_bytes, pre_len;
@@ -656,67 +656,67 @@ int npy_read_header(int fd, struct npy_info *ret, char *err, size_t errsz)
         int r;
 
         if (!ret)
-                return fail(err, errsz, -EINVAL, "npy_read_header: NULL argument");
+                return fail(why, whysz, -EINVAL, "npy_read_header: NULL argument");
         n = read_full(fd, pre, 8);
         if (n < 0)
-                return io_error(err, errsz, (int)n);
+                return io_error(why, whysz, (int)n);
         if (memcmp(pre, NPY_MAGIC, (size_t)n < NPY_MAGIC_LEN ? (size_t)n : NPY_MAGIC_LEN) != 0)
-                return fail(err, errsz, -EINVAL, "not a .npy file (bad magic)");
+                return fail(why, whysz, -EINVAL, "not a .npy file (bad magic)");
         if (n < 8)
-                return fail(err, errsz, -EINVAL, "truncated .npy: %zd of 8 preamble bytes", n);
+                return fail(why, whysz, -EINVAL, "truncated .npy: %zd of 8 preamble bytes", n);
         if (pre[6] == 1 && pre[7] == 0)
                 len_bytes = 2;
         else if ((pre[6] == 2 || pre[6] == 3) && pre[7] == 0)
                 len_bytes = 4;
         else
-                return fail(err, errsz, -ENOTSUP,
+                return fail(why, whysz, -ENOTSUP,
                             "unsupported .npy format version %u.%u (dlx reads 1.0, 2.0 and 3.0)",
                             (unsigned)pre[6], (unsigned)pre[7]);
         n = read_full(fd, pre + 8, len_bytes);
         if (n < 0)
-                return io_error(err, errsz, (int)n);
+                return io_error(why, whysz, (int)n);
         if ((size_t)n < len_bytes)
-                return fail(err, errsz, -EINVAL, "truncated .npy: no header length");
+                return fail(why, whysz, -EINVAL, "truncated .npy: no header length");
         pre_len = 8 + len_bytes;
         hlen = (uint32_t)pre[8] | (uint32_t)pre[9] << 8;
         if (len_bytes == 4)
                 hlen |= (uint32_t)pre[10] << 16 | (uint32_t)pre[11] << 24;
         if (hlen > NPY_MAX_HEADER_LEN)
-                return fail(err, errsz, -EINVAL, ".npy header length %u exceeds the %u-byte limit",
+                return fail(why, whysz, -EINVAL, ".npy header length %u exceeds the %u-byte limit",
                             hlen, NPY_MAX_HEADER_LEN);
         text = malloc(hlen ? hlen : 1);
         if (!text)
-                return fail(err, errsz, -ENOMEM, "out of memory for the .npy header");
+                return fail(why, whysz, -ENOMEM, "out of memory for the .npy header");
         n = read_full(fd, text, hlen);
         if (n < 0) {
                 free(text);
-                return io_error(err, errsz, (int)n);
+                return io_error(why, whysz, (int)n);
         }
         if ((size_t)n < hlen) {
                 free(text);
-                return fail(err, errsz, -EINVAL, "truncated .npy: header has %zd of %u bytes", n,
+                return fail(why, whysz, -EINVAL, "truncated .npy: header has %zd of %u bytes", n,
                             hlen);
         }
         if (pre[6] == 3 && !utf8_valid((const uint8_t *)text, hlen)) {
                 free(text);
-                return fail(err, errsz, -EINVAL, "malformed .npy header: invalid UTF-8");
+                return fail(why, whysz, -EINVAL, "malformed .npy header: invalid UTF-8");
         }
-        r = npy_parse_header(text, hlen, &info, err, errsz);
+        r = npy_parse_header(text, hlen, &info, why, whysz);
         free(text);
         if (r < 0)
                 return r;
         info.data_offset = pre_len + hlen;
 
         if (fstat(fd, &st) < 0)
-                return io_error(err, errsz, -errno);
+                return io_error(why, whysz, -errno);
         /* Only a regular file can say how much follows; a pipe's reader finds out by reading. */
         if (S_ISREG(st.st_mode)) {
                 off_t pos = lseek(fd, 0, SEEK_CUR);
 
                 if (pos < 0)
-                        return io_error(err, errsz, -errno);
+                        return io_error(why, whysz, -errno);
                 if (st.st_size < pos || (uint64_t)(st.st_size - pos) < info.data_bytes)
-                        return fail(err, errsz, -EINVAL,
+                        return fail(why, whysz, -EINVAL,
                                     "truncated .npy: %llu bytes of data expected, %lld present",
                                     (unsigned long long)info.data_bytes,
                                     st.st_size < pos ? 0LL : (long long)(st.st_size - pos));
@@ -933,7 +933,7 @@ static int write_gathered(int fd, const DLTensor *t, size_t itemsize, uint64_t b
         return r;
 }
 
-int npy_write_fd(int fd, const DLTensor *t, char *err, size_t errsz)
+int npy_write_fd(int fd, const DLTensor *t, char *why, size_t whysz)
 {
         char descr[NPY_DESCR_MAX];
         char name[48];
@@ -944,24 +944,24 @@ int npy_write_fd(int fd, const DLTensor *t, char *err, size_t errsz)
         int r;
 
         if (!t)
-                return fail(err, errsz, -EINVAL, "npy_write_fd: NULL tensor");
+                return fail(why, whysz, -EINVAL, "npy_write_fd: NULL tensor");
         if (t->ndim < 0)
-                return fail(err, errsz, -EINVAL, "tensor has negative ndim %d", t->ndim);
+                return fail(why, whysz, -EINVAL, "tensor has negative ndim %d", t->ndim);
         if (t->ndim > NPY_MAX_NDIM)
-                return fail(err, errsz, -ENOTSUP,
+                return fail(why, whysz, -ENOTSUP,
                             "tensor has %d dimensions; dlx supports at most %d", t->ndim,
                             NPY_MAX_NDIM);
         if (t->ndim > 0 && !t->shape)
-                return fail(err, errsz, -EINVAL, "tensor has no shape");
+                return fail(why, whysz, -EINVAL, "tensor has no shape");
         if (!is_host_memory(t->device.device_type))
                 return fail(
-                        err, errsz, -EINVAL,
+                        why, whysz, -EINVAL,
                         "tensor is in device memory (device type %d): copy it to the host first",
                         (int)t->device.device_type);
         r = npy_descr(t->dtype, descr, sizeof(descr));
         if (r < 0) {
                 layout_dtype_name(t->dtype, name, sizeof(name));
-                return fail(err, errsz, r, "DLPack dtype %s has no numpy equivalent%s", name,
+                return fail(why, whysz, r, "DLPack dtype %s has no numpy equivalent%s", name,
                             t->dtype.lanes != 1                            ? " (vector lanes)"
                             : t->dtype.bits % 8 != 0 || t->dtype.bits == 0 ? " (sub-byte)"
                                                                            : "");
@@ -969,16 +969,16 @@ int npy_write_fd(int fd, const DLTensor *t, char *err, size_t errsz)
         itemsize = t->dtype.bits / 8u;
         for (int32_t k = 0; k < t->ndim; k++) {
                 if (t->shape[k] < 0)
-                        return fail(err, errsz, -EINVAL, "tensor dimension %d is negative (%lld)",
+                        return fail(why, whysz, -EINVAL, "tensor dimension %d is negative (%lld)",
                                     k, (long long)t->shape[k]);
         }
         if (data_size(t->shape, t->ndim, itemsize, &bytes) < 0 || bytes > SIZE_MAX)
-                return fail(err, errsz, -EOVERFLOW, "tensor size does not fit 64 bits");
+                return fail(why, whysz, -EOVERFLOW, "tensor size does not fit 64 bits");
         if (bytes > 0 && !t->data)
-                return fail(err, errsz, -EINVAL, "tensor has no data");
+                return fail(why, whysz, -EINVAL, "tensor has no data");
         if (bytes > 0 && t->strides) {
                 if (!reach_fits(t, itemsize))
-                        return fail(err, errsz, -EOVERFLOW, "tensor strides reach beyond 64 bits");
+                        return fail(why, whysz, -EOVERFLOW, "tensor strides reach beyond 64 bits");
                 if (!is_contiguous(t, false)) {
                         /* In one dimension both checks agree, so this is for ndim >= 2. */
                         fortran = is_contiguous(t, true);
@@ -988,7 +988,7 @@ int npy_write_fd(int fd, const DLTensor *t, char *err, size_t errsz)
 
         hdr = build_header(descr, fortran, t->ndim, t->shape, &hdr_len);
         if (!hdr)
-                return fail(err, errsz, -ENOMEM, "out of memory for the .npy header");
+                return fail(why, whysz, -ENOMEM, "out of memory for the .npy header");
         r = write_all(fd, hdr, hdr_len);
         free(hdr);
         if (r == 0 && bytes > 0) {
@@ -998,6 +998,6 @@ int npy_write_fd(int fd, const DLTensor *t, char *err, size_t errsz)
                         r = write_all(fd, (const char *)t->data + t->byte_offset, (size_t)bytes);
         }
         if (r < 0)
-                return fail(err, errsz, r, "writing .npy: %s", strerror(-r));
+                return fail(why, whysz, r, "writing .npy: %s", strerror(-r));
         return 0;
 }

@@ -16,8 +16,8 @@
  * Error rule: -EINVAL means the file is malformed, -ENOTSUP means it is
  * well-formed but holds something dlx cannot represent (a dtype, a format
  * version, more than NPY_MAX_NDIM dimensions), -EOVERFLOW means its sizes do
- * not fit 64 bits. Where a function takes err/errsz, a one-line message is
- * written there on failure (err may be NULL; errsz 0 writes nothing).
+ * not fit 64 bits. Where a function takes why/whysz, a one-line message is
+ * written there on failure (why may be NULL; whysz 0 writes nothing).
  */
 #ifndef DLX_CLIENT_NPY_H
 #define DLX_CLIENT_NPY_H
@@ -60,7 +60,7 @@ struct npy_info {
  *   -ENOMEM;   or -errno from read(), fstat() or lseek().
  * *ret is untouched on failure; the fd offset is then unspecified.
  */
-int npy_read_header(int fd, struct npy_info *ret, char *err, size_t errsz);
+int npy_read_header(int fd, struct npy_info *ret, char *why, size_t whysz);
 
 /*
  * Parses the dict text of a header (len bytes, not NUL-terminated) into
@@ -69,7 +69,7 @@ int npy_read_header(int fd, struct npy_info *ret, char *err, size_t errsz);
  * (without the I/O ones); *ret untouched on failure. When a header has several
  * problems, -EINVAL (malformed) wins over -ENOTSUP, which wins over -EOVERFLOW.
  */
-int npy_parse_header(const char *text, size_t len, struct npy_info *ret, char *err, size_t errsz);
+int npy_parse_header(const char *text, size_t len, struct npy_info *ret, char *why, size_t whysz);
 
 /*
  * Maps a numpy descr ("<f4", "|b1", ">c16", "=i8") to a native-endian DLPack
@@ -118,6 +118,6 @@ void npy_strides(const struct npy_info *info, int64_t ret_strides[NPY_MAX_NDIM])
  *   -ENOMEM;   or -errno from write() (-EPIPE needs SIGPIPE ignored).
  * After a write error part of the file may have been written.
  */
-int npy_write_fd(int fd, const DLTensor *t, char *err, size_t errsz);
+int npy_write_fd(int fd, const DLTensor *t, char *why, size_t whysz);
 
 #endif /* DLX_CLIENT_NPY_H */

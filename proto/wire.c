@@ -250,21 +250,21 @@ int wire_tensor_check(const struct wire_tensor *t, const char **ret_why)
         return 0;
 }
 
-static int tensor_from_pb(const Dlxp__Tensor *src, struct wire_tensor *dst, char *err, size_t errsz)
+static int tensor_from_pb(const Dlxp__Tensor *src, struct wire_tensor *dst, char *why, size_t whysz)
 {
         memset(dst, 0, offsetof(struct wire_tensor, shape));
         if (take_bytes(dst->name, sizeof(dst->name), src->name) < 0)
-                return fail(err, errsz, -EINVAL, "tensor name too long or contains NUL");
+                return fail(why, whysz, -EINVAL, "tensor name too long or contains NUL");
         if (src->n_shape > DLX_MAX_NDIM)
-                return fail(err, errsz, -EINVAL, "ndim %zu over the limit of %d", src->n_shape,
+                return fail(why, whysz, -EINVAL, "ndim %zu over the limit of %d", src->n_shape,
                             DLX_MAX_NDIM);
         if (src->n_strides != src->n_shape)
-                return fail(err, errsz, -EINVAL, "%zu strides for %zu dimensions", src->n_strides,
+                return fail(why, whysz, -EINVAL, "%zu strides for %zu dimensions", src->n_strides,
                             src->n_shape);
         if (!src->dtype)
-                return fail(err, errsz, -EINVAL, "tensor without dtype");
+                return fail(why, whysz, -EINVAL, "tensor without dtype");
         if (src->dtype->code > 255 || src->dtype->bits > 255 || src->dtype->lanes > 65535)
-                return fail(err, errsz, -EINVAL, "dtype field out of range");
+                return fail(why, whysz, -EINVAL, "dtype field out of range");
         dst->version = src->version;
         dst->dtype.code = (uint8_t)src->dtype->code;
         dst->dtype.bits = (uint8_t)src->dtype->bits;
@@ -286,17 +286,17 @@ static int tensor_from_pb(const Dlxp__Tensor *src, struct wire_tensor *dst, char
         dst->length = src->length;
         if (take_handle(dst->ipc_handle, &dst->has_ipc_handle, src->ipc_handle) < 0 ||
             take_handle(dst->event, &dst->has_event, src->event) < 0)
-                return fail(err, errsz, -EINVAL, "a CUDA handle must be %d bytes", DLX_CUDA_HANDLE);
+                return fail(why, whysz, -EINVAL, "a CUDA handle must be %d bytes", DLX_CUDA_HANDLE);
         return 0;
 }
 
 /* Full descriptor validation for descriptors a peer wants the other side to act on. */
-static int tensor_valid(const struct wire_tensor *t, char *err, size_t errsz)
+static int tensor_valid(const struct wire_tensor *t, char *why, size_t whysz)
 {
-        const char *why = NULL;
+        const char *reason = NULL;
 
-        if (wire_tensor_check(t, &why) < 0)
-                return fail(err, errsz, -EINVAL, "bad tensor '%s': %s", t->name, why);
+        if (wire_tensor_check(t, &reason) < 0)
+                return fail(why, whysz, -EINVAL, "bad tensor '%s': %s", t->name, reason);
         return 0;
 }
 
@@ -318,15 +318,15 @@ static int info_to_pb(const struct wire_info *src, Dlxp__Info *pb, struct tensor
         return 0;
 }
 
-static int info_from_pb(const Dlxp__Info *src, struct wire_info *dst, char *err, size_t errsz)
+static int info_from_pb(const Dlxp__Info *src, struct wire_info *dst, char *why, size_t whysz)
 {
         int r;
 
         if (!src->tensor)
-                return fail(err, errsz, -EINVAL, "info without tensor");
-        r = tensor_from_pb(src->tensor, &dst->tensor, err, errsz);
+                return fail(why, whysz, -EINVAL, "info without tensor");
+        r = tensor_from_pb(src->tensor, &dst->tensor, why, whysz);
         if (r == 0)
-                r = tensor_valid(&dst->tensor, err, errsz);
+                r = tensor_valid(&dst->tensor, why, whysz);
         if (r < 0)
                 return r;
         dst->owner_uid = src->owner_uid;
@@ -522,9 +522,9 @@ size_t wire_request_pack(const struct wire_request *req, uint8_t *buf)
         return dlxp__request__pack(&s.r, buf);
 }
 
-static int request_from_pb(const Dlxp__Request *r, struct wire_request *q, char *err, size_t errsz)
+static int request_from_pb(const Dlxp__Request *r, struct wire_request *q, char *why, size_t whysz)
 {
-        const char *why = NULL;
+        const char *reason = NULL;
 
         switch (r->body_case) {
         case DLXP__REQUEST__BODY_HELLO:
@@ -534,9 +534,9 @@ static int request_from_pb(const Dlxp__Request *r, struct wire_request *q, char 
                 q->hello.pid = r->hello->pid;
                 if (take_bytes(q->hello.client_name, sizeof(q->hello.client_name),
                                r->hello->client_name) < 0 ||
-                    layout_prefix_check(q->hello.client_name, strlen(q->hello.client_name), &why) <
-                            0)
-                        return fail(err, errsz, -EINVAL,
+                    layout_prefix_check(q->hello.client_name, strlen(q->hello.client_name),
+                                        &reason) < 0)
+                        return fail(why, whysz, -EINVAL,
                                     "client name must be printable and at most %d bytes",
                                     DLX_CLIENT_NAME_MAX);
                 return 0;
@@ -544,63 +544,63 @@ static int request_from_pb(const Dlxp__Request *r, struct wire_request *q, char 
                 int e;
                 q->type = WIRE_REQ_PUBLISH;
                 if (!r->publish->tensor)
-                        return fail(err, errsz, -EINVAL, "publish without a tensor");
-                e = tensor_from_pb(r->publish->tensor, &q->publish.tensor, err, errsz);
+                        return fail(why, whysz, -EINVAL, "publish without a tensor");
+                e = tensor_from_pb(r->publish->tensor, &q->publish.tensor, why, whysz);
                 if (e < 0)
                         return e;
                 q->publish.persist = r->publish->persist;
                 q->publish.token = r->publish->token;
                 q->publish.hold = r->publish->hold;
                 q->publish.segment_size = r->publish->segment_size;
-                return tensor_valid(&q->publish.tensor, err, errsz);
+                return tensor_valid(&q->publish.tensor, why, whysz);
         }
         case DLXP__REQUEST__BODY_ACQUIRE:
                 q->type = WIRE_REQ_ACQUIRE;
                 q->acquire.min_version = r->acquire->min_version;
                 q->acquire.timeout_ms = r->acquire->timeout_ms;
                 if (take_bytes(q->acquire.name, sizeof(q->acquire.name), r->acquire->name) < 0)
-                        return fail(err, errsz, -EINVAL, "name too long or contains NUL");
-                if (layout_name_check(q->acquire.name, strlen(q->acquire.name), &why) < 0)
-                        return fail(err, errsz, -EINVAL, "bad name: %s", why);
+                        return fail(why, whysz, -EINVAL, "name too long or contains NUL");
+                if (layout_name_check(q->acquire.name, strlen(q->acquire.name), &reason) < 0)
+                        return fail(why, whysz, -EINVAL, "bad name: %s", reason);
                 return 0;
         case DLXP__REQUEST__BODY_RELEASE:
                 q->type = WIRE_REQ_RELEASE;
                 q->release.lease = r->release->lease;
                 if (take_handle(q->release.event, &q->release.has_event, r->release->event) < 0)
-                        return fail(err, errsz, -EINVAL, "a CUDA event handle must be %d bytes",
+                        return fail(why, whysz, -EINVAL, "a CUDA event handle must be %d bytes",
                                     DLX_CUDA_HANDLE);
                 return 0;
         case DLXP__REQUEST__BODY_UNPUBLISH:
                 q->type = WIRE_REQ_UNPUBLISH;
                 if (take_bytes(q->unpublish.name, sizeof(q->unpublish.name), r->unpublish->name) <
                     0)
-                        return fail(err, errsz, -EINVAL, "name too long or contains NUL");
-                if (layout_name_check(q->unpublish.name, strlen(q->unpublish.name), &why) < 0)
-                        return fail(err, errsz, -EINVAL, "bad name: %s", why);
+                        return fail(why, whysz, -EINVAL, "name too long or contains NUL");
+                if (layout_name_check(q->unpublish.name, strlen(q->unpublish.name), &reason) < 0)
+                        return fail(why, whysz, -EINVAL, "bad name: %s", reason);
                 return 0;
         case DLXP__REQUEST__BODY_LIST:
                 q->type = WIRE_REQ_LIST;
                 q->list.limit = r->list->limit;
                 if (take_bytes(q->list.prefix, sizeof(q->list.prefix), r->list->prefix) < 0 ||
                     take_bytes(q->list.after, sizeof(q->list.after), r->list->after) < 0)
-                        return fail(err, errsz, -EINVAL, "prefix too long or contains NUL");
-                if (layout_prefix_check(q->list.prefix, strlen(q->list.prefix), &why) < 0 ||
-                    layout_prefix_check(q->list.after, strlen(q->list.after), &why) < 0)
-                        return fail(err, errsz, -EINVAL, "bad prefix: %s", why);
+                        return fail(why, whysz, -EINVAL, "prefix too long or contains NUL");
+                if (layout_prefix_check(q->list.prefix, strlen(q->list.prefix), &reason) < 0 ||
+                    layout_prefix_check(q->list.after, strlen(q->list.after), &reason) < 0)
+                        return fail(why, whysz, -EINVAL, "bad prefix: %s", reason);
                 return 0;
         case DLXP__REQUEST__BODY_STAT:
                 q->type = WIRE_REQ_STAT;
                 if (take_bytes(q->stat.name, sizeof(q->stat.name), r->stat->name) < 0)
-                        return fail(err, errsz, -EINVAL, "name too long or contains NUL");
-                if (layout_name_check(q->stat.name, strlen(q->stat.name), &why) < 0)
-                        return fail(err, errsz, -EINVAL, "bad name: %s", why);
+                        return fail(why, whysz, -EINVAL, "name too long or contains NUL");
+                if (layout_name_check(q->stat.name, strlen(q->stat.name), &reason) < 0)
+                        return fail(why, whysz, -EINVAL, "bad name: %s", reason);
                 return 0;
         case DLXP__REQUEST__BODY_WATCH:
                 q->type = WIRE_REQ_WATCH;
                 if (take_bytes(q->watch.prefix, sizeof(q->watch.prefix), r->watch->prefix) < 0)
-                        return fail(err, errsz, -EINVAL, "prefix too long or contains NUL");
-                if (layout_prefix_check(q->watch.prefix, strlen(q->watch.prefix), &why) < 0)
-                        return fail(err, errsz, -EINVAL, "bad prefix: %s", why);
+                        return fail(why, whysz, -EINVAL, "prefix too long or contains NUL");
+                if (layout_prefix_check(q->watch.prefix, strlen(q->watch.prefix), &reason) < 0)
+                        return fail(why, whysz, -EINVAL, "bad prefix: %s", reason);
                 return 0;
         case DLXP__REQUEST__BODY_UNWATCH:
                 q->type = WIRE_REQ_UNWATCH;
@@ -618,7 +618,7 @@ static int request_from_pb(const Dlxp__Request *r, struct wire_request *q, char 
         case DLXP__REQUEST__BODY_FORGET:
                 q->type = WIRE_REQ_FORGET;
                 if (r->forget->n_segments == 0 || r->forget->n_segments > DLX_FORGET_MAX)
-                        return fail(err, errsz, -EINVAL, "a forget names 1 to %d segments, not %zu",
+                        return fail(why, whysz, -EINVAL, "a forget names 1 to %d segments, not %zu",
                                     DLX_FORGET_MAX, r->forget->n_segments);
                 q->forget.count = (uint32_t)r->forget->n_segments;
                 memcpy(q->forget.segments, r->forget->segments,
@@ -635,12 +635,12 @@ static int request_from_pb(const Dlxp__Request *r, struct wire_request *q, char 
                 q->type = WIRE_REQ_BYE;
                 return 0;
         default:
-                return fail(err, errsz, -EINVAL, "unknown request type");
+                return fail(why, whysz, -EINVAL, "unknown request type");
         }
 }
 
-int wire_request_decode(const uint8_t *buf, size_t len, struct wire_request *ret, char *err,
-                        size_t errsz)
+int wire_request_decode(const uint8_t *buf, size_t len, struct wire_request *ret, char *why,
+                        size_t whysz)
 {
         struct pb_arena arena;
         Dlxp__Request *r;
@@ -652,14 +652,14 @@ int wire_request_decode(const uint8_t *buf, size_t len, struct wire_request *ret
         ret->id = 0;
         ret->type = WIRE_REQ_NONE;
         if (!r && arena.failed)
-                return fail(err, errsz, -ENOMEM, "out of memory decoding a request");
+                return fail(why, whysz, -ENOMEM, "out of memory decoding a request");
         if (!r)
-                return fail(err, errsz, -EPROTO, "undecodable request");
+                return fail(why, whysz, -EPROTO, "undecodable request");
         ret->id = r->id;
         if (r->id == 0)
-                e = fail(err, errsz, -EPROTO, "request id 0");
+                e = fail(why, whysz, -EPROTO, "request id 0");
         else
-                e = request_from_pb(r, ret, err, errsz);
+                e = request_from_pb(r, ret, why, whysz);
         if (arena.heap)
                 dlxp__request__free_unpacked(r, &arena.allocator);
         return e;
@@ -933,7 +933,7 @@ int wire_reply_encode(const struct wire_reply *rep, uint8_t *buf, size_t cap, si
         return err;
 }
 
-static int reply_from_pb(const Dlxp__Reply *r, struct wire_reply *p, char *err, size_t errsz)
+static int reply_from_pb(const Dlxp__Reply *r, struct wire_reply *p, char *why, size_t whysz)
 {
         int e;
 
@@ -962,27 +962,27 @@ static int reply_from_pb(const Dlxp__Reply *r, struct wire_reply *p, char *err, 
         case DLXP__REPLY__BODY_ACQUIRE:
                 p->type = WIRE_REP_ACQUIRE;
                 if (!r->acquire->tensor)
-                        return fail(err, errsz, -EINVAL, "acquire reply without tensor");
-                e = tensor_from_pb(r->acquire->tensor, &p->acquire.tensor, err, errsz);
+                        return fail(why, whysz, -EINVAL, "acquire reply without tensor");
+                e = tensor_from_pb(r->acquire->tensor, &p->acquire.tensor, why, whysz);
                 if (e < 0)
                         return e;
                 p->acquire.lease = r->acquire->lease;
                 p->acquire.segment_size = r->acquire->segment_size;
                 p->acquire.writable = r->acquire->writable;
-                return tensor_valid(&p->acquire.tensor, err, errsz);
+                return tensor_valid(&p->acquire.tensor, why, whysz);
         case DLXP__REPLY__BODY_LIST:
                 p->type = WIRE_REP_LIST;
                 if (r->list->n_entries > DLX_LIST_PAGE_MAX)
-                        return fail(err, errsz, -EINVAL, "list page too large");
+                        return fail(why, whysz, -EINVAL, "list page too large");
                 if (take_bytes(p->list.next, sizeof(p->list.next), r->list->next) < 0)
-                        return fail(err, errsz, -EINVAL, "bad list cursor");
+                        return fail(why, whysz, -EINVAL, "bad list cursor");
                 if (r->list->n_entries) {
                         p->list.entries = calloc(r->list->n_entries, sizeof(struct wire_info));
                         if (!p->list.entries)
-                                return fail(err, errsz, -ENOMEM, "out of memory");
+                                return fail(why, whysz, -ENOMEM, "out of memory");
                 }
                 for (size_t i = 0; i < r->list->n_entries; i++) {
-                        e = info_from_pb(r->list->entries[i], &p->list.entries[i], err, errsz);
+                        e = info_from_pb(r->list->entries[i], &p->list.entries[i], why, whysz);
                         if (e < 0)
                                 return e;
                         p->list.count++;
@@ -991,8 +991,8 @@ static int reply_from_pb(const Dlxp__Reply *r, struct wire_reply *p, char *err, 
         case DLXP__REPLY__BODY_STAT:
                 p->type = WIRE_REP_STAT;
                 if (!r->stat->info)
-                        return fail(err, errsz, -EINVAL, "stat reply without info");
-                return info_from_pb(r->stat->info, &p->stat.info, err, errsz);
+                        return fail(why, whysz, -EINVAL, "stat reply without info");
+                return info_from_pb(r->stat->info, &p->stat.info, why, whysz);
         case DLXP__REPLY__BODY_WATCH:
                 p->type = WIRE_REP_WATCH;
                 p->watch.watch = r->watch->watch;
@@ -1041,36 +1041,36 @@ static int reply_from_pb(const Dlxp__Reply *r, struct wire_reply *p, char *err, 
                 p->event.events = NULL;
                 p->event.nevents = 0;
                 if (take_bytes(p->event.name, sizeof(p->event.name), r->event->name) < 0)
-                        return fail(err, errsz, -EINVAL, "bad event name");
+                        return fail(why, whysz, -EINVAL, "bad event name");
                 /* a name, when there is one (a SEGMENT_GONE has none), is a valid one */
                 if (p->event.name[0]) {
-                        const char *why = NULL;
-                        if (layout_name_check(p->event.name, strlen(p->event.name), &why) < 0)
-                                return fail(err, errsz, -EINVAL, "bad event name: %s", why);
+                        const char *reason = NULL;
+                        if (layout_name_check(p->event.name, strlen(p->event.name), &reason) < 0)
+                                return fail(why, whysz, -EINVAL, "bad event name: %s", reason);
                 }
                 if (r->event->n_events > DLX_MAX_RELEASE_EVENTS)
-                        return fail(err, errsz, -EINVAL, "too many release events");
+                        return fail(why, whysz, -EINVAL, "too many release events");
                 if (r->event->n_events) {
                         p->event.events = calloc(r->event->n_events, DLX_CUDA_HANDLE);
                         if (!p->event.events)
-                                return fail(err, errsz, -ENOMEM, "out of memory");
+                                return fail(why, whysz, -ENOMEM, "out of memory");
                 }
                 for (size_t i = 0; i < r->event->n_events; i++) {
                         bool has;
                         if (take_handle(p->event.events[i], &has, r->event->events[i]) < 0 || !has)
-                                return fail(err, errsz, -EINVAL,
+                                return fail(why, whysz, -EINVAL,
                                             "a CUDA event handle must be %d bytes",
                                             DLX_CUDA_HANDLE);
                         p->event.nevents++;
                 }
                 return 0;
         default:
-                return fail(err, errsz, -EINVAL, "unknown reply type");
+                return fail(why, whysz, -EINVAL, "unknown reply type");
         }
 }
 
-int wire_reply_decode(const uint8_t *buf, size_t len, struct wire_reply *ret, char *err,
-                      size_t errsz)
+int wire_reply_decode(const uint8_t *buf, size_t len, struct wire_reply *ret, char *why,
+                      size_t whysz)
 {
         struct pb_arena arena;
         Dlxp__Reply *r;
@@ -1086,13 +1086,13 @@ int wire_reply_decode(const uint8_t *buf, size_t len, struct wire_reply *ret, ch
         ret->list.entries = NULL;
         ret->list.count = 0;
         if (!r && arena.failed)
-                return fail(err, errsz, -ENOMEM, "out of memory decoding a reply");
+                return fail(why, whysz, -ENOMEM, "out of memory decoding a reply");
         if (!r)
-                return fail(err, errsz, -EPROTO, "undecodable reply");
+                return fail(why, whysz, -EPROTO, "undecodable reply");
         ret->id = r->id;
         ret->status = (int)r->status;
         wire_strcpy(ret->error, sizeof(ret->error), r->error ? r->error : "");
-        e = reply_from_pb(r, ret, err, errsz);
+        e = reply_from_pb(r, ret, why, whysz);
         if (arena.heap)
                 dlxp__reply__free_unpacked(r, &arena.allocator);
         if (e < 0)

@@ -301,13 +301,13 @@ int wire_reply_encode(const struct wire_reply *rep, uint8_t *buf, size_t cap, si
  * Decoding with validation: names, prefixes, dims, dtypes, string lengths.
  * Returns 0, -EPROTO (not a valid message: garbage, unknown body), -EINVAL
  * (valid protobuf breaking a limit; *ret has the id when it could be read so
- * a reply can be addressed) or -ENOMEM. A short reason is written to err.
+ * a reply can be addressed) or -ENOMEM. A short reason is written to why.
  */
-int wire_request_decode(const uint8_t *buf, size_t len, struct wire_request *ret, char *err,
-                        size_t errsz);
+int wire_request_decode(const uint8_t *buf, size_t len, struct wire_request *ret, char *why,
+                        size_t whysz);
 /* Same for replies; a list reply's entries are allocated: free with wire_reply_done(). */
-int wire_reply_decode(const uint8_t *buf, size_t len, struct wire_reply *ret, char *err,
-                      size_t errsz);
+int wire_reply_decode(const uint8_t *buf, size_t len, struct wire_reply *ret, char *why,
+                      size_t whysz);
 void wire_reply_done(struct wire_reply *rep);
 
 /*
