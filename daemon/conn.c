@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "dispatch.h"
+#include "invariant.h"
 #include "log.h"
 #include "registry.h"
 #include "server.h"
@@ -63,13 +64,13 @@ static void outbuf_drop_fd(struct conn *c, struct outbuf *b)
                 close(b->fd);
         b->seg = NULL;
         b->fd = -1;
-        c->queued_fds--;
+        count_take(c->queued_fds, 1);
 }
 
 static void outbuf_free(struct conn *c, struct outbuf *b)
 {
         outbuf_drop_fd(c, b);
-        c->queued_replies -= b->reply;
+        count_take(c->queued_replies, b->reply);
         free(b);
 }
 
@@ -153,10 +154,10 @@ static bool linger(struct conn *c)
 static void lingering_end(struct server *srv, struct lingering *l)
 {
         list_remove(&l->link);
-        srv->fds_unread -= l->fds;
-        l->use->unread -= l->fds;
-        l->use->clients--;
-        srv->reg->nlingering--;
+        count_take(srv->fds_unread, l->fds);
+        count_take(l->use->unread, l->fds);
+        count_take(l->use->clients, 1);
+        count_take(srv->reg->nlingering, 1);
         quota_uid_put(srv->reg->store, l->use);
         close(l->fd);
         free(l);
@@ -186,8 +187,8 @@ static void unlink_if(struct list *n)
 /* What a connection has in flight leaves the counts (the server's and its uid's). */
 static void fds_forget(struct conn *c)
 {
-        c->srv->fds_unread -= c->fds_unread;
-        c->session->use->unread -= c->fds_unread;
+        count_take(c->srv->fds_unread, c->fds_unread);
+        count_take(c->session->use->unread, c->fds_unread);
         c->fds_unread = 0;
 }
 
@@ -879,6 +880,14 @@ void conn_check_stalled(struct server *srv)
         }
 }
 
+static void conn_end(void *ctx)
+{
+        struct conn *c = ctx;
+
+        c->close_pending = true; /* what is queued goes first, as far as the socket takes it */
+        conn_doom(c);
+}
+
 void conn_doom(struct conn *c)
 {
         if (c->closing || list_linked(&c->doom_link))
@@ -925,6 +934,7 @@ int conn_start(struct server *srv, int fd, struct session *session)
         session->io.send = conn_send;
         session->io.fd_room = conn_fd_room;
         session->io.fd_share = conn_fd_share;
+        session->io.end = conn_end;
         session->io.ctx = c;
         list_insert_tail(&srv->conns, &c->link);
         c->events = UV_READABLE;

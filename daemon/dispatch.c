@@ -80,6 +80,11 @@ enum dispatch_result dispatch_frame(struct session *s, struct frame *f)
                 return DISPATCH_OK;
         }
         s->reg->requests++;
+        if (s->broken) {
+                /* its connection is ending: nothing more from it is acted on */
+                frame_close_fds(f);
+                return DISPATCH_CLOSE;
+        }
 
         if (!s->greeted && req.type != WIRE_REQ_HELLO) {
                 frame_close_fds(f);
@@ -156,5 +161,5 @@ enum dispatch_result dispatch_frame(struct session *s, struct frame *f)
                 session_fail(s, req.id, -EINVAL, "unknown request type");
                 break;
         }
-        return DISPATCH_OK;
+        return s->broken ? DISPATCH_CLOSE : DISPATCH_OK;
 }

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "fd.h"
+#include "invariant.h"
 #include "namespace.h"
 
 static int cmp_hold(const void *key, const struct avl_node *n)
@@ -162,7 +163,8 @@ void registry_free(struct session *s, const struct wire_request *req)
         }
         seg = h->seg;
         avl_remove(&s->held, &h->node);
-        s->nheld--;
+        if (!count_take(s->nheld, 1))
+                session_break(s, "count of allocations");
         free(h);
         seg->holder = NULL;
         reply_init(&rep, req->id, WIRE_REP_NONE);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "invariant.h"
 #include "log.h"
 #include "namespace.h"
 
@@ -128,8 +129,11 @@ void lease_drop(struct session *s, struct lease *l)
 
         avl_remove(&s->leases, &l->node);
         free(l);
-        reg->nleases--;
-        if (--v->leases == 0 && v->entry->current != v)
+        bool counted = count_take(v->leases, 1);
+        if (!count_take(reg->nleases, 1) || !counted)
+                session_break(s, "lease count");
+        /* a version whose count was already 0 is left alone: better leaked than freed twice */
+        if (counted && v->leases == 0 && v->entry->current != v)
                 version_destroy(reg, v);
 }
 
@@ -145,7 +149,8 @@ void waiter_end(struct waiter *w)
 
         list_remove(&w->elink);
         list_remove(&w->slink);
-        w->s->nwaiters--;
+        if (!count_take(w->s->nwaiters, 1))
+                session_break(w->s, "count of waiting acquires");
         if (w->timed) {
                 uv_timer_stop(&w->timer);
                 uv_close((uv_handle_t *)&w->timer, waiter_free_cb);

@@ -6,6 +6,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "invariant.h"
+
 struct list {
         struct list *next, *prev;
 };
@@ -36,8 +38,14 @@ static inline void list_insert_tail(struct list *head, struct list *n)
         head->prev = n;
 }
 
+/*
+ * Unlinks n, which must be on a list (its neighbours point back at it) or
+ * unlinked already; a node that is neither is left alone (see invariant.h).
+ */
 static inline void list_remove(struct list *n)
 {
+        if (!invariant(n->next->prev == n && n->prev->next == n))
+                return;
         n->prev->next = n->next;
         n->next->prev = n->prev;
         n->next = n->prev = n;

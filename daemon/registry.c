@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "fd.h"
+#include "invariant.h"
 #include "layout.h"
 #include "log.h"
 #include "namespace.h"
@@ -93,7 +94,7 @@ void version_destroy(struct registry *reg, struct version *v)
         free(v->rel_owners);
         list_remove(&v->link);
         segment_unref(reg->store, v->seg);
-        reg->nversions--;
+        count_take(reg->nversions, 1);
         log_debug("%s v%llu gone", e->name, (unsigned long long)v->version);
         free(v);
         entry_maybe_free(reg, e);
@@ -113,9 +114,9 @@ static void entry_set_current(struct registry *reg, struct entry *e, struct vers
                 owner_use->names++;
         } else if (old && !v) {
                 struct uid_use *u = quota_uid(reg->store, e->owner, false);
-                reg->nnames--;
+                count_take(reg->nnames, 1);
                 if (u) {
-                        u->names--;
+                        count_take(u->names, 1);
                         quota_uid_put(reg->store, u);
                 }
         }

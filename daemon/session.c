@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "invariant.h"
 #include "log.h"
 #include "namespace.h"
 
@@ -159,10 +160,25 @@ void registry_session_free(struct session *s)
         session_let_go(s);
         registry_ring_destroy(s);
         list_remove(&s->link);
-        reg->nsessions--;
-        s->use->clients--;
+        count_take(reg->nsessions, 1);
+        count_take(s->use->clients, 1);
         quota_uid_put(reg->store, s->use);
         free(s);
+}
+
+void session_break(struct session *s, const char *what)
+{
+        if (s->broken)
+                return;
+        s->broken = true;
+        log_session(err, s, "ended: %s broke an internal invariant (a bug in dlxd); dlxd goes on",
+                    what);
+        session_fail(s, 0, -EIO,
+                     "dlxd ended this session: its %s broke an internal invariant (a bug in dlxd; "
+                     "its log says where)",
+                     what);
+        if (s->io.end)
+                s->io.end(s->io.ctx);
 }
 
 void registry_bye(struct session *s, const struct wire_request *req)

@@ -37,6 +37,8 @@ struct session_io {
          * hold unread may stay so for ever.
          */
         bool (*fd_share)(void *ctx);
+        /* Ends the connection soon, from the loop, not within this call (NULL: nothing). */
+        void (*end)(void *ctx);
         void *ctx;
 };
 
@@ -48,6 +50,7 @@ struct session {
         char name[DLX_CLIENT_NAME_MAX + 1];
         bool greeted; /* hello done: other requests are allowed */
         bool retired; /* bye done: only its leases are left; it may release them and ping */
+        bool broken;  /* its state broke an invariant: its connection is ending */
         struct registry *reg;
         struct session_io io;
 
@@ -76,6 +79,14 @@ void session_event_with(struct session *s, enum wire_event_kind kind, uint64_t w
                         uint8_t (*events)[DLX_CUDA_HANDLE], uint32_t nevents);
 void session_event(struct session *s, enum wire_event_kind kind, uint64_t watch, const char *name,
                    uint64_t version, uint64_t token, uint64_t segment);
+
+/*
+ * What s holds broke an internal invariant (invariant.h), described by what:
+ * the peer is told, and its connection ends soon, as a peer's protocol error
+ * would end it. dlxd goes on. Nothing is freed here: callers may be walking
+ * the registry.
+ */
+void session_break(struct session *s, const char *what);
 
 /* Sends a status-only reply with a formatted message. */
 int session_fail(struct session *s, uint64_t id, int err, const char *fmt, ...)

@@ -16,6 +16,7 @@
 #endif
 
 #include "wire_limits.h"
+#include "invariant.h"
 #include "log.h"
 #include "wire.h"
 
@@ -57,11 +58,11 @@ static void segment_destroy(struct store *st, struct segment *seg)
         avl_remove(&st->segments, &seg->node);
         if (seg->fd >= 0) {
                 struct uid_use *u = quota_uid(st, seg->uid, false);
-                st->bytes -= seg->size;
-                st->fds--;
-                if (u) {
-                        u->bytes -= seg->size;
-                        u->fds--;
+                count_take(st->bytes, seg->size);
+                count_take(st->fds, 1);
+                if (invariant(u)) {
+                        count_take(u->bytes, seg->size);
+                        count_take(u->fds, 1);
                         quota_uid_put(st, u);
                 }
                 close(seg->fd);
@@ -362,7 +363,8 @@ void segment_ref(struct segment *seg)
 
 void segment_unref(struct store *st, struct segment *seg)
 {
-        if (--seg->refs == 0)
+        /* a count already 0 leaves the segment be: better leaked than freed twice */
+        if (count_take(seg->refs, 1) && seg->refs == 0)
                 segment_destroy(st, seg);
 }
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "invariant.h"
 #include "namespace.h"
 
 /* A lookup key: the first len bytes of a name. Every bucket of one tree has this len. */
@@ -79,8 +80,9 @@ static void watch_free(struct watch_index *ix, struct watch *w)
 
         list_remove(&w->blink);
         list_remove(&w->slink);
-        ix->count--;
-        w->s->nwatches--;
+        count_take(ix->count, 1);
+        if (!count_take(w->s->nwatches, 1))
+                session_break(w->s, "watch count");
         free(w);
         if (list_empty(&b->watches)) {
                 avl_remove(&ix->by_len[b->plen], &b->node);

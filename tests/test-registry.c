@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -25,7 +26,9 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "invariant.h"
 #include "log.h"
+#include "namespace.h"
 #include "session.h"
 #include "store.h"
 #include "toolkit.h"
@@ -53,6 +56,7 @@ struct client {
         struct session *s; /* NULL once freed */
         struct sent *log;
         size_t n;
+        unsigned ended; /* times the session asked its connection to end */
 };
 
 #define MAX_CLIENTS 16
@@ -140,6 +144,11 @@ static int fake_send(void *ctx, const struct wire_reply *rep, int fd_arg, struct
         return 0;
 }
 
+static void fake_end(void *ctx)
+{
+        ((struct client *)ctx)->ended++;
+}
+
 static struct client *client_new(uid_t uid, gid_t gid, pid_t pid, const char *name)
 {
         struct client *c;
@@ -153,6 +162,7 @@ static struct client *client_new(uid_t uid, gid_t gid, pid_t pid, const char *na
         ck_assert_ptr_nonnull(c->s);
         c->s->greeted = true;
         c->s->io.send = fake_send;
+        c->s->io.end = fake_end;
         c->s->io.ctx = c;
         snprintf(c->s->name, sizeof(c->s->name), "%s", name);
         return c;
@@ -2331,6 +2341,71 @@ START_TEST(test_cuda_vmm_and_host_segments)
 }
 END_TEST
 
+/* ---- invariants --------------------------------------------------------------------------- */
+
+/*
+ * The bug simulated: the version forgets one of its two leases, so the second
+ * release finds its count at 0.
+ */
+static struct client *lease_count_broken(struct client **ret_p, struct client **ret_c)
+{
+        struct client *p = client_new(1000, 1000, 100, "producer");
+        struct client *c = client_new(1001, 1001, 200, "consumer");
+        struct client *o = client_new(1002, 1002, 300, "other");
+        uint64_t lc, lo;
+
+        publish(p, "x", false, 7);
+        lc = acquire_ok(c, "x")->rep.acquire.lease;
+        lo = acquire_ok(o, "x")->rep.acquire.lease;
+        entry_find(&E.reg, "x")->current->leases = 1;
+        release_ok(c, lc);
+        release(o, lo);
+        *ret_p = p;
+        *ret_c = c;
+        return o;
+}
+
+/* Outside abort builds a broken count ends the session that met it, and only that one. */
+START_TEST(test_broken_invariant_ends_only_its_session)
+{
+        unsigned long before = invariants_broken;
+        struct client *p, *c, *o;
+        const struct sent *last;
+
+        invariant_abort = false;
+        o = lease_count_broken(&p, &c);
+        ck_assert_uint_eq(invariants_broken, before + 1);
+        ck_assert(o->s->broken);
+        ck_assert_uint_eq(o->ended, 1);
+        /* the peer is told why, in a failure addressed to no request */
+        ck_assert_uint_gt(o->n, 0);
+        last = &o->log[o->n - 1];
+        ck_assert_uint_eq(last->rep.id, 0);
+        ck_assert_int_eq(last->rep.status, WIRE_INTERNAL);
+        ck_assert_ptr_nonnull(strstr(last->rep.error, "invariant"));
+        /* the others go on: the count stayed at 0, not wrapped, and the version is whole */
+        ck_assert(!p->s->broken && !c->s->broken);
+        ck_assert_uint_eq(p->ended + c->ended, 0);
+        ck_assert_uint_eq(entry_find(&E.reg, "x")->current->leases, 0);
+        ck_assert_uint_eq(stats(p).leases, 0);
+        acquire_ok(c, "x");
+        publish(p, "x", false, 8);
+        expect_ok(unpublish(p, "x"), WIRE_REP_NONE);
+        /* teardown checks that every count and record went back to zero */
+}
+END_TEST
+
+/* Abort builds (and tests that ask) stop at the first broken invariant. */
+START_TEST(test_broken_invariant_aborts_when_asked)
+{
+        struct client *p, *c;
+
+        invariant_abort = true;
+        lease_count_broken(&p, &c);
+        ck_abort_msg("a broken invariant did not abort");
+}
+END_TEST
+
 /*
  * libuv opens a process-wide signal pipe with the first loop and keeps it for
  * the life of the process: no leak of a test's (see check-main.c).
@@ -2383,6 +2458,10 @@ Suite *registry_suite(void)
         tcase_add_test(tc, test_cuda_ipc_descriptor);
         tcase_add_test(tc, test_release_events_fair_and_bounded);
         tcase_add_test(tc, test_cuda_vmm_and_host_segments);
+        tcase_add_test(tc, test_broken_invariant_ends_only_its_session);
+        /* a signal ends the test process: only where each test has one of its own */
+        if (!getenv("CK_FORK") || strcmp(getenv("CK_FORK"), "no") != 0)
+                tcase_add_test_raise_signal(tc, test_broken_invariant_aborts_when_asked, SIGABRT);
         suite_add_tcase(s, tc);
         return s;
 }
