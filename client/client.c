@@ -48,7 +48,8 @@ static dlx_client *pinned;
  * it on both sides: each is innermost where it is used (nothing else is taken
  * while it is held), so no thread can hold one while waiting for another.
  * The GPU files' locks are not among them: a forked child cannot use CUDA
- * (dlx__cuda() refuses), so never takes them.
+ * its parent used (dlx__cuda_fork() tells the driver table), so never takes
+ * them.
  */
 static void on_fork_prepare(void)
 {
@@ -73,6 +74,7 @@ static void on_fork_child(void)
         }
         conns = pinned = NULL; /* none of them is this process's */
         dlx__segment_fork(DLX_FORK_CHILD);
+        dlx__cuda_fork(DLX_FORK_CHILD);
         pthread_mutex_unlock(&conn_lock);
 }
 
@@ -138,11 +140,6 @@ static void conn_closed(dlx_client *c)
         c->conn_prev = c->conn_next = NULL;
         fd_drop(&c->fd);
         pthread_mutex_unlock(&conn_lock);
-}
-
-unsigned dlx__fork_generation(void)
-{
-        return __atomic_load_n(&fork_generation, __ATOMIC_RELAXED);
 }
 
 bool dlx__forked(const dlx_client *c)

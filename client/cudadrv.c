@@ -20,16 +20,25 @@ static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 static CUcontext primary[DLX_GPU_MAX_DEVICES];
 
 /*
- * The fork generation (dlx__fork_generation) CUDA was first used in;
- * UINT_MAX: not yet. CUDA does not survive fork(): a child of a process that
- * initialised it cannot use it, and libdlx's CUDA caches and their locks are
- * the parent's there. Such a child gets a clear error instead.
+ * Forks this process is a child of (counted in each child), and how many
+ * there were when CUDA was first used; UINT_MAX: not yet. CUDA does not
+ * survive fork(): a child of a process that initialised it cannot use it,
+ * and libdlx's CUDA caches and their locks are the parent's there. Such a
+ * child gets a clear error instead.
  */
+static unsigned generation;
 static unsigned used_in = UINT_MAX;
+
+void dlx__cuda_fork(enum dlx_fork_step step)
+{
+        /* a child runs this before it has a second thread */
+        if (step == DLX_FORK_CHILD)
+                __atomic_add_fetch(&generation, 1, __ATOMIC_RELAXED);
+}
 
 static int check_generation(void)
 {
-        unsigned now = dlx__fork_generation(), was = UINT_MAX;
+        unsigned now = __atomic_load_n(&generation, __ATOMIC_RELAXED), was = UINT_MAX;
 
         if (__atomic_compare_exchange_n(&used_in, &was, now, false, __ATOMIC_RELAXED,
                                         __ATOMIC_RELAXED) ||

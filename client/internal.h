@@ -224,8 +224,6 @@ DLX_HIDDEN void dlx__client_unref(dlx_client *c);
  * socket, locks and leases are the parent's, not to be touched here.
  */
 DLX_HIDDEN bool dlx__forked(const dlx_client *c);
-/* Bumped in every child fork() makes; what dlx__forked() compares. */
-DLX_HIDDEN unsigned dlx__fork_generation(void);
 /*
  * The steps of a fork, for the process-wide locks of other files: each holds
  * its own across the fork (so that a child never inherits one another thread
@@ -301,6 +299,15 @@ DLX_HIDDEN void dlx__maps_final(dlx_client *c);
  */
 DLX_HIDDEN bool dlx__mapped_read_only(const void *data, int64_t lo, int64_t hi);
 DLX_HIDDEN void dlx__segment_fork(enum dlx_fork_step step);
+/* cudadrv.c's: a child may not use CUDA its parent used, and gets a clear error instead. */
+#ifdef DLX_HAVE_CUDA
+DLX_HIDDEN void dlx__cuda_fork(enum dlx_fork_step step);
+#else
+static inline void dlx__cuda_fork(enum dlx_fork_step step)
+{
+        (void)step;
+}
+#endif
 
 /* ---- arena.c ---- */
 /* Frees the allocator's records of c's segments (their mappings go with the cache). */
