@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "dlx.pb-c.h"
+#include "pbwrite.h"
 #include "toolkit.h"
 
 /* ---- builders and comparisons ------------------------------------------------------------- */
@@ -805,28 +806,21 @@ START_TEST(test_decode_no_body)
 {
         Dlxp__Request r;
         struct wire_request q;
-        size_t n;
-        uint8_t *buf;
-        uint8_t unknown[32];
+        struct pb unknown;
 
         dlxp__request__init(&r);
         r.id = 42;
         ck_assert_int_eq(decode_pb_request(&r, &q), -EINVAL);
         ck_assert_uint_eq(q.id, 42);
 
-        /* a body from a future protocol: field 99, unknown to this build */
-        r.id = 43;
-        buf = pack_pb_request(&r, &n);
-        ck_assert_uint_le(n + 3, sizeof(unknown));
-        memcpy(unknown, buf, n);
-        unsigned tag = 99u << 3 | 2u; /* field 99, length-delimited: a two-byte varint */
-        unknown[n] = (uint8_t)((tag & 0x7f) | 0x80);
-        unknown[n + 1] = (uint8_t)(tag >> 7);
-        unknown[n + 2] = 0; /* empty message */
-        free(buf);
+        /* a body from a future protocol: field 99, unknown to this build, an empty message */
+        pb_init(&unknown);
+        pb_uint(&unknown, 1, 43);
+        pb_bytes(&unknown, 99, "", 0);
         memset(&q, 0x5a, sizeof(q));
-        ck_assert_int_eq(wire_request_decode(unknown, n + 3, &q, NULL, 0), -EINVAL);
+        ck_assert_int_eq(wire_request_decode(unknown.b, unknown.n, &q, NULL, 0), -EINVAL);
         ck_assert_uint_eq(q.id, 43);
+        pb_done(&unknown);
 }
 END_TEST
 
