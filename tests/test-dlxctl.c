@@ -488,6 +488,20 @@ static char *ctl_ok(const char *arg0, ...)
         return out;
 }
 
+/*
+ * Runs dlxctl as ctl_ok() does and requires cond, an expression of its
+ * stdout ctl_out, to hold (the failure names the command and its output).
+ */
+#define CTL_EXPECT(cond, ...)                                                                      \
+        do {                                                                                       \
+                char *ctl_out = ctl_ok(__VA_ARGS__, NULL);                                         \
+                ck_assert_msg(cond, "dlxctl %s: %s", #__VA_ARGS__, ctl_out);                       \
+                free(ctl_out);                                                                     \
+        } while (0)
+
+/* The same, requiring a stdout of exactly want. */
+#define CTL_EXPECT_STR(want, ...) CTL_EXPECT(strcmp(ctl_out, want) == 0, __VA_ARGS__)
+
 /* Starts dlxctl --socket fx.socket arg0 ... in the background. */
 static void ctl_spawn(struct ctl *c, const char *arg0, ...)
 {
@@ -695,9 +709,7 @@ START_TEST(test_roundtrip_dtypes)
                         data[i] = (uint8_t)(i % 3 == 1);
         make_npy(tpath("in.npy"), descr, false, "(2, 3)", data, n);
 
-        out = ctl_ok("put", "t/x", tpath("in.npy"), NULL);
-        ck_assert_str_eq(out, "t/x v1\n");
-        free(out);
+        CTL_EXPECT_STR("t/x v1\n", "put", "t/x", tpath("in.npy"));
 
         out = ctl_ok("--json", "stat", "t/x", NULL);
         ck_assert_msg(json_valid(out), "--json stat is not JSON: %s", out);
@@ -710,9 +722,7 @@ START_TEST(test_roundtrip_dtypes)
         ck_assert_msg(json_has(out, member), "%s: want %s in %s", descr, member, out);
         free(out);
 
-        out = ctl_ok("get", "t/x", tpath("out.npy"), NULL);
-        ck_assert_str_eq(out, "");
-        free(out);
+        CTL_EXPECT_STR("", "get", "t/x", tpath("out.npy"));
         check_npy(tpath("out.npy"), descr, false, 2, shape, data, n);
 }
 END_TEST
@@ -721,14 +731,12 @@ START_TEST(test_roundtrip_0d_and_empty)
 {
         const int64_t s0[1] = {0}, s30[2] = {3, 0};
         double v = -1234.5;
-        char *out;
 
         /* 0-d: shape (), one element */
         make_npy(tpath("scalar.npy"), "<f8", false, "()", &v, sizeof(v));
         free(ctl_ok("put", "scalar", tpath("scalar.npy"), NULL));
-        out = ctl_ok("--json", "stat", "scalar", NULL);
-        ck_assert_msg(json_has(out, "\"shape\":[]") && json_has(out, "\"nbytes\":8"), "%s", out);
-        free(out);
+        CTL_EXPECT(json_has(ctl_out, "\"shape\":[]") && json_has(ctl_out, "\"nbytes\":8"), "--json",
+                   "stat", "scalar");
         free(ctl_ok("get", "scalar", tpath("scalar-out.npy"), NULL));
         check_npy(tpath("scalar-out.npy"), "<f8", false, 0, NULL, &v, sizeof(v));
 
@@ -737,12 +745,9 @@ START_TEST(test_roundtrip_0d_and_empty)
         make_npy(tpath("e2.npy"), "<i2", false, "(3, 0)", NULL, 0);
         free(ctl_ok("put", "empty1", tpath("e1.npy"), NULL));
         free(ctl_ok("put", "empty2", tpath("e2.npy"), NULL));
-        out = ctl_ok("stat", "empty1", NULL);
-        ck_assert_msg(strstr(out, "shape:         (0,)\n"), "%s", out);
-        free(out);
-        out = ctl_ok("--json", "stat", "empty2", NULL);
-        ck_assert_msg(json_has(out, "\"shape\":[3,0]") && json_has(out, "\"nbytes\":0"), "%s", out);
-        free(out);
+        CTL_EXPECT(strstr(ctl_out, "shape:         (0,)\n"), "stat", "empty1");
+        CTL_EXPECT(json_has(ctl_out, "\"shape\":[3,0]") && json_has(ctl_out, "\"nbytes\":0"),
+                   "--json", "stat", "empty2");
         free(ctl_ok("get", "empty1", tpath("e1-out.npy"), NULL));
         free(ctl_ok("get", "empty2", tpath("e2-out.npy"), NULL));
         check_npy(tpath("e1-out.npy"), "<f4", false, 1, s0, NULL, 0);
@@ -785,42 +790,42 @@ static void to_be(void *p, size_t width)
         }
 }
 
-START_TEST(test_roundtrip_big_endian)
+static const float be_f4[6] = {1.5f, -2.25f, 3e10f, 0.0f, -0.0f, 1e-40f};
+static const int16_t be_i2[4] = {1, -2, 0x1234, -32768};
+static const float be_c8[4] = {1.0f, -1.0f, 0.5f, 1e20f}; /* two complex64: re, im each */
+
+/* Big-endian input, each scalar of width bytes swapped on its own (a complex is two floats). */
+static const struct be_row {
+        const char *type; /* the descr after its byte order */
+        size_t width;
+        const void *data;
+        size_t size;
+        const char *shape_text;
+        int ndim;
+        int64_t shape[2];
+} be_rows[] = {
+        {"f4", 4, be_f4, sizeof(be_f4), "(2, 3)", 2, {2, 3}},
+        {"i2", 2, be_i2, sizeof(be_i2), "(4,)", 1, {4}},
+        {"c8", 4, be_c8, sizeof(be_c8), "(2,)", 1, {2}},
+};
+
+START_TEST(big_endian_input_comes_back_in_host_order)
 {
-        const float f[6] = {1.5f, -2.25f, 3e10f, 0.0f, -0.0f, 1e-40f};
-        const int16_t s[4] = {1, -2, 0x1234, -32768};
-        const float c[4] = {1.0f, -1.0f, 0.5f, 1e20f}; /* two complex64: re, im each */
-        const int64_t sf[2] = {2, 3}, ss[1] = {4}, sc[1] = {2};
-        uint8_t be[sizeof(f)];
-        char descr[8];
+        const struct be_row *row = &be_rows[_i];
+        uint8_t be[sizeof(be_f4)];
+        char descr[8], name[16];
 
-        memcpy(be, f, sizeof(f));
-        for (size_t i = 0; i < 6; i++)
-                to_be(be + 4 * i, 4);
-        make_npy(tpath("f.npy"), ">f4", false, "(2, 3)", be, sizeof(f));
-        free(ctl_ok("put", "be/f4", tpath("f.npy"), NULL));
-        free(ctl_ok("get", "be/f4", tpath("f-out.npy"), NULL));
-        snprintf(descr, sizeof(descr), "%cf4", HOST);
-        check_npy(tpath("f-out.npy"), descr, false, 2, sf, f, sizeof(f));
-
-        memcpy(be, s, sizeof(s));
-        for (size_t i = 0; i < 4; i++)
-                to_be(be + 2 * i, 2);
-        make_npy(tpath("s.npy"), ">i2", false, "(4,)", be, sizeof(s));
-        free(ctl_ok("put", "be/i2", tpath("s.npy"), NULL));
-        free(ctl_ok("get", "be/i2", tpath("s-out.npy"), NULL));
-        snprintf(descr, sizeof(descr), "%ci2", HOST);
-        check_npy(tpath("s-out.npy"), descr, false, 1, ss, s, sizeof(s));
-
-        /* a complex is two floats, each swapped on its own */
-        memcpy(be, c, sizeof(c));
-        for (size_t i = 0; i < 4; i++)
-                to_be(be + 4 * i, 4);
-        make_npy(tpath("c.npy"), ">c8", false, "(2,)", be, sizeof(c));
-        free(ctl_ok("put", "be/c8", tpath("c.npy"), NULL));
-        free(ctl_ok("get", "be/c8", tpath("c-out.npy"), NULL));
-        snprintf(descr, sizeof(descr), "%cc8", HOST);
-        check_npy(tpath("c-out.npy"), descr, false, 1, sc, c, sizeof(c));
+        ck_assert_uint_le(row->size, sizeof(be));
+        memcpy(be, row->data, row->size);
+        for (size_t i = 0; i < row->size / row->width; i++)
+                to_be(be + row->width * i, row->width);
+        snprintf(descr, sizeof(descr), ">%s", row->type);
+        snprintf(name, sizeof(name), "be/%s", row->type);
+        make_npy(tpath("in.npy"), descr, false, row->shape_text, be, row->size);
+        free(ctl_ok("put", name, tpath("in.npy"), NULL));
+        free(ctl_ok("get", name, tpath("out.npy"), NULL));
+        descr[0] = HOST;
+        check_npy(tpath("out.npy"), descr, false, row->ndim, row->shape, row->data, row->size);
 }
 END_TEST
 
@@ -957,12 +962,9 @@ START_TEST(test_put_unsupported_dtype)
         expect_fail(1, unsupported[_i].needle, what, rc, out, err);
 
         /* nothing published, nothing even attempted */
-        out = ctl_ok("--json", "list", NULL);
-        ck_assert_str_eq(out, "[]\n");
-        free(out);
-        out = ctl_ok("--json", "stats", NULL);
-        ck_assert_msg(json_has(out, "\"names\":0") && json_has(out, "\"publishes\":0"), "%s", out);
-        free(out);
+        CTL_EXPECT_STR("[]\n", "--json", "list");
+        CTL_EXPECT(json_has(ctl_out, "\"names\":0") && json_has(ctl_out, "\"publishes\":0"),
+                   "--json", "stats");
 }
 END_TEST
 
@@ -1007,12 +1009,9 @@ START_TEST(test_put_bad_files)
         rc = run_ctl(&out, &err, "put", "a//b", tpath("full.npy"), NULL);
         expect_fail(1, "a//b", "put under a bad name", rc, out, err);
 
-        out = ctl_ok("--json", "list", NULL);
-        ck_assert_str_eq(out, "[]\n");
-        free(out);
-        out = ctl_ok("--json", "stats", NULL);
-        ck_assert_msg(json_has(out, "\"names\":0") && json_has(out, "\"publishes\":0"), "%s", out);
-        free(out);
+        CTL_EXPECT_STR("[]\n", "--json", "list");
+        CTL_EXPECT(json_has(ctl_out, "\"names\":0") && json_has(ctl_out, "\"publishes\":0"),
+                   "--json", "stats");
 }
 END_TEST
 
@@ -1089,9 +1088,7 @@ START_TEST(test_put_persistent)
         /* put again replaces: a new version with the new contents */
         fill(data, sizeof(data), 4);
         make_npy(tpath("p.npy"), descr, false, "(4, 5)", data, sizeof(data));
-        out = ctl_ok("put", "keep/me", tpath("p.npy"), NULL);
-        ck_assert_str_eq(out, "keep/me v2\n");
-        free(out);
+        CTL_EXPECT_STR("keep/me v2\n", "put", "keep/me", tpath("p.npy"));
         c = fx_connect(&fx, "test-dlxctl");
         acquire_and_compare(c, "keep/me", data, sizeof(data));
         dlx_close(c);
@@ -1108,16 +1105,10 @@ START_TEST(test_put_writable)
 
         fill(data, sizeof(data), 8);
         make_npy(tpath("w.npy"), "|u1", false, "(8,)", data, sizeof(data));
-        out = ctl_ok("put", "rw", tpath("w.npy"), "--writable", NULL);
-        ck_assert_str_eq(out, "rw v1\n");
-        free(out);
+        CTL_EXPECT_STR("rw v1\n", "put", "rw", tpath("w.npy"), "--writable");
 
-        out = ctl_ok("stat", "rw", NULL);
-        ck_assert_msg(strstr(out, "access:        writable\n"), "stat of a writable put: %s", out);
-        free(out);
-        out = ctl_ok("--json", "stat", "rw", NULL);
-        ck_assert_msg(json_has(out, "\"read_only\":false"), "%s", out);
-        free(out);
+        CTL_EXPECT(strstr(ctl_out, "access:        writable\n"), "stat", "rw");
+        CTL_EXPECT(json_has(ctl_out, "\"read_only\":false"), "--json", "stat", "rw");
         out = ctl_ok("list", NULL);
         ck_assert_msg(strstr(out, ",writable\n"), "list FLAGS should say writable: %s", out);
         free(out);
@@ -1139,9 +1130,7 @@ START_TEST(test_put_writable)
 
         /* and the default stays read-only */
         free(ctl_ok("put", "ro", tpath("w.npy"), NULL));
-        out = ctl_ok("stat", "ro", NULL);
-        ck_assert_msg(strstr(out, "access:        read-only\n"), "%s", out);
-        free(out);
+        CTL_EXPECT(strstr(ctl_out, "access:        read-only\n"), "stat", "ro");
 }
 END_TEST
 
@@ -1200,18 +1189,12 @@ START_TEST(test_list)
                       "list line for b/z: %s", line);
         free(out);
 
-        out = ctl_ok("list", "a/", NULL);
-        ck_assert_msg(count_lines(out) == 3 && strstr(out, "\na/x ") && strstr(out, "\na/y ") &&
-                              !strstr(out, "b/z"),
-                      "list a/: %s", out);
-        free(out);
-        out = ctl_ok("ls", "b", NULL);
-        ck_assert_msg(count_lines(out) == 2 && strstr(out, "\nb/z "), "ls b: %s", out);
-        free(out);
-        out = ctl_ok("list", "nothing/", NULL);
-        ck_assert_msg(count_lines(out) == 1 && strncmp(out, "NAME", 4) == 0, "list nothing/: %s",
-                      out);
-        free(out);
+        CTL_EXPECT(count_lines(ctl_out) == 3 && strstr(ctl_out, "\na/x ") &&
+                           strstr(ctl_out, "\na/y ") && !strstr(ctl_out, "b/z"),
+                   "list", "a/");
+        CTL_EXPECT(count_lines(ctl_out) == 2 && strstr(ctl_out, "\nb/z "), "ls", "b");
+        CTL_EXPECT(count_lines(ctl_out) == 1 && strncmp(ctl_out, "NAME", 4) == 0, "list",
+                   "nothing/");
 }
 END_TEST
 
@@ -1219,9 +1202,7 @@ START_TEST(test_list_json)
 {
         char entry[1024], *out;
 
-        out = ctl_ok("--json", "list", NULL);
-        ck_assert_str_eq(out, "[]\n");
-        free(out);
+        CTL_EXPECT_STR("[]\n", "--json", "list");
         put_three();
 
         out = ctl_ok("--json", "list", NULL);
@@ -1252,14 +1233,10 @@ START_TEST(test_list_json)
                 "a/x in --json list: %s", entry);
         free(out);
 
-        out = ctl_ok("--json", "list", "a/", NULL);
-        ck_assert_msg(json_valid(out) && strstr(out, "\"name\":\"a/x\"") &&
-                              strstr(out, "\"name\":\"a/y\"") && !strstr(out, "b/z"),
-                      "--json list a/: %s", out);
-        free(out);
-        out = ctl_ok("--json", "list", "zzz", NULL);
-        ck_assert_str_eq(out, "[]\n");
-        free(out);
+        CTL_EXPECT(json_valid(ctl_out) && strstr(ctl_out, "\"name\":\"a/x\"") &&
+                           strstr(ctl_out, "\"name\":\"a/y\"") && !strstr(ctl_out, "b/z"),
+                   "--json", "list", "a/");
+        CTL_EXPECT_STR("[]\n", "--json", "list", "zzz");
 }
 END_TEST
 
@@ -1310,9 +1287,7 @@ START_TEST(test_rm)
         int rc;
 
         put_three();
-        out = ctl_ok("rm", "a/y", NULL);
-        ck_assert_str_eq(out, "");
-        free(out);
+        CTL_EXPECT_STR("", "rm", "a/y");
         rc = run_ctl(&out, &err, "get", "a/y", tpath("y-out.npy"), NULL);
         expect_fail(1, "no tensor named", "get after rm", rc, out, err);
         ck_assert_msg(access(tpath("y-out.npy"), F_OK) != 0, "a failed get left a file behind");
@@ -1380,16 +1355,14 @@ START_TEST(test_stats)
         }
         free(out);
 
-        out = ctl_ok("stats", NULL);
-        ck_assert_msg(strstr(out, "server:    ") && strstr(out, "names:     2 of 1000000\n") &&
-                              strstr(out, "versions:  2\n") &&
-                              strstr(out, "(publishes 4, acquires 2)\n") &&
-                              strstr(out, "watchers:  0\n") && strstr(out, "fds:       2 of ") &&
-                              strstr(out, " 2 fds of ") &&
-                              strstr(out, "  --max-names            1000000\n") &&
-                              strstr(out, "  --max-queued           16777216 (16 MiB)\n"),
-                      "stats: %s", out);
-        free(out);
+        CTL_EXPECT(strstr(ctl_out, "server:    ") && strstr(ctl_out, "names:     2 of 1000000\n") &&
+                           strstr(ctl_out, "versions:  2\n") &&
+                           strstr(ctl_out, "(publishes 4, acquires 2)\n") &&
+                           strstr(ctl_out, "watchers:  0\n") &&
+                           strstr(ctl_out, "fds:       2 of ") && strstr(ctl_out, " 2 fds of ") &&
+                           strstr(ctl_out, "  --max-names            1000000\n") &&
+                           strstr(ctl_out, "  --max-queued           16777216 (16 MiB)\n"),
+                   "stats");
 }
 END_TEST
 
@@ -1417,9 +1390,7 @@ START_TEST(test_get_timeout)
         expect_fail(1, "timed out", "get --timeout 50 before NAME", rc, out, err);
 
         /* nothing was left behind in the daemon by the waiters */
-        out = ctl_ok("--json", "list", NULL);
-        ck_assert_str_eq(out, "[]\n");
-        free(out);
+        CTL_EXPECT_STR("[]\n", "--json", "list");
         out = ctl_ok("--json", "stats", NULL);
         ck_assert_msg(json_has(out, "\"names\":0") && json_has(out, "\"versions\":0"),
                       "stats after timed-out gets: %s", out);
@@ -1606,14 +1577,12 @@ START_TEST(test_options_after_command)
         ck_assert_str_eq(out, json_first);
         free(out);
         free(json_first);
-        out = ctl_ok("list", "a/", "-j", NULL);
-        ck_assert_msg(json_valid(out) && strstr(out, "\"name\":\"a/y\"") && !strstr(out, "b/z"),
-                      "list a/ -j: %s", out);
-        free(out);
-        out = ctl_ok("stat", "a/x", "--json", NULL);
-        ck_assert_msg(out[0] == '{' && json_valid(out) && json_has(out, "\"name\":\"a/x\""),
-                      "stat NAME --json: %s", out);
-        free(out);
+        CTL_EXPECT(json_valid(ctl_out) && strstr(ctl_out, "\"name\":\"a/y\"") &&
+                           !strstr(ctl_out, "b/z"),
+                   "list", "a/", "-j");
+        CTL_EXPECT(ctl_out[0] == '{' && json_valid(ctl_out) &&
+                           json_has(ctl_out, "\"name\":\"a/x\""),
+                   "stat", "a/x", "--json");
 
         /* --socket after the command, in both spellings, with no --socket before it */
         rc = run_ctl_bare(&out, &err, "list", "--socket", fx.socket, NULL);
@@ -1631,25 +1600,16 @@ START_TEST(test_options_after_command)
 
         /* every command's own options, and the global ones, mixed in any order */
         make_npy(tpath("f.npy"), "<f4", false, "(2,)", f, sizeof(f));
-        out = ctl_ok("put", "--writable", "o/w", "--json", tpath("f.npy"), NULL);
-        ck_assert_str_eq(out, "{\"name\":\"o/w\",\"version\":1}\n");
-        free(out);
+        CTL_EXPECT_STR("{\"name\":\"o/w\",\"version\":1}\n", "put", "--writable", "o/w", "--json",
+                       tpath("f.npy"));
         out = ctl_ok("--json", "stat", "o/w", NULL);
         ck_assert_msg(json_has(out, "\"read_only\":false"), "put ... --writable: %s", out);
         free(out);
-        out = ctl_ok("get", "o/w", "--timeout", "100", tpath("o.npy"), "--json", NULL);
-        ck_assert_msg(json_valid(out) && json_has(out, "\"name\":\"o/w\""), "get ... --json: %s",
-                      out);
-        free(out);
-        out = ctl_ok("stats", "--json", NULL);
-        ck_assert_msg(json_valid(out) && json_has(out, "\"names\":4"), "stats --json: %s", out);
-        free(out);
-        out = ctl_ok("watch", "--timeout", "0", "w/", "--json", NULL);
-        ck_assert_str_eq(out, "");
-        free(out);
-        out = ctl_ok("rm", "o/w", "--json", NULL);
-        ck_assert_str_eq(out, "");
-        free(out);
+        CTL_EXPECT(json_valid(ctl_out) && json_has(ctl_out, "\"name\":\"o/w\""), "get", "o/w",
+                   "--timeout", "100", tpath("o.npy"), "--json");
+        CTL_EXPECT(json_valid(ctl_out) && json_has(ctl_out, "\"names\":4"), "stats", "--json");
+        CTL_EXPECT_STR("", "watch", "--timeout", "0", "w/", "--json");
+        CTL_EXPECT_STR("", "rm", "o/w", "--json");
         rc = run_ctl(&out, &err, "stat", "o/w", NULL);
         expect_fail(1, "no tensor named", "stat after rm NAME --json", rc, out, err);
 }
@@ -1666,26 +1626,18 @@ START_TEST(test_dash_names)
         make_npy(tpath("f.npy"), descr, false, "(2,)", f, sizeof(f));
         rc = run_ctl(&out, &err, "put", "-lead", tpath("f.npy"), NULL);
         expect_fail(2, NULL, "put -lead FILE", rc, out, err);
-        out = ctl_ok("--json", "list", NULL);
-        ck_assert_str_eq(out, "[]\n");
-        free(out);
+        CTL_EXPECT_STR("[]\n", "--json", "list");
 
         free(ctl_ok("put", "--", "-lead", tpath("f.npy"), NULL));
-        out = ctl_ok("--json", "stat", "--", "-lead", NULL);
-        ck_assert_msg(json_has(out, "\"name\":\"-lead\""), "stat -- -lead: %s", out);
-        free(out);
-        out = ctl_ok("list", "--json", "--", "-", NULL);
-        ck_assert_msg(json_valid(out) && json_has(out, "\"name\":\"-lead\""),
-                      "list --json -- -: %s", out);
-        free(out);
+        CTL_EXPECT(json_has(ctl_out, "\"name\":\"-lead\""), "--json", "stat", "--", "-lead");
+        CTL_EXPECT(json_valid(ctl_out) && json_has(ctl_out, "\"name\":\"-lead\""), "list", "--json",
+                   "--", "-");
         free(ctl_ok("get", "--", "-lead", tpath("o.npy"), NULL));
         check_npy(tpath("o.npy"), descr, false, 1, (int64_t[]){2}, f, sizeof(f));
         rc = run_ctl(&out, &err, "rm", "-lead", NULL);
         expect_fail(2, NULL, "rm -lead", rc, out, err);
         free(ctl_ok("rm", "--", "-lead", NULL));
-        out = ctl_ok("--json", "list", NULL);
-        ck_assert_str_eq(out, "[]\n");
-        free(out);
+        CTL_EXPECT_STR("[]\n", "--json", "list");
 }
 END_TEST
 
@@ -1747,16 +1699,10 @@ START_TEST(test_usage)
                 expect_fail(2, NULL, what, rc, out, err);
         }
         /* nothing above may have touched the daemon's names */
-        out = ctl_ok("--json", "stats", NULL);
-        ck_assert_msg(json_has(out, "\"publishes\":0"), "%s", out);
-        free(out);
+        CTL_EXPECT(json_has(ctl_out, "\"publishes\":0"), "--json", "stats");
 
-        out = ctl_ok("--help", NULL);
-        ck_assert_msg(strstr(out, "Usage: dlxctl") && strstr(out, "watch"), "--help: %s", out);
-        free(out);
-        out = ctl_ok("--version", NULL);
-        ck_assert_str_eq(out, "dlxctl 0.1.0\n");
-        free(out);
+        CTL_EXPECT(strstr(ctl_out, "Usage: dlxctl") && strstr(ctl_out, "watch"), "--help");
+        CTL_EXPECT_STR("dlxctl 0.1.0\n", "--version");
 }
 END_TEST
 
@@ -1822,15 +1768,9 @@ static void put_odd_name(void)
 
 START_TEST(test_json_escaping_list_stat)
 {
-        char *out;
-
         put_odd_name();
-        out = ctl_ok("--json", "list", NULL);
-        ck_assert_msg(json_valid(out) && strstr(out, odd_escaped), "--json list: %s", out);
-        free(out);
-        out = ctl_ok("--json", "stat", odd_name, NULL);
-        ck_assert_msg(json_valid(out) && strstr(out, odd_escaped), "--json stat: %s", out);
-        free(out);
+        CTL_EXPECT(json_valid(ctl_out) && strstr(ctl_out, odd_escaped), "--json", "list");
+        CTL_EXPECT(json_valid(ctl_out) && strstr(ctl_out, odd_escaped), "--json", "stat", odd_name);
 }
 END_TEST
 
@@ -1860,21 +1800,16 @@ END_TEST
 
 START_TEST(test_put_get_json)
 {
-        char *out;
         float f[2] = {0};
 
         make_npy(tpath("f.npy"), "<f4", false, "(2,)", f, sizeof(f));
-        out = ctl_ok("--json", "put", "j/x", tpath("f.npy"), NULL);
-        ck_assert_str_eq(out, "{\"name\":\"j/x\",\"version\":1}\n");
-        free(out);
-        out = ctl_ok("--json", "put", "j/x", tpath("f.npy"), NULL);
-        ck_assert_str_eq(out, "{\"name\":\"j/x\",\"version\":2}\n");
-        free(out);
-        out = ctl_ok("--json", "get", "j/x", tpath("o.npy"), NULL);
-        ck_assert_msg(json_valid(out) && json_has(out, "\"name\":\"j/x\"") &&
-                              json_has(out, "\"version\":2"),
-                      "--json get: %s", out);
-        free(out);
+        CTL_EXPECT_STR("{\"name\":\"j/x\",\"version\":1}\n", "--json", "put", "j/x",
+                       tpath("f.npy"));
+        CTL_EXPECT_STR("{\"name\":\"j/x\",\"version\":2}\n", "--json", "put", "j/x",
+                       tpath("f.npy"));
+        CTL_EXPECT(json_valid(ctl_out) && json_has(ctl_out, "\"name\":\"j/x\"") &&
+                           json_has(ctl_out, "\"version\":2"),
+                   "--json", "get", "j/x", tpath("o.npy"));
 }
 END_TEST
 
@@ -1892,7 +1827,7 @@ Suite *dlxctl_suite(void)
         tcase_add_loop_test(rt, test_roundtrip_dtypes, 0, N_DTYPES);
         tcase_add_test(rt, test_roundtrip_0d_and_empty);
         tcase_add_test(rt, test_roundtrip_fortran);
-        tcase_add_test(rt, test_roundtrip_big_endian);
+        tcase_add_rows(rt, big_endian_input_comes_back_in_host_order, be_rows);
         tcase_add_loop_test(rt, test_roundtrip_versions, 1, 4);
         tcase_add_test(rt, test_roundtrip_large);
         tcase_add_test(rt, test_put_from_fifo);

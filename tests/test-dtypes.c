@@ -13,7 +13,6 @@
 #include <check.h>
 #include <errno.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,351 +21,7 @@
 #include <dlx/dlx.h>
 
 #include "fixture.h"
-
-/* ---- element layout and the byte pattern ------------------------------------------------ */
-
-/* Bytes per element, or 0 for packed sub-byte dtypes (which are addressed as whole bytes). */
-static uint64_t elem_size(DLDataType dt, uint64_t flags)
-{
-        uint64_t bits = (uint64_t)dt.bits * dt.lanes;
-
-        if (bits % 8 == 0)
-                return bits / 8;
-        if (flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED)
-                return (uint64_t)dt.lanes * ((dt.bits + 7u) / 8u);
-        return 0;
-}
-
-static uint64_t numel_of(int32_t ndim, const int64_t *shape)
-{
-        uint64_t n = 1;
-
-        for (int32_t i = 0; i < ndim; i++)
-                n *= (uint64_t)shape[i];
-        return n;
-}
-
-/* Bytes of a packed tensor: numel * bits * lanes, rounded up to whole bytes. */
-static uint64_t packed_bytes(DLDataType dt, uint64_t numel)
-{
-        return (numel * dt.bits * dt.lanes + 7) / 8;
-}
-
-/* The byte at position i of logical element lin (row-major), for a seed. */
-static uint8_t pattern(uint8_t seed, uint64_t lin, uint64_t i)
-{
-        return (uint8_t)(lin * 131u + i * 29u + seed * 7u + 1u);
-}
-
-/* Element offset (in elements) of the row-major linear index lin. */
-static int64_t elem_offset(int32_t ndim, const int64_t *shape, const int64_t *strides, uint64_t lin)
-{
-        int64_t off = 0, compact = 1;
-
-        for (int32_t d = ndim - 1; d >= 0; d--) {
-                int64_t idx = (int64_t)(lin % (uint64_t)shape[d]);
-                lin /= (uint64_t)shape[d];
-                off += idx * (strides ? strides[d] : compact);
-                compact *= shape[d];
-        }
-        return off;
-}
-
-/*
- * Fills (fill) or checks every byte the elements of t cover. Returns the number
- * of mismatching bytes; the first one is described in why.
- */
-static uint64_t walk(const DLTensor *t, uint64_t flags, uint8_t seed, bool fill, char *why,
-                     size_t whysz)
-{
-        uint8_t *base = (uint8_t *)t->data + t->byte_offset;
-        uint64_t numel = numel_of(t->ndim, t->shape), size = elem_size(t->dtype, flags), bad = 0;
-
-        if (numel == 0)
-                return 0;
-        if (size == 0) {
-                /* packed: compact by construction, the pattern runs over the bytes */
-                uint64_t n = packed_bytes(t->dtype, numel);
-                for (uint64_t i = 0; i < n; i++) {
-                        uint8_t want = pattern(seed, 0, i);
-                        if (fill) {
-                                base[i] = want;
-                        } else if (base[i] != want) {
-                                if (!bad++ && why)
-                                        snprintf(why, whysz,
-                                                 "packed byte %llu is 0x%02x, not 0x%02x",
-                                                 (unsigned long long)i, base[i], want);
-                        }
-                }
-                return bad;
-        }
-        for (uint64_t lin = 0; lin < numel; lin++) {
-                uint8_t *p = base + elem_offset(t->ndim, t->shape, t->strides, lin) * (int64_t)size;
-                for (uint64_t i = 0; i < size; i++) {
-                        uint8_t want = pattern(seed, lin, i);
-                        if (fill) {
-                                p[i] = want;
-                        } else if (p[i] != want) {
-                                if (!bad++ && why)
-                                        snprintf(why, whysz,
-                                                 "element %llu byte %llu is 0x%02x, not 0x%02x",
-                                                 (unsigned long long)lin, (unsigned long long)i,
-                                                 p[i], want);
-                        }
-                }
-        }
-        return bad;
-}
-
-static void fill(const DLTensor *t, uint64_t flags, uint8_t seed)
-{
-        walk(t, flags, seed, true, NULL, 0);
-}
-
-/* ---- producer-side tensors ------------------------------------------------------------- */
-
-static int deleter_runs;
-
-/* A tensor over malloc'd memory whose deleter counts its runs. */
-struct owned {
-        DLManagedTensorVersioned mt;
-        void *buf;
-        int64_t shape[DLX_MAX_NDIM + 1];
-        int64_t strides[DLX_MAX_NDIM + 1];
-};
-
-static void owned_deleter(DLManagedTensorVersioned *t)
-{
-        struct owned *o = t->manager_ctx;
-
-        deleter_runs++;
-        free(o->buf);
-        free(o);
-}
-
-/*
- * A CPU tensor over a malloc'd buffer of bufsize bytes whose data pointer sits
- * data_at bytes into it (bufsize 0: data NULL). strides may be NULL.
- */
-static struct owned *owned_new(DLDataType dt, int32_t ndim, const int64_t *shape,
-                               const int64_t *strides, uint64_t byte_offset, uint64_t flags,
-                               size_t bufsize, size_t data_at)
-{
-        struct owned *o = calloc(1, sizeof(*o));
-
-        ck_assert_ptr_nonnull(o);
-        if (bufsize) {
-                o->buf = malloc(bufsize);
-                ck_assert_ptr_nonnull(o->buf);
-                memset(o->buf, 0xee, bufsize);
-        }
-        o->mt.version.major = 1;
-        o->mt.version.minor = 3;
-        o->mt.manager_ctx = o;
-        o->mt.deleter = owned_deleter;
-        o->mt.flags = flags;
-        o->mt.dl_tensor.data = o->buf ? (uint8_t *)o->buf + data_at : NULL;
-        o->mt.dl_tensor.device.device_type = kDLCPU;
-        o->mt.dl_tensor.ndim = ndim;
-        o->mt.dl_tensor.dtype = dt;
-        for (int32_t i = 0; i < ndim && i <= DLX_MAX_NDIM; i++) {
-                o->shape[i] = shape[i];
-                if (strides)
-                        o->strides[i] = strides[i];
-        }
-        o->mt.dl_tensor.shape = ndim > 0 ? o->shape : NULL;
-        o->mt.dl_tensor.strides = ndim > 0 && strides ? o->strides : NULL;
-        o->mt.dl_tensor.byte_offset = byte_offset;
-        return o;
-}
-
-/* A compact owned tensor, filled with the pattern for seed. */
-static struct owned *owned_compact(DLDataType dt, int32_t ndim, const int64_t *shape,
-                                   uint64_t flags, uint8_t seed)
-{
-        uint64_t numel = numel_of(ndim, shape), size = elem_size(dt, flags);
-        size_t bytes = size ? numel * size : packed_bytes(dt, numel);
-        struct owned *o = owned_new(dt, ndim, shape, NULL, 0, flags, bytes ? bytes : 1, 0);
-
-        fill(&o->mt.dl_tensor, flags, seed);
-        return o;
-}
-
-static DLManagedTensorVersioned *alloc_or_fail(dlx_client *c, DLDataType dt, int32_t ndim,
-                                               const int64_t *shape)
-{
-        DLTensor proto = {.device = {kDLCPU, 0}, .ndim = ndim, .dtype = dt};
-        DLManagedTensorVersioned *t = NULL;
-        int err;
-
-        proto.shape = (int64_t *)shape;
-        err = dlx_alloc(c, &proto, &t);
-        ck_assert_msg(err == 0, "dlx_alloc: %s (%s)", dlx_strerror(err), dlx_last_error());
-        ck_assert_ptr_nonnull(t);
-        return t;
-}
-
-/* ---- the consumer ------------------------------------------------------------------------ */
-
-/* What a consumer must find under a name. */
-struct expect {
-        const char *name;
-        DLDataType dtype;
-        int32_t ndim;
-        int64_t shape[DLX_MAX_NDIM];
-        /* exact: strides and byte_offset must match; else only the values are checked */
-        bool exact;
-        int64_t strides[DLX_MAX_NDIM];
-        uint64_t byte_offset;
-        uint64_t flags; /* exactly the acquired flags */
-        uint8_t seed;
-        uint64_t version; /* 0: any */
-        /* after checking, write the bytes of the pattern for write_seed through the mapping */
-        bool write;
-        uint8_t write_seed;
-};
-
-static char child_msg[512];
-
-__attribute__((format(printf, 1, 2))) static int child_fail(const char *fmt, ...)
-{
-        va_list ap;
-
-        va_start(ap, fmt);
-        vsnprintf(child_msg, sizeof(child_msg), fmt, ap);
-        va_end(ap);
-        fprintf(stderr, "consumer (pid %d): %s\n", (int)getpid(), child_msg);
-        return 1;
-}
-
-static int64_t compact_stride(const DLTensor *d, int32_t dim)
-{
-        int64_t s = 1;
-
-        for (int32_t k = d->ndim - 1; k > dim; k--)
-                s *= d->shape[k] > 0 ? d->shape[k] : 1;
-        return s;
-}
-
-static int check_acquired(const DLManagedTensorVersioned *t, const struct expect *e)
-{
-        const DLTensor *d = &t->dl_tensor;
-        const char *name = NULL, *storage = NULL;
-        uint64_t version = 0;
-        char why[160] = "";
-        int err;
-
-        if (t->version.major != 1 || t->version.minor != 3)
-                return child_fail("DLPack version %u.%u, not 1.3", t->version.major,
-                                  t->version.minor);
-        if (!t->deleter)
-                return child_fail("no deleter");
-        if (t->flags != e->flags)
-                return child_fail("flags 0x%llx, not 0x%llx", (unsigned long long)t->flags,
-                                  (unsigned long long)e->flags);
-        err = dlx_tensor_info(t, &name, &version, &storage);
-        if (err < 0)
-                return child_fail("dlx_tensor_info: %s", dlx_strerror(err));
-        if (!name || strcmp(name, e->name) != 0)
-                return child_fail("dlx_tensor_info name '%s', not '%s'", name ? name : "(null)",
-                                  e->name);
-        if (!storage || strcmp(storage, "memfd") != 0)
-                return child_fail("storage '%s', not memfd", storage ? storage : "(null)");
-        if (e->version && version != e->version)
-                return child_fail("version %llu, not %llu", (unsigned long long)version,
-                                  (unsigned long long)e->version);
-        if (d->device.device_type != kDLCPU || d->device.device_id != 0)
-                return child_fail("device %d:%d", (int)d->device.device_type,
-                                  (int)d->device.device_id);
-        if (d->dtype.code != e->dtype.code || d->dtype.bits != e->dtype.bits ||
-            d->dtype.lanes != e->dtype.lanes)
-                return child_fail("dtype %u/%u/%u, not %u/%u/%u", d->dtype.code, d->dtype.bits,
-                                  d->dtype.lanes, e->dtype.code, e->dtype.bits, e->dtype.lanes);
-        if (d->ndim != e->ndim)
-                return child_fail("ndim %d, not %d", (int)d->ndim, (int)e->ndim);
-        if (d->ndim > 0 && !d->shape)
-                return child_fail("NULL shape with ndim %d", (int)d->ndim);
-        if (!d->data && numel_of(d->ndim, d->shape) > 0)
-                return child_fail("NULL data");
-        for (int32_t i = 0; i < d->ndim; i++)
-                if (d->shape[i] != e->shape[i])
-                        return child_fail("shape[%d] = %lld, not %lld", (int)i,
-                                          (long long)d->shape[i], (long long)e->shape[i]);
-        if (e->exact) {
-                if (d->byte_offset != e->byte_offset)
-                        return child_fail("byte_offset %llu, not %llu",
-                                          (unsigned long long)d->byte_offset,
-                                          (unsigned long long)e->byte_offset);
-                for (int32_t i = 0; i < d->ndim; i++) {
-                        /* NULL strides mean compact; a dimension of extent 1 has any stride */
-                        int64_t got = d->strides ? d->strides[i] : compact_stride(d, i);
-                        if (e->shape[i] != 1 && got != e->strides[i])
-                                return child_fail("strides[%d] = %lld, not %lld", (int)i,
-                                                  (long long)got, (long long)e->strides[i]);
-                }
-        }
-        if (walk(d, t->flags, e->seed, false, why, sizeof(why)))
-                return child_fail("'%s': %s", e->name, why);
-        if (e->write)
-                fill(d, t->flags, e->write_seed);
-        return 0;
-}
-
-static int consume(void *arg)
-{
-        const struct expect *e = arg;
-        struct dlx_connect_options o = {.socket_path = fx.socket, .client_name = "consumer"};
-        DLManagedTensorVersioned *t = NULL;
-        dlx_client *c = NULL;
-        int err, rc;
-
-        err = dlx_connect(&o, &c);
-        if (err < 0)
-                return child_fail("connect: %s", dlx_strerror(err));
-        err = dlx_acquire(c, e->name, NULL, &t);
-        if (err < 0) {
-                rc = child_fail("acquire '%s': %s (%s)", e->name, dlx_strerror(err),
-                                dlx_last_error());
-                dlx_close(c);
-                return rc;
-        }
-        rc = check_acquired(t, e);
-        t->deleter(t);
-        dlx_close(c);
-        return rc;
-}
-
-/* Runs the consumer for e in a child and requires it to succeed. */
-static void consume_in_child(const struct expect *e)
-{
-        int rc = fx_wait(fx_spawn(consume, (void *)e));
-
-        ck_assert_msg(rc == 0, "the consumer of '%s' failed (status %d, see its stderr)", e->name,
-                      rc);
-}
-
-/* The expectation for a tensor as published (its layout exactly, or values only). */
-static struct expect expect_of(const char *name, const DLManagedTensorVersioned *mt, bool exact,
-                               bool writable, uint8_t seed)
-{
-        const DLTensor *d = &mt->dl_tensor;
-        struct expect e = {.name = name, .dtype = d->dtype, .ndim = d->ndim, .seed = seed};
-
-        e.exact = exact;
-        e.byte_offset = d->byte_offset;
-        e.flags = (writable ? 0 : DLPACK_FLAG_BITMASK_READ_ONLY) |
-                  (mt->flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED);
-        for (int32_t i = 0; i < d->ndim; i++)
-                e.shape[i] = d->shape[i];
-        if (d->ndim > 0) {
-                int64_t s = 1;
-                for (int32_t i = d->ndim - 1; i >= 0; i--) {
-                        e.strides[i] = d->strides ? d->strides[i] : s;
-                        s *= d->shape[i] > 0 ? d->shape[i] : 1;
-                }
-        }
-        return e;
-}
+#include "tensors.h"
 
 /* ---- the dtypes -------------------------------------------------------------------------- */
 
@@ -376,7 +31,6 @@ struct dtype_case {
         uint64_t flags;
 };
 
-#define DT(code, bits, lanes) ((DLDataType){(uint8_t)(code), (uint8_t)(bits), (uint16_t)(lanes)})
 #define DTI(code, bits, lanes)                                                                     \
         {                                                                                          \
                 (uint8_t)(code), (uint8_t)(bits), (uint16_t)(lanes)                                \
@@ -451,7 +105,7 @@ START_TEST(test_dtype_zero_copy)
         }
         ck_assert_uint_eq(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY, 0);
         ck_assert_uint_eq((uintptr_t)t->dl_tensor.data % 64, 0);
-        fill(&t->dl_tensor, t->flags, (uint8_t)_i);
+        pattern_fill(&t->dl_tensor, t->flags, (uint8_t)_i);
         e = expect_of("dt/zero-copy", t, true, false, (uint8_t)_i);
         publish_ok(c, "dt/zero-copy", t, &o, &version);
         ck_assert_uint_eq(version, 1);
@@ -513,7 +167,7 @@ START_TEST(test_zero_dim)
         struct expect e;
 
         ck_assert_int_eq(t->dl_tensor.ndim, 0);
-        fill(&t->dl_tensor, 0, 7);
+        pattern_fill(&t->dl_tensor, 0, 7);
         e = expect_of("dt/scalar", t, true, false, 7);
         publish_ok(c, "dt/scalar", t, &(struct dlx_publish_options){.copy = DLX_COPY_NEVER}, NULL);
         consume_in_child(&e);
@@ -578,7 +232,7 @@ START_TEST(test_strided_zero_copy)
         t->dl_tensor.shape[1] = 4;
         t->dl_tensor.strides[0] = 1;
         t->dl_tensor.strides[1] = 6;
-        fill(&t->dl_tensor, 0, 21);
+        pattern_fill(&t->dl_tensor, 0, 21);
         e = expect_of("dt/transposed", t, true, false, 21);
         ck_assert_int_eq(e.strides[0], 1);
         publish_ok(c, "dt/transposed", t, &never, NULL);
@@ -588,7 +242,7 @@ START_TEST(test_strided_zero_copy)
         t = alloc_or_fail(c, DT(kDLInt, 16, 1), 1, shape10);
         t->dl_tensor.shape[0] = 5;
         t->dl_tensor.strides[0] = 2;
-        fill(&t->dl_tensor, 0, 22);
+        pattern_fill(&t->dl_tensor, 0, 22);
         e = expect_of("dt/every-other", t, true, false, 22);
         publish_ok(c, "dt/every-other", t, &never, NULL);
         consume_in_child(&e);
@@ -599,7 +253,7 @@ START_TEST(test_strided_zero_copy)
         t->dl_tensor.shape[1] = 6;
         t->dl_tensor.strides[0] = 24;
         t->dl_tensor.strides[1] = 2;
-        fill(&t->dl_tensor, 0, 23);
+        pattern_fill(&t->dl_tensor, 0, 23);
         e = expect_of("dt/every-other-2d", t, true, false, 23);
         publish_ok(c, "dt/every-other-2d", t, &never, NULL);
         consume_in_child(&e);
@@ -612,7 +266,7 @@ START_TEST(test_strided_zero_copy)
         t->dl_tensor.shape[1] = 4;
         t->dl_tensor.strides[0] = 1;
         t->dl_tensor.strides[1] = 6;
-        fill(&t->dl_tensor, t->flags, 24);
+        pattern_fill(&t->dl_tensor, t->flags, 24);
         e = expect_of("dt/padded-transposed", t, true, false, 24);
         publish_ok(c, "dt/padded-transposed", t, &never, NULL);
         consume_in_child(&e);
@@ -621,7 +275,7 @@ START_TEST(test_strided_zero_copy)
         t = alloc_or_fail(c, DT(kDLInt, 32, 1), 1, shape10);
         t->dl_tensor.data = (int32_t *)t->dl_tensor.data + 9;
         t->dl_tensor.strides[0] = -1;
-        fill(&t->dl_tensor, 0, 25);
+        pattern_fill(&t->dl_tensor, 0, 25);
         e = expect_of("dt/reversed", t, true, false, 25);
         publish_ok(c, "dt/reversed", t, NULL, NULL);
         consume_in_child(&e);
@@ -643,49 +297,49 @@ START_TEST(test_strided_copy)
         deleter_runs = 0;
         /* transposed */
         o = owned_new(DT(kDLFloat, 64, 1), 2, shape64, t_strides, 0, 0, 24 * 8, 0);
-        fill(&o->mt.dl_tensor, 0, 31);
+        pattern_fill(&o->mt.dl_tensor, 0, 31);
         e = expect_of("dt/c-transposed", &o->mt, false, false, 31);
         publish_ok(c, "dt/c-transposed", &o->mt, NULL, NULL);
         consume_in_child(&e);
 
         /* every other element */
         o = owned_new(DT(kDLUInt, 32, 1), 1, shape5, eo_strides, 0, 0, 10 * 4, 0);
-        fill(&o->mt.dl_tensor, 0, 32);
+        pattern_fill(&o->mt.dl_tensor, 0, 32);
         e = expect_of("dt/c-every-other", &o->mt, false, false, 32);
         publish_ok(c, "dt/c-every-other", &o->mt, NULL, NULL);
         consume_in_child(&e);
 
         /* reversed: the data pointer at the last element, stride -1 */
         o = owned_new(DT(kDLInt, 64, 1), 1, shape5, neg1, 0, 0, 5 * 8, 4 * 8);
-        fill(&o->mt.dl_tensor, 0, 33);
+        pattern_fill(&o->mt.dl_tensor, 0, 33);
         e = expect_of("dt/c-reversed", &o->mt, false, false, 33);
         publish_ok(c, "dt/c-reversed", &o->mt, NULL, NULL);
         consume_in_child(&e);
 
         /* rows flipped: data at the start of the last row */
         o = owned_new(DT(kDLBfloat, 16, 1), 2, shape34, flip_rows, 0, 0, 12 * 2, 8 * 2);
-        fill(&o->mt.dl_tensor, 0, 34);
+        pattern_fill(&o->mt.dl_tensor, 0, 34);
         e = expect_of("dt/c-flip-rows", &o->mt, false, false, 34);
         publish_ok(c, "dt/c-flip-rows", &o->mt, NULL, NULL);
         consume_in_child(&e);
 
         /* both axes flipped: data at the very last element */
         o = owned_new(DT(kDLFloat, 32, 4), 2, shape34, flip_both, 0, 0, 12 * 16, 11 * 16);
-        fill(&o->mt.dl_tensor, 0, 35);
+        pattern_fill(&o->mt.dl_tensor, 0, 35);
         e = expect_of("dt/c-flip-both", &o->mt, false, false, 35);
         publish_ok(c, "dt/c-flip-both", &o->mt, NULL, NULL);
         consume_in_child(&e);
 
         /* transposed and reversed, with a byte_offset on top */
         o = owned_new(DT(kDLInt, 8, 1), 2, shape64, neg_t, 16, 0, 16 + 24, 23);
-        fill(&o->mt.dl_tensor, 0, 36);
+        pattern_fill(&o->mt.dl_tensor, 0, 36);
         e = expect_of("dt/c-neg-transposed", &o->mt, false, false, 36);
         publish_ok(c, "dt/c-neg-transposed", &o->mt, NULL, NULL);
         consume_in_child(&e);
 
         /* padded int4, every other element */
         o = owned_new(DT(kDLInt, 4, 1), 1, shape5, eo_strides, 0, PADDED, 10, 0);
-        fill(&o->mt.dl_tensor, PADDED, 37);
+        pattern_fill(&o->mt.dl_tensor, PADDED, 37);
         e = expect_of("dt/c-padded-strided", &o->mt, false, false, 37);
         publish_ok(c, "dt/c-padded-strided", &o->mt, NULL, NULL);
         consume_in_child(&e);
@@ -743,7 +397,7 @@ START_TEST(test_byte_offset_zero_copy)
         t->dl_tensor.strides[0] = 4;
         t->dl_tensor.strides[1] = 1;
         t->dl_tensor.byte_offset = 128;
-        fill(&t->dl_tensor, 0, 41);
+        pattern_fill(&t->dl_tensor, 0, 41);
         e = expect_of("dt/byte-offset", t, true, false, 41);
         ck_assert_uint_eq(e.byte_offset, 128);
         publish_ok(c, "dt/byte-offset", t, &(struct dlx_publish_options){.copy = DLX_COPY_NEVER},
@@ -762,21 +416,21 @@ START_TEST(test_byte_offset_copy)
 
         deleter_runs = 0;
         o = owned_new(DT(kDLFloat, 32, 1), 2, shape, NULL, 128, 0, 128 + 48, 0);
-        fill(&o->mt.dl_tensor, 0, 42);
+        pattern_fill(&o->mt.dl_tensor, 0, 42);
         e = expect_of("dt/c-byte-offset", &o->mt, false, false, 42);
         publish_ok(c, "dt/c-byte-offset", &o->mt, NULL, NULL);
         consume_in_child(&e);
 
         /* an odd byte_offset, with strides */
         o = owned_new(DT(kDLInt, 16, 1), 2, shape, strides, 3, 0, 3 + 24, 0);
-        fill(&o->mt.dl_tensor, 0, 43);
+        pattern_fill(&o->mt.dl_tensor, 0, 43);
         e = expect_of("dt/c-odd-offset", &o->mt, false, false, 43);
         publish_ok(c, "dt/c-odd-offset", &o->mt, NULL, NULL);
         consume_in_child(&e);
 
         /* a packed dtype 5 bytes in */
         o = owned_new(DT(kDLFloat4_e2m1fn, 4, 1), 2, shape, NULL, 5, 0, 5 + 6, 0);
-        fill(&o->mt.dl_tensor, 0, 44);
+        pattern_fill(&o->mt.dl_tensor, 0, 44);
         e = expect_of("dt/c-packed-offset", &o->mt, false, false, 44);
         publish_ok(c, "dt/c-packed-offset", &o->mt, NULL, NULL);
         consume_in_child(&e);
@@ -814,7 +468,7 @@ static DLManagedTensor *legacy_new(DLDataType dt, int64_t rows, int64_t cols, ui
         t->dl_tensor.dtype = dt;
         t->dl_tensor.shape = shape;
         t->deleter = legacy_deleter;
-        fill(&t->dl_tensor, 0, seed);
+        pattern_fill(&t->dl_tensor, 0, seed);
         return t;
 }
 
@@ -887,13 +541,13 @@ START_TEST(test_alloc_of_other_client)
         DLManagedTensorVersioned *t = alloc_or_fail(a, DT(kDLInt, 32, 1), 1, shape);
         struct expect e;
 
-        fill(&t->dl_tensor, 0, 62);
+        pattern_fill(&t->dl_tensor, 0, 62);
         ck_assert_int_eq(dlx_publish(b, "dt/other", t,
                                      &(struct dlx_publish_options){.copy = DLX_COPY_NEVER}, NULL),
                          -EXDEV);
 
         t = alloc_or_fail(a, DT(kDLInt, 32, 1), 1, shape);
-        fill(&t->dl_tensor, 0, 63);
+        pattern_fill(&t->dl_tensor, 0, 63);
         e = expect_of("dt/other", t, false, false, 63);
         publish_ok(b, "dt/other", t, NULL, NULL);
         /* b copied it: a's going away changes nothing */
@@ -913,7 +567,7 @@ START_TEST(test_copy_always)
         struct expect e;
         uint8_t *p = t->dl_tensor.data;
 
-        fill(&t->dl_tensor, 0, 71);
+        pattern_fill(&t->dl_tensor, 0, 71);
         e = expect_of("dt/always", t, true, false, 71);
         publish_ok(c, "dt/always", t, &(struct dlx_publish_options){.copy = DLX_COPY_ALWAYS}, NULL);
         consume_in_child(&e);
@@ -923,19 +577,19 @@ START_TEST(test_copy_always)
          * copied, deleted), so the same arena memory is allocated again and overwritten.
          */
         again = alloc_or_fail(c, DT(kDLUInt, 8, 1), 1, shape);
-        fill(&again->dl_tensor, 0, 72);
+        pattern_fill(&again->dl_tensor, 0, 72);
         if (again->dl_tensor.data != p) {
                 /* another chunk: overwrite the old one too, it is still mapped by the arena */
                 DLTensor old = again->dl_tensor;
                 old.data = p;
-                fill(&old, 0, 72);
+                pattern_fill(&old, 0, 72);
         }
         consume_in_child(&e);
 
         /* the producer's own acquire sees the copy, not its arena */
         ck_assert_int_eq(dlx_acquire(c, "dt/always", NULL, &mine), 0);
         ck_assert_ptr_ne(mine->dl_tensor.data, p);
-        ck_assert_int_eq(walk(&mine->dl_tensor, 0, 71, false, NULL, 0), 0);
+        ck_assert_uint_eq(pattern_check(&mine->dl_tensor, 0, 71), 0);
         ck_assert_int_eq(fx_wait_leases(c, 1, 5000), 1);
         ck_assert_int_eq(dlx_stat(c, "dt/always", &info), 0);
         ck_assert_uint_eq(info.leases, 1);
@@ -953,7 +607,7 @@ START_TEST(test_zero_copy_shares_pages)
         DLManagedTensorVersioned *t = alloc_or_fail(c, DT(kDLUInt, 8, 1), 1, shape);
         struct expect e;
 
-        fill(&t->dl_tensor, 0, 81);
+        pattern_fill(&t->dl_tensor, 0, 81);
         e = expect_of("dt/shared", t, true, true, 81);
         e.write = true;
         e.write_seed = 82;
@@ -1020,7 +674,7 @@ START_TEST(test_read_only_enforced)
         struct owned *o = owned_compact(DT(kDLUInt, 8, 1), 1, shape, 0, 86);
         struct expect e;
 
-        fill(&t->dl_tensor, 0, 85);
+        pattern_fill(&t->dl_tensor, 0, 85);
         e = expect_of("dt/ro", t, true, false, 85);
         publish_ok(c, "dt/ro", t, NULL, NULL);
         ck_assert_int_eq(fx_wait(fx_spawn(write_read_only, "dt/ro")), 42);

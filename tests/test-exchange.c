@@ -8,7 +8,6 @@
  */
 #include <check.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,101 +16,7 @@
 #include <dlx/dlx.h>
 
 #include "fixture.h"
-
-#define DT(code, bits, lanes) ((DLDataType){(uint8_t)(code), (uint8_t)(bits), (uint16_t)(lanes)})
-
-static uint8_t pattern(uint8_t seed, uint64_t i)
-{
-        return (uint8_t)(i * 37u + seed * 11u + 5u);
-}
-
-static uint64_t numel_of(const DLTensor *t)
-{
-        uint64_t n = 1;
-
-        for (int32_t i = 0; i < t->ndim; i++)
-                n *= (uint64_t)t->shape[i];
-        return n;
-}
-
-/* Bytes of a compact tensor of a whole-byte dtype. */
-static uint64_t compact_bytes(const DLTensor *t)
-{
-        return numel_of(t) * t->dtype.bits * t->dtype.lanes / 8;
-}
-
-static void fill_bytes(const DLTensor *t, uint8_t seed)
-{
-        uint8_t *p = (uint8_t *)t->data + t->byte_offset;
-
-        for (uint64_t i = 0; i < compact_bytes(t); i++)
-                p[i] = pattern(seed, i);
-}
-
-/* Index of the first byte that differs from the pattern, or -1. */
-static int64_t check_bytes(const DLTensor *t, uint8_t seed)
-{
-        const uint8_t *p = (const uint8_t *)t->data + t->byte_offset;
-
-        for (uint64_t i = 0; i < compact_bytes(t); i++)
-                if (p[i] != pattern(seed, i))
-                        return (int64_t)i;
-        return -1;
-}
-
-static bool is_compact(const DLTensor *t)
-{
-        int64_t s = 1;
-
-        if (!t->strides)
-                return true;
-        for (int32_t i = t->ndim - 1; i >= 0; i--) {
-                if (t->shape[i] != 1 && t->strides[i] != s)
-                        return false;
-                s *= t->shape[i];
-        }
-        return true;
-}
-
-/* ---- counted tensors over malloc'd memory ---------------------------------------------------- */
-
-static int deleter_runs;
-
-struct owned {
-        DLManagedTensorVersioned mt;
-        int64_t shape[4];
-        uint8_t data[];
-};
-
-static void owned_deleter(DLManagedTensorVersioned *t)
-{
-        deleter_runs++;
-        /* poison first: a use after this is visible even without ASan */
-        memset(((struct owned *)t->manager_ctx)->data, 0xdd, 16);
-        free(t->manager_ctx);
-}
-
-/* A compact rows x cols tensor of dtype dt, filled with the pattern for seed. */
-static DLManagedTensorVersioned *owned_new(DLDataType dt, int64_t rows, int64_t cols, uint8_t seed)
-{
-        size_t bytes = (size_t)(rows * cols) * dt.bits * dt.lanes / 8;
-        struct owned *o = calloc(1, sizeof(*o) + bytes + 16);
-
-        ck_assert_ptr_nonnull(o);
-        o->shape[0] = rows;
-        o->shape[1] = cols;
-        o->mt.version.major = 1;
-        o->mt.version.minor = 3;
-        o->mt.manager_ctx = o;
-        o->mt.deleter = owned_deleter;
-        o->mt.dl_tensor.data = o->data;
-        o->mt.dl_tensor.device.device_type = kDLCPU;
-        o->mt.dl_tensor.ndim = 2;
-        o->mt.dl_tensor.dtype = dt;
-        o->mt.dl_tensor.shape = o->shape;
-        fill_bytes(&o->mt.dl_tensor, seed);
-        return &o->mt;
-}
+#include "tensors.h"
 
 /* ---- SetError ------------------------------------------------------------------------------- */
 
@@ -128,91 +33,6 @@ static void set_error(void *ctx, const char *kind, const char *message)
         s->calls++;
         snprintf(s->kind, sizeof(s->kind), "%s", kind ? kind : "");
         snprintf(s->message, sizeof(s->message), "%s", message ? message : "");
-}
-
-/* ---- the consumer ---------------------------------------------------------------------------- */
-
-struct expect {
-        const char *name;
-        DLDataType dtype;
-        int32_t ndim;
-        int64_t shape[4];
-        uint8_t seed;
-        bool writable;
-};
-
-__attribute__((format(printf, 1, 2))) static int child_fail(const char *fmt, ...)
-{
-        va_list ap;
-
-        fprintf(stderr, "consumer (pid %d): ", (int)getpid());
-        va_start(ap, fmt);
-        vfprintf(stderr, fmt, ap);
-        va_end(ap);
-        fputc('\n', stderr);
-        return 1;
-}
-
-static int consume(void *arg)
-{
-        const struct expect *e = arg;
-        struct dlx_connect_options o = {.socket_path = fx.socket, .client_name = "consumer"};
-        DLManagedTensorVersioned *t = NULL;
-        const DLTensor *d;
-        const char *storage = NULL;
-        dlx_client *c = NULL;
-        int64_t bad;
-        int err, rc = 0;
-
-        err = dlx_connect(&o, &c);
-        if (err < 0)
-                return child_fail("connect: %s", dlx_strerror(err));
-        err = dlx_acquire(c, e->name, NULL, &t);
-        if (err < 0) {
-                rc = child_fail("acquire '%s': %s (%s)", e->name, dlx_strerror(err),
-                                dlx_last_error());
-                dlx_close(c);
-                return rc;
-        }
-        d = &t->dl_tensor;
-        if (t->version.major != 1 || t->version.minor != 3)
-                rc = child_fail("DLPack %u.%u", t->version.major, t->version.minor);
-        else if (!!(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY) == e->writable)
-                rc = child_fail("flags 0x%llx", (unsigned long long)t->flags);
-        else if (dlx_tensor_info(t, NULL, NULL, &storage) < 0 || strcmp(storage, "memfd") != 0)
-                rc = child_fail("storage is not memfd");
-        else if (d->device.device_type != kDLCPU || d->dtype.code != e->dtype.code ||
-                 d->dtype.bits != e->dtype.bits || d->dtype.lanes != e->dtype.lanes ||
-                 d->ndim != e->ndim)
-                rc = child_fail("device, dtype or ndim differ");
-        for (int32_t i = 0; rc == 0 && i < d->ndim; i++)
-                if (d->shape[i] != e->shape[i])
-                        rc = child_fail("shape[%d] = %lld, not %lld", (int)i,
-                                        (long long)d->shape[i], (long long)e->shape[i]);
-        if (rc == 0 && !is_compact(d))
-                rc = child_fail("not compact");
-        if (rc == 0 && (bad = check_bytes(d, e->seed)) >= 0)
-                rc = child_fail("'%s': byte %lld differs", e->name, (long long)bad);
-        t->deleter(t);
-        dlx_close(c);
-        return rc;
-}
-
-static void consume_in_child(const struct expect *e)
-{
-        int rc = fx_wait(fx_spawn(consume, (void *)e));
-
-        ck_assert_msg(rc == 0, "the consumer of '%s' failed (status %d)", e->name, rc);
-}
-
-static struct expect expect_2d(const char *name, DLDataType dt, int64_t rows, int64_t cols,
-                               uint8_t seed)
-{
-        struct expect e = {.name = name, .dtype = dt, .ndim = 2, .seed = seed};
-
-        e.shape[0] = rows;
-        e.shape[1] = cols;
-        return e;
 }
 
 /* ---- the table ------------------------------------------------------------------------------- */
@@ -393,7 +213,7 @@ START_TEST(test_allocator_publish)
         ck_assert_int_eq(sink.calls, 0);
         ck_assert_ptr_nonnull(t);
         check_allocated(t, &proto);
-        fill_bytes(&t->dl_tensor, 11);
+        pattern_fill(&t->dl_tensor, 0, 11);
         /* zero-copy: it is dlx_alloc() memory of c */
         publish_ok(c, "ex/allocated", t, &(struct dlx_publish_options){.copy = DLX_COPY_NEVER},
                    NULL);
@@ -428,7 +248,7 @@ START_TEST(test_allocator_default_client)
         dlx_set_default_client(second);
         t = NULL;
         ck_assert_int_eq(api->managed_tensor_allocator(&proto, &t, &sink, set_error), 0);
-        fill_bytes(&t->dl_tensor, 12);
+        pattern_fill(&t->dl_tensor, 0, 12);
         ck_assert_int_eq(dlx_publish(second, "ex/default", t, &never, NULL), 0);
         consume_in_child(&e);
 
@@ -483,7 +303,7 @@ END_TEST
 
 START_TEST(test_handle_wrap_ref_unref)
 {
-        DLManagedTensorVersioned *t = owned_new(DT(kDLUInt, 8, 1), 2, 4, 21);
+        DLManagedTensorVersioned *t = owned_2d(DT(kDLUInt, 8, 1), 2, 4, 21);
         dlx_tensor *h = NULL, *h2 = NULL;
 
         deleter_runs = 0;
@@ -495,7 +315,7 @@ START_TEST(test_handle_wrap_ref_unref)
         dlx_tensor_unref(h);
         dlx_tensor_unref(h);
         ck_assert_int_eq(deleter_runs, 0);
-        ck_assert_int_eq(check_bytes(dlx_tensor_dltensor(h), 21), -1);
+        ck_assert_uint_eq(pattern_check(dlx_tensor_dltensor(h), 0, 21), 0);
         dlx_tensor_unref(h);
         ck_assert_int_eq(deleter_runs, 1);
 
@@ -507,7 +327,7 @@ START_TEST(test_handle_wrap_ref_unref)
         ck_assert_ptr_null(h2);
 
         /* ownership is taken on every path */
-        t = owned_new(DT(kDLUInt, 8, 1), 2, 4, 22);
+        t = owned_2d(DT(kDLUInt, 8, 1), 2, 4, 22);
         ck_assert_int_eq(dlx_tensor_wrap(t, NULL), -EINVAL);
         ck_assert_int_eq(deleter_runs, 2);
 
@@ -533,7 +353,7 @@ END_TEST
 START_TEST(test_handle_wrap_bad_version)
 {
         const DLPackExchangeAPI *api = dlx_exchange_api();
-        DLManagedTensorVersioned *t = owned_new(DT(kDLUInt, 8, 1), 2, 4, 23);
+        DLManagedTensorVersioned *t = owned_2d(DT(kDLUInt, 8, 1), 2, 4, 23);
         dlx_tensor *h = NULL;
         void *obj = NULL;
 
@@ -543,7 +363,7 @@ START_TEST(test_handle_wrap_bad_version)
         ck_assert_ptr_null(h);
         ck_assert_int_eq(deleter_runs, 1);
 
-        t = owned_new(DT(kDLUInt, 8, 1), 2, 4, 24);
+        t = owned_2d(DT(kDLUInt, 8, 1), 2, 4, 24);
         t->version.major = 2;
         ck_assert_int_ne(api->managed_tensor_to_py_object_no_sync(t, &obj), 0);
         ck_assert_ptr_null(obj);
@@ -554,7 +374,7 @@ END_TEST
 START_TEST(test_to_object_steals)
 {
         const DLPackExchangeAPI *api = dlx_exchange_api();
-        DLManagedTensorVersioned *t = owned_new(DT(kDLFloat, 32, 1), 3, 4, 31);
+        DLManagedTensorVersioned *t = owned_2d(DT(kDLFloat, 32, 1), 3, 4, 31);
         void *obj = NULL;
 
         deleter_runs = 0;
@@ -566,7 +386,7 @@ START_TEST(test_to_object_steals)
         ck_assert_int_eq(deleter_runs, 1);
 
         /* no out pointer: still consumed */
-        t = owned_new(DT(kDLFloat, 32, 1), 3, 4, 32);
+        t = owned_2d(DT(kDLFloat, 32, 1), 3, 4, 32);
         ck_assert_int_ne(api->managed_tensor_to_py_object_no_sync(t, NULL), 0);
         ck_assert_int_eq(deleter_runs, 2);
 }
@@ -575,7 +395,7 @@ END_TEST
 START_TEST(test_from_object_keeps_handle)
 {
         const DLPackExchangeAPI *api = dlx_exchange_api();
-        DLManagedTensorVersioned *t = owned_new(DT(kDLInt, 16, 1), 4, 6, 41);
+        DLManagedTensorVersioned *t = owned_2d(DT(kDLInt, 16, 1), 4, 6, 41);
         DLManagedTensorVersioned *x = NULL, *y = NULL;
         dlx_tensor *h = NULL;
 
@@ -605,11 +425,11 @@ START_TEST(test_from_object_keeps_handle)
         /* the handle goes first: the exports keep it alive */
         dlx_tensor_unref(h);
         ck_assert_int_eq(deleter_runs, 0);
-        ck_assert_int_eq(check_bytes(&x->dl_tensor, 41), -1);
+        ck_assert_uint_eq(pattern_check(&x->dl_tensor, 0, 41), 0);
         ck_assert_int_eq(x->dl_tensor.shape[1], 6);
         x->deleter(x);
         ck_assert_int_eq(deleter_runs, 0);
-        ck_assert_int_eq(check_bytes(&y->dl_tensor, 41), -1);
+        ck_assert_uint_eq(pattern_check(&y->dl_tensor, 0, 41), 0);
         y->deleter(y);
         ck_assert_int_eq(deleter_runs, 1);
 
@@ -621,7 +441,7 @@ END_TEST
 START_TEST(test_dltensor_view)
 {
         const DLPackExchangeAPI *api = dlx_exchange_api();
-        DLManagedTensorVersioned *t = owned_new(DT(kDLFloat, 64, 1), 2, 3, 51);
+        DLManagedTensorVersioned *t = owned_2d(DT(kDLFloat, 64, 1), 2, 3, 51);
         DLTensor view;
         dlx_tensor *h = NULL;
 
@@ -651,7 +471,7 @@ END_TEST
 START_TEST(test_acquired_through_exports)
 {
         const DLPackExchangeAPI *api = dlx_exchange_api();
-        DLManagedTensorVersioned *t = owned_new(DT(kDLFloat, 32, 1), 3, 4, 71);
+        DLManagedTensorVersioned *t = owned_2d(DT(kDLFloat, 32, 1), 3, 4, 71);
         DLManagedTensorVersioned *a = NULL, *x = NULL, *y = NULL;
         dlx_client *c = fx_connect(&fx, "acq-exports");
         const char *name = NULL, *storage = NULL;
@@ -676,7 +496,7 @@ START_TEST(test_acquired_through_exports)
         /* what is not acquired is refused, with a reason */
         ck_assert_int_eq(dlx_tensor_sync(NULL, NULL), -EINVAL);
         ck_assert_int_eq(dlx_tensor_info(NULL, NULL, NULL, NULL), -EINVAL);
-        t = owned_new(DT(kDLFloat, 32, 1), 3, 4, 72);
+        t = owned_2d(DT(kDLFloat, 32, 1), 3, 4, 72);
         ck_assert_int_eq(dlx_tensor_sync(t, NULL), -EINVAL);
         ck_assert_str_ne(dlx_last_error(), "");
         ck_assert_int_eq(dlx_tensor_info(t, NULL, NULL, NULL), -EINVAL);
@@ -751,9 +571,9 @@ START_TEST(test_read_only_survives_a_flagless_consumer)
         int64_t shape[1] = {5}, offset_shape[1] = {2};
 
         ck_assert_int_eq(
-                dlx_publish(c, "ex/ro", owned_new(DT(kDLFloat, 32, 1), 3, 4, 81), NULL, NULL), 0);
+                dlx_publish(c, "ex/ro", owned_2d(DT(kDLFloat, 32, 1), 3, 4, 81), NULL, NULL), 0);
         ck_assert_int_eq(
-                dlx_publish(c, "ex/rw", owned_new(DT(kDLFloat, 32, 1), 3, 4, 82), &rw, NULL), 0);
+                dlx_publish(c, "ex/rw", owned_2d(DT(kDLFloat, 32, 1), 3, 4, 82), &rw, NULL), 0);
 
         /* read-only: the flag goes out with every export, and comes back without one */
         ck_assert_int_eq(dlx_acquire(c, "ex/ro", NULL, &a), 0);
@@ -779,7 +599,7 @@ START_TEST(test_read_only_survives_a_flagless_consumer)
         ck_assert(!read_only_after_round_trip(flagless_over(a)));
 
         /* memory libdlx never mapped, and memory from dlx_alloc(): as they were */
-        ck_assert(!read_only_after_round_trip(owned_new(DT(kDLUInt, 8, 1), 2, 2, 83)));
+        ck_assert(!read_only_after_round_trip(owned_2d(DT(kDLUInt, 8, 1), 2, 2, 83)));
         DLTensor proto = {
                 .device = {kDLCPU, 0}, .ndim = 1, .dtype = DT(kDLFloat, 32, 1), .shape = shape};
         ck_assert_int_eq(dlx_alloc(c, &proto, &a), 0);
@@ -794,7 +614,7 @@ END_TEST
 START_TEST(test_publish_from_own_table)
 {
         const DLPackExchangeAPI *api = dlx_exchange_api();
-        DLManagedTensorVersioned *t = owned_new(DT(kDLFloat, 32, 1), 5, 7, 61);
+        DLManagedTensorVersioned *t = owned_2d(DT(kDLFloat, 32, 1), 5, 7, 61);
         struct expect e = expect_2d("ex/from", DT(kDLFloat, 32, 1), 5, 7, 61);
         dlx_client *c = fx_connect(&fx, "producer");
         uint64_t version = 0;
@@ -808,11 +628,11 @@ START_TEST(test_publish_from_own_table)
         ck_assert_uint_eq(version, 1);
         /* the object was borrowed: still ours, still alive */
         ck_assert_int_eq(deleter_runs, 0);
-        ck_assert_int_eq(check_bytes(dlx_tensor_dltensor(obj), 61), -1);
+        ck_assert_uint_eq(pattern_check(dlx_tensor_dltensor(obj), 0, 61), 0);
         consume_in_child(&e);
 
         /* writable, and again as a second version */
-        e.writable = true;
+        e.flags = 0; /* no longer read-only */
         err = dlx_publish_from(c, "ex/from", api, obj,
                                &(struct dlx_publish_options){.writable = true}, &version);
         ck_assert_int_eq(err, 0);
@@ -839,7 +659,7 @@ START_TEST(test_publish_from_allocated)
         int err;
 
         ck_assert_int_eq(api->managed_tensor_allocator(&proto, &t, &sink, set_error), 0);
-        fill_bytes(&t->dl_tensor, 62);
+        pattern_fill(&t->dl_tensor, 0, 62);
         ck_assert_int_eq(api->managed_tensor_to_py_object_no_sync(t, &obj), 0);
         err = dlx_publish_from(c, "ex/from-alloc", api, obj, NULL, NULL);
         ck_assert_msg(err == 0, "publish_from: %s (%s)", dlx_strerror(err), dlx_last_error());
@@ -864,7 +684,7 @@ static int foreign_from_ok(void *object, DLManagedTensorVersioned **out)
         struct foreign_obj *f = object;
 
         f->exports++;
-        *out = owned_new(DT(kDLComplex, 64, 1), 2, 3, f->seed);
+        *out = owned_2d(DT(kDLComplex, 64, 1), 2, 3, f->seed);
         return 0;
 }
 

@@ -21,6 +21,12 @@
 #define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
 
 /*
+ * A table-driven test: fn runs once a row of the static array rows, as its
+ * own case (Check names the row's index, _i, in a failure).
+ */
+#define tcase_add_rows(tc, fn, rows) tcase_add_loop_test((tc), (fn), 0, (int)N_ELEMS(rows))
+
+/*
  * For hot loops: every passing ck_assert*() writes a location record to
  * Check's log, which made the randomized tests spend most of their time in
  * write(2). This one only reaches Check when the condition fails.

@@ -18,6 +18,7 @@
 #include "frame.h"
 #include "fuzz.h"
 #include "layout.h"
+#include "pbwrite.h"
 #include "ring.h"
 #include "wire.h"
 
@@ -65,15 +66,6 @@ static void put_u32(struct buf *b, uint32_t v)
 {
         put_u16(b, (uint16_t)v);
         put_u16(b, (uint16_t)(v >> 16));
-}
-
-static void put_varint(struct buf *b, uint64_t v)
-{
-        while (v >= 0x80) {
-                put_u8(b, (uint8_t)(v | 0x80));
-                v >>= 7;
-        }
-        put_u8(b, (uint8_t)v);
 }
 
 static void save(const char *name, struct buf *b)
@@ -562,23 +554,24 @@ static void corpus_request(void)
          * protobuf: Reply.id = 1, Reply.list = 7 { entries = 1 }, Reply.event =
          * 13 { kind = 1, events = 7 }.
          */
-        struct buf body = {0};
+        struct pb body, reply;
+        pb_init(&body);
+        pb_init(&reply);
         for (unsigned i = 0; i <= DLX_LIST_PAGE_MAX; i++)
-                put(&body, "\x0a\x00", 2);
-        put(&b, "\x08\x01\x3a", 3);
-        put_varint(&b, body.len);
-        put(&b, body.p, body.len);
+                pb_bytes(&body, 1, "", 0);
+        pb_uint(&reply, 1, 1);
+        pb_msg(&reply, 7, &body);
+        put(&b, reply.b, reply.n);
         save("reply-list-over-the-limit", &b);
-        free(body.p);
-        memset(&body, 0, sizeof(body));
-        put(&body, "\x08\x04", 2);
+        body.n = reply.n = 0;
+        pb_uint(&body, 1, WIRE_EVENT_RELEASED);
         for (unsigned i = 0; i <= DLX_MAX_RELEASE_EVENTS; i++)
-                put(&body, "\x3a\x00", 2);
-        put(&b, "\x6a", 1);
-        put_varint(&b, body.len);
-        put(&b, body.p, body.len);
+                pb_bytes(&body, 7, "", 0);
+        pb_msg(&reply, 13, &body);
+        put(&b, reply.b, reply.n);
         save("reply-events-over-the-limit", &b);
-        free(body.p);
+        pb_done(&body);
+        pb_done(&reply);
 }
 
 /* ---- fuzz-frame ------------------------------------------------------------------------------ */
