@@ -90,7 +90,7 @@ static void on_closed(uv_handle_t *h)
 static void queued_add(struct conn *c, int64_t delta)
 {
         c->outq_bytes += (size_t)delta;
-        c->session->use->queued += (uint64_t)delta;
+        quota_count(c->session->use, QUOTA_QUEUED, delta);
         c->srv->reg->queued += (uint64_t)delta;
 }
 
@@ -142,7 +142,7 @@ static bool linger(struct conn *c)
         l->fd = c->fd;
         l->fds = c->fds_unread;
         l->use = c->session->use;
-        l->use->clients++; /* the session's goes with it; this one stays */
+        quota_count(l->use, QUOTA_CLIENTS, 1); /* the session's goes with it; this one stays */
         c->srv->reg->nlingering++;
         list_insert_tail(&c->srv->lingering, &l->link);
         server_schedule_watchdog(c->srv);
@@ -155,8 +155,8 @@ static void lingering_end(struct server *srv, struct lingering *l)
 {
         list_remove(&l->link);
         count_take(srv->fds_unread, l->fds);
-        count_take(l->use->unread, l->fds);
-        count_take(l->use->clients, 1);
+        quota_count(l->use, QUOTA_UNREAD, -(int64_t)l->fds);
+        quota_count(l->use, QUOTA_CLIENTS, -1);
         count_take(srv->reg->nlingering, 1);
         quota_uid_put(srv->reg->store, l->use);
         close(l->fd);
@@ -188,7 +188,7 @@ static void unlink_if(struct list *n)
 static void fds_forget(struct conn *c)
 {
         count_take(c->srv->fds_unread, c->fds_unread);
-        count_take(c->session->use->unread, c->fds_unread);
+        quota_count(c->session->use, QUOTA_UNREAD, -(int64_t)c->fds_unread);
         c->fds_unread = 0;
 }
 
@@ -506,7 +506,7 @@ static bool send_queued(struct conn *c, bool *ret_full)
                 if (msg.msg_control && n > 0) {
                         c->fds_unread++;
                         c->srv->fds_unread++;
-                        c->session->use->unread++;
+                        quota_count(c->session->use, QUOTA_UNREAD, 1);
                 }
                 while (n > 0) {
                         struct outbuf *b = list_entry(c->outq.next, struct outbuf, link);

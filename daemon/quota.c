@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "invariant.h"
 #include "namespace.h"
 
 static int cmp_uid(const void *key, const struct avl_node *n)
@@ -34,6 +35,43 @@ struct uid_use *quota_uid(struct store *st, uid_t uid, bool create)
         u->uid = uid;
         avl_insert(&st->uids, &u->node, &u->uid, cmp_uid);
         return u;
+}
+
+static bool move64(uint64_t *x, int64_t delta)
+{
+        if (delta >= 0) {
+                *x += (uint64_t)delta;
+                return true;
+        }
+        return count_take(*x, 0 - (uint64_t)delta);
+}
+
+static bool move32(uint32_t *x, int64_t delta)
+{
+        uint64_t v = *x;
+        bool ok = move64(&v, delta);
+
+        *x = (uint32_t)v;
+        return ok;
+}
+
+bool quota_count(struct uid_use *u, enum quota_count what, int64_t delta)
+{
+        switch (what) {
+        case QUOTA_CLIENTS:
+                return move32(&u->clients, delta);
+        case QUOTA_NAMES:
+                return move64(&u->names, delta);
+        case QUOTA_BYTES:
+                return move64(&u->bytes, delta);
+        case QUOTA_FDS:
+                return move64(&u->fds, delta);
+        case QUOTA_UNREAD:
+                return move32(&u->unread, delta);
+        case QUOTA_QUEUED:
+                return move64(&u->queued, delta);
+        }
+        return invariant(!"a quota count");
 }
 
 void quota_uid_put(struct store *st, struct uid_use *u)

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Per-uid accounting, in one place: what each uid uses (one record per uid,
- * kept in the store while anything is counted in it), and the fair-share
- * arithmetic every per-uid limit goes through. The store charges bytes and
- * descriptors; session.c counts clients and registry.c names, against the
- * caps quota.c works out; the connections count what they queue and leave
- * unread.
+ * kept in the store while anything is counted in it), the one function that
+ * changes those counts (quota_count), and the fair-share arithmetic every
+ * per-uid limit goes through. Who counts what: the store bytes and
+ * descriptors, session.c clients, registry.c names, the connections what
+ * they queue and leave unread; each checks against the caps worked out here.
  */
 #ifndef DLX_DAEMON_QUOTA_H
 #define DLX_DAEMON_QUOTA_H
@@ -69,6 +69,16 @@ struct uid_use {
         uint32_t unread;  /* descriptors sent to its connections and not yet read (conn counts) */
         uint64_t queued;  /* bytes of output queued for its connections (likewise) */
 };
+
+/* What a uid's record counts. */
+enum quota_count { QUOTA_CLIENTS, QUOTA_NAMES, QUOTA_BYTES, QUOTA_FDS, QUOTA_UNREAD, QUOTA_QUEUED };
+
+/*
+ * The one way a uid's counts change: what grows by delta (< 0: shrinks).
+ * Only a bug takes a count below zero: it stops at zero instead, the broken
+ * invariant is reported (invariant.h), and false is returned.
+ */
+bool quota_count(struct uid_use *u, enum quota_count what, int64_t delta);
 
 /* The uid's record in the store, made if create; NULL if absent (or no memory). */
 struct uid_use *quota_uid(struct store *st, uid_t uid, bool create);

@@ -111,12 +111,12 @@ static void entry_set_current(struct registry *reg, struct entry *e, struct vers
 
         if (!old && v) {
                 reg->nnames++;
-                owner_use->names++;
+                quota_count(owner_use, QUOTA_NAMES, 1);
         } else if (old && !v) {
                 struct uid_use *u = quota_uid(reg->store, e->owner, false);
                 count_take(reg->nnames, 1);
                 if (u) {
-                        count_take(u->names, 1);
+                        quota_count(u, QUOTA_NAMES, -1);
                         quota_uid_put(reg->store, u);
                 }
         }

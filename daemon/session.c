@@ -94,7 +94,7 @@ struct session *registry_session_new(struct registry *reg, uid_t uid, gid_t gid,
                 free(s);
                 return NULL;
         }
-        u->clients++;
+        quota_count(u, QUOTA_CLIENTS, 1);
         s->use = u;
         s->id = reg->next_session++;
         s->uid = uid;
@@ -161,7 +161,7 @@ void registry_session_free(struct session *s)
         registry_ring_destroy(s);
         list_remove(&s->link);
         count_take(reg->nsessions, 1);
-        count_take(s->use->clients, 1);
+        quota_count(s->use, QUOTA_CLIENTS, -1);
         quota_uid_put(reg->store, s->use);
         free(s);
 }

@@ -61,8 +61,8 @@ static void segment_destroy(struct store *st, struct segment *seg)
                 count_take(st->bytes, seg->size);
                 count_take(st->fds, 1);
                 if (invariant(u)) {
-                        count_take(u->bytes, seg->size);
-                        count_take(u->fds, 1);
+                        quota_count(u, QUOTA_BYTES, -(int64_t)seg->size);
+                        quota_count(u, QUOTA_FDS, -1);
                         quota_uid_put(st, u);
                 }
                 close(seg->fd);
@@ -109,9 +109,9 @@ static int insert(struct store *st, int fd, uint32_t kind, uint64_t size, uid_t 
         avl_insert(&st->segments, &seg->node, &seg->id, cmp_id);
         if (fd >= 0) {
                 st->bytes += size;
-                u->bytes += size;
+                quota_count(u, QUOTA_BYTES, (int64_t)size);
                 st->fds++;
-                u->fds++;
+                quota_count(u, QUOTA_FDS, 1);
         }
         *ret = seg;
         return 0;
