@@ -209,16 +209,22 @@ DLManagedTensorVersioned *alloc_or_fail(dlx_client *c, DLDataType dt, int32_t nd
 
 /* ---- the consumer ------------------------------------------------------------------------ */
 
-static char child_msg[512];
+#define CHILD_MSG 512
+
+/* While consume_in_child() waits: shared with its child, which writes its failure there. */
+static char *child_msg;
 
 int child_fail(const char *fmt, ...)
 {
+        char msg[CHILD_MSG];
         va_list ap;
 
         va_start(ap, fmt);
-        vsnprintf(child_msg, sizeof(child_msg), fmt, ap);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
         va_end(ap);
-        fprintf(stderr, "consumer (pid %d): %s\n", (int)getpid(), child_msg);
+        fprintf(stderr, "consumer (pid %d): %s\n", (int)getpid(), msg);
+        if (child_msg && !child_msg[0])
+                snprintf(child_msg, CHILD_MSG, "%s", msg);
         return 1;
 }
 
@@ -321,10 +327,18 @@ static int consume(void *arg)
 
 void consume_in_child(const struct expect *e)
 {
-        int rc = fx_wait(fx_spawn(consume, (void *)e));
+        char msg[CHILD_MSG];
+        int rc;
 
-        ck_assert_msg(rc == 0, "the consumer of '%s' failed (status %d, see its stderr)", e->name,
-                      rc);
+        child_msg =
+                mmap(NULL, CHILD_MSG, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        ck_assert_ptr_ne(child_msg, MAP_FAILED);
+        child_msg[0] = '\0';
+        rc = fx_wait(fx_spawn(consume, (void *)e));
+        snprintf(msg, sizeof(msg), "%s", child_msg[0] ? child_msg : "no message (see its stderr)");
+        munmap(child_msg, CHILD_MSG);
+        child_msg = NULL;
+        ck_assert_msg(rc == 0, "the consumer of '%s' failed (status %d): %s", e->name, rc, msg);
 }
 
 struct expect expect_of(const char *name, const DLManagedTensorVersioned *mt, bool exact,

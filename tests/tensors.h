@@ -82,10 +82,13 @@ struct expect expect_of(const char *name, const DLManagedTensorVersioned *mt, bo
 /* A compact, read-only rows x cols tensor of dt, exactly so. */
 struct expect expect_2d(const char *name, DLDataType dt, int64_t rows, int64_t cols, uint8_t seed);
 
-/* In a child: says what went wrong on stderr; returns 1 (the child's exit status). */
+/*
+ * In a child: says what went wrong on stderr and, under consume_in_child(),
+ * to the parent; returns 1 (the child's exit status).
+ */
 __attribute__((format(printf, 1, 2))) int child_fail(const char *fmt, ...);
 
-/* Runs the consumer for e in a child and requires it to succeed. */
+/* Runs the consumer for e in a child and requires it to succeed (a failure quotes the child's). */
 void consume_in_child(const struct expect *e);
 
 #endif /* DLX_TESTS_TENSORS_H */

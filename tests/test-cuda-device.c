@@ -602,6 +602,17 @@ static void run_end(struct kid *kids, int n)
         dlx_close(c);
 }
 
+/* A producer and a consumer process, from run_begin() to run_end(). */
+static void run_pair(void (*producer)(void), void (*consumer)(void))
+{
+        struct kid k[2];
+
+        run_begin();
+        spawn(&k[0], PRODUCER, producer);
+        spawn(&k[1], CONSUMER, consumer);
+        run_end(k, 2);
+}
+
 /* ---- legacy IPC: a view at an offset into a cuMemAlloc allocation ---------------------- */
 
 #define IPC_BYTES (64 * MIB)
@@ -660,12 +671,7 @@ static void ipc_consumer(void)
 
 START_TEST(ipc_view_between_processes)
 {
-        struct kid k[2];
-
-        run_begin();
-        spawn(&k[0], PRODUCER, ipc_producer);
-        spawn(&k[1], CONSUMER, ipc_consumer);
-        run_end(k, 2);
+        run_pair(ipc_producer, ipc_consumer);
 }
 END_TEST
 
@@ -863,22 +869,18 @@ static void ordering_case(bool gated, bool other)
         ck_assert_msg(!gated || busy == 1, "the gated stream was idle at publish");
 }
 
-START_TEST(ordering_gated)
-{
-        ordering_case(true, false);
-}
-END_TEST
+static const struct {
+        bool gated, other;
+} ordering_rows[] = {
+        {true, false},  /* gated */
+        {false, false}, /* a slow write */
+        /* __dlpack__(stream=): the consumer reads on another stream than acquire's */
+        {true, true},
+};
 
-START_TEST(ordering_slow_write)
+START_TEST(ordering)
 {
-        ordering_case(false, false);
-}
-END_TEST
-
-/* __dlpack__(stream=): the consumer reads on another stream than acquire's */
-START_TEST(ordering_other_stream)
-{
-        ordering_case(true, true);
+        ordering_case(ordering_rows[_i].gated, ordering_rows[_i].other);
 }
 END_TEST
 
@@ -970,34 +972,20 @@ static void fence_consumer(void)
         CU(cu.StreamDestroy(s));
 }
 
-static void fence_case(bool vmm, bool other)
-{
-        struct kid k[2];
+static const struct {
+        bool vmm, other;
+} fence_rows[] = {
+        {false, false}, /* legacy IPC */
+        {true, false},  /* VMM */
+        /* the reader's copy on a second stream (dlx_tensor_sync): the release joins it */
+        {false, true},
+};
 
-        fence_vmm = vmm;
-        fence_other = other;
-        run_begin();
-        spawn(&k[0], PRODUCER, fence_producer);
-        spawn(&k[1], CONSUMER, fence_consumer);
-        run_end(k, 2);
-}
-
-START_TEST(release_fence_ipc)
+START_TEST(release_fence)
 {
-        fence_case(false, false);
-}
-END_TEST
-
-START_TEST(release_fence_vmm)
-{
-        fence_case(true, false);
-}
-END_TEST
-
-/* the reader's copy on a second stream (dlx_tensor_sync): the release joins it */
-START_TEST(release_fence_other_stream)
-{
-        fence_case(false, true);
+        fence_vmm = fence_rows[_i].vmm;
+        fence_other = fence_rows[_i].other;
+        run_pair(fence_producer, fence_consumer);
 }
 END_TEST
 
@@ -1155,12 +1143,7 @@ static void cache_consumer(void)
 
 START_TEST(ipc_handle_cache)
 {
-        struct kid k[2];
-
-        run_begin();
-        spawn(&k[0], PRODUCER, cache_producer);
-        spawn(&k[1], CONSUMER, cache_consumer);
-        run_end(k, 2);
+        run_pair(cache_producer, cache_consumer);
 }
 END_TEST
 
@@ -1391,12 +1374,8 @@ Suite *cuda_device_suite(void)
         tcase_set_timeout(tc, 150);
         tcase_add_test(tc, ipc_view_between_processes);
         tcase_add_test(tc, vmm_persistent_outlives_producer);
-        tcase_add_test(tc, ordering_gated);
-        tcase_add_test(tc, ordering_slow_write);
-        tcase_add_test(tc, release_fence_ipc);
-        tcase_add_test(tc, release_fence_vmm);
-        tcase_add_test(tc, release_fence_other_stream);
-        tcase_add_test(tc, ordering_other_stream);
+        tcase_add_rows(tc, ordering, ordering_rows);
+        tcase_add_rows(tc, release_fence, fence_rows);
         tcase_add_test(tc, ipc_handle_cache);
         tcase_add_test(tc, killed_consumer_lease);
         tcase_add_test(tc, same_process_both_ends);

@@ -234,6 +234,42 @@ static dlx_client *child_connect(const char *name)
         return c;
 }
 
+/*
+ * In a child: takes its ends of ch, waits for the parent's go when go, and
+ * connects as name, with stream current on device 0 when not NULL. NULL on
+ * failure, said on stderr.
+ */
+static dlx_client *child_start(struct chan *ch, bool go, const char *name, CUstream stream)
+{
+        dlx_client *c;
+        uint64_t v;
+
+        chan_child(ch);
+        if (go && c_hear(ch, &v) < 0) {
+                fprintf(stderr, "%s (pid %d): no go from the parent\n", name, (int)getpid());
+                return NULL;
+        }
+        c = child_connect(name);
+        if (c && stream && DLX(dlx_set_stream(c, 0, stream)) != 0) {
+                fprintf(stderr, "%s (pid %d): dlx_set_stream: %s\n", name, (int)getpid(),
+                        dlx_last_error());
+                dlx_close(c);
+                return NULL;
+        }
+        return c;
+}
+
+/* Parent side: forks fn(arg), which talks over ch (see child_start). */
+static pid_t spawn_on(struct chan *ch, int (*fn)(void *), void *arg)
+{
+        pid_t pid;
+
+        chan_open(ch);
+        pid = fx_spawn(fn, arg);
+        chan_parent(ch);
+        return pid;
+}
+
 /* ---- the log -------------------------------------------------------------------------------- */
 
 /* What to look for: op, and each other field when set (stream when by_stream). */
@@ -353,12 +389,19 @@ static void assert_nothing_live(const char *when)
                       k ? cuda_fake_live(leak_kinds[k - 1]) : 0, k ? leak_names[k - 1] : "");
 }
 
-#define CHECK_NOTHING_LIVE(when)                                                                   \
-        do {                                                                                       \
-                int k_ = live_kind();                                                              \
-                CHECK(k_ == 0, "%s: %d %s still alive", when,                                      \
-                      k_ ? cuda_fake_live(leak_kinds[k_ - 1]) : 0, k_ ? leak_names[k_ - 1] : "");  \
-        } while (0)
+/*
+ * In a child, after its client closed: 0 if no libdlx call changed the
+ * context stack and, with nothing_live, nothing of CUDA is alive.
+ */
+static int child_done(const char *who, bool nothing_live)
+{
+        int k = live_kind();
+
+        CHECK(ctx_bad == 0, "%s: the context stack changed (above)", who);
+        CHECK(!nothing_live || k == 0, "%s after close: %d %s still alive", who,
+              k ? cuda_fake_live(leak_kinds[k - 1]) : 0, k ? leak_names[k - 1] : "");
+        return 0;
+}
 
 /*
  * Requires that `$DLXCTL --socket <fx.socket> args` exits 0 and prints a line
@@ -724,12 +767,9 @@ static int ipc_consumer(void *arg)
         long i;
         int err;
 
-        chan_child(ch);
-        CHECK(c_hear(ch, &go) == 0, "no go from the producer");
+        c = child_start(ch, true, "ipc-consumer", C_STREAM);
+        CHECK(c, "start");
         producer = (pid_t)sh->producer_pid;
-        c = child_connect("ipc-consumer");
-        CHECK(c, "connect");
-        CHECK(DLX(dlx_set_stream(c, 0, C_STREAM)) == 0, "dlx_set_stream");
         CHECK(dlx_get_stream(c, 0) == C_STREAM, "dlx_get_stream");
 
         before = log_now();
@@ -790,9 +830,7 @@ static int ipc_consumer(void *arg)
         CHECK(c_tell(ch, 1) == 0, "tell");
         CHECK(c_hear(ch, &go) == 0, "no end");
         DLXV(dlx_close(c));
-        CHECK(ctx_bad == 0, "the context stack changed (above)");
-        CHECK_NOTHING_LIVE("consumer after close");
-        return 0;
+        return child_done("consumer", true);
 }
 
 START_TEST(ipc_publish_acquire)
@@ -804,9 +842,7 @@ START_TEST(ipc_publish_acquire)
         pid_t pid;
         int err;
 
-        chan_open(&ch);
-        pid = fx_spawn(ipc_consumer, &ch);
-        chan_parent(&ch);
+        pid = spawn_on(&ch, ipc_consumer, &ch);
 
         c = fx_connect(&fx, "ipc-producer");
         ck_assert_int_eq(DLX(dlx_set_stream(c, 0, P_STREAM)), 0);
@@ -908,11 +944,8 @@ static int cache_consumer(void *arg)
         long i, close_at;
         int err;
 
-        chan_child(ch);
-        CHECK(c_hear(ch, &go) == 0, "no go");
-        c = child_connect("cache-consumer");
-        CHECK(c, "connect");
-        CHECK(DLX(dlx_set_stream(c, 0, C_STREAM)) == 0, "set stream");
+        c = child_start(ch, true, "cache-consumer", C_STREAM);
+        CHECK(c, "start");
         start = log_now();
         err = DLX(dlx_acquire(c, "cache/a", NULL, &a1));
         CHECK(err == 0, "acquire a: %s (%s)", dlx_strerror(err), dlx_last_error());
@@ -1000,9 +1033,7 @@ static int cache_consumer(void *arg)
         /* keep the release events alive until the producer has waited on them */
         CHECK(c_hear(ch, &go) == 0, "no end");
         DLXV(dlx_close(c));
-        CHECK(ctx_bad == 0, "the context stack changed (above)");
-        CHECK_NOTHING_LIVE("consumer after close");
-        return 0;
+        return child_done("consumer", true);
 }
 
 /* Publishes the cache test's tensors (A: a, b, c; B: warm). */
@@ -1029,9 +1060,7 @@ START_TEST(ipc_handle_cache)
         CUdeviceptr a, b;
         pid_t pid;
 
-        chan_open(&ch);
-        pid = fx_spawn(cache_consumer, &ch);
-        chan_parent(&ch);
+        pid = spawn_on(&ch, cache_consumer, &ch);
         c = fx_connect(&fx, "cache-producer");
         ck_assert_int_eq(DLX(dlx_set_stream(c, 0, P_STREAM)), 0);
         a = cuda_fake_malloc(CACHE_A_SIZE);
@@ -1074,14 +1103,12 @@ static int deferred_consumer(void *arg)
         struct cuda_fake_entry e;
         pid_t me = getpid();
         size_t start;
-        uint64_t go, ev;
+        uint64_t ev;
         dlx_client *c;
         int err;
 
-        chan_child(ch);
-        CHECK(c_hear(ch, &go) == 0, "no go");
-        c = child_connect("deferred-consumer");
-        CHECK(c, "connect");
+        c = child_start(ch, true, "deferred-consumer", NULL);
+        CHECK(c, "start");
         start = log_now();
         err = DLX(dlx_acquire(c, "cache/a", NULL, &t));
         CHECK(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
@@ -1114,9 +1141,7 @@ START_TEST(ipc_deferred_close_done_by_close)
         CUdeviceptr a, b;
         pid_t pid;
 
-        chan_open(&ch);
-        pid = fx_spawn(deferred_consumer, &ch);
-        chan_parent(&ch);
+        pid = spawn_on(&ch, deferred_consumer, &ch);
         c = fx_connect(&fx, "deferred-producer");
         a = cuda_fake_malloc(CACHE_A_SIZE);
         b = cuda_fake_malloc(CACHE_B_SIZE);
@@ -1158,11 +1183,8 @@ static int releasing_consumer(void *arg)
         dlx_client *c;
         int err;
 
-        chan_child(ch);
-        CHECK(c_hear(ch, &go) == 0, "no go");
-        c = child_connect("releasing-consumer");
-        CHECK(c, "connect");
-        CHECK(DLX(dlx_set_stream(c, 0, C_STREAM)) == 0, "set stream");
+        c = child_start(ch, true, "releasing-consumer", C_STREAM);
+        CHECK(c, "start");
         err = DLX(dlx_acquire(c, r->name, NULL, &t));
         CHECK(err == 0, "acquire %s: %s (%s)", r->name, dlx_strerror(err), dlx_last_error());
         CHECK(version_of(t) == 1, "version %llu", (unsigned long long)version_of(t));
@@ -1176,10 +1198,7 @@ static int releasing_consumer(void *arg)
         /* the event must outlive the producer's wait on it */
         CHECK(c_hear(ch, &go) == 0, "no end");
         DLXV(dlx_close(c));
-        CHECK(ctx_bad == 0, "the context stack changed (above)");
-        if (r->nothing_live)
-                CHECK_NOTHING_LIVE("consumer after close");
-        return 0;
+        return child_done("consumer", r->nothing_live);
 }
 
 START_TEST(release_fence)
@@ -1193,10 +1212,8 @@ START_TEST(release_fence)
         pid_t pid, me = getpid();
         int err;
 
-        chan_open(&ch);
-        pid = fx_spawn(releasing_consumer,
+        pid = spawn_on(&ch, releasing_consumer,
                        &(struct releaser){.ch = &ch, .name = "fence/t", .nothing_live = true});
-        chan_parent(&ch);
         c = fx_connect(&fx, "fence-producer");
         /* the client's stream is another: the options' one is the publish stream */
         ck_assert_int_eq(DLX(dlx_set_stream(c, 0, W2_STREAM)), 0);
@@ -1295,15 +1312,11 @@ static int leaving_consumer(void *arg)
 {
         struct chan *ch = arg;
         DLManagedTensorVersioned *t;
-        uint64_t go;
         dlx_client *c;
         int err;
 
-        chan_child(ch);
-        CHECK(c_hear(ch, &go) == 0, "no go");
-        c = child_connect("leaving-consumer");
-        CHECK(c, "connect");
-        CHECK(DLX(dlx_set_stream(c, 0, C_STREAM)) == 0, "set stream");
+        c = child_start(ch, true, "leaving-consumer", C_STREAM);
+        CHECK(c, "start");
         err = DLX(dlx_acquire(c, "leave/t", NULL, &t));
         CHECK(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
         DLXV(t->deleter(t));
@@ -1319,9 +1332,7 @@ START_TEST(wait_released_after_reader_exit)
         pid_t pid;
         int err;
 
-        chan_open(&ch);
-        pid = fx_spawn(leaving_consumer, &ch);
-        chan_parent(&ch);
+        pid = spawn_on(&ch, leaving_consumer, &ch);
         c = fx_connect(&fx, "leave-producer");
         x = cuda_fake_malloc(IPC_SIZE);
         ck_assert(x);
@@ -1362,9 +1373,7 @@ START_TEST(publish_event_pool)
         pid_t pid, me = getpid();
         int creates, err;
 
-        chan_open(&ch);
-        pid = fx_spawn(releasing_consumer, &(struct releaser){.ch = &ch, .name = "pool/t"});
-        chan_parent(&ch);
+        pid = spawn_on(&ch, releasing_consumer, &(struct releaser){.ch = &ch, .name = "pool/t"});
         c = fx_connect(&fx, "pool-producer");
         ck_assert_int_eq(DLX(dlx_set_stream(c, 0, P_STREAM)), 0);
         base = cuda_fake_malloc(IPC_SIZE);
@@ -1443,14 +1452,11 @@ static int kill_consumer(void *arg)
 {
         struct chan *ch = arg;
         DLManagedTensorVersioned *t;
-        uint64_t go;
         dlx_client *c;
         int err;
 
-        chan_child(ch);
-        CHECK(c_hear(ch, &go) == 0, "no go");
-        c = child_connect("doomed-consumer");
-        CHECK(c, "connect");
+        c = child_start(ch, true, "doomed-consumer", NULL);
+        CHECK(c, "start");
         err = DLX(dlx_acquire(c, "kill/t", NULL, &t));
         CHECK(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
         CHECK(same(t->dl_tensor.data, IPC_LEN, 5), "bytes");
@@ -1468,9 +1474,7 @@ START_TEST(kill9_consumer_releases)
         pid_t pid;
         int err;
 
-        chan_open(&ch);
-        pid = fx_spawn(kill_consumer, &ch);
-        chan_parent(&ch);
+        pid = spawn_on(&ch, kill_consumer, &ch);
         c = fx_connect(&fx, "kill-producer");
         x = cuda_fake_malloc(IPC_SIZE);
         ck_assert(x);
@@ -1550,9 +1554,8 @@ static int vmm_producer(void *arg)
         dlx_client *c;
         int err;
 
-        chan_child(ch);
-        c = child_connect("vmm-producer");
-        CHECK(c, "connect");
+        c = child_start(ch, false, "vmm-producer", NULL);
+        CHECK(c, "start");
         start = log_now();
         for (int i = 0; i < 3; i++) {
                 t[i] = alloc_on(c, kDLCUDA, VMM_LEN);
@@ -1601,9 +1604,7 @@ static int vmm_producer(void *arg)
         CHECK(c_tell(ch, 2) == 0, "tell");
         CHECK(c_hear(ch, &go) == 0, "no end");
         DLXV(dlx_close(c));
-        CHECK(ctx_bad == 0, "the context stack changed (above)");
-        CHECK_NOTHING_LIVE("producer after close");
-        return 0;
+        return child_done("producer", true);
 }
 
 static int vmm_consumer(void *arg)
@@ -1617,11 +1618,8 @@ static int vmm_consumer(void *arg)
         dlx_client *c;
         int err, st;
 
-        chan_child(ch);
-        CHECK(c_hear(ch, &go) == 0, "no go");
-        c = child_connect("vmm-consumer");
-        CHECK(c, "connect");
-        CHECK(DLX(dlx_set_stream(c, 0, C_STREAM)) == 0, "set stream");
+        c = child_start(ch, true, "vmm-consumer", C_STREAM);
+        CHECK(c, "start");
         start = log_now();
         err = DLX(dlx_acquire(c, "vmm/ro", NULL, &ro));
         CHECK(err == 0, "acquire ro: %s (%s)", dlx_strerror(err), dlx_last_error());
@@ -1682,9 +1680,7 @@ static int vmm_consumer(void *arg)
         DLXV(dlx_close(c));
         CHECK(QCOUNT(.op = CUDA_FAKE_MEM_RELEASE, .pid = me) == 1, "%d releases of one import",
               QCOUNT(.op = CUDA_FAKE_MEM_RELEASE, .pid = me));
-        CHECK(ctx_bad == 0, "the context stack changed (above)");
-        CHECK_NOTHING_LIVE("consumer after close");
-        return 0;
+        return child_done("consumer", true);
 }
 
 START_TEST(vmm_alloc_share)
@@ -1692,13 +1688,9 @@ START_TEST(vmm_alloc_share)
         struct chan pc, cc;
         pid_t prod, cons;
 
-        chan_open(&pc);
-        chan_open(&cc);
-        prod = fx_spawn(vmm_producer, &pc);
+        prod = spawn_on(&pc, vmm_producer, &pc);
         sh->producer_pid = (uint64_t)prod;
-        cons = fx_spawn(vmm_consumer, &cc);
-        chan_parent(&pc);
-        chan_parent(&cc);
+        cons = spawn_on(&cc, vmm_consumer, &cc);
         ck_assert_uint_eq(hear(&pc), 1); /* published */
         tell(&cc, 1);
         ck_assert_uint_eq(hear(&cc), 1); /* read, wrote, released */
@@ -1723,17 +1715,15 @@ static int persist_producer(void *arg)
         dlx_client *c;
         int err;
 
-        chan_child(ch);
-        c = child_connect("persist-producer");
-        CHECK(c, "connect");
+        c = child_start(ch, false, "persist-producer", NULL);
+        CHECK(c, "start");
         t = alloc_on(c, kDLCUDA, VMM_LEN);
         CHECK(t, "dlx_alloc");
         fill(t->dl_tensor.data, VMM_LEN, 30);
         err = DLX(dlx_publish(c, "vmm/keep", t, &o, NULL));
         CHECK(err == 0, "publish: %s (%s)", dlx_strerror(err), dlx_last_error());
         DLXV(dlx_close(c));
-        CHECK(ctx_bad == 0, "the context stack changed (above)");
-        return 0;
+        return child_done("producer", false);
 }
 
 static int persist_consumer(void *arg)
@@ -1758,9 +1748,7 @@ static int persist_consumer(void *arg)
         CHECK(QCOUNT(.op = CUDA_FAKE_MEM_IMPORT_FROM_SHAREABLE_HANDLE, .pid = me) == 1, "imports");
         DLXV(t->deleter(t));
         DLXV(dlx_close(c));
-        CHECK(ctx_bad == 0, "the context stack changed (above)");
-        CHECK_NOTHING_LIVE("consumer after close");
-        return 0;
+        return child_done("consumer", true);
 }
 
 START_TEST(vmm_persist_outlives_producer)
@@ -1768,9 +1756,7 @@ START_TEST(vmm_persist_outlives_producer)
         struct chan ch;
         pid_t pid;
 
-        chan_open(&ch);
-        pid = fx_spawn(persist_producer, &ch);
-        chan_parent(&ch);
+        pid = spawn_on(&ch, persist_producer, &ch);
         reap(pid, "producer");
         pid = fx_spawn(persist_consumer, NULL);
         reap(pid, "new consumer");
@@ -1873,14 +1859,11 @@ static int host_consumer(void *arg)
         DLManagedTensorVersioned *t;
         struct cuda_fake_entry reg;
         pid_t me = getpid();
-        uint64_t go;
         dlx_client *c;
         int err;
 
-        chan_child(ch);
-        CHECK(c_hear(ch, &go) == 0, "no go");
-        c = child_connect("host-consumer");
-        CHECK(c, "connect");
+        c = child_start(ch, true, "host-consumer", NULL);
+        CHECK(c, "start");
         err = DLX(dlx_acquire(c, "host/t", NULL, &t));
         CHECK(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
         CHECK(strcmp(storage_of(t), "cuda-host") == 0, "storage %s", storage_of(t));
@@ -1895,9 +1878,7 @@ static int host_consumer(void *arg)
         DLXV(dlx_close(c));
         CHECK(QFIND(.op = CUDA_FAKE_MEM_HOST_UNREGISTER, .pid = me, .ptr = reg.ptr) >= 0,
               "the mapping was not unregistered when unmapped");
-        CHECK(ctx_bad == 0, "the context stack changed (above)");
-        CHECK_NOTHING_LIVE("consumer after close");
-        return 0;
+        return child_done("consumer", true);
 }
 
 START_TEST(cuda_host_share)
@@ -1911,9 +1892,7 @@ START_TEST(cuda_host_share)
         pid_t pid, me = getpid();
         int err;
 
-        chan_open(&ch);
-        pid = fx_spawn(host_consumer, &ch);
-        chan_parent(&ch);
+        pid = spawn_on(&ch, host_consumer, &ch);
         c = fx_connect(&fx, "host-producer");
         t = alloc_on(c, kDLCUDAHost, VMM_LEN);
         ck_assert_ptr_nonnull(t);
@@ -1953,9 +1932,8 @@ static int nodrv_producer(void *arg)
         uint64_t go;
         int err;
 
-        chan_child(ch);
-        c = child_connect("nodrv-producer");
-        CHECK(c, "connect");
+        c = child_start(ch, false, "nodrv-producer", NULL);
+        CHECK(c, "start");
         x = cuda_fake_malloc(IPC_SIZE);
         CHECK(x, "malloc");
         err = DLX(dlx_publish(c, "nodrv/gpu", dev_tensor(kDLCUDA, x, IPC_LEN, 1, x), NULL, NULL));
@@ -1990,9 +1968,7 @@ START_TEST(no_driver)
                 fprintf(stderr, "no_driver: libcuda.so.1 exists on this host; nothing to test\n");
                 return;
         }
-        chan_open(&ch);
-        pid = fx_spawn(nodrv_producer, &ch); /* with the fake, before it goes */
-        chan_parent(&ch);
+        pid = spawn_on(&ch, nodrv_producer, &ch); /* with the fake, before it goes */
         ck_assert_uint_eq(hear(&ch), 1);
 
         dlx__cuda_install(NULL);
@@ -2218,9 +2194,8 @@ static int side_producer(void *arg)
         uint64_t go;
         int err;
 
-        chan_child(&sp->ch);
-        c = child_connect("side-producer");
-        CHECK(c, "connect");
+        c = child_start(&sp->ch, false, "side-producer", NULL);
+        CHECK(c, "start");
         if (sp->vmm) {
                 t = alloc_on(c, kDLCUDA, VMM_LEN);
                 CHECK(t, "dlx_alloc");
@@ -2239,9 +2214,7 @@ static int side_producer(void *arg)
         err = DLX(dlx_wait_released(c, sp->name, 1, NULL, TIMEOUT_MS));
         CHECK(err == 0, "wait_released: %s (%s)", dlx_strerror(err), dlx_last_error());
         DLXV(dlx_close(c));
-        CHECK(ctx_bad == 0, "the context stack changed (above)");
-        CHECK_NOTHING_LIVE("producer after close");
-        return 0;
+        return child_done("producer", true);
 }
 
 /*
@@ -2254,9 +2227,7 @@ static pid_t side_start(struct side_producer *sp, bool vmm, const char *name)
 
         sp->vmm = vmm;
         snprintf(sp->name, sizeof(sp->name), "%s", name);
-        chan_open(&sp->ch);
-        pid = fx_spawn(side_producer, sp);
-        chan_parent(&sp->ch);
+        pid = spawn_on(&sp->ch, side_producer, sp);
         ck_assert_uint_eq(hear(&sp->ch), 1);
         return pid;
 }
@@ -2436,86 +2407,61 @@ START_TEST(faults_vmm_alloc)
 END_TEST
 
 /*
- * Starts n VMM side producers, side/t0 onwards, all before this process uses
- * CUDA: a process forked after that could not (-ENODEV, as with the driver).
+ * A VMM import failing at one step, in a consumer with a context of its own
+ * current: a clear error, the context intact, nothing of the import left
+ * alive. With retry (9b), the same client then acquires the same segment
+ * again and must get it: the daemon sent its fd once, so the client must not
+ * have forgotten it silently.
  */
-static void side_start_all(struct side_producer *sp, pid_t *pid, size_t n)
-{
-        for (size_t i = 0; i < n; i++) {
-                char name[32];
-                snprintf(name, sizeof(name), "side/t%zu", i);
-                pid[i] = side_start(&sp[i], true, name);
-        }
-}
+static const struct import_fault {
+        struct fault f;
+        bool retry;
+} import_faults[] = {
+        {{CUDA_FAKE_MEM_IMPORT_FROM_SHAREABLE_HANDLE, CUDA_ERROR_INVALID_VALUE, -EINVAL,
+          "cuMemImportFromShareableHandle"},
+         false},
+        {{CUDA_FAKE_MEM_MAP, CUDA_ERROR_UNKNOWN, -EIO, "cuMemMap"}, false},
+        {{CUDA_FAKE_MEM_SET_ACCESS, CUDA_ERROR_OUT_OF_MEMORY, -ENOMEM, "cuMemSetAccess"}, false},
+        {{CUDA_FAKE_MEM_IMPORT_FROM_SHAREABLE_HANDLE, CUDA_ERROR_INVALID_VALUE, -EINVAL,
+          "cuMemImportFromShareableHandle"},
+         true},
+        {{CUDA_FAKE_MEM_MAP, CUDA_ERROR_UNKNOWN, -EIO, "cuMemMap"}, true},
+};
 
 START_TEST(faults_vmm_import)
 {
-        static const struct fault faults[] = {
-                {CUDA_FAKE_MEM_IMPORT_FROM_SHAREABLE_HANDLE, CUDA_ERROR_INVALID_VALUE, -EINVAL,
-                 "cuMemImportFromShareableHandle"},
-                {CUDA_FAKE_MEM_MAP, CUDA_ERROR_UNKNOWN, -EIO, "cuMemMap"},
-                {CUDA_FAKE_MEM_SET_ACCESS, CUDA_ERROR_OUT_OF_MEMORY, -ENOMEM, "cuMemSetAccess"},
-        };
+        const struct import_fault *row = &import_faults[_i];
+        const struct fault *f = &row->f;
+        struct side_producer sp;
+        DLManagedTensorVersioned *t = NULL;
+        dlx_client *c;
+        pid_t pid;
+        int err;
 
-        enum { NF = N_ELEMS(faults) };
-        struct side_producer sp[NF];
-        pid_t pid[NF];
-
-        side_start_all(sp, pid, NF);
-        for (size_t i = 0; i < NF; i++) {
-                dlx_client *c = fx_connect(&fx, "faults-vmm-consumer");
+        pid = side_start(&sp, true, "side/t");
+        c = fx_connect(&fx, row->retry ? "retry-consumer" : "faults-vmm-consumer");
+        if (!row->retry)
                 push_own_context(0);
-                acquire_failing(c, &faults[i], sp[i].name);
-                ck_assert_msg(live_kind() == 0, "%s failing: %s left alive",
-                              cuda_fake_op_name(faults[i].op),
-                              live_kind() ? leak_names[live_kind() - 1] : "");
-                pop_own_context();
-                side_stop(&sp[i], pid[i]);
-                DLXV(dlx_close(c));
-                assert_nothing_live("consumer after close");
-        }
-        ck_assert_int_eq(ctx_bad, 0);
-        assert_messages_clear();
-}
-END_TEST
-
-/*
- * 9b. After a failed import the same client acquires the same segment again:
- *     the daemon sent its fd once, so the client must not have forgotten it
- *     silently.
- */
-START_TEST(faults_vmm_import_retry)
-{
-        static const struct fault faults[] = {
-                {CUDA_FAKE_MEM_IMPORT_FROM_SHAREABLE_HANDLE, CUDA_ERROR_INVALID_VALUE, -EINVAL,
-                 "cuMemImportFromShareableHandle"},
-                {CUDA_FAKE_MEM_MAP, CUDA_ERROR_UNKNOWN, -EIO, "cuMemMap"},
-        };
-
-        enum { NF = N_ELEMS(faults) };
-        struct side_producer sp[NF];
-        pid_t pid[NF];
-
-        side_start_all(sp, pid, NF);
-        for (size_t i = 0; i < NF; i++) {
-                DLManagedTensorVersioned *t = NULL;
-                dlx_client *c;
-                int err;
-
-                c = fx_connect(&fx, "retry-consumer");
-                acquire_failing(c, &faults[i], sp[i].name);
-                err = DLX(dlx_acquire(c, sp[i].name, NULL, &t));
+        acquire_failing(c, f, sp.name);
+        if (row->retry) {
+                err = DLX(dlx_acquire(c, sp.name, NULL, &t));
                 ck_assert_msg(err == 0,
-                              "after %s failed once, acquiring the same tensor again gave %s "
-                              "(%s)",
-                              cuda_fake_op_name(faults[i].op), dlx_strerror(err), dlx_last_error());
+                              "row %d: after %s failed once, acquiring the same tensor again gave "
+                              "%s (%s)",
+                              _i, cuda_fake_op_name(f->op), dlx_strerror(err), dlx_last_error());
                 ck_assert(same(t->dl_tensor.data, VMM_LEN, 60));
                 DLXV(t->deleter(t));
-                side_stop(&sp[i], pid[i]);
-                DLXV(dlx_close(c));
-                assert_nothing_live("consumer after close");
+        } else {
+                ck_assert_msg(live_kind() == 0, "row %d: %s failing: %s left alive", _i,
+                              cuda_fake_op_name(f->op),
+                              live_kind() ? leak_names[live_kind() - 1] : "");
+                pop_own_context();
         }
+        side_stop(&sp, pid);
+        DLXV(dlx_close(c));
+        assert_nothing_live("consumer after close");
         ck_assert_int_eq(ctx_bad, 0);
+        assert_messages_clear();
 }
 END_TEST
 
@@ -2677,14 +2623,17 @@ START_TEST(exchange_current_stream)
 }
 END_TEST
 
-/* DLX_CUDA_ONLY=<test name> runs one test (for debugging). */
-static void add(TCase *tc, const TTest *t)
+/* DLX_CUDA_ONLY=<test name> runs one test, every row of a table test (for debugging). */
+static void add_loop(TCase *tc, const TTest *t, int rows)
 {
         const char *only = getenv("DLX_CUDA_ONLY");
 
         if (!only || !*only || strcmp(only, t->name) == 0)
-                tcase_add_test(tc, t);
+                tcase_add_loop_test(tc, t, 0, rows);
 }
+
+#define add(tc, t) add_loop((tc), (t), 1)
+#define add_rows(tc, t, rows) add_loop((tc), (t), (int)N_ELEMS(rows))
 
 Suite *cuda_double_suite(void)
 {
@@ -2709,8 +2658,7 @@ Suite *cuda_double_suite(void)
         add(tc, faults_publish);
         add(tc, faults_acquire_ipc);
         add(tc, faults_vmm_alloc);
-        add(tc, faults_vmm_import);
-        add(tc, faults_vmm_import_retry);
+        add_rows(tc, faults_vmm_import, import_faults);
         add(tc, close_with_published_cuda_tensors);
         add(tc, own_process_acquire);
         add(tc, exchange_current_stream);

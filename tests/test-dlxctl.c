@@ -1641,66 +1641,67 @@ START_TEST(test_dash_names)
 }
 END_TEST
 
-START_TEST(test_usage)
+/* Argument lists that are usage errors: exit 2, a message, nothing on stdout. */
+static const char *const usage_rows[][7] = {
+        {NULL},
+        {"frobnicate", NULL},
+        {"--no-such-option", "list", NULL},
+        {"list", "a", "b", NULL},
+        {"stat", NULL},
+        {"stat", "a", "b", NULL},
+        {"put", NULL},
+        {"put", "a", NULL},
+        {"put", "a", "b", "c", NULL},
+        {"put", "a", "b", "--writable", "x", NULL},
+        {"get", NULL},
+        {"get", "a", NULL},
+        {"get", "a", "b", "c", NULL},
+        {"get", "a", "b", "--timeout", "abc", NULL},
+        {"get", "a", "b", "--timeout", "12ms", NULL},
+        {"get", "a", "b", "--timeout", "", NULL},
+        {"rm", NULL},
+        {"rm", "a", "b", NULL},
+        {"stats", "x", NULL},
+        {"watch", "--count", "0", NULL},
+        {"watch", "--count", "x", NULL},
+        {"watch", "--timeout", "soon", NULL},
+        {"watch", "a", "b", NULL},
+        /* an option a command does not take, or no option at all: never a name */
+        {"list", "--writable", NULL},
+        {"list", "--timeout", "5", NULL},
+        {"stat", "a", "--count", "1", NULL},
+        {"stats", "--writable", NULL},
+        {"rm", "a", "--timeout", "5", NULL},
+        {"put", "a", "b", "--timeout", "5", NULL},
+        {"get", "a", "b", "--writable", NULL},
+        {"list", "--no-such-option", NULL},
+        {"stat", "-x", NULL},
+        {"rm", "-a", NULL},
+        {"get", "a", "b", "--timeout", NULL},
+        {"watch", "--count", NULL},
+        {"list", "--json", "--socket", NULL},
+};
+
+START_TEST(usage_error_exits_2_and_touches_nothing)
 {
-        static const char *const cases[][7] = {
-                {NULL},
-                {"frobnicate", NULL},
-                {"--no-such-option", "list", NULL},
-                {"list", "a", "b", NULL},
-                {"stat", NULL},
-                {"stat", "a", "b", NULL},
-                {"put", NULL},
-                {"put", "a", NULL},
-                {"put", "a", "b", "c", NULL},
-                {"put", "a", "b", "--writable", "x", NULL},
-                {"get", NULL},
-                {"get", "a", NULL},
-                {"get", "a", "b", "c", NULL},
-                {"get", "a", "b", "--timeout", "abc", NULL},
-                {"get", "a", "b", "--timeout", "12ms", NULL},
-                {"get", "a", "b", "--timeout", "", NULL},
-                {"rm", NULL},
-                {"rm", "a", "b", NULL},
-                {"stats", "x", NULL},
-                {"watch", "--count", "0", NULL},
-                {"watch", "--count", "x", NULL},
-                {"watch", "--timeout", "soon", NULL},
-                {"watch", "a", "b", NULL},
-                /* an option a command does not take, or no option at all: never a name */
-                {"list", "--writable", NULL},
-                {"list", "--timeout", "5", NULL},
-                {"stat", "a", "--count", "1", NULL},
-                {"stats", "--writable", NULL},
-                {"rm", "a", "--timeout", "5", NULL},
-                {"put", "a", "b", "--timeout", "5", NULL},
-                {"get", "a", "b", "--writable", NULL},
-                {"list", "--no-such-option", NULL},
-                {"stat", "-x", NULL},
-                {"rm", "-a", NULL},
-                {"get", "a", "b", "--timeout", NULL},
-                {"watch", "--count", NULL},
-                {"list", "--json", "--socket", NULL},
-        };
-        char *out, *err, what[128];
+        const char *const *a = usage_rows[_i];
+        char *out, *err, what[128] = "dlxctl";
+        struct ctl c;
+        int rc;
 
-        for (size_t i = 0; i < N_ELEMS(cases); i++) {
-                const char *const *a = cases[i];
-                struct ctl c;
-                int rc;
-
-                snprintf(what, sizeof(what), "dlxctl %s %s %s %s %s", a[0] ? a[0] : "",
-                         a[0] && a[1] ? a[1] : "", a[0] && a[1] && a[2] ? a[2] : "",
-                         a[0] && a[1] && a[2] && a[3] ? a[3] : "",
-                         a[0] && a[1] && a[2] && a[3] && a[4] ? a[4] : "");
-                ctl_start(&c, true, a);
-                rc = ctl_finish(&c, CTL_TIMEOUT_MS, &out, &err);
-                ck_assert_msg(strcmp(out, "") == 0, "%s printed on stdout: %s", what, out);
-                expect_fail(2, NULL, what, rc, out, err);
-        }
-        /* nothing above may have touched the daemon's names */
+        for (const char *const *arg = a; *arg; arg++)
+                snprintf(what + strlen(what), sizeof(what) - strlen(what), " '%s'", *arg);
+        ctl_start(&c, true, a);
+        rc = ctl_finish(&c, CTL_TIMEOUT_MS, &out, &err);
+        ck_assert_msg(strcmp(out, "") == 0, "%s printed on stdout: %s", what, out);
+        expect_fail(2, NULL, what, rc, out, err);
+        /* it may not have touched the daemon's names */
         CTL_EXPECT(json_has(ctl_out, "\"publishes\":0"), "--json", "stats");
+}
+END_TEST
 
+START_TEST(test_help_and_version)
+{
         CTL_EXPECT(strstr(ctl_out, "Usage: dlxctl") && strstr(ctl_out, "watch"), "--help");
         CTL_EXPECT_STR("dlxctl 0.1.0\n", "--version");
 }
@@ -1865,7 +1866,8 @@ Suite *dlxctl_suite(void)
         suite_add_tcase(s, wait);
 
         tcase_add_checked_fixture(cli, setup, teardown);
-        tcase_add_test(cli, test_usage);
+        tcase_add_rows(cli, usage_error_exits_2_and_touches_nothing, usage_rows);
+        tcase_add_test(cli, test_help_and_version);
         tcase_add_test(cli, test_options_after_command);
         tcase_add_test(cli, test_dash_names);
         tcase_add_test(cli, test_socket_from_env);

@@ -1914,51 +1914,76 @@ static void publish_expect(struct client *c, const struct wire_tensor *t, uint64
         ck_assert_msg(!fd_is_open(fd), "a rejected publish left fd %d open", fd);
 }
 
+/*
+ * Tensors that reach outside their region or segment: a 1-D float32 tensor
+ * of n elements at offset, length bytes long, over a memfd of size bytes,
+ * then changed as the row says.
+ */
+static const struct extent_row {
+        const char *what;
+        int64_t n;
+        uint64_t offset, length, size, byte_offset;
+        int64_t stride0; /* 0: compact */
+        int64_t cols;    /* 0: 1-D; else n x cols with strides {stride0, 1} */
+        bool int8;       /* int8 instead of float32 */
+} extent_rows[] = {
+        {"17 float32 in 64 bytes", 17, 0, SEG_BYTES, SEG_BYTES},
+        {"17 float32 in a 64-byte region of a bigger segment", 17, 0, SEG_BYTES, 128},
+        {"a region past the segment's end", 8, 32, SEG_BYTES, SEG_BYTES},
+        {"an empty region starting past the end", 0, SEG_BYTES + 1, 0, SEG_BYTES},
+        {"an offset of UINT64_MAX", 1, UINT64_MAX, 4, SEG_BYTES},
+        {"a length of UINT64_MAX", 1, 4, UINT64_MAX, SEG_BYTES},
+        /* byte_offset moves the elements: 8 float32 + 4 bytes past a 32-byte region */
+        {"byte_offset past the region", 8, 32, 32, SEG_BYTES, .byte_offset = 4},
+        {"a 4x4 view with rows 8 elements apart (112 bytes)", 4, 0, SEG_BYTES, SEG_BYTES,
+         .stride0 = 8, .cols = 4},
+        {"a negative stride reaching before the segment", 2, 0, 8, SEG_BYTES, .stride0 = -1},
+        {"a negative dimension", -1, 0, SEG_BYTES, SEG_BYTES},
+        /*
+         * Strides are whatever a peer sends. A stride of INT64_MIN puts the lowest
+         * element at exactly INT64_MIN bytes before the data pointer: the check must
+         * reject it without negating it (signed overflow; UBSan halts here).
+         */
+        {"a stride of INT64_MIN", 2, 0, 8, SEG_BYTES, .stride0 = INT64_MIN, .int8 = true},
+};
+
+START_TEST(publish_refuses_extent_outside_segment)
+{
+        const struct extent_row *row = &extent_rows[_i];
+        struct client *p = client_new(1000, 1000, 100, "p");
+        struct wire_stats st;
+        struct wire_tensor t;
+
+        tensor_f32(&t, "e", row->n, row->offset, row->length);
+        t.byte_offset = row->byte_offset;
+        if (row->stride0)
+                t.strides[0] = row->stride0;
+        if (row->cols) {
+                t.ndim = 2;
+                t.shape[1] = row->cols;
+                t.strides[1] = 1;
+        }
+        if (row->int8) {
+                t.dtype.code = kDLInt;
+                t.dtype.bits = 8;
+        }
+        publish_expect(p, &t, row->size, WIRE_INVALID);
+        /* nothing rejected stayed in the store */
+        st = stats(p);
+        ck_assert_msg(st.segments == 0 && st.bytes == 0 && st.versions == 0 && st.names == 0,
+                      "%s: refused, yet the store holds %llu segments, %llu bytes, %llu versions, "
+                      "%llu names",
+                      row->what, (unsigned long long)st.segments, (unsigned long long)st.bytes,
+                      (unsigned long long)st.versions, (unsigned long long)st.names);
+}
+END_TEST
+
 START_TEST(test_extent_checks)
 {
         struct client *p = client_new(1000, 1000, 100, "p");
         struct wire_tensor t;
         uint64_t seg;
         int fd;
-
-        /* 17 float32 do not fit in 64 bytes */
-        tensor_f32(&t, "e", 17, 0, SEG_BYTES);
-        publish_expect(p, &t, SEG_BYTES, WIRE_INVALID);
-        /* 17 float32 in a 64-byte region of a bigger segment do not either */
-        tensor_f32(&t, "e", 17, 0, SEG_BYTES);
-        publish_expect(p, &t, 128, WIRE_INVALID);
-        /* the region must lie in the segment */
-        tensor_f32(&t, "e", 8, 32, SEG_BYTES);
-        publish_expect(p, &t, SEG_BYTES, WIRE_INVALID);
-        tensor_f32(&t, "e", 0, SEG_BYTES + 1, 0);
-        publish_expect(p, &t, SEG_BYTES, WIRE_INVALID);
-        tensor_f32(&t, "e", 1, UINT64_MAX, 4);
-        publish_expect(p, &t, SEG_BYTES, WIRE_INVALID);
-        tensor_f32(&t, "e", 1, 4, UINT64_MAX);
-        publish_expect(p, &t, SEG_BYTES, WIRE_INVALID);
-        /* byte_offset moves the elements: 8 float32 + 4 bytes past a 32-byte region */
-        tensor_f32(&t, "e", 8, 32, 32);
-        t.byte_offset = 4;
-        publish_expect(p, &t, SEG_BYTES, WIRE_INVALID);
-        /* strides: a 4x4 view with rows 8 elements apart reaches 112 bytes */
-        tensor_f32(&t, "e", 4, 0, SEG_BYTES);
-        t.ndim = 2;
-        t.shape[1] = 4;
-        t.strides[0] = 8;
-        t.strides[1] = 1;
-        publish_expect(p, &t, SEG_BYTES, WIRE_INVALID);
-        /* a negative stride reaching before the segment */
-        tensor_f32(&t, "e", 2, 0, 8);
-        t.strides[0] = -1;
-        publish_expect(p, &t, SEG_BYTES, WIRE_INVALID);
-        /* a negative dimension */
-        tensor_f32(&t, "e", -1, 0, SEG_BYTES);
-        publish_expect(p, &t, SEG_BYTES, WIRE_INVALID);
-        /* nothing rejected stayed in the store */
-        ck_assert_uint_eq(stats(p).segments, 0);
-        ck_assert_uint_eq(stats(p).bytes, 0);
-        ck_assert_uint_eq(stats(p).versions, 0);
-        ck_assert_uint_eq(stats(p).names, 0);
 
         /* exact fits are fine */
         tensor_f32(&t, "ok/1", 8, 32, 32);
@@ -2007,25 +2032,6 @@ START_TEST(test_extent_checks)
         ck_assert_uint_eq(stats(p).segments, 4);
         expect_ok(publish_seg(p, "byseg", seg, 0, 1), WIRE_REP_PUBLISH);
         expect_ok(free_seg(p, seg), WIRE_REP_NONE);
-}
-END_TEST
-
-/*
- * Strides are whatever a peer sends. A stride of INT64_MIN puts the lowest
- * element at exactly INT64_MIN bytes before the data pointer: the check must
- * reject it without negating it (signed overflow; UBSan halts here).
- */
-START_TEST(test_extent_stride_int64_min)
-{
-        struct client *p = client_new(1000, 1000, 100, "p");
-        struct wire_tensor t;
-
-        tensor_f32(&t, "e", 2, 0, 8);
-        t.dtype.code = kDLInt;
-        t.dtype.bits = 8;
-        t.strides[0] = INT64_MIN;
-        publish_expect(p, &t, SEG_BYTES, WIRE_INVALID);
-        ck_assert_uint_eq(stats(p).segments, 0);
 }
 END_TEST
 
@@ -2451,8 +2457,8 @@ Suite *registry_suite(void)
         tcase_add_test(tc, test_alloc_and_publish_by_segment);
         tcase_add_test(tc, test_segment_gone);
         tcase_add_test(tc, test_release_unknown);
+        tcase_add_rows(tc, publish_refuses_extent_outside_segment, extent_rows);
         tcase_add_test(tc, test_extent_checks);
-        tcase_add_test(tc, test_extent_stride_int64_min);
         tcase_add_test(tc, test_stats_counters);
         tcase_add_test(tc, test_done_closes_everything);
         tcase_add_test(tc, test_cuda_ipc_descriptor);

@@ -152,58 +152,35 @@ static void reply_roundtrip(const struct wire_reply *p, struct wire_reply *out, 
         free(buf);
 }
 
-/* Packs a hand-built protobuf request; the caller frees. */
-static uint8_t *pack_pb_request(const Dlxp__Request *r, size_t *ret_len)
+/*
+ * Decodes a hand-built request (reply when reply) into out; checks that the
+ * reason is written on failure.
+ */
+static int decode_pb(const ProtobufCMessage *m, bool reply, void *out)
 {
-        size_t n = dlxp__request__get_packed_size(r);
+        size_t n = protobuf_c_message_get_packed_size(m);
         uint8_t *buf = malloc(n ? n : 1);
-
-        ck_assert_ptr_nonnull(buf);
-        ck_assert_uint_eq(dlxp__request__pack(r, buf), n);
-        *ret_len = n;
-        return buf;
-}
-
-static uint8_t *pack_pb_reply(const Dlxp__Reply *r, size_t *ret_len)
-{
-        size_t n = dlxp__reply__get_packed_size(r);
-        uint8_t *buf = malloc(n ? n : 1);
-
-        ck_assert_ptr_nonnull(buf);
-        ck_assert_uint_eq(dlxp__reply__pack(r, buf), n);
-        *ret_len = n;
-        return buf;
-}
-
-/* Decodes a hand-built request; checks the reason is written on failure. */
-static int decode_pb_request(const Dlxp__Request *r, struct wire_request *out)
-{
-        char err[128];
-        size_t n;
-        uint8_t *buf = pack_pb_request(r, &n);
+        char err[128] = "";
         int rc;
 
-        err[0] = '\0';
-        rc = wire_request_decode(buf, n, out, err, sizeof(err));
+        ck_assert_ptr_nonnull(buf);
+        ck_assert_uint_eq(protobuf_c_message_pack(m, buf), n);
+        rc = reply ? wire_reply_decode(buf, n, out, err, sizeof(err))
+                   : wire_request_decode(buf, n, out, err, sizeof(err));
         if (rc < 0)
                 ck_assert_msg(err[0] != '\0', "no reason given for %d", rc);
         free(buf);
         return rc;
+}
+
+static int decode_pb_request(const Dlxp__Request *r, struct wire_request *out)
+{
+        return decode_pb(&r->base, false, out);
 }
 
 static int decode_pb_reply(const Dlxp__Reply *r, struct wire_reply *out)
 {
-        char err[128];
-        size_t n;
-        uint8_t *buf = pack_pb_reply(r, &n);
-        int rc;
-
-        err[0] = '\0';
-        rc = wire_reply_decode(buf, n, out, err, sizeof(err));
-        if (rc < 0)
-                ck_assert_msg(err[0] != '\0', "no reason given for %d", rc);
-        free(buf);
-        return rc;
+        return decode_pb(&r->base, true, out);
 }
 
 static ProtobufCBinaryData bin(const void *data, size_t len)
@@ -876,110 +853,104 @@ START_TEST(test_decode_no_body)
 }
 END_TEST
 
-START_TEST(test_decode_ndim)
-{
-        struct pb_publish p;
-        struct wire_request q;
+/* A publish request's tensor with one field set, to a value out of range or the widest legal. */
+enum tensor_field {
+        T_NONE,
+        T_N_STRIDES,
+        T_CODE,
+        T_BITS,
+        T_LANES,
+        T_OPAQUE,
+        T_NO_DTYPE,
+        T_SHAPE_2,
+        T_STRIDE_1,
+        T_NO_TENSOR
+};
 
-        pb_publish_init(&p, 50, "t", DLX_MAX_NDIM);
-        ck_assert_int_eq(decode_pb_request(&p.r, &q), 0);
-        ck_assert_int_eq(q.publish.tensor.ndim, DLX_MAX_NDIM);
-
-        pb_publish_init(&p, 51, "t", DLX_MAX_NDIM + 1);
-        ck_assert_int_eq(decode_pb_request(&p.r, &q), -EINVAL);
-        ck_assert_uint_eq(q.id, 51);
-
-        pb_publish_init(&p, 52, "t", DLX_MAX_NDIM + 2);
-        ck_assert_int_eq(decode_pb_request(&p.r, &q), -EINVAL);
-        ck_assert_uint_eq(q.id, 52);
-}
-END_TEST
-
-START_TEST(test_decode_strides_count)
-{
-        struct pb_publish p;
-        struct wire_request q;
-
-        pb_publish_init(&p, 60, "t", 3);
-        p.tensor.t.n_strides = 2;
-        ck_assert_int_eq(decode_pb_request(&p.r, &q), -EINVAL);
-        ck_assert_uint_eq(q.id, 60);
-
-        pb_publish_init(&p, 61, "t", 3);
-        p.tensor.t.n_strides = 0; /* strides are always sent */
-        ck_assert_int_eq(decode_pb_request(&p.r, &q), -EINVAL);
-
-        pb_publish_init(&p, 62, "t", 0);
-        p.tensor.t.n_strides = 1;
-        ck_assert_int_eq(decode_pb_request(&p.r, &q), -EINVAL);
-
-        pb_publish_init(&p, 63, "t", 2);
-        p.tensor.t.n_strides = 3;
-        ck_assert_int_eq(decode_pb_request(&p.r, &q), -EINVAL);
-}
-END_TEST
-
-START_TEST(test_decode_tensor_fields)
-{
-        struct pb_publish p;
-        struct wire_request q;
-
-        pb_publish_init(&p, 70, "ok", 2);
-        ck_assert_int_eq(decode_pb_request(&p.r, &q), 0);
-
+static const struct tensor_row {
+        const char *what;
+        size_t ndim;
+        enum tensor_field field;
+        int64_t value;
+        int want;
+} tensor_rows[] = {
+        {"a valid tensor", 2, T_NONE, 0, 0},
+        {"the most dimensions", DLX_MAX_NDIM, T_NONE, 0, 0},
+        {"one dimension too many", DLX_MAX_NDIM + 1, T_NONE, 0, -EINVAL},
+        {"two dimensions too many", DLX_MAX_NDIM + 2, T_NONE, 0, -EINVAL},
+        {"fewer strides than dimensions", 3, T_N_STRIDES, 2, -EINVAL},
+        {"no strides (they are always sent)", 3, T_N_STRIDES, 0, -EINVAL},
+        {"a stride for no dimension", 0, T_N_STRIDES, 1, -EINVAL},
+        {"more strides than dimensions", 2, T_N_STRIDES, 3, -EINVAL},
         /* out-of-range dtype fields must not be truncated into valid ones */
-        pb_publish_init(&p, 71, "t", 1);
-        p.tensor.dtype.code = 256 + kDLFloat;
-        ck_assert_int_eq(decode_pb_request(&p.r, &q), -EINVAL);
-        ck_assert_uint_eq(q.id, 71);
-        pb_publish_init(&p, 72, "t", 1);
-        p.tensor.dtype.bits = 256 + 32;
-        ck_assert_int_eq(decode_pb_request(&p.r, &q), -EINVAL);
-        pb_publish_init(&p, 73, "t", 1);
-        p.tensor.dtype.lanes = 65536 + 1;
-        ck_assert_int_eq(decode_pb_request(&p.r, &q), -EINVAL);
-        pb_publish_init(&p, 74, "t", 1);
-        p.tensor.dtype.code = UINT32_MAX;
-        ck_assert_int_eq(decode_pb_request(&p.r, &q), -EINVAL);
+        {"dtype code 256 + float", 1, T_CODE, 256 + kDLFloat, -EINVAL},
+        {"dtype bits 256 + 32", 1, T_BITS, 256 + 32, -EINVAL},
+        {"dtype lanes 65536 + 1", 1, T_LANES, 65536 + 1, -EINVAL},
+        {"dtype code UINT32_MAX", 1, T_CODE, UINT32_MAX, -EINVAL},
         /* in range but not a shareable dtype */
-        pb_publish_init(&p, 75, "t", 1);
-        p.tensor.dtype.code = kDLOpaqueHandle;
-        p.tensor.dtype.bits = 64;
-        ck_assert_int_eq(decode_pb_request(&p.r, &q), -EINVAL);
-        pb_publish_init(&p, 76, "t", 1);
-        p.tensor.dtype.lanes = 0;
-        ck_assert_int_eq(decode_pb_request(&p.r, &q), -EINVAL);
-        pb_publish_init(&p, 77, "t", 1);
-        p.tensor.dtype.bits = 7;
-        ck_assert_int_eq(decode_pb_request(&p.r, &q), -EINVAL);
-        /* the widest legal values */
-        pb_publish_init(&p, 78, "t", 1);
-        p.tensor.dtype.lanes = 65535;
-        ck_assert_int_eq(decode_pb_request(&p.r, &q), 0);
-        ck_assert_uint_eq(q.publish.tensor.dtype.lanes, 65535);
+        {"an opaque handle of 64 bits", 1, T_OPAQUE, 0, -EINVAL},
+        {"dtype lanes 0", 1, T_LANES, 0, -EINVAL},
+        {"dtype bits 7", 1, T_BITS, 7, -EINVAL},
+        {"the most lanes", 1, T_LANES, 65535, 0},
+        {"no dtype", 1, T_NO_DTYPE, 0, -EINVAL},
+        {"a negative dimension", 3, T_SHAPE_2, -1, -EINVAL},
+        {"a negative stride (fine)", 3, T_STRIDE_1, -1, 0},
+        {"publish without a tensor", 1, T_NO_TENSOR, 0, -EINVAL},
+};
 
-        /* no dtype at all */
-        pb_publish_init(&p, 79, "t", 1);
-        p.tensor.t.dtype = NULL;
-        ck_assert_int_eq(decode_pb_request(&p.r, &q), -EINVAL);
-        ck_assert_uint_eq(q.id, 79);
+START_TEST(decode_checks_each_tensor_field)
+{
+        const struct tensor_row *row = &tensor_rows[_i];
+        uint64_t id = 50 + (uint64_t)_i;
+        struct pb_publish p;
+        struct wire_request q;
+        int rc;
 
-        /* negative dimension */
-        pb_publish_init(&p, 80, "t", 3);
-        p.tensor.shape[2] = -1;
-        ck_assert_int_eq(decode_pb_request(&p.r, &q), -EINVAL);
-        /* negative strides are fine */
-        pb_publish_init(&p, 81, "t", 3);
-        p.tensor.shape[1] = 4;
-        p.tensor.strides[1] = -1;
-        ck_assert_int_eq(decode_pb_request(&p.r, &q), 0);
-        ck_assert_int_eq(q.publish.tensor.strides[1], -1);
-
-        /* publish without a tensor */
-        pb_publish_init(&p, 82, "t", 1);
-        p.publish.tensor = NULL;
-        ck_assert_int_eq(decode_pb_request(&p.r, &q), -EINVAL);
-        ck_assert_uint_eq(q.id, 82);
+        pb_publish_init(&p, id, "t", row->ndim);
+        switch (row->field) {
+        case T_NONE:
+                break;
+        case T_N_STRIDES:
+                p.tensor.t.n_strides = (size_t)row->value;
+                break;
+        case T_CODE:
+                p.tensor.dtype.code = (uint32_t)row->value;
+                break;
+        case T_BITS:
+                p.tensor.dtype.bits = (uint32_t)row->value;
+                break;
+        case T_LANES:
+                p.tensor.dtype.lanes = (uint32_t)row->value;
+                break;
+        case T_OPAQUE:
+                p.tensor.dtype.code = kDLOpaqueHandle;
+                p.tensor.dtype.bits = 64;
+                break;
+        case T_NO_DTYPE:
+                p.tensor.t.dtype = NULL;
+                break;
+        case T_SHAPE_2:
+                p.tensor.shape[2] = row->value;
+                break;
+        case T_STRIDE_1:
+                p.tensor.shape[1] = 4;
+                p.tensor.strides[1] = row->value;
+                break;
+        case T_NO_TENSOR:
+                p.publish.tensor = NULL;
+                break;
+        }
+        rc = decode_pb_request(&p.r, &q);
+        ck_assert_msg(rc == row->want, "%s: decode gave %d, not %d", row->what, rc, row->want);
+        ck_assert_msg(q.id == id, "%s: id %llu", row->what, (unsigned long long)q.id);
+        if (rc < 0)
+                return;
+        ck_assert_int_eq(q.publish.tensor.ndim, (int32_t)row->ndim);
+        ck_assert_uint_eq(q.publish.tensor.dtype.lanes, p.tensor.dtype.lanes);
+        for (size_t i = 0; i < row->ndim; i++) {
+                ck_assert_int_eq(q.publish.tensor.shape[i], p.tensor.shape[i]);
+                ck_assert_int_eq(q.publish.tensor.strides[i], p.tensor.strides[i]);
+        }
 }
 END_TEST
 
@@ -1857,9 +1828,7 @@ Suite *wire_suite(void)
         tcase_add_rows(tc, decode_refuses_garbage_with_a_reason, garbage_rows);
         tcase_add_test(tc, test_decode_id_zero);
         tcase_add_test(tc, test_decode_no_body);
-        tcase_add_test(tc, test_decode_ndim);
-        tcase_add_test(tc, test_decode_strides_count);
-        tcase_add_test(tc, test_decode_tensor_fields);
+        tcase_add_rows(tc, decode_checks_each_tensor_field, tensor_rows);
         tcase_add_test(tc, test_decode_tensor_names);
         tcase_add_rows(tc, request_names_and_prefixes_refuse_bad_strings, named_rows);
         tcase_add_test(tc, test_decode_client_name);
