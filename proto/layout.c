@@ -54,7 +54,20 @@ static int utf8_next(const unsigned char *s, size_t len, uint32_t *ret_cp, size_
         return 0;
 }
 
-/* Printable UTF-8: no C0 or C1 controls, no DEL, no NUL. */
+/*
+ * Code points that print nothing yet change how what follows reads: line and
+ * paragraph separators, and the invisible format characters (soft hyphen,
+ * bidirectional controls, zero-width characters, the byte-order mark). A
+ * name with one could pass for another in `dlxctl list` or a log line.
+ */
+static bool invisible(uint32_t cp)
+{
+        return cp == 0xad || cp == 0x61c || cp == 0x180e || (cp >= 0x200b && cp <= 0x200f) ||
+               (cp >= 0x2028 && cp <= 0x202e) || (cp >= 0x2060 && cp <= 0x2064) ||
+               (cp >= 0x2066 && cp <= 0x206f) || cp == 0xfeff;
+}
+
+/* Printable UTF-8: no C0 or C1 controls, no DEL, no NUL, nothing invisible(). */
 static int printable_utf8(const char *str, size_t len, const char **ret_why)
 {
         const unsigned char *s = (const unsigned char *)str;
@@ -67,6 +80,11 @@ static int printable_utf8(const char *str, size_t len, const char **ret_why)
                         return why(ret_why, "not valid UTF-8", -EINVAL);
                 if (cp < 0x20 || cp == 0x7f || (cp >= 0x80 && cp <= 0x9f))
                         return why(ret_why, "contains a control character", -EINVAL);
+                if (invisible(cp))
+                        return why(ret_why,
+                                   "contains an invisible character (a separator, bidirectional "
+                                   "control, zero-width character or soft hyphen)",
+                                   -EINVAL);
                 i += n;
         }
         return 0;

@@ -69,6 +69,15 @@ START_TEST(test_name_accepts)
                 "\xee\x80\x80",     /* U+E000, just above them */
                 "\xf0\x9f\x98\x80", /* U+1F600 */
                 "\xf4\x8f\xbf\xbf", /* U+10FFFF, the last scalar */
+                "\xc2\xac",         /* U+00AC, beside the soft hyphen */
+                "\xc2\xae",         /* U+00AE */
+                "\xe2\x80\x8a",     /* U+200A hair space, before the zero-width ones */
+                "\xe2\x80\x90",     /* U+2010 hyphen, after the marks */
+                "\xe2\x80\xa7",     /* U+2027, before the line separator */
+                "\xe2\x80\xaf",     /* U+202F, after the bidi embeddings */
+                "\xe2\x81\x9f",     /* U+205F, before the word joiner */
+                "\xe2\x81\xb0",     /* U+2070, after the deprecated format characters */
+                "\xef\xbb\xbe",     /* U+FEFE */
         };
 
         for (size_t i = 0; i < N_ELEMS(good); i++)
@@ -156,6 +165,19 @@ START_TEST(test_name_rejects)
                 "\xc3(",        /* bad continuation */
                 "\xe5(\x8d",
                 "\xf0\x9f\x98(",
+                "a\xc2\xad",             /* U+00AD soft hyphen */
+                "\xd8\x9c",              /* U+061C Arabic letter mark */
+                "\xe1\xa0\x8e",          /* U+180E Mongolian vowel separator */
+                "\xe2\x80\x8b",          /* U+200B zero-width space */
+                "a\xe2\x80\x8f",         /* U+200F right-to-left mark */
+                "\xe2\x80\xa8",          /* U+2028 line separator */
+                "\xe2\x80\xa9",          /* U+2029 paragraph separator */
+                "v/\xe2\x80\xaetxt.exe", /* U+202E right-to-left override */
+                "\xe2\x81\xa0",          /* U+2060 word joiner */
+                "\xe2\x81\xa4",          /* U+2064 */
+                "\xe2\x81\xa6",          /* U+2066 left-to-right isolate */
+                "\xe2\x81\xaf",          /* U+206F */
+                "\xef\xbb\xbf",          /* U+FEFF byte-order mark */
         };
 
         for (size_t i = 0; i < N_ELEMS(bad); i++)
