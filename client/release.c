@@ -11,6 +11,7 @@
 
 #include "gpu.h"
 #include "internal.h"
+#include "layout.h"
 
 static struct released *find_released(dlx_client *c, const char *name, uint64_t version)
 {
@@ -38,11 +39,13 @@ static int held_wait_released(dlx_client *c, const char *name, uint64_t version,
 {
         int64_t deadline = timeout_ms > 0 ? dlx__now_ms() + timeout_ms : 0;
         struct released *r;
+        const char *why;
         int err = 0;
 
-        dlx__clear_error();
         if (!c || !name || version == 0)
                 return dlx__fail(-EINVAL, "NULL client or name, or version 0");
+        if (layout_name_check(name, strlen(name), &why) < 0)
+                return dlx__fail(-EINVAL, "bad name '%s': %s", name, why);
         if ((err = dlx__usable(c)) < 0)
                 return err;
         pthread_mutex_lock(&c->lock);
@@ -81,8 +84,8 @@ static int held_wait_released(dlx_client *c, const char *name, uint64_t version,
                 if (err < 0) {
                         pthread_mutex_unlock(&c->lock);
                         if (err == -ETIMEDOUT)
-                                return dlx__fail(err, "'%s' v%llu still has readers", name,
-                                                 (unsigned long long)version);
+                                return dlx__fail(err, "'%s' v%llu is still current or still leased",
+                                                 name, (unsigned long long)version);
                         return dlx__fail(err, "%s", dlx_strerror(err));
                 }
         }

@@ -1561,6 +1561,65 @@ START_TEST(release_events_of_every_consumer_kept)
 }
 END_TEST
 
+/* dlx_tensor_unref()s a view from another thread, after a pause: while the producer waits. */
+static void *release_later(void *arg)
+{
+        fx_sleep_ms(100);
+        DLManagedTensorVersioned *t = arg;
+        t->deleter(t);
+        return NULL;
+}
+
+/*
+ * dlx_wait_released(): a version qualifies once it is no longer current and
+ * its last lease is gone, never while current (anyone may acquire it next).
+ */
+START_TEST(wait_released_only_when_replaced_and_unleased)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_client *c = fx_connect(&fx, "consumer");
+        DLManagedTensorVersioned *held;
+        uint64_t v1, v2, v3;
+        pthread_t th;
+        int64_t t0;
+
+        publish_ok(p, "wr/a", fx_vec_f32(p, 16, 1), NULL, &v1);
+        /* current and unleased: still not released */
+        ck_assert_int_eq(dlx_wait_released(p, "wr/a", v1, NULL, 0), -ETIMEDOUT);
+        expect_last_error("still current");
+        ck_assert_int_eq(dlx_wait_released(p, "wr/a", v1, NULL, 50), -ETIMEDOUT);
+
+        held = acquire_ok(c, "wr/a", NULL);
+        publish_ok(p, "wr/a", fx_vec_f32(p, 16, 2), NULL, &v2);
+        /* replaced but leased */
+        ck_assert_int_eq(dlx_wait_released(p, "wr/a", v1, NULL, 0), -ETIMEDOUT);
+        ck_assert_int_eq(dlx_wait_released(p, "wr/a", v1, NULL, 50), -ETIMEDOUT);
+        ck_assert(fx_vec_is(held, 16, 1));
+
+        /* released while the producer waits without a limit */
+        t0 = fx_now_ms();
+        ck_assert_int_eq(pthread_create(&th, NULL, release_later, held), 0);
+        ck_assert_int_eq(dlx_wait_released(p, "wr/a", v1, NULL, -1), 0);
+        ck_assert_int_ge(fx_now_ms() - t0, 90);
+        ck_assert_int_eq(pthread_join(th, NULL), 0);
+        /* remembered: asking again answers at once */
+        ck_assert_int_eq(dlx_wait_released(p, "wr/a", v1, NULL, 0), 0);
+
+        /* unpublished with no lease: released at once */
+        ck_assert_int_eq(dlx_unpublish(p, "wr/a"), 0);
+        ck_assert_int_eq(dlx_wait_released(p, "wr/a", v2, NULL, 5000), 0);
+
+        /* a copied publish leaves nothing of the caller's to wait for */
+        publish_ok(p, "wr/b", fx_plain_f32(4, 0, NULL), NULL, &v3);
+        ck_assert_int_eq(dlx_wait_released(p, "wr/b", v3, NULL, 0), -ENOENT);
+        /* a bad name is a bad argument, not an unknown version */
+        ck_assert_int_eq(dlx_wait_released(p, "wr//b", 1, NULL, 0), -EINVAL);
+        ck_assert_int_eq(dlx_unpublish(p, "wr/b"), 0);
+        dlx_close(c);
+        dlx_close(p);
+}
+END_TEST
+
 Suite *pubsub_suite(void)
 {
         Suite *s = suite_create("pubsub");
@@ -1574,6 +1633,7 @@ Suite *pubsub_suite(void)
         tcase_add_test(tc, persist_outlives_producer);
         tcase_add_test(tc, replace_while_leased);
         tcase_add_test(tc, unpublish_while_leased);
+        tcase_add_test(tc, wait_released_only_when_replaced_and_unleased);
         tcase_add_test(tc, release_after_idle_reaches_producer);
         tcase_add_test(tc, release_events_of_every_consumer_kept);
         tcase_add_test(tc, acquire_works_again_after_failed_mmap);

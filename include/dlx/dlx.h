@@ -300,11 +300,14 @@ int dlx_set_stream(dlx_client *client, int device_id, void *stream);
 void *dlx_get_stream(dlx_client *client, int device_id);
 
 /*
- * Double buffering without device syncs: waits until every lease of version
- * of name (published by this client) is released, then makes stream (NULL:
- * the current stream of the tensor's device) wait, on the GPU, for the work
- * each reader recorded before releasing. CPU tensors need only the host wait.
- * timeout_ms as for acquire (0: do not wait, < 0: no limit).
+ * Double buffering without device syncs: waits until version of name
+ * (published by this client) can have no readers, now or later: until it is
+ * no longer current (a later publish replaced it, or it was unpublished) and
+ * every lease of it has been released. A version still current never
+ * qualifies, leased or not, as any consumer may acquire it next. Then makes
+ * stream (NULL: the current stream of the tensor's device) wait, on the GPU,
+ * for the work each reader recorded before releasing. CPU tensors need only
+ * the host wait. timeout_ms as for acquire (0: do not wait, < 0: no limit).
  * Returns 0, -ETIMEDOUT, -ENOENT (not a version this client published zero-copy,
  * or one released too long ago to remember: 64 are kept; a copied publish has
  * no readers of the caller's memory to wait for) or -EINVAL.
