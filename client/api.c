@@ -42,7 +42,6 @@ static int held_unpublish(dlx_client *c, const char *name)
         struct wire_request req = {.type = WIRE_REQ_UNPUBLISH};
         int err;
 
-        dlx__clear_error();
         if (!c)
                 return dlx__fail(-EINVAL, "NULL client");
         err = check_name(name);
@@ -93,7 +92,6 @@ static int held_stat(dlx_client *c, const char *name, struct dlx_info *ret_info)
         struct pending p;
         int err;
 
-        dlx__clear_error();
         if (!c || !ret_info)
                 return dlx__fail(-EINVAL, "NULL argument");
         err = check_name(name);
@@ -122,7 +120,6 @@ static int held_list(dlx_client *c, const char *prefix, dlx_list_fn fn, void *ct
         struct dlx_info info;
         int err, visited = 0;
 
-        dlx__clear_error();
         if (!c || !fn)
                 return dlx__fail(-EINVAL, "NULL argument");
         if (!prefix)
@@ -170,7 +167,6 @@ static int held_watch(dlx_client *c, const char *prefix, uint64_t *ret_watch)
         struct pending p;
         int err;
 
-        dlx__clear_error();
         if (!c)
                 return dlx__fail(-EINVAL, "NULL client");
         if (!prefix)
@@ -199,7 +195,6 @@ static int held_unwatch(dlx_client *c, uint64_t watch)
 {
         struct wire_request req = {.type = WIRE_REQ_UNWATCH};
 
-        dlx__clear_error();
         if (!c)
                 return dlx__fail(-EINVAL, "NULL client");
         req.unwatch.watch = watch;
@@ -219,7 +214,6 @@ static int held_stats(dlx_client *c, struct dlx_stats *ret_stats)
         struct pending p;
         int err;
 
-        dlx__clear_error();
         if (!c || !ret_stats)
                 return dlx__fail(-EINVAL, "NULL argument");
         err = dlx__call(c, &req, -1, &p);
@@ -278,7 +272,6 @@ static int held_ping(dlx_client *c)
 {
         struct wire_request req = {.type = WIRE_REQ_PING};
 
-        dlx__clear_error();
         if (!c)
                 return dlx__fail(-EINVAL, "NULL client");
         req.ping.nonce = 0x646c78;

@@ -352,10 +352,13 @@ void dlx__release(dlx_client *c, struct wire_request *req)
 
 /* ---- receiving ------------------------------------------------------------------------------- */
 
-static struct pending *pending_take(dlx_client *c, uint64_t id)
+/* The caller waiting for reply id, taken off the list if take; NULL if none. */
+static struct pending *pending_find(dlx_client *c, uint64_t id, bool take)
 {
         for (struct pending **pp = &c->pending; *pp; pp = &(*pp)->next) {
                 if ((*pp)->id == id) {
+                        if (!take)
+                                return *pp;
                         struct pending *p = *pp;
                         *pp = p->next;
                         return p;
@@ -527,6 +530,24 @@ static void resolve_segment(dlx_client *c, struct pending *p)
         }
 }
 
+/*
+ * Whether the reply to a request of type may be lost without the client and
+ * the daemon disagreeing on anything after (a lease, a watch, a held segment
+ * or a descriptor the daemon counts as delivered, a published version).
+ */
+static bool leaves_nothing(uint32_t type)
+{
+        switch (type) {
+        case WIRE_REQ_LIST:
+        case WIRE_REQ_STAT:
+        case WIRE_REQ_STATS:
+        case WIRE_REQ_PING:
+                return true;
+        default:
+                return false;
+        }
+}
+
 /* One complete frame from the daemon. Lock held. */
 static void on_frame(dlx_client *c, struct frame *f)
 {
@@ -536,10 +557,23 @@ static void on_frame(dlx_client *c, struct frame *f)
         int r;
 
         r = wire_reply_decode(f->payload, f->len, &rep, err, sizeof(err));
+        if (r == -ENOMEM && !f->nfds && (p = pending_find(c, rep.id, false)) &&
+            leaves_nothing(p->type)) {
+                /* only its caller loses: the daemon keeps nothing for it that we must know */
+                pending_find(c, rep.id, true);
+                p->err = -ENOMEM;
+                snprintf(p->why, sizeof(p->why), "%s", err);
+                p->done = true;
+                return;
+        }
         if (r < 0) {
                 frame_close_fds(f);
                 dlx__log(c, DLX_LOG_ERR, "bad reply from the daemon: %s", err);
-                c->broken = -EPROTO;
+                if (r == -ENOMEM)
+                        snprintf(c->broken_why, sizeof(c->broken_why),
+                                 "%s, one that left state in the daemon: the connection is closed",
+                                 err);
+                c->broken = r == -ENOMEM ? -ENOMEM : -EPROTO;
                 return;
         }
         if (rep.id == 0) {
@@ -555,7 +589,7 @@ static void on_frame(dlx_client *c, struct frame *f)
                 wire_reply_done(&rep);
                 return;
         }
-        p = pending_take(c, rep.id);
+        p = pending_find(c, rep.id, true);
         if (!p) {
                 /* answers to one-way requests: only failures and forgets matter */
                 frame_close_fds(f);
@@ -598,8 +632,14 @@ static ssize_t read_some(dlx_client *c, bool block)
         while (n < 0 && errno == EINTR);
         if (n < 0)
                 return -errno;
-        if (frame_reader_take_fds(&c->reader, &msg) < 0)
-                return -EPROTO;
+        if (frame_reader_take_fds(&c->reader, &msg) < 0) {
+                /*
+                 * The daemon sends one descriptor per message: a truncated one
+                 * means this process is at its descriptor limit, and the
+                 * kernel dropped one the daemon counts as ours.
+                 */
+                return msg.msg_flags & MSG_CTRUNC ? -EMFILE : -EPROTO;
+        }
         frame_reader_commit(&c->reader, (size_t)n);
         return n;
 }
@@ -678,6 +718,10 @@ int dlx__pump(dlx_client *c, int64_t timeout_ms)
         if (n > 0)
                 c->heard_ms = dlx__now_ms();
         if (n == 0 || (n < 0 && n != -ETIMEDOUT)) {
+                if (!c->broken && n == -EMFILE)
+                        snprintf(c->broken_why, sizeof(c->broken_why),
+                                 "this process reached its descriptor limit (RLIMIT_NOFILE), so "
+                                 "a descriptor the daemon sent was lost: the connection is closed");
                 if (!c->broken)
                         c->broken = n == 0 || n == -ECONNRESET ? -ECONNRESET : (int)n;
         }
@@ -789,12 +833,13 @@ static int call(dlx_client *c, struct wire_request *req, int fd, struct pending 
                                  dlx_strerror(err));
         }
         p->id = req->id;
+        p->type = req->type;
         p->next = c->pending;
         c->pending = p;
         while (!p->done) {
                 err = dlx__wait_step(c, -1);
                 if (err < 0 && err != -ETIMEDOUT && !p->done) {
-                        pending_take(c, p->id);
+                        pending_find(c, p->id, true);
                         p->done = true;
                         p->err = err;
                 }
@@ -901,7 +946,6 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
         dlx_client *c;
         int err;
 
-        dlx__clear_error();
         if (!ret_client)
                 return dlx__fail(-EINVAL, "ret_client is NULL");
         err = sockpath_resolve(opts ? opts->socket_path : NULL, addr.sun_path,
@@ -1160,7 +1204,7 @@ const char *dlx_server_version(const dlx_client *c)
 
 int dlx_fd(const dlx_client *c)
 {
-        return c ? c->pfd : -EINVAL;
+        return c ? c->pfd : dlx__fail(-EINVAL, "NULL client");
 }
 
 /* Unlocks c and fails with err, and the daemon's words or the reason it was given up. */
@@ -1178,7 +1222,7 @@ static int held_process_events(dlx_client *c)
         int err, count;
 
         if (!c)
-                return -EINVAL;
+                return dlx__fail(-EINVAL, "NULL client");
         if ((err = dlx__usable(c)) < 0)
                 return err;
         pthread_mutex_lock(&c->lock);
@@ -1199,7 +1243,7 @@ static int held_process_events(dlx_client *c)
 int dlx_process_events(dlx_client *c)
 {
         if (!c)
-                return -EINVAL;
+                return dlx__fail(-EINVAL, "NULL client");
         return DLX_HOLDING(c, held_process_events(c));
 }
 

@@ -5,6 +5,7 @@
  * libdlx may call it, and it calls none of them.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -12,6 +13,11 @@
 
 #include "internal.h"
 
+/*
+ * The detail of the thread's last failure. Calls that succeed leave it be,
+ * as errno is left: every failure, so every path returning one to the
+ * caller, records its own through dlx__fail().
+ */
 static __thread char last_error[DLX_ERROR_MAX + 64];
 
 int dlx__fail(int err, const char *fmt, ...)
@@ -24,11 +30,6 @@ int dlx__fail(int err, const char *fmt, ...)
         return err;
 }
 
-void dlx__clear_error(void)
-{
-        last_error[0] = '\0';
-}
-
 const char *dlx_last_error(void)
 {
         return last_error;
@@ -36,6 +37,8 @@ const char *dlx_last_error(void)
 
 const char *dlx_strerror(int err)
 {
+        if (err == INT_MIN)
+                return "unknown error";
         if (err < 0)
                 err = -err;
         switch (err) {
@@ -46,8 +49,9 @@ const char *dlx_strerror(int err)
         case ENOENT:
                 return "not found (no such tensor, or no daemon at the socket path)";
         case EACCES:
-        case EPERM:
                 return "permission denied: the name belongs to another user";
+        case EPERM:
+                return "operation not permitted";
         case ETIMEDOUT:
                 return "timed out";
         case ENOSPC:

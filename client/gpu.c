@@ -555,7 +555,6 @@ int dlx__gpu_sync(dlx_client *c, struct gpu_acq *acq, void *stream)
                 err = open_event(cu, acq->event, &ev);
                 if (err == -ESRCH) {
                         /* its producer has exited: no work of it is left to wait for */
-                        dlx__clear_error();
                         err = 0;
                 } else if (err == 0 && (r = cu->StreamWaitEvent(stream, ev, 0)) != CUDA_SUCCESS) {
                         err = dlx__cuda_fail(cu, r, "cuStreamWaitEvent");

@@ -72,6 +72,7 @@ struct seg_map {
 struct pending {
         struct pending *next;
         uint64_t id;
+        uint32_t type; /* enum wire_request_type of the request */
         bool done;
         int err;             /* transport failure, or a local failure while dispatching */
         int fd;              /* received with the reply, -1; consumed by dispatch for acquires */
@@ -196,7 +197,6 @@ DLX_HIDDEN void dlx__log(dlx_client *c, int level, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
 /* Records a thread-local detail for dlx_last_error() and returns err. */
 DLX_HIDDEN int dlx__fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-DLX_HIDDEN void dlx__clear_error(void);
 
 /* ---- client.c ---- */
 DLX_HIDDEN void dlx__client_ref(dlx_client *c);

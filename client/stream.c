@@ -11,7 +11,6 @@
 
 static int held_set_stream(dlx_client *c, int device_id, void *stream)
 {
-        dlx__clear_error();
         if (!c || device_id < 0 || device_id >= DLX_GPU_MAX_DEVICES)
                 return dlx__fail(-EINVAL, "NULL client or device %d out of range", device_id);
 #ifndef DLX_HAVE_CUDA

@@ -173,7 +173,6 @@ static int held_acquire(dlx_client *c, const char *name, const struct dlx_acquir
         struct pending p;
         int err;
 
-        dlx__clear_error();
         if (!c || !name || !ret_tensor)
                 return dlx__fail(-EINVAL, "NULL argument");
         if (layout_name_check(name, strlen(name), &why) < 0)
@@ -236,7 +235,6 @@ int dlx_tensor_sync(DLManagedTensorVersioned *t, void *stream)
         struct acquired *a = acquired_of(t);
         int err;
 
-        dlx__clear_error();
         if (!a)
                 return dlx__fail(-EINVAL, "not a tensor from dlx_acquire()");
         if (!a->has_gpu)
@@ -277,7 +275,6 @@ int dlx_alloc(dlx_client *c, const DLTensor *proto, DLManagedTensorVersioned **r
         uint64_t numel, bytes, off;
         int err;
 
-        dlx__clear_error();
         if (!c || !proto || !ret_tensor)
                 return dlx__fail(-EINVAL, "NULL argument");
         int usable = dlx__usable(c);
@@ -413,7 +410,6 @@ static int held_publish(dlx_client *c, const char *name, DLManagedTensorVersione
         int64_t lo, hi;
         int fd = -1, err;
 
-        dlx__clear_error();
         if (!c || !name || !tensor) {
                 delete_tensor(tensor);
                 return dlx__fail(-EINVAL, "NULL argument");
@@ -434,8 +430,12 @@ static int held_publish(dlx_client *c, const char *name, DLManagedTensorVersione
                 err = dlx__fail(-EINVAL, "bad name '%s': %s", name, why);
                 goto out_delete;
         }
-        /* the device types dlx_alloc() can make memory on are those a tensor may be published from
-         */
+        if (o.copy != DLX_COPY_IF_NEEDED && o.copy != DLX_COPY_NEVER && o.copy != DLX_COPY_ALWAYS) {
+                err = dlx__fail(-EINVAL, "publish '%s': copy mode %d is not a dlx_copy", name,
+                                (int)o.copy);
+                goto out_delete;
+        }
+        /* a tensor may be published from the device types dlx_alloc() makes memory on */
         const struct storage_kind *made = storage_allocated_on(t->device.device_type);
         if (!made) {
                 err = dlx__fail(-ENOTSUP, "publish '%s': device type %d is not supported", name,
@@ -636,7 +636,6 @@ int dlx_publish_from(dlx_client *c, const char *name, const DLPackExchangeAPI *a
         struct dlx_publish_options o = {0};
         DLManagedTensorVersioned *mt = NULL;
 
-        dlx__clear_error();
         if (!api || !api->managed_tensor_from_py_object_no_sync)
                 return dlx__fail(-EINVAL, "no exchange-API table or no from-object slot");
         if (api->header.version.major != DLX_DLPACK_MAJOR)

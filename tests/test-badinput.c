@@ -2235,6 +2235,203 @@ START_TEST(test_refused_hold_publish_holds_nothing)
 }
 END_TEST
 
+/* ---- the API: every failure says why, and the detail outlives later successes ------------ */
+
+static int list_nothing(void *ctx, const struct dlx_info *info)
+{
+        (void)ctx, (void)info;
+        return 0;
+}
+
+/* Each one fails; api_row says how. */
+static int fail_connect(dlx_client *c)
+{
+        struct dlx_connect_options o = {.socket_path = "/nonexistent/dlx/dlxd.sock"};
+        dlx_client *other = NULL;
+
+        (void)c;
+        return dlx_connect(&o, &other);
+}
+static int fail_publish_null(dlx_client *c)
+{
+        return dlx_publish(c, "a/b", NULL, NULL, NULL);
+}
+static int fail_publish_legacy_null(dlx_client *c)
+{
+        return dlx_publish_legacy(c, "a/b", NULL, NULL, NULL);
+}
+static int fail_publish_from_null(dlx_client *c)
+{
+        return dlx_publish_from(c, "a/b", NULL, NULL, NULL, NULL);
+}
+static int fail_unpublish_missing(dlx_client *c)
+{
+        return dlx_unpublish(c, "not/there");
+}
+static int fail_unpublish_null(dlx_client *c)
+{
+        (void)c;
+        return dlx_unpublish(NULL, "a/b");
+}
+static int fail_alloc_null(dlx_client *c)
+{
+        DLManagedTensorVersioned *t = NULL;
+        return dlx_alloc(c, NULL, &t);
+}
+static int fail_alloc_ndim(dlx_client *c)
+{
+        int64_t shape[1] = {1};
+        DLTensor proto = {.ndim = DLX_MAX_NDIM + 1,
+                          .shape = shape,
+                          .dtype = {kDLFloat, 32, 1},
+                          .device = {kDLCPU, 0}};
+        DLManagedTensorVersioned *t = NULL;
+        return dlx_alloc(c, &proto, &t);
+}
+static int fail_acquire_null(dlx_client *c)
+{
+        DLManagedTensorVersioned *t = NULL;
+        return dlx_acquire(c, NULL, NULL, &t);
+}
+static int fail_tensor_info_null(dlx_client *c)
+{
+        (void)c;
+        return dlx_tensor_info(NULL, NULL, NULL, NULL);
+}
+static int fail_tensor_sync_null(dlx_client *c)
+{
+        (void)c;
+        return dlx_tensor_sync(NULL, NULL);
+}
+static int fail_set_stream_device(dlx_client *c)
+{
+        return dlx_set_stream(c, -1, NULL);
+}
+static int fail_wait_released_v0(dlx_client *c)
+{
+        return dlx_wait_released(c, "a/b", 0, NULL, 0);
+}
+static int fail_wait_released_unknown(dlx_client *c)
+{
+        return dlx_wait_released(c, "never/published", 1, NULL, 0);
+}
+static int fail_stat_missing(dlx_client *c)
+{
+        struct dlx_info info;
+        return dlx_stat(c, "not/there", &info);
+}
+static int fail_list_null(dlx_client *c)
+{
+        return dlx_list(c, "", NULL, NULL);
+}
+static int fail_list_prefix(dlx_client *c)
+{
+        return dlx_list(c, "\x01", list_nothing, NULL);
+}
+static int fail_stats_null(dlx_client *c)
+{
+        return dlx_stats(c, NULL);
+}
+static int fail_ping_null(dlx_client *c)
+{
+        (void)c;
+        return dlx_ping(NULL);
+}
+static int fail_watch_prefix(dlx_client *c)
+{
+        uint64_t w;
+        return dlx_watch(c, "\x01", &w);
+}
+static int fail_unwatch_unknown(dlx_client *c)
+{
+        return dlx_unwatch(c, 12345);
+}
+static int fail_next_event_none(dlx_client *c)
+{
+        struct dlx_event ev;
+        return dlx_next_event(c, &ev, 0);
+}
+static int fail_fd_null(dlx_client *c)
+{
+        (void)c;
+        return dlx_fd(NULL);
+}
+static int fail_process_events_null(dlx_client *c)
+{
+        (void)c;
+        return dlx_process_events(NULL);
+}
+static int fail_tensor_wrap_null(dlx_client *c)
+{
+        dlx_tensor *h = NULL;
+        (void)c;
+        return dlx_tensor_wrap(NULL, &h);
+}
+
+static const struct api_row {
+        const char *call;
+        int (*run)(dlx_client *c);
+        int err;
+} api_rows[] = {
+        {"dlx_connect to no daemon", fail_connect, -ENOENT},
+        {"dlx_publish of NULL", fail_publish_null, -EINVAL},
+        {"dlx_publish_legacy of NULL", fail_publish_legacy_null, -EINVAL},
+        {"dlx_publish_from of NULL", fail_publish_from_null, -EINVAL},
+        {"dlx_unpublish of a missing name", fail_unpublish_missing, -ENOENT},
+        {"dlx_unpublish on no client", fail_unpublish_null, -EINVAL},
+        {"dlx_alloc of NULL", fail_alloc_null, -EINVAL},
+        {"dlx_alloc of ndim 33", fail_alloc_ndim, -EINVAL},
+        {"dlx_acquire of NULL", fail_acquire_null, -EINVAL},
+        {"dlx_tensor_info of NULL", fail_tensor_info_null, -EINVAL},
+        {"dlx_tensor_sync of NULL", fail_tensor_sync_null, -EINVAL},
+        {"dlx_set_stream on device -1", fail_set_stream_device, -EINVAL},
+        {"dlx_wait_released of version 0", fail_wait_released_v0, -EINVAL},
+        {"dlx_wait_released of nothing published", fail_wait_released_unknown, -ENOENT},
+        {"dlx_stat of a missing name", fail_stat_missing, -ENOENT},
+        {"dlx_list with no callback", fail_list_null, -EINVAL},
+        {"dlx_list of a bad prefix", fail_list_prefix, -EINVAL},
+        {"dlx_stats into NULL", fail_stats_null, -EINVAL},
+        {"dlx_ping on no client", fail_ping_null, -EINVAL},
+        {"dlx_watch of a bad prefix", fail_watch_prefix, -EINVAL},
+        {"dlx_unwatch of an unknown watch", fail_unwatch_unknown, -ENOENT},
+        {"dlx_next_event with none queued", fail_next_event_none, -EAGAIN},
+        {"dlx_fd of no client", fail_fd_null, -EINVAL},
+        {"dlx_process_events on no client", fail_process_events_null, -EINVAL},
+        {"dlx_tensor_wrap of NULL", fail_tensor_wrap_null, -EINVAL},
+};
+
+/*
+ * dlx.h: dlx_last_error() is the detail of the thread's last failed call. So
+ * each failure replaces the one before with its own, and a success after it
+ * leaves it be.
+ */
+START_TEST(every_failure_says_why_and_successes_keep_it)
+{
+        const struct api_row *row = &api_rows[_i];
+        dlx_client *c = fx_connect(&fx, "api");
+        DLManagedTensorVersioned *t = NULL;
+        char detail[DLX_ERROR_MAX + 64];
+        int err;
+
+        /* an earlier failure, whose detail the row's must replace */
+        ck_assert_int_eq(dlx_acquire(c, "earlier/failure", NULL, &t), -ENOENT);
+        expect_last_error("earlier/failure");
+
+        err = row->run(c);
+        snprintf(detail, sizeof(detail), "%s", dlx_last_error());
+        ck_assert_msg(err == row->err, "%s: %d (%s), expected %d", row->call, err,
+                      dlx_strerror(err), row->err);
+        ck_assert_msg(detail[0] && !strstr(detail, "earlier/failure"),
+                      "%s failed without a detail of its own: \"%s\"", row->call, detail);
+
+        ck_assert_int_eq(dlx_ping(c), 0);
+        ck_assert_msg(strcmp(dlx_last_error(), detail) == 0,
+                      "after %s, a successful ping changed the detail \"%s\" to \"%s\"", row->call,
+                      detail, dlx_last_error());
+        dlx_close(c);
+}
+END_TEST
+
 Suite *badinput_suite(void)
 {
         Suite *s = suite_create("badinput");
@@ -2244,6 +2441,7 @@ Suite *badinput_suite(void)
         TCase *requests = tcase_create("requests");
         TCase *floods = tcase_create("floods");
         TCase *limits = tcase_create("limits");
+        TCase *api = tcase_create("api");
 
         tcase_add_checked_fixture(frames, fx_setup, fx_teardown);
         tcase_add_test(frames, test_truncated_frame_then_close);
@@ -2298,6 +2496,10 @@ Suite *badinput_suite(void)
         tcase_add_test(requests, test_watch_flood);
         tcase_add_test(requests, test_acquire_extreme_timeouts);
         suite_add_tcase(s, requests);
+
+        tcase_add_checked_fixture(api, fx_setup, fx_teardown);
+        tcase_add_rows(api, every_failure_says_why_and_successes_keep_it, api_rows);
+        suite_add_tcase(s, api);
 
         tcase_add_checked_fixture(floods, fx_setup, fx_teardown);
         tcase_add_test(floods, test_acquire_flood);

@@ -27,7 +27,13 @@
  *   -ESTALE               the client was connected by another process (this
  *                          one is a fork of it): connect again in this one
  *   -EPROTO               the daemon sent something malformed
- *   -ENOMEM               out of memory
+ *   -EMFILE               this process was at its descriptor limit when the
+ *                          daemon passed it one, which the kernel dropped: the
+ *                          client is unusable likewise (connect again)
+ *   -ENOMEM               out of memory; the call fails alone, unless the
+ *                          reply it lost held something the daemon now counts
+ *                          as this client's (a lease, a segment, a watch, a
+ *                          version): the client is unusable then, likewise
  *
  * No call waits forever by default: a call gives up when the daemon has sent
  * nothing for the client's timeout (dlx_connect_options.timeout_ms, default
@@ -224,9 +230,10 @@ int dlx_unpublish(dlx_client *client, const char *name);
  * still published or leased. A kDLCUDA segment is rounded up to the device's
  * allocation granularity (often 2 MiB) and counts at that size.
  *
- * Returns 0 with *ret_tensor, or -EINVAL, -ENOTSUP (device), -ENODEV (no CUDA
- * driver), -ENOMEM, -EAGAIN (the daemon's descriptor limit), or -ENOSPC (a
- * byte limit, as above; dlx_last_error() has the daemon's message naming it).
+ * Returns 0 with *ret_tensor, or -EINVAL, -EOVERFLOW (the shape's size
+ * overflows or passes 1 TiB), -ENOTSUP (device), -ENODEV (no CUDA driver),
+ * -ENOMEM, -EAGAIN (the daemon's descriptor limit), or -ENOSPC (a byte limit,
+ * as above; dlx_last_error() has the daemon's message naming it).
  */
 int dlx_alloc(dlx_client *client, const DLTensor *prototype, DLManagedTensorVersioned **ret_tensor);
 
@@ -462,7 +469,11 @@ int dlx_process_events(dlx_client *client);
 /* Text for a (negative or positive) errno value; static storage. */
 const char *dlx_strerror(int err);
 
-/* Detail of the calling thread's last failed dlx call ("" if none); thread-local storage. */
+/*
+ * Detail of the calling thread's last failed dlx call ("" if none): every
+ * failure records its own, and a call that succeeds leaves it as it was, as
+ * with errno. Thread-local storage.
+ */
 const char *dlx_last_error(void);
 
 /* ---- the DLPack exchange API ---------------------------------------------------------------- */
