@@ -37,22 +37,8 @@
 #include "store.h"
 #include "wire.h"
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if TOOLKIT_SANITIZED
 #define ALLOCFAIL_OFF "built with a sanitizer that owns malloc"
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) ||                         \
-        __has_feature(memory_sanitizer)
-#define ALLOCFAIL_OFF "built with a sanitizer that owns malloc"
-#endif
-#endif
-
-#if defined(__has_include)
-#if __has_include(<valgrind/valgrind.h>)
-#include <valgrind/valgrind.h>
-#endif
-#endif
-#ifndef RUNNING_ON_VALGRIND
-#define RUNNING_ON_VALGRIND 0
 #endif
 
 #ifndef ALLOCFAIL_OFF

@@ -22,17 +22,6 @@
 
 #include "fixture.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-#ifndef SANITIZED
-#define SANITIZED 0
-#endif
-
 struct run {
         int status;     /* exit status, 128 + signal, or -1 when it did not end in time */
         char err[8192]; /* its stderr */
@@ -87,7 +76,7 @@ static void run_dlxd(const char *fault, struct run *ret)
 
 static bool preloadable(void)
 {
-        return !SANITIZED && !getenv("DLX_TEST_VALGRIND") && getenv("DLX_TEST_UVFAULT");
+        return !TOOLKIT_SANITIZED && !getenv("DLX_TEST_VALGRIND") && getenv("DLX_TEST_UVFAULT");
 }
 
 /* Each handle dlxd sets up, failing in turn: exit 1, a reason, nothing left open. */

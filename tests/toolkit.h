@@ -21,6 +21,31 @@
 #define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
 
 /*
+ * TOOLKIT_SANITIZED: 1 when a sanitizer owns malloc (AddressSanitizer,
+ * ThreadSanitizer, MemorySanitizer), where an interposed malloc or a preload
+ * cannot work. RUNNING_ON_VALGRIND: valgrind's own test, 0 without its header.
+ */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define TOOLKIT_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) ||                         \
+        __has_feature(memory_sanitizer)
+#define TOOLKIT_SANITIZED 1
+#endif
+#endif
+#ifndef TOOLKIT_SANITIZED
+#define TOOLKIT_SANITIZED 0
+#endif
+#if defined(__has_include)
+#if __has_include(<valgrind/valgrind.h>)
+#include <valgrind/valgrind.h>
+#endif
+#endif
+#ifndef RUNNING_ON_VALGRIND
+#define RUNNING_ON_VALGRIND 0
+#endif
+
+/*
  * A table-driven test: fn runs once a row of the static array rows, as its
  * own case (Check names the row's index, _i, in a failure).
  */
