@@ -26,6 +26,10 @@ START_TEST(source_is_the_expected_one)
 #else
         ck_assert_int_eq(DLX_DLPACK_SOURCE, DLX_DLPACK_OWN);
 #endif
+        /* whatever the source, code may fill a version from the 1.x macros */
+        DLPackVersion v = {.major = DLPACK_MAJOR_VERSION, .minor = DLPACK_MINOR_VERSION};
+        ck_assert_uint_eq(v.major, 1);
+        ck_assert_uint_ge(v.minor, 2);
 }
 END_TEST
 

@@ -51,6 +51,9 @@
 /* ---- case 2: a 0.x system header ------------------------------------------------------ */
 #define DLX_DLPACK_SOURCE DLX_DLPACK_SYSTEM_0X
 #define DLX_DLPACK_NEED_V1_TYPES 1
+/* the API this header completes 0.x to, as a 1.x header says it */
+#define DLPACK_MAJOR_VERSION 1
+#define DLPACK_MINOR_VERSION 3
 
 /* Codes that 0.x's enums lack; values are fixed by the 1.3 specification. */
 #if DLPACK_VERSION < 70
