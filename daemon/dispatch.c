@@ -99,8 +99,10 @@ enum dispatch_result dispatch_frame(struct session *s, struct frame *f)
                 return DISPATCH_OK;
         }
         if (f->nfds > (req.type == WIRE_REQ_PUBLISH || req.type == WIRE_REQ_ALLOC ? 1u : 0u)) {
+                unsigned nfds = f->nfds;
+
                 frame_close_fds(f);
-                session_fail(s, req.id, -EPROTO, "%u fds attached to a %s request", f->nfds,
+                session_fail(s, req.id, -EPROTO, "%u fds attached to a %s request", nfds,
                              wire_request_name(req.type));
                 return DISPATCH_CLOSE;
         }

@@ -267,8 +267,9 @@ static int check_extent(const struct wire_tensor *t, const struct segment *seg, 
  * A read-only version must not change under its readers: its memfd is sealed
  * against writing before anyone can acquire it, and a segment readers may
  * map writable cannot carry one. A writable version needs a segment its
- * readers can map writable. CUDA memory has no such seal: read-only there
- * is what libdlx maps (README, "Access").
+ * readers can map writable, and keep: sealed against new seals, so that no
+ * reader can seal it against writing under the others. CUDA memory has no
+ * such seal: read-only there is what libdlx maps (README, "Access").
  */
 static int check_access(const struct wire_tensor *t, struct segment *seg, char *why, size_t whysz)
 {
@@ -293,7 +294,10 @@ static int check_access(const struct wire_tensor *t, struct segment *seg, char *
                                             "versions)");
                 return -EBUSY;
         }
-        return 0;
+        err = segment_seal_rw(seg, &reason);
+        if (err < 0)
+                snprintf(why, whysz, "'%s' cannot be writable: %s", t->name, reason);
+        return err;
 }
 
 /*

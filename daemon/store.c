@@ -396,9 +396,37 @@ int segment_seal_ro(struct segment *seg, const char **ret_why)
                         return -EBUSY;
                 }
                 *ret_why = "its memfd is not sealed against writing (F_SEAL_WRITE) and dlxd "
-                           "cannot seal it (F_SEAL_SEAL)";
+                           "cannot seal it (F_SEAL_SEAL: memory dlxd shares writable, or its "
+                           "sender, allows no new seals)";
                 return -EBADF;
         }
         seg->write_sealed = true;
+        return 0;
+}
+
+int segment_seal_rw(struct segment *seg, const char **ret_why)
+{
+        int seals;
+
+        /* EPERM: F_SEAL_SEAL is there already (a copy libdlx made, say) */
+        if (fcntl(seg->fd, F_ADD_SEALS, F_SEAL_SEAL) < 0 && errno != EPERM) {
+                *ret_why = "dlxd cannot seal its memfd against further seals";
+                return -EIO;
+        }
+        seals = fcntl(seg->fd, F_GET_SEALS);
+        if (seals < 0) {
+                *ret_why = "dlxd cannot read its memfd's seals";
+                return -EIO;
+        }
+        if (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) {
+                seg->write_sealed = true;
+                *ret_why = "its memfd is sealed against writing";
+                return -EBUSY;
+        }
+        if (!(seals & F_SEAL_SEAL)) {
+                *ret_why = "its memfd still takes new seals, which would let any reader seal "
+                           "it against writing";
+                return -EIO;
+        }
         return 0;
 }

@@ -127,6 +127,17 @@ void segment_unref(struct store *st, struct segment *seg);
 int segment_seal_ro(struct segment *seg, const char **ret_why);
 
 /*
+ * Readies a memfd segment to carry writable versions, whose readers get its
+ * fd open for writing: seals it against further seals (F_SEAL_SEAL), so
+ * that no holder of that fd can seal it against writing afterwards and so
+ * take every other reader's writable mapping away. Then reads its seals
+ * back, not trusting what dlxd saw at adoption. Returns 0, -EBUSY (sealed
+ * against writing: it carries read-only versions, or its sender sealed it
+ * meanwhile) or -EIO, with the reason in *ret_why.
+ */
+int segment_seal_rw(struct segment *seg, const char **ret_why);
+
+/*
  * Which sessions hold a segment's fd, so a repeated acquire sends none and a
  * destroyed segment can be announced. One record per (session, segment).
  */

@@ -765,11 +765,69 @@ START_TEST(test_fd_on_ping)
         struct wire_request req = {.id = 2, .type = WIRE_REQ_PING};
         int fd = raw_hello(), mfd = sealed_memfd(4096);
 
+        char msg[DLX_ERROR_MAX + 1];
+
         rp_send(fd, &req, mfd);
         close(mfd);
-        expect_error(fd, 2, WIRE_PROTOCOL);
+        expect_error_msg(fd, 2, WIRE_PROTOCOL, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "1 fds attached to a ping"), "message: %s", msg);
         expect_closed(fd);
         close(fd);
+        attack_end(good);
+}
+END_TEST
+
+/* A raw producer publishes a 4 KiB memfd sealed only against resizing; returns the memfd. */
+static int publish_raw_memfd(int prod, uint64_t id, const char *name, uint64_t flags, int mfd)
+{
+        struct wire_request req;
+
+        if (mfd < 0)
+                mfd = sealed_memfd(4096);
+        rp_publish_req(&req, id, name, 4096, 0, flags);
+        rp_send(prod, &req, mfd);
+        return mfd;
+}
+
+/*
+ * A writable version's readers get its memfd open for writing. None of them
+ * may seal it against writing (F_SEAL_WRITE), which would take every other
+ * reader's writable mapping away: dlxd seals it against new seals first.
+ */
+START_TEST(test_reader_cannot_seal_a_writable_segment)
+{
+        dlx_client *good = attack_begin();
+        int prod = raw_hello(), reader = raw_hello(), rfd = -1, mfd;
+        DLManagedTensorVersioned *t;
+        struct wire_request req;
+        struct wire_reply rep;
+
+        mfd = publish_raw_memfd(prod, 2, "badinput/w", 0, -1);
+        rp_expect_ok(prod, 2, WIRE_REP_PUBLISH, NULL, NULL);
+
+        rp_acquire_req(&req, 2, "badinput/w");
+        rp_send(reader, &req, -1);
+        rp_expect_ok(reader, 2, WIRE_REP_ACQUIRE, &rep, &rfd);
+        ck_assert(rep.acquire.writable);
+        ck_assert_int_ge(rfd, 0);
+        ck_assert_int_eq(fcntl(rfd, F_ADD_SEALS, F_SEAL_WRITE), -1);
+        ck_assert_int_eq(errno, EPERM);
+        ck_assert_int_eq(fcntl(rfd, F_GET_SEALS) & F_SEAL_SEAL, F_SEAL_SEAL);
+        close(rfd);
+
+        /* nor by publishing the fd read-only under a name of its own */
+        publish_raw_memfd(prod, 3, "badinput/ro", DLPACK_FLAG_BITMASK_READ_ONLY, mfd);
+        expect_error(prod, 3, WIRE_BAD_FD);
+        close(mfd);
+
+        /* and an honest reader still maps it writable */
+        ck_assert_int_eq(dlx_acquire(good, "badinput/w", NULL, &t), 0);
+        ck_assert(!(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY));
+        ((volatile uint8_t *)t->dl_tensor.data)[0] = 1;
+        t->deleter(t);
+
+        close(reader);
+        close(prod);
         attack_end(good);
 }
 END_TEST
@@ -2464,6 +2522,7 @@ Suite *badinput_suite(void)
         tcase_add_checked_fixture(fds, fx_setup, fx_teardown);
         tcase_add_test(fds, test_fd_on_ping);
         tcase_add_test(fds, test_fd_on_hello);
+        tcase_add_test(fds, test_reader_cannot_seal_a_writable_segment);
         tcase_add_test(fds, test_two_fds_on_publish);
         tcase_add_test(fds, test_too_many_fds_in_header);
         tcase_add_test(fds, test_announced_fd_missing);
