@@ -855,25 +855,23 @@ static void fd_flood(int fd, int rounds, unsigned per)
         close(pfd[1]);
 }
 
-START_TEST(test_fd_flood_in_one_message)
+/* 200 fds without a frame, more than the daemon holds: said, then hung up. */
+static const struct fd_flood_row {
+        const char *what;
+        int rounds;
+        unsigned per;
+} fd_flood_rows[] = {
+        {"10 messages of 20: more than one receive can hold", 10, 20},
+        {"25 messages of 8: more than the queue holds", 25, 8},
+};
+
+START_TEST(fd_flood_is_refused_then_hung_up)
 {
+        const struct fd_flood_row *row = &fd_flood_rows[_i];
         dlx_client *good = attack_begin();
         int fd = raw_hello();
 
-        /* 200 fds in 10 messages of 20: more than one receive can hold; said, then hung up */
-        fd_flood(fd, 10, 20);
-        expect_hangup(fd, 0, WIRE_TOO_BIG);
-        attack_end(good);
-}
-END_TEST
-
-START_TEST(test_fd_flood_over_messages)
-{
-        dlx_client *good = attack_begin();
-        int fd = raw_hello();
-
-        /* 200 fds in 25 messages of 8: more than the queue holds; said, then hung up */
-        fd_flood(fd, 25, 8);
+        fd_flood(fd, row->rounds, row->per);
         expect_hangup(fd, 0, WIRE_TOO_BIG);
         attack_end(good);
 }
@@ -2390,8 +2388,7 @@ Suite *badinput_suite(void)
         tcase_add_test(fds, test_two_fds_on_publish);
         tcase_add_test(fds, test_too_many_fds_in_header);
         tcase_add_test(fds, test_announced_fd_missing);
-        tcase_add_test(fds, test_fd_flood_in_one_message);
-        tcase_add_test(fds, test_fd_flood_over_messages);
+        tcase_add_rows(fds, fd_flood_is_refused_then_hung_up, fd_flood_rows);
         tcase_add_test(fds, test_unannounced_fd);
         tcase_add_test(fds, test_publish_wrong_fd_kinds);
         tcase_add_test(fds, test_publish_unsealed_memfd);
