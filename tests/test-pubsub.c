@@ -41,11 +41,7 @@ static int *shared_counter(void)
         return p;
 }
 
-/*
- * Lets p take in its events until the deleter counted in *count has run
- * (a second at most), then requires it to have run once: by
- * dlx_process_events(), or by a blocking call (a ping) when by_ping.
- */
+/* Lets p take in events (by a blocking ping when by_ping) until the deleter ran: once, in 1 s. */
 static void wait_deleter_ran(dlx_client *p, const int *count, bool by_ping)
 {
         for (int i = 0; i < 200 && *count == 0; i++) {
