@@ -219,6 +219,14 @@ static void expect_closed(int fd)
                       rep.error);
 }
 
+/* The refusal of request id with this status, then the hang-up; closes fd. */
+static void expect_hangup(int fd, uint64_t id, enum wire_status status)
+{
+        expect_error(fd, id, status);
+        expect_closed(fd);
+        close(fd);
+}
+
 static void send_hello(int fd, uint64_t id, uint32_t major, int attach_fd)
 {
         struct wire_request req = {.id = id, .type = WIRE_REQ_HELLO};
@@ -384,9 +392,7 @@ START_TEST(test_oversized_length)
 
                 frame_header_put(hdr, lengths[i], 0);
                 ck_assert_int_eq(rp_send_raw(fd, hdr, sizeof(hdr), NULL, 0), 0);
-                expect_error(fd, 0, WIRE_TOO_BIG);
-                expect_closed(fd);
-                close(fd);
+                expect_hangup(fd, 0, WIRE_TOO_BIG);
         }
         attack_end(good);
 }
@@ -403,9 +409,7 @@ START_TEST(test_max_frame_of_garbage)
         memset(junk, 0xff, DLX_MAX_FRAME);
         send_frame(fd, junk, DLX_MAX_FRAME, NULL, 0);
         free(junk);
-        expect_error(fd, 0, WIRE_PROTOCOL);
-        expect_closed(fd);
-        close(fd);
+        expect_hangup(fd, 0, WIRE_PROTOCOL);
         attack_end(good);
 }
 END_TEST
@@ -429,9 +433,7 @@ START_TEST(test_reserved_header_bytes)
                 frame[6] = reserved[i][0];
                 frame[7] = reserved[i][1];
                 ck_assert_int_eq(rp_send_raw(fd, frame, FRAME_HEADER_SIZE + size, NULL, 0), 0);
-                expect_error(fd, 0, WIRE_PROTOCOL);
-                expect_closed(fd);
-                close(fd);
+                expect_hangup(fd, 0, WIRE_PROTOCOL);
         }
         attack_end(good);
 }
@@ -444,9 +446,7 @@ START_TEST(test_zero_length_frame)
 
         /* an empty payload is a valid empty Request: id 0, which is never allowed */
         send_frame(fd, NULL, 0, NULL, 0);
-        expect_error(fd, 0, WIRE_PROTOCOL);
-        expect_closed(fd);
-        close(fd);
+        expect_hangup(fd, 0, WIRE_PROTOCOL);
         attack_end(good);
 }
 END_TEST
@@ -467,16 +467,12 @@ START_TEST(test_garbage_payload)
                 int fd = raw_hello();
 
                 send_frame(fd, garbage[i], sizeof(garbage[i]), NULL, 0);
-                expect_error(fd, 0, WIRE_PROTOCOL);
-                expect_closed(fd);
-                close(fd);
+                expect_hangup(fd, 0, WIRE_PROTOCOL);
         }
         /* before hello too */
         int fd = fx_raw_connect(&fx);
         send_frame(fd, garbage[0], sizeof(garbage[0]), NULL, 0);
-        expect_error(fd, 0, WIRE_PROTOCOL);
-        expect_closed(fd);
-        close(fd);
+        expect_hangup(fd, 0, WIRE_PROTOCOL);
         attack_end(good);
 }
 END_TEST
@@ -555,10 +551,8 @@ START_TEST(test_repeated_and_nested_fields)
         for (int i = 0; i < 100000; i++)
                 pb_tag(&req, 99, PB_GROUP_END);
         send_frame(fd, req.b, (uint32_t)req.n, NULL, 0);
-        expect_error(fd, 0, WIRE_PROTOCOL);
-        expect_closed(fd);
         pb_done(&req);
-        close(fd);
+        expect_hangup(fd, 0, WIRE_PROTOCOL);
         attack_end(good);
 }
 END_TEST
@@ -626,9 +620,7 @@ START_TEST(test_unknown_request_type_before_hello)
         pb_uint(&p, 1, 7);
         send_pb(fd, &p, -1);
         pb_done(&p);
-        expect_error(fd, 7, WIRE_INVALID);
-        expect_closed(fd);
-        close(fd);
+        expect_hangup(fd, 7, WIRE_INVALID);
         attack_end(good);
 }
 END_TEST
@@ -640,16 +632,12 @@ START_TEST(test_request_id_zero)
         int fd = raw_hello();
 
         rp_send(fd, &req, -1);
-        expect_error(fd, 0, WIRE_PROTOCOL);
-        expect_closed(fd);
-        close(fd);
+        expect_hangup(fd, 0, WIRE_PROTOCOL);
 
         /* a hello with id 0 never greets */
         fd = fx_raw_connect(&fx);
         send_hello(fd, 0, DLX_PROTO_MAJOR, -1);
-        expect_error(fd, 0, WIRE_PROTOCOL);
-        expect_closed(fd);
-        close(fd);
+        expect_hangup(fd, 0, WIRE_PROTOCOL);
         attack_end(good);
 }
 END_TEST
@@ -675,9 +663,7 @@ START_TEST(test_request_before_hello)
         req = (struct wire_request){.id = 6, .type = WIRE_REQ_RELEASE};
         req.release.lease = 1;
         rp_send(fd, &req, -1);
-        expect_error(fd, 6, WIRE_PROTOCOL);
-        expect_closed(fd);
-        close(fd);
+        expect_hangup(fd, 6, WIRE_PROTOCOL);
 
         /* a publish with its memfd: refused, and the fd closed in the daemon */
         fd = fx_raw_connect(&fx);
@@ -718,9 +704,7 @@ START_TEST(test_hello_twice)
         int fd = raw_hello();
 
         send_hello(fd, 2, DLX_PROTO_MAJOR, -1);
-        expect_error(fd, 2, WIRE_PROTOCOL);
-        expect_closed(fd);
-        close(fd);
+        expect_hangup(fd, 2, WIRE_PROTOCOL);
         attack_end(good);
 }
 END_TEST
@@ -749,9 +733,7 @@ START_TEST(test_hello_bad_client_name)
                 send_pb(fd, &p, -1);
                 pb_done(&p);
                 pb_done(&body);
-                expect_error(fd, HELLO_ID, WIRE_INVALID);
-                expect_closed(fd);
-                close(fd);
+                expect_hangup(fd, HELLO_ID, WIRE_INVALID);
         }
         attack_end(good);
 }
@@ -764,7 +746,6 @@ START_TEST(test_fd_on_ping)
         dlx_client *good = attack_begin();
         struct wire_request req = {.id = 2, .type = WIRE_REQ_PING};
         int fd = raw_hello(), mfd = sealed_memfd(4096);
-
         char msg[DLX_ERROR_MAX + 1];
 
         rp_send(fd, &req, mfd);
@@ -841,9 +822,7 @@ START_TEST(test_fd_on_hello)
         send_hello(fd, HELLO_ID, DLX_PROTO_MAJOR, pfd[0]);
         close(pfd[0]);
         close(pfd[1]);
-        expect_error(fd, HELLO_ID, WIRE_PROTOCOL);
-        expect_closed(fd);
-        close(fd);
+        expect_hangup(fd, HELLO_ID, WIRE_PROTOCOL);
         attack_end(good);
 }
 END_TEST
@@ -862,9 +841,7 @@ START_TEST(test_two_fds_on_publish)
         pb_done(&p);
         close(mfds[0]);
         close(mfds[1]);
-        expect_error(fd, 2, WIRE_PROTOCOL);
-        expect_closed(fd);
-        close(fd);
+        expect_hangup(fd, 2, WIRE_PROTOCOL);
         attack_end(good);
 }
 END_TEST
@@ -884,9 +861,7 @@ START_TEST(test_too_many_fds_in_header)
         fd = raw_hello();
         ck_assert_int_eq(
                 send_frame_ex(fd, payload, (uint32_t)size, DLX_MAX_FDS_PER_FRAME + 1, NULL, 0), 0);
-        expect_error(fd, 0, WIRE_TOO_BIG);
-        expect_closed(fd);
-        close(fd);
+        expect_hangup(fd, 0, WIRE_TOO_BIG);
 
         /* announced and sent: the daemon must close all of them */
         fd = raw_hello();
@@ -895,16 +870,12 @@ START_TEST(test_too_many_fds_in_header)
         send_frame(fd, payload, (uint32_t)size, mfds, DLX_MAX_FDS_PER_FRAME + 1);
         for (int i = 0; i <= DLX_MAX_FDS_PER_FRAME; i++)
                 close(mfds[i]);
-        expect_error(fd, 0, WIRE_TOO_BIG);
-        expect_closed(fd);
-        close(fd);
+        expect_hangup(fd, 0, WIRE_TOO_BIG);
 
         /* 65535 announced */
         fd = raw_hello();
         ck_assert_int_eq(send_frame_ex(fd, payload, (uint32_t)size, 0xffff, NULL, 0), 0);
-        expect_error(fd, 0, WIRE_TOO_BIG);
-        expect_closed(fd);
-        close(fd);
+        expect_hangup(fd, 0, WIRE_TOO_BIG);
         attack_end(good);
 }
 END_TEST
@@ -920,9 +891,7 @@ START_TEST(test_announced_fd_missing)
         ck_assert_int_eq(wire_request_size(&req, &size), 0);
         wire_request_pack(&req, payload);
         ck_assert_int_eq(send_frame_ex(fd, payload, (uint32_t)size, 1, NULL, 0), 0);
-        expect_error(fd, 0, WIRE_PROTOCOL);
-        expect_closed(fd);
-        close(fd);
+        expect_hangup(fd, 0, WIRE_PROTOCOL);
         attack_end(good);
 }
 END_TEST
@@ -945,30 +914,24 @@ static void fd_flood(int fd, int rounds, unsigned per)
         close(pfd[1]);
 }
 
-START_TEST(test_fd_flood_in_one_message)
+/* 200 fds without a frame, more than the daemon holds: said, then hung up. */
+static const struct fd_flood_row {
+        const char *what;
+        int rounds;
+        unsigned per;
+} fd_flood_rows[] = {
+        {"10 messages of 20: more than one receive can hold", 10, 20},
+        {"25 messages of 8: more than the queue holds", 25, 8},
+};
+
+START_TEST(fd_flood_is_refused_then_hung_up)
 {
+        const struct fd_flood_row *row = &fd_flood_rows[_i];
         dlx_client *good = attack_begin();
         int fd = raw_hello();
 
-        /* 200 fds in 10 messages of 20: more than one receive can hold; said, then hung up */
-        fd_flood(fd, 10, 20);
-        expect_error(fd, 0, WIRE_TOO_BIG);
-        expect_closed(fd);
-        close(fd);
-        attack_end(good);
-}
-END_TEST
-
-START_TEST(test_fd_flood_over_messages)
-{
-        dlx_client *good = attack_begin();
-        int fd = raw_hello();
-
-        /* 200 fds in 25 messages of 8: more than the queue holds; said, then hung up */
-        fd_flood(fd, 25, 8);
-        expect_error(fd, 0, WIRE_TOO_BIG);
-        expect_closed(fd);
-        close(fd);
+        fd_flood(fd, row->rounds, row->per);
+        expect_hangup(fd, 0, WIRE_TOO_BIG);
         attack_end(good);
 }
 END_TEST
@@ -1301,14 +1264,22 @@ END_TEST
         SPEC("badinput/strides", 64, .ndim = 2, .shape[0] = 4, .shape[1] = 4, .strides[0] = 4,     \
              .strides[1] = 1, __VA_ARGS__)
 #define OVERFLOW(...) SPEC("badinput/overflow", __VA_ARGS__)
+#define DTYPE(code_, bits_, lanes_)                                                                \
+        SPEC("badinput/dtype", 4096, .code = (code_), .bits = (bits_), .lanes = (lanes_))
+#define DEVICE(type) SPEC("badinput/device", 4096, .device_type = (type))
+#define STORAGE(kind) SPEC("badinput/storage", 4096, .storage = (kind))
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Woverride-init"
-/* Publishes over a 4 KiB memfd: the descriptor against its segment, and its arithmetic. */
+/*
+ * Publishes over a 4 KiB memfd: the descriptor against its segment, and its
+ * arithmetic; without_fd: refused the same with no fd at all.
+ */
 static const struct publish_row {
         const char *what;
         struct tspec t;
         enum wire_status status;
+        bool without_fd;
 } publish_rows[] = {
         {"length beyond the memfd", SHORT(8192), WIRE_INVALID},
         {"offset beyond the memfd", SHORT(4, .offset = 4097), WIRE_INVALID},
@@ -1353,6 +1324,29 @@ static const struct publish_row {
          OVERFLOW(8, .shape[0] = 2, .strides[0] = INT64_MAX / 2), WIRE_TOO_BIG},
         {"a large byte_offset that fits in 63 bits but not in the segment",
          OVERFLOW(4, .byte_offset = UINT64_C(1) << 62), WIRE_INVALID},
+        {"an unknown dtype code", DTYPE(200, 32, 1), WIRE_INVALID},
+        {"a float of 7 bits", DTYPE(kDLFloat, 7, 1), WIRE_INVALID},
+        {"a float of 8 bits: not a float8 code", DTYPE(kDLFloat, 8, 1), WIRE_INVALID},
+        {"a bfloat of 32 bits (bfloat is 16)", DTYPE(kDLBfloat, 32, 1), WIRE_INVALID},
+        {"a complex of 16 bits", DTYPE(kDLComplex, 16, 1), WIRE_INVALID},
+        {"a bool of 16 bits", DTYPE(kDLBool, 16, 1), WIRE_INVALID},
+        {"an int of zero bits", DTYPE(kDLInt, 0, 1), WIRE_INVALID},
+        {"zero lanes", DTYPE(kDLFloat, 32, 0), WIRE_INVALID},
+        {"an opaque handle: a pointer means nothing elsewhere", DTYPE(kDLOpaqueHandle, 64, 1),
+         WIRE_INVALID},
+        {"a dtype code out of the wire range", DTYPE(300, 32, 1), WIRE_INVALID},
+        {"dtype bits out of the wire range", DTYPE(kDLFloat, 256, 1), WIRE_INVALID},
+        {"dtype lanes out of the wire range", DTYPE(kDLFloat, 32, 70000), WIRE_INVALID},
+        {"a CUDA device on a memfd", DEVICE(kDLCUDA), WIRE_INVALID},
+        {"a CUDA host device on a memfd", DEVICE(kDLCUDAHost), WIRE_INVALID},
+        {"a ROCm device", DEVICE(kDLROCM), WIRE_INVALID},
+        {"device type -1", DEVICE(-1), WIRE_INVALID},
+        {"device type 1000", DEVICE(1000), WIRE_INVALID},
+        /* with its fd attached, which must be closed, and without */
+        {"storage 99", STORAGE(99), WIRE_NOT_SUPPORTED, true},
+        {"storage unspecified", STORAGE(WIRE_STORAGE_UNSPECIFIED), WIRE_NOT_SUPPORTED, true},
+        {"storage 5", STORAGE(5), WIRE_NOT_SUPPORTED, true},
+        {"storage INT32_MAX", STORAGE(0x7fffffff), WIRE_NOT_SUPPORTED, true},
 };
 #pragma GCC diagnostic pop
 
@@ -1363,7 +1357,9 @@ START_TEST(publish_checks_the_descriptor_against_its_segment)
         int fd = raw_hello();
 
         publish_memfd_expect(fd, 2, &row->t, 4096, row->status);
-        rp_ping(fd, 3); /* the connection goes on */
+        if (row->without_fd)
+                publish_expect(fd, 3, &row->t, -1, row->status);
+        rp_ping(fd, 4); /* the connection goes on */
         close(fd);
         attack_end(good);
 }
@@ -1509,78 +1505,6 @@ START_TEST(test_bad_prefixes)
 END_TEST
 
 /* ---- dtype, storage, device, segment ------------------------------------------------- */
-
-START_TEST(test_publish_bad_dtype)
-{
-        static const uint32_t dtypes[][3] = {
-                {200, 32, 1},             /* unknown code */
-                {kDLFloat, 7, 1},         /* float of 7 bits */
-                {kDLFloat, 8, 1},         /* float of 8 bits: not a float8 code */
-                {kDLBfloat, 32, 1},       /* bfloat is 16 bits */
-                {kDLComplex, 16, 1},      /* complex of 16 bits */
-                {kDLBool, 16, 1},         /* bool of 16 bits */
-                {kDLInt, 0, 1},           /* zero bits */
-                {kDLFloat, 32, 0},        /* zero lanes */
-                {kDLOpaqueHandle, 64, 1}, /* a pointer means nothing elsewhere */
-                {300, 32, 1},             /* code out of the wire range */
-                {kDLFloat, 256, 1},       /* bits out of the wire range */
-                {kDLFloat, 32, 70000},    /* lanes out of the wire range */
-        };
-        dlx_client *good = attack_begin();
-        int fd = raw_hello();
-        struct tspec t;
-
-        for (size_t i = 0; i < N_ELEMS(dtypes); i++) {
-                tspec_init(&t, "badinput/dtype", 4096);
-                t.code = dtypes[i][0];
-                t.bits = dtypes[i][1];
-                t.lanes = dtypes[i][2];
-                publish_memfd_expect(fd, 2 + i, &t, 4096, WIRE_INVALID);
-        }
-        rp_ping(fd, 100);
-        close(fd);
-        attack_end(good);
-}
-END_TEST
-
-START_TEST(test_publish_unknown_storage)
-{
-        static const uint32_t kinds[] = {99, WIRE_STORAGE_UNSPECIFIED, 5, 0x7fffffff};
-        dlx_client *good = attack_begin();
-        int fd = raw_hello();
-        struct tspec t;
-
-        for (size_t i = 0; i < N_ELEMS(kinds); i++) {
-                tspec_init(&t, "badinput/storage", 4096);
-                t.storage = kinds[i];
-                /* with its fd attached, which must be closed */
-                publish_memfd_expect(fd, 2 + 2 * i, &t, 4096, WIRE_NOT_SUPPORTED);
-                /* and without */
-                publish_expect(fd, 3 + 2 * i, &t, -1, WIRE_NOT_SUPPORTED);
-        }
-        rp_ping(fd, 100);
-        close(fd);
-        attack_end(good);
-}
-END_TEST
-
-START_TEST(test_publish_device_not_cpu)
-{
-        static const int32_t devices[] = {kDLCUDA, kDLCUDAHost, kDLROCM, -1, 1000};
-        dlx_client *good = attack_begin();
-        int fd = raw_hello();
-        struct tspec t;
-
-        for (size_t i = 0; i < N_ELEMS(devices); i++) {
-                tspec_init(&t, "badinput/device", 4096);
-                t.device_type = devices[i];
-                publish_memfd_expect(fd, 2 + i, &t, 4096, WIRE_INVALID);
-        }
-        rp_ping(fd, 100);
-        close(fd);
-        attack_end(good);
-}
-END_TEST
 
 START_TEST(test_publish_foreign_segment)
 {
@@ -1994,9 +1918,7 @@ START_TEST(test_client_limit)
         fd = raw_hello();
         /* a third: refused with LIMIT, addressed to nobody, and hung up on */
         extra = fx_raw_connect(&fx);
-        expect_error(extra, 0, WIRE_LIMIT);
-        expect_closed(extra);
-        close(extra);
+        expect_hangup(extra, 0, WIRE_LIMIT);
         rp_ping(fd, 2);
         ck_assert_int_eq(dlx_ping(good), 0);
         /* the slot comes back once a client leaves */
@@ -2526,8 +2448,7 @@ Suite *badinput_suite(void)
         tcase_add_test(fds, test_two_fds_on_publish);
         tcase_add_test(fds, test_too_many_fds_in_header);
         tcase_add_test(fds, test_announced_fd_missing);
-        tcase_add_test(fds, test_fd_flood_in_one_message);
-        tcase_add_test(fds, test_fd_flood_over_messages);
+        tcase_add_rows(fds, fd_flood_is_refused_then_hung_up, fd_flood_rows);
         tcase_add_test(fds, test_unannounced_fd);
         tcase_add_test(fds, test_publish_wrong_fd_kinds);
         tcase_add_test(fds, test_publish_unsealed_memfd);
@@ -2540,9 +2461,6 @@ Suite *badinput_suite(void)
         tcase_add_rows(publish, publish_checks_the_descriptor_against_its_segment, publish_rows);
         tcase_add_test(publish, test_publish_ndim_33);
         tcase_add_test(publish, test_publish_bad_names);
-        tcase_add_test(publish, test_publish_bad_dtype);
-        tcase_add_test(publish, test_publish_unknown_storage);
-        tcase_add_test(publish, test_publish_device_not_cpu);
         tcase_add_test(publish, test_publish_foreign_segment);
         suite_add_tcase(s, publish);
 

@@ -1767,34 +1767,28 @@ static void put_odd_name(void)
         free(ctl_ok("put", odd_name, tpath("f.npy"), NULL));
 }
 
-START_TEST(test_json_escaping_list_stat)
-{
-        put_odd_name();
-        CTL_EXPECT(json_valid(ctl_out) && strstr(ctl_out, odd_escaped), "--json", "list");
-        CTL_EXPECT(json_valid(ctl_out) && strstr(ctl_out, odd_escaped), "--json", "stat", odd_name);
-}
-END_TEST
+/* Each command with --json, on odd_name (named) and a file (file: none). */
+static const struct json_escaping_row {
+        const char *cmd;
+        bool named;
+        const char *file;
+} json_escaping_rows[] = {
+        {"list"},
+        {"stat", true},
+        {"put", true, "f.npy"},
+        {"get", true, "o\"ut.npy"},
+};
 
-START_TEST(test_json_escaping_put)
+START_TEST(json_output_escapes_names)
 {
+        const struct json_escaping_row *row = &json_escaping_rows[_i];
         char *out;
 
         put_odd_name();
-        out = ctl_ok("--json", "put", odd_name, tpath("f.npy"), NULL);
-        ck_assert_msg(json_valid(out) && strstr(out, odd_escaped), "--json put of %s: %s", odd_name,
-                      out);
-        free(out);
-}
-END_TEST
-
-START_TEST(test_json_escaping_get)
-{
-        char *out;
-
-        put_odd_name();
-        out = ctl_ok("--json", "get", odd_name, tpath("o\"ut.npy"), NULL);
-        ck_assert_msg(json_valid(out) && strstr(out, odd_escaped), "--json get of %s: %s", odd_name,
-                      out);
+        out = ctl_ok("--json", row->cmd, row->named ? odd_name : NULL,
+                     row->file ? tpath(row->file) : NULL, NULL);
+        ck_assert_msg(json_valid(out) && strstr(out, odd_escaped), "--json %s of %s: %s", row->cmd,
+                      odd_name, out);
         free(out);
 }
 END_TEST
@@ -1850,9 +1844,7 @@ Suite *dlxctl_suite(void)
         tcase_add_test(cmds, test_rm);
         tcase_add_test(cmds, test_stats);
         tcase_add_test(cmds, test_put_get_json);
-        tcase_add_test(cmds, test_json_escaping_list_stat);
-        tcase_add_test(cmds, test_json_escaping_put);
-        tcase_add_test(cmds, test_json_escaping_get);
+        tcase_add_rows(cmds, json_output_escapes_names, json_escaping_rows);
         tcase_add_unchecked_fixture(cmds, base_setup, base_teardown);
         suite_add_tcase(s, cmds);
 

@@ -215,138 +215,122 @@ START_TEST(test_size_zero)
 }
 END_TEST
 
-/* Zero-copy views into dlx_alloc() memory: the strides must come back exactly. */
-START_TEST(test_strided_zero_copy)
+/*
+ * Zero-copy views into dlx_alloc() memory of alloc_shape: the strides must
+ * come back exactly. A view may say another dtype (with flags) over the
+ * bytes, and move the data pointer data_at elements on.
+ */
+static const struct strided_zero_copy_row {
+        const char *name;
+        DLDataType alloc_dt;
+        int32_t ndim;
+        int64_t alloc_shape[2];
+        DLDataType dt;
+        uint64_t flags;
+        int64_t shape[2], strides[2];
+        int64_t data_at;
+        bool default_policy;
+} strided_zero_copy_rows[] = {
+        /* a transposed 4 x 6: 6 x 4 with strides {1, 6} */
+        {"dt/transposed", DTI(kDLFloat, 32, 1), 2, {4, 6}, .shape = {6, 4}, .strides = {1, 6}},
+        /* every other element of 10 */
+        {"dt/every-other", DTI(kDLInt, 16, 1), 1, {10}, .shape = {5}, .strides = {2}},
+        /* every other row and column of a 4 x 12 complex64 */
+        {"dt/every-other-2d",
+         DTI(kDLComplex, 64, 1),
+         2,
+         {4, 12},
+         .shape = {2, 6},
+         .strides = {24, 2}},
+        /* padded sub-byte elements are addressable: strides are allowed */
+        {"dt/padded-transposed",
+         DTI(kDLUInt, 8, 1),
+         2,
+         {4, 6},
+         DTI(kDLInt, 4, 1),
+         PADDED,
+         {6, 4},
+         {1, 6}},
+        /* reversed in place: the data pointer moved to the last element, stride -1 */
+        {"dt/reversed",
+         DTI(kDLInt, 32, 1),
+         1,
+         {10},
+         .shape = {10},
+         .strides = {-1},
+         .data_at = 9,
+         .default_policy = true},
+};
+
+START_TEST(strided_zero_copy_keeps_the_strides)
 {
-        static const int64_t shape46[2] = {4, 6};
-        static const int64_t shape10[1] = {10};
-        static const int64_t shape412[2] = {4, 12};
+        const struct strided_zero_copy_row *row = &strided_zero_copy_rows[_i];
         struct dlx_publish_options never = {.copy = DLX_COPY_NEVER};
         dlx_client *c = fx_connect(&fx, "producer");
-        DLManagedTensorVersioned *t;
+        DLManagedTensorVersioned *t = alloc_or_fail(c, row->alloc_dt, row->ndim, row->alloc_shape);
+        DLTensor *d = &t->dl_tensor;
         struct expect e;
 
-        /* a transposed 4 x 6: 6 x 4 with strides {1, 6} */
-        t = alloc_or_fail(c, DT(kDLFloat, 32, 1), 2, shape46);
-        t->dl_tensor.shape[0] = 6;
-        t->dl_tensor.shape[1] = 4;
-        t->dl_tensor.strides[0] = 1;
-        t->dl_tensor.strides[1] = 6;
-        pattern_fill(&t->dl_tensor, 0, 21);
-        e = expect_of("dt/transposed", t, true, false, 21);
-        ck_assert_int_eq(e.strides[0], 1);
-        publish_ok(c, "dt/transposed", t, &never, NULL);
-        consume_in_child(&e);
-
-        /* every other element of 10 */
-        t = alloc_or_fail(c, DT(kDLInt, 16, 1), 1, shape10);
-        t->dl_tensor.shape[0] = 5;
-        t->dl_tensor.strides[0] = 2;
-        pattern_fill(&t->dl_tensor, 0, 22);
-        e = expect_of("dt/every-other", t, true, false, 22);
-        publish_ok(c, "dt/every-other", t, &never, NULL);
-        consume_in_child(&e);
-
-        /* every other row and column of a 4 x 12 complex64 */
-        t = alloc_or_fail(c, DT(kDLComplex, 64, 1), 2, shape412);
-        t->dl_tensor.shape[0] = 2;
-        t->dl_tensor.shape[1] = 6;
-        t->dl_tensor.strides[0] = 24;
-        t->dl_tensor.strides[1] = 2;
-        pattern_fill(&t->dl_tensor, 0, 23);
-        e = expect_of("dt/every-other-2d", t, true, false, 23);
-        publish_ok(c, "dt/every-other-2d", t, &never, NULL);
-        consume_in_child(&e);
-
-        /* padded sub-byte elements are addressable: strides are allowed */
-        t = alloc_or_fail(c, DT(kDLUInt, 8, 1), 2, shape46);
-        t->dl_tensor.dtype = DT(kDLInt, 4, 1);
-        t->flags |= PADDED;
-        t->dl_tensor.shape[0] = 6;
-        t->dl_tensor.shape[1] = 4;
-        t->dl_tensor.strides[0] = 1;
-        t->dl_tensor.strides[1] = 6;
-        pattern_fill(&t->dl_tensor, t->flags, 24);
-        e = expect_of("dt/padded-transposed", t, true, false, 24);
-        publish_ok(c, "dt/padded-transposed", t, &never, NULL);
-        consume_in_child(&e);
-
-        /* reversed in place: the data pointer moved to the last element, stride -1 */
-        t = alloc_or_fail(c, DT(kDLInt, 32, 1), 1, shape10);
-        t->dl_tensor.data = (int32_t *)t->dl_tensor.data + 9;
-        t->dl_tensor.strides[0] = -1;
-        pattern_fill(&t->dl_tensor, 0, 25);
-        e = expect_of("dt/reversed", t, true, false, 25);
-        publish_ok(c, "dt/reversed", t, NULL, NULL);
+        if (row->dt.bits)
+                d->dtype = row->dt;
+        t->flags |= row->flags;
+        d->data = (uint8_t *)d->data + row->data_at * (d->dtype.bits * d->dtype.lanes / 8);
+        for (int32_t k = 0; k < row->ndim; k++) {
+                d->shape[k] = row->shape[k];
+                d->strides[k] = row->strides[k];
+        }
+        pattern_fill(d, t->flags, (uint8_t)(21 + _i));
+        e = expect_of(row->name, t, true, false, (uint8_t)(21 + _i));
+        for (int32_t k = 0; k < row->ndim; k++)
+                ck_assert_int_eq(e.strides[k], row->strides[k]);
+        publish_ok(c, row->name, t, row->default_policy ? NULL : &never, NULL);
         consume_in_child(&e);
         dlx_close(c);
 }
 END_TEST
 
-/* Copies of strided malloc'd views, negative strides included: the values must match. */
-START_TEST(test_strided_copy)
+/*
+ * Copies of strided malloc'd views, negative strides included: the values
+ * must match, and the deleter runs once, by the time publish returns.
+ */
+static const struct strided_copy_row {
+        const char *name;
+        DLDataType dt;
+        int32_t ndim;
+        int64_t shape[2], strides[2];
+        uint64_t byte_offset, flags;
+        size_t bufsize, data_at;
+} strided_copy_rows[] = {
+        {"dt/c-transposed", DTI(kDLFloat, 64, 1), 2, {6, 4}, {1, 6}, 0, 0, 24 * 8, 0},
+        {"dt/c-every-other", DTI(kDLUInt, 32, 1), 1, {5}, {2}, 0, 0, 10 * 4, 0},
+        /* the data pointer at the last element */
+        {"dt/c-reversed", DTI(kDLInt, 64, 1), 1, {5}, {-1}, 0, 0, 5 * 8, 4 * 8},
+        /* data at the start of the last row */
+        {"dt/c-flip-rows", DTI(kDLBfloat, 16, 1), 2, {3, 4}, {-4, 1}, 0, 0, 12 * 2, 8 * 2},
+        /* both axes flipped: data at the very last element */
+        {"dt/c-flip-both", DTI(kDLFloat, 32, 4), 2, {3, 4}, {-4, -1}, 0, 0, 12 * 16, 11 * 16},
+        /* transposed and reversed, with a byte_offset on top */
+        {"dt/c-neg-transposed", DTI(kDLInt, 8, 1), 2, {6, 4}, {-1, -6}, 16, 0, 16 + 24, 23},
+        /* padded int4, every other element */
+        {"dt/c-padded-strided", DTI(kDLInt, 4, 1), 1, {5}, {2}, 0, PADDED, 10, 0},
+};
+
+START_TEST(strided_copy_keeps_the_values)
 {
-        static const int64_t shape64[2] = {6, 4}, t_strides[2] = {1, 6};
-        static const int64_t shape5[1] = {5}, eo_strides[1] = {2}, neg1[1] = {-1};
-        static const int64_t shape34[2] = {3, 4}, flip_rows[2] = {-4, 1}, flip_both[2] = {-4, -1};
-        static const int64_t neg_t[2] = {-1, -6};
+        const struct strided_copy_row *row = &strided_copy_rows[_i];
         dlx_client *c = fx_connect(&fx, "producer");
-        struct owned *o;
+        struct owned *o = owned_new(row->dt, row->ndim, row->shape, row->strides, row->byte_offset,
+                                    row->flags, row->bufsize, row->data_at);
         struct expect e;
 
         deleter_runs = 0;
-        /* transposed */
-        o = owned_new(DT(kDLFloat, 64, 1), 2, shape64, t_strides, 0, 0, 24 * 8, 0);
-        pattern_fill(&o->mt.dl_tensor, 0, 31);
-        e = expect_of("dt/c-transposed", &o->mt, false, false, 31);
-        publish_ok(c, "dt/c-transposed", &o->mt, NULL, NULL);
+        pattern_fill(&o->mt.dl_tensor, row->flags, (uint8_t)(31 + _i));
+        e = expect_of(row->name, &o->mt, false, false, (uint8_t)(31 + _i));
+        publish_ok(c, row->name, &o->mt, NULL, NULL);
+        ck_assert_int_eq(deleter_runs, 1);
         consume_in_child(&e);
-
-        /* every other element */
-        o = owned_new(DT(kDLUInt, 32, 1), 1, shape5, eo_strides, 0, 0, 10 * 4, 0);
-        pattern_fill(&o->mt.dl_tensor, 0, 32);
-        e = expect_of("dt/c-every-other", &o->mt, false, false, 32);
-        publish_ok(c, "dt/c-every-other", &o->mt, NULL, NULL);
-        consume_in_child(&e);
-
-        /* reversed: the data pointer at the last element, stride -1 */
-        o = owned_new(DT(kDLInt, 64, 1), 1, shape5, neg1, 0, 0, 5 * 8, 4 * 8);
-        pattern_fill(&o->mt.dl_tensor, 0, 33);
-        e = expect_of("dt/c-reversed", &o->mt, false, false, 33);
-        publish_ok(c, "dt/c-reversed", &o->mt, NULL, NULL);
-        consume_in_child(&e);
-
-        /* rows flipped: data at the start of the last row */
-        o = owned_new(DT(kDLBfloat, 16, 1), 2, shape34, flip_rows, 0, 0, 12 * 2, 8 * 2);
-        pattern_fill(&o->mt.dl_tensor, 0, 34);
-        e = expect_of("dt/c-flip-rows", &o->mt, false, false, 34);
-        publish_ok(c, "dt/c-flip-rows", &o->mt, NULL, NULL);
-        consume_in_child(&e);
-
-        /* both axes flipped: data at the very last element */
-        o = owned_new(DT(kDLFloat, 32, 4), 2, shape34, flip_both, 0, 0, 12 * 16, 11 * 16);
-        pattern_fill(&o->mt.dl_tensor, 0, 35);
-        e = expect_of("dt/c-flip-both", &o->mt, false, false, 35);
-        publish_ok(c, "dt/c-flip-both", &o->mt, NULL, NULL);
-        consume_in_child(&e);
-
-        /* transposed and reversed, with a byte_offset on top */
-        o = owned_new(DT(kDLInt, 8, 1), 2, shape64, neg_t, 16, 0, 16 + 24, 23);
-        pattern_fill(&o->mt.dl_tensor, 0, 36);
-        e = expect_of("dt/c-neg-transposed", &o->mt, false, false, 36);
-        publish_ok(c, "dt/c-neg-transposed", &o->mt, NULL, NULL);
-        consume_in_child(&e);
-
-        /* padded int4, every other element */
-        o = owned_new(DT(kDLInt, 4, 1), 1, shape5, eo_strides, 0, PADDED, 10, 0);
-        pattern_fill(&o->mt.dl_tensor, PADDED, 37);
-        e = expect_of("dt/c-padded-strided", &o->mt, false, false, 37);
-        publish_ok(c, "dt/c-padded-strided", &o->mt, NULL, NULL);
-        consume_in_child(&e);
-
-        ck_assert_int_eq(deleter_runs, 7);
         dlx_close(c);
-        ck_assert_int_eq(deleter_runs, 7);
+        ck_assert_int_eq(deleter_runs, 1);
 }
 END_TEST
 
@@ -862,8 +846,8 @@ Suite *dtypes_suite(void)
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, test_zero_dim);
         tcase_add_test(tc, test_size_zero);
-        tcase_add_test(tc, test_strided_zero_copy);
-        tcase_add_test(tc, test_strided_copy);
+        tcase_add_rows(tc, strided_zero_copy_keeps_the_strides, strided_zero_copy_rows);
+        tcase_add_rows(tc, strided_copy_keeps_the_values, strided_copy_rows);
         tcase_add_test(tc, test_packed_strided_rejected);
         tcase_add_test(tc, test_byte_offset_zero_copy);
         tcase_add_test(tc, test_byte_offset_copy);

@@ -78,30 +78,36 @@ static DLTensor cpu_prototype(DLDataType dt)
         return p;
 }
 
+/* The allocator refuses proto: SetError called once, with a message, and the out tensor untouched.
+ */
+static void expect_allocator_refuses(DLTensor *proto, DLManagedTensorVersioned *out)
+{
+        DLManagedTensorVersioned *was = out;
+        struct error_sink sink = {0};
+
+        ck_assert_int_ne(
+                dlx_exchange_api()->managed_tensor_allocator(proto, &out, &sink, set_error), 0);
+        ck_assert_int_eq(sink.calls, 1);
+        ck_assert_str_ne(sink.message, "");
+        ck_assert_ptr_eq(out, was);
+}
+
 START_TEST(test_allocator_no_client)
 {
         const DLPackExchangeAPI *api = dlx_exchange_api();
         DLTensor proto = cpu_prototype(DT(kDLFloat, 32, 1));
         DLManagedTensorVersioned *sentinel = (DLManagedTensorVersioned *)&proto, *out = sentinel;
-        struct error_sink sink = {0};
         dlx_client *c;
 
         /* no client has connected in this (forked) test process yet */
-        ck_assert_int_ne(api->managed_tensor_allocator(&proto, &out, &sink, set_error), 0);
-        ck_assert_int_eq(sink.calls, 1);
-        ck_assert_str_ne(sink.message, "");
-        ck_assert_ptr_eq(out, sentinel);
+        expect_allocator_refuses(&proto, sentinel);
         /* without a SetError it still fails, quietly */
         ck_assert_int_ne(api->managed_tensor_allocator(&proto, &out, NULL, NULL), 0);
 
         /* once the only client is closed, there is none again */
         c = fx_connect(&fx, "gone");
         dlx_close(c);
-        memset(&sink, 0, sizeof(sink));
-        ck_assert_int_ne(api->managed_tensor_allocator(&proto, &out, &sink, set_error), 0);
-        ck_assert_int_eq(sink.calls, 1);
-        ck_assert_str_ne(sink.message, "");
-        ck_assert_ptr_eq(out, sentinel);
+        expect_allocator_refuses(&proto, sentinel);
 }
 END_TEST
 
@@ -149,12 +155,8 @@ START_TEST(test_allocator_bad_prototypes)
 
         /* a device dlx cannot allocate for */
         proto.device.device_type = kDLOpenCL;
-        ck_assert_int_ne(api->managed_tensor_allocator(&proto, &out, &sink, set_error), 0);
-        ck_assert_int_eq(sink.calls, 1);
-        ck_assert_str_ne(sink.message, "");
-        ck_assert_ptr_null(out);
+        expect_allocator_refuses(&proto, NULL);
         /* CUDA: refused without a driver, allocated (VMM) where there is one */
-        memset(&sink, 0, sizeof(sink));
         proto.device.device_type = kDLCUDA;
         if (api->managed_tensor_allocator(&proto, &out, &sink, set_error) != 0) {
                 ck_assert_int_eq(sink.calls, 1);
@@ -167,12 +169,8 @@ START_TEST(test_allocator_bad_prototypes)
                 out = NULL;
         }
 
-        memset(&sink, 0, sizeof(sink));
         proto = cpu_prototype(DT(kDLFloat, 7, 1));
-        ck_assert_int_ne(api->managed_tensor_allocator(&proto, &out, &sink, set_error), 0);
-        ck_assert_int_eq(sink.calls, 1);
-        ck_assert_str_ne(sink.message, "");
-        ck_assert_ptr_null(out);
+        expect_allocator_refuses(&proto, NULL);
         dlx_close(c);
 }
 END_TEST

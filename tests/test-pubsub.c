@@ -41,6 +41,19 @@ static int *shared_counter(void)
         return p;
 }
 
+/* Lets p take in events (by a blocking ping when by_ping) until the deleter ran: once, in 1 s. */
+static void wait_deleter_ran(dlx_client *p, const int *count, bool by_ping)
+{
+        for (int i = 0; i < 200 && *count == 0; i++) {
+                fx_sleep_ms(5);
+                if (by_ping)
+                        ck_assert_int_eq(dlx_ping(p), 0);
+                else
+                        ck_assert_int_ge(dlx_process_events(p), 0);
+        }
+        ck_assert_int_eq(*count, 1);
+}
+
 /* A pipe used to say "I'm there" between processes. */
 struct gate {
         int fd[2];
@@ -237,11 +250,7 @@ START_TEST(replace_while_leased)
 
         old->deleter(old);
         /* RELEASED reaches the producer; its deleter runs exactly once */
-        for (int i = 0; i < 200 && *count == 0; i++) {
-                fx_sleep_ms(5);
-                ck_assert_int_ge(dlx_process_events(p), 0);
-        }
-        ck_assert_int_eq(*count, 1);
+        wait_deleter_ran(p, count, false);
         dlx_process_events(p);
         ck_assert_int_eq(*count, 1);
         cur->deleter(cur);
@@ -269,11 +278,7 @@ START_TEST(unpublish_while_leased)
         ck_assert_int_eq(*count, 0);
         held->deleter(held);
         /* a blocking call also delivers pending events */
-        for (int i = 0; i < 200 && *count == 0; i++) {
-                fx_sleep_ms(5);
-                ck_assert_int_eq(dlx_ping(p), 0);
-        }
-        ck_assert_int_eq(*count, 1);
+        wait_deleter_ran(p, count, true);
         dlx_close(q);
         dlx_close(p);
         ck_assert_int_eq(*count, 1);
@@ -330,11 +335,7 @@ START_TEST(kill9_releases_leases)
         kill(pid, SIGKILL);
         ck_assert_int_eq(fx_wait(pid), 128 + SIGKILL);
         ck_assert_int_eq(fx_wait_leases(p, 0, 5000), 0);
-        for (int i = 0; i < 200 && *count == 0; i++) {
-                fx_sleep_ms(5);
-                dlx_process_events(p);
-        }
-        ck_assert_int_eq(*count, 1);
+        wait_deleter_ran(p, count, false);
         gate_done(&a.ready);
         dlx_close(p);
         munmap(count, 4096);

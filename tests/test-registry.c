@@ -365,11 +365,32 @@ static void tensor_f32(struct wire_tensor *t, const char *name, int64_t n, uint6
         t->length = length;
 }
 
-static void req_init(struct wire_request *req, enum wire_request_type type)
+/* The registry's handler of each request type but publish and alloc, which take an fd. */
+static void (*const handlers[WIRE_REQ_COUNT])(struct session *, const struct wire_request *) = {
+        [WIRE_REQ_ACQUIRE] = registry_acquire,     [WIRE_REQ_RELEASE] = registry_release,
+        [WIRE_REQ_UNPUBLISH] = registry_unpublish, [WIRE_REQ_LIST] = registry_list,
+        [WIRE_REQ_STAT] = registry_stat,           [WIRE_REQ_WATCH] = registry_watch,
+        [WIRE_REQ_UNWATCH] = registry_unwatch,     [WIRE_REQ_FREE] = registry_free,
+        [WIRE_REQ_FORGET] = registry_forget,       [WIRE_REQ_STATS] = registry_stats,
+};
+
+/*
+ * Gives req the next id and hands it to its registry handler, with fd (-1:
+ * none; publish and alloc only); returns the reply, or NULL for none.
+ */
+static const struct sent *submit(struct client *c, struct wire_request *req, int fd)
 {
-        memset(req, 0, sizeof(*req));
         req->id = E.next_id++;
-        req->type = type;
+        if (req->type == WIRE_REQ_PUBLISH) {
+                registry_publish(c->s, req, fd);
+        } else if (req->type == WIRE_REQ_ALLOC) {
+                registry_alloc(c->s, req, fd);
+        } else {
+                ck_assert_int_eq(fd, -1);
+                ck_assert_ptr_nonnull(handlers[req->type]);
+                handlers[req->type](c->s, req);
+        }
+        return reply_for(c, req->id);
 }
 
 /* ---- requests ---------------------------------------------------------------------------- */
@@ -377,14 +398,10 @@ static void req_init(struct wire_request *req, enum wire_request_type type)
 static const struct sent *publish_t(struct client *c, const struct wire_tensor *t, int fd,
                                     bool persist, uint64_t token)
 {
-        struct wire_request req;
+        struct wire_request req = {.type = WIRE_REQ_PUBLISH,
+                                   .publish = {.tensor = *t, .persist = persist, .token = token}};
 
-        req_init(&req, WIRE_REQ_PUBLISH);
-        req.publish.tensor = *t;
-        req.publish.persist = persist;
-        req.publish.token = token;
-        registry_publish(c->s, &req, fd);
-        return reply_for(c, req.id);
+        return submit(c, &req, fd);
 }
 
 #define SEG_BYTES 64
@@ -422,16 +439,16 @@ static const struct sent *publish_seg(struct client *c, const char *name, uint64
 static const struct sent *acquire(struct client *c, const char *name, uint64_t min_version,
                                   int64_t timeout_ms, uint64_t *ret_id)
 {
-        struct wire_request req;
+        struct wire_request req = {
+                .type = WIRE_REQ_ACQUIRE,
+                .acquire = {.min_version = min_version, .timeout_ms = timeout_ms}};
+        const struct sent *r;
 
-        req_init(&req, WIRE_REQ_ACQUIRE);
         snprintf(req.acquire.name, sizeof(req.acquire.name), "%s", name);
-        req.acquire.min_version = min_version;
-        req.acquire.timeout_ms = timeout_ms;
-        registry_acquire(c->s, &req);
+        r = submit(c, &req, -1);
         if (ret_id)
                 *ret_id = req.id;
-        return reply_for(c, req.id);
+        return r;
 }
 
 /* An immediate acquire that must succeed; returns the reply. */
@@ -445,12 +462,9 @@ static const struct sent *acquire_ok(struct client *c, const char *name)
 /* Success is silent: returns NULL then. */
 static const struct sent *release(struct client *c, uint64_t lease)
 {
-        struct wire_request req;
+        struct wire_request req = {.type = WIRE_REQ_RELEASE, .release.lease = lease};
 
-        req_init(&req, WIRE_REQ_RELEASE);
-        req.release.lease = lease;
-        registry_release(c->s, &req);
-        return reply_for(c, req.id);
+        return submit(c, &req, -1);
 }
 
 static void release_ok(struct client *c, uint64_t lease)
@@ -462,35 +476,29 @@ static void release_ok(struct client *c, uint64_t lease)
 
 static const struct sent *unpublish(struct client *c, const char *name)
 {
-        struct wire_request req;
+        struct wire_request req = {.type = WIRE_REQ_UNPUBLISH};
 
-        req_init(&req, WIRE_REQ_UNPUBLISH);
         snprintf(req.unpublish.name, sizeof(req.unpublish.name), "%s", name);
-        registry_unpublish(c->s, &req);
-        return reply_for(c, req.id);
+        return submit(c, &req, -1);
 }
 
 static const struct sent *list(struct client *c, const char *prefix, const char *after,
                                uint32_t limit)
 {
-        struct wire_request req;
+        struct wire_request req = {.type = WIRE_REQ_LIST};
 
-        req_init(&req, WIRE_REQ_LIST);
         snprintf(req.list.prefix, sizeof(req.list.prefix), "%s", prefix);
         snprintf(req.list.after, sizeof(req.list.after), "%s", after);
         req.list.limit = limit;
-        registry_list(c->s, &req);
-        return reply_for(c, req.id);
+        return submit(c, &req, -1);
 }
 
 static const struct sent *stat_(struct client *c, const char *name)
 {
-        struct wire_request req;
+        struct wire_request req = {.type = WIRE_REQ_STAT};
 
-        req_init(&req, WIRE_REQ_STAT);
         snprintf(req.stat.name, sizeof(req.stat.name), "%s", name);
-        registry_stat(c->s, &req);
-        return reply_for(c, req.id);
+        return submit(c, &req, -1);
 }
 
 static const struct wire_info *stat_ok(struct client *c, const char *name)
@@ -500,35 +508,27 @@ static const struct wire_info *stat_ok(struct client *c, const char *name)
 
 static uint64_t watch(struct client *c, const char *prefix)
 {
-        struct wire_request req;
+        struct wire_request req = {.type = WIRE_REQ_WATCH};
         const struct sent *r;
 
-        req_init(&req, WIRE_REQ_WATCH);
         snprintf(req.watch.prefix, sizeof(req.watch.prefix), "%s", prefix);
-        registry_watch(c->s, &req);
-        r = expect_ok(reply_for(c, req.id), WIRE_REP_WATCH);
+        r = expect_ok(submit(c, &req, -1), WIRE_REP_WATCH);
         ck_assert_uint_ne(r->rep.watch.watch, 0);
         return r->rep.watch.watch;
 }
 
 static const struct sent *unwatch(struct client *c, uint64_t id)
 {
-        struct wire_request req;
+        struct wire_request req = {.type = WIRE_REQ_UNWATCH, .unwatch.watch = id};
 
-        req_init(&req, WIRE_REQ_UNWATCH);
-        req.unwatch.watch = id;
-        registry_unwatch(c->s, &req);
-        return reply_for(c, req.id);
+        return submit(c, &req, -1);
 }
 
 static const struct sent *alloc(struct client *c, uint64_t size)
 {
-        struct wire_request req;
+        struct wire_request req = {.type = WIRE_REQ_ALLOC, .alloc.size = size};
 
-        req_init(&req, WIRE_REQ_ALLOC);
-        req.alloc.size = size;
-        registry_alloc(c->s, &req, -1);
-        return reply_for(c, req.id);
+        return submit(c, &req, -1);
 }
 
 static uint64_t alloc_ok(struct client *c, uint64_t size)
@@ -545,32 +545,24 @@ static uint64_t alloc_ok(struct client *c, uint64_t size)
 
 static const struct sent *free_seg(struct client *c, uint64_t segment)
 {
-        struct wire_request req;
+        struct wire_request req = {.type = WIRE_REQ_FREE, .free.segment = segment};
 
-        req_init(&req, WIRE_REQ_FREE);
-        req.free.segment = segment;
-        registry_free(c->s, &req);
-        return reply_for(c, req.id);
+        return submit(c, &req, -1);
 }
 
 static const struct sent *forget(struct client *c, uint64_t segment)
 {
-        struct wire_request req;
+        struct wire_request req = {.type = WIRE_REQ_FORGET,
+                                   .forget = {.segments = {segment}, .count = 1}};
 
-        req_init(&req, WIRE_REQ_FORGET);
-        req.forget.segments[0] = segment;
-        req.forget.count = 1;
-        registry_forget(c->s, &req);
-        return reply_for(c, req.id);
+        return submit(c, &req, -1);
 }
 
 static struct wire_stats stats(struct client *c)
 {
-        struct wire_request req;
+        struct wire_request req = {.type = WIRE_REQ_STATS};
 
-        req_init(&req, WIRE_REQ_STATS);
-        registry_stats(c->s, &req);
-        return expect_ok(reply_for(c, req.id), WIRE_REP_STATS)->rep.stats;
+        return expect_ok(submit(c, &req, -1), WIRE_REP_STATS)->rep.stats;
 }
 
 /* ---- publish, republish, watch events ---------------------------------------------------- */
@@ -918,10 +910,9 @@ START_TEST(test_watch_limit)
                 if (i == 0)
                         first = id;
         }
-        req_init(&req, WIRE_REQ_WATCH);
+        req = (struct wire_request){.type = WIRE_REQ_WATCH};
         snprintf(req.watch.prefix, sizeof(req.watch.prefix), "lim/over");
-        registry_watch(w->s, &req);
-        r = reply_for(w, req.id);
+        r = submit(w, &req, -1);
         expect_status(r, WIRE_LIMIT);
         ck_assert_str_eq(r->rep.error, "this client has 256 watches already (the limit)");
         ck_assert_uint_eq(index_buckets(), DLX_DEFAULT_MAX_WATCHES);
@@ -2149,15 +2140,13 @@ static void tensor_ipc(struct wire_tensor *t, const char *name)
 static const struct sent *publish_ipc(struct client *c, const struct wire_tensor *t,
                                       uint64_t alloc_size, bool persist, uint64_t token)
 {
-        struct wire_request req;
+        struct wire_request req = {.type = WIRE_REQ_PUBLISH,
+                                   .publish = {.tensor = *t,
+                                               .persist = persist,
+                                               .token = token,
+                                               .segment_size = alloc_size}};
 
-        req_init(&req, WIRE_REQ_PUBLISH);
-        req.publish.tensor = *t;
-        req.publish.persist = persist;
-        req.publish.token = token;
-        req.publish.segment_size = alloc_size;
-        registry_publish(c->s, &req, -1);
-        return reply_for(c, req.id);
+        return submit(c, &req, -1);
 }
 
 START_TEST(test_cuda_ipc_descriptor)
@@ -2182,11 +2171,10 @@ START_TEST(test_cuda_ipc_descriptor)
         uint64_t lease = r->rep.acquire.lease;
 
         /* release with the consumer's event: the producer gets it back with RELEASED */
-        req_init(&req, WIRE_REQ_RELEASE);
-        req.release.lease = lease;
-        req.release.has_event = true;
+        req = (struct wire_request){.type = WIRE_REQ_RELEASE,
+                                    .release = {.lease = lease, .has_event = true}};
         handle_bytes(req.release.event, 200);
-        registry_release(c->s, &req);
+        submit(c, &req, -1);
         expect_ok(unpublish(p, "gpu/x"), WIRE_REP_NONE);
         ck_assert_uint_eq(count_released(p, 5), 1);
         const struct wire_reply *ev = NULL;
@@ -2205,11 +2193,9 @@ START_TEST(test_cuda_ipc_descriptor)
         expect_status(publish_ipc(p, &t, 4096, false, 0), WIRE_INVALID);
         tensor_ipc(&t, "gpu/y");
         int fd = sealed_memfd(SEG_BYTES);
-        req_init(&req, WIRE_REQ_PUBLISH);
-        req.publish.tensor = t;
-        req.publish.segment_size = 4096;
-        registry_publish(p->s, &req, fd);
-        expect_status(reply_for(p, req.id), WIRE_INVALID);
+        req = (struct wire_request){.type = WIRE_REQ_PUBLISH,
+                                    .publish = {.tensor = t, .segment_size = 4096}};
+        expect_status(submit(p, &req, fd), WIRE_INVALID);
         ck_assert(!fd_is_open(fd));
         t.device_type = kDLCPU;
         expect_status(publish_ipc(p, &t, 4096, false, 0), WIRE_INVALID);
@@ -2240,26 +2226,24 @@ START_TEST(test_release_events_fair_and_bounded)
         /* the greedy consumer releases 100 leases with 100 distinct events */
         for (int i = 0; i < 100; i++) {
                 r = acquire_ok(a, "gpu/f");
-                req_init(&req, WIRE_REQ_RELEASE);
-                req.release.lease = r->rep.acquire.lease;
-                req.release.has_event = true;
+                req = (struct wire_request){
+                        .type = WIRE_REQ_RELEASE,
+                        .release = {.lease = r->rep.acquire.lease, .has_event = true}};
                 handle_bytes(req.release.event, (uint8_t)i);
                 req.release.event[0] = 0xa0;
                 req.release.event[1] = (uint8_t)i;
-                registry_release(a->s, &req);
+                submit(a, &req, -1);
         }
         /* the modest one's single event still counts */
         r = acquire_ok(b, "gpu/f");
-        req_init(&req, WIRE_REQ_RELEASE);
-        req.release.lease = r->rep.acquire.lease;
-        req.release.has_event = true;
+        req = (struct wire_request){.type = WIRE_REQ_RELEASE,
+                                    .release = {.lease = r->rep.acquire.lease, .has_event = true}};
         handle_bytes(req.release.event, 0xb0);
-        registry_release(b->s, &req);
+        submit(b, &req, -1);
         /* the same event twice is kept once */
         r = acquire_ok(b, "gpu/f");
-        req.id = E.next_id++;
         req.release.lease = r->rep.acquire.lease;
-        registry_release(b->s, &req);
+        submit(b, &req, -1);
         expect_ok(unpublish(p, "gpu/f"), WIRE_REP_NONE);
         for (size_t i = 0; i < p->n; i++) {
                 const struct wire_reply *ev = &p->log[i].rep;
@@ -2296,11 +2280,9 @@ START_TEST(test_cuda_vmm_and_host_segments)
         ck_assert_int_ge(fd, 0);
         ck_assert_int_eq(fstat(fd, &sb), 0);
         E.store.vmm_dev = sb.st_rdev;
-        req_init(&req, WIRE_REQ_ALLOC);
-        req.alloc.size = 1 << 16;
-        req.alloc.storage = WIRE_STORAGE_CUDA_VMM;
-        registry_alloc(p->s, &req, fd);
-        r = expect_ok(reply_for(p, req.id), WIRE_REP_ALLOC);
+        req = (struct wire_request){.type = WIRE_REQ_ALLOC,
+                                    .alloc = {.size = 1 << 16, .storage = WIRE_STORAGE_CUDA_VMM}};
+        r = expect_ok(submit(p, &req, fd), WIRE_REP_ALLOC);
         ck_assert(!r->had_fd); /* the client made it: nothing to send back */
         uint64_t seg = r->rep.alloc.segment;
         ck_assert_uint_eq(r->rep.alloc.size, 1 << 16);
@@ -2317,19 +2299,16 @@ START_TEST(test_cuda_vmm_and_host_segments)
         t.device_type = kDLCPU;
         expect_status(publish_t(p, &t, -1, false, 0), WIRE_BAD_FD);
         /* alloc with a memfd storage and an fd, or a VMM without a size: refused */
-        req_init(&req, WIRE_REQ_ALLOC);
-        req.alloc.size = 4096;
-        req.alloc.storage = WIRE_STORAGE_MEMFD;
+        req = (struct wire_request){.type = WIRE_REQ_ALLOC,
+                                    .alloc = {.size = 4096, .storage = WIRE_STORAGE_MEMFD}};
         fd = sealed_memfd(4096);
-        registry_alloc(p->s, &req, fd);
-        expect_status(reply_for(p, req.id), WIRE_INVALID);
+        expect_status(submit(p, &req, fd), WIRE_INVALID);
         ck_assert(!fd_is_open(fd));
-        req_init(&req, WIRE_REQ_ALLOC);
-        req.alloc.storage = WIRE_STORAGE_CUDA_VMM;
+        req = (struct wire_request){.type = WIRE_REQ_ALLOC,
+                                    .alloc = {.storage = WIRE_STORAGE_CUDA_VMM}};
         int pipefd[2];
         ck_assert_int_eq(pipe2(pipefd, O_CLOEXEC), 0);
-        registry_alloc(p->s, &req, pipefd[0]);
-        expect_status(reply_for(p, req.id), WIRE_BAD_FD);
+        expect_status(submit(p, &req, pipefd[0]), WIRE_BAD_FD);
         close(pipefd[1]);
 
         /* cuda-host: a memfd on kDLCUDAHost, from a held memfd segment or an attached one */

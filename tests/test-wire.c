@@ -226,17 +226,35 @@ static void pb_tensor_init(struct pb_tensor *p, const char *name, size_t ndim)
         p->t.storage = DLXP__STORAGE__STORAGE_MEMFD;
 }
 
-/* Sets r to a request of this id whose body (its field name in dlx.proto: "acquire") is msg. */
-static void pb_request_body(Dlxp__Request *r, uint64_t id, const char *body, void *msg)
+/*
+ * Sets m, a message of d (a Request or a Reply), to one of this id whose body
+ * (its field name in dlx.proto: "acquire") is msg.
+ */
+static void pb_body(const ProtobufCMessageDescriptor *d, void *m, uint64_t id, const char *body,
+                    void *msg)
 {
         const ProtobufCFieldDescriptor *f =
-                protobuf_c_message_descriptor_get_field_by_name(&dlxp__request__descriptor, body);
+                protobuf_c_message_descriptor_get_field_by_name(d, body);
+        const ProtobufCFieldDescriptor *idf =
+                protobuf_c_message_descriptor_get_field_by_name(d, "id");
 
         ck_assert_ptr_nonnull(f);
-        dlxp__request__init(r);
-        r->id = id;
-        r->body_case = f->id; /* protobuf-c's oneof cases are the field numbers */
-        *(void **)((char *)r + f->offset) = msg;
+        ck_assert_ptr_nonnull(idf);
+        protobuf_c_message_init(d, m);
+        *(uint64_t *)((char *)m + idf->offset) = id;
+        /* a oneof member's quantifier is the case, and protobuf-c's cases are the field numbers */
+        *(uint32_t *)((char *)m + f->quantifier_offset) = f->id;
+        *(void **)((char *)m + f->offset) = msg;
+}
+
+static void pb_request_body(Dlxp__Request *r, uint64_t id, const char *body, void *msg)
+{
+        pb_body(&dlxp__request__descriptor, r, id, body, msg);
+}
+
+static void pb_reply_body(Dlxp__Reply *r, uint64_t id, const char *body, void *msg)
+{
+        pb_body(&dlxp__reply__descriptor, r, id, body, msg);
 }
 
 /* A publish request around a protobuf tensor. */
@@ -1080,6 +1098,12 @@ END_TEST
 
 START_TEST(test_decode_client_name)
 {
+        /* control characters (in octal, which stops at 3 digits), C1 controls, broken UTF-8, NUL */
+        static const struct {
+                const char *s;
+                size_t len;
+        } bad[] = {{"\001abc", 4},  {"tab\there", 8}, {"del\x7f", 4},
+                   {"\xc2\x9b", 2}, {"bad\xc3", 4},   {"a\0", 2}};
         Dlxp__Request r;
         Dlxp__Hello hello;
         struct wire_request q;
@@ -1096,19 +1120,11 @@ START_TEST(test_decode_client_name)
         hello.client_name = bin(name, DLX_CLIENT_NAME_MAX + 1);
         ck_assert_int_eq(decode_pb_request(&r, &q), -EINVAL);
         ck_assert_uint_eq(q.id, 400);
-        hello.client_name = str("\x01"
-                                "abc");
-        ck_assert_int_eq(decode_pb_request(&r, &q), -EINVAL);
-        hello.client_name = str("tab\there");
-        ck_assert_int_eq(decode_pb_request(&r, &q), -EINVAL);
-        hello.client_name = str("del\x7f");
-        ck_assert_int_eq(decode_pb_request(&r, &q), -EINVAL);
-        hello.client_name = str("\xc2\x9b");
-        ck_assert_int_eq(decode_pb_request(&r, &q), -EINVAL);
-        hello.client_name = str("bad\xc3");
-        ck_assert_int_eq(decode_pb_request(&r, &q), -EINVAL);
-        hello.client_name = bin("a\0", 2);
-        ck_assert_int_eq(decode_pb_request(&r, &q), -EINVAL);
+        for (size_t i = 0; i < N_ELEMS(bad); i++) {
+                hello.client_name = bin(bad[i].s, bad[i].len);
+                ck_assert_msg(decode_pb_request(&r, &q) == -EINVAL, "bad client name #%zu accepted",
+                              i);
+        }
         hello.client_name = str("python3 / trainer \xe2\x9c\x93");
         ck_assert_int_eq(decode_pb_request(&r, &q), 0);
         ck_assert_str_eq(q.hello.client_name, "python3 / trainer \xe2\x9c\x93");
@@ -1117,190 +1133,156 @@ END_TEST
 
 /* ---- encode refusals ---------------------------------------------------------------------- */
 
-START_TEST(test_encode_refuses)
+/* A string field of a message filled to its last byte, unterminated (size 0: none). */
+struct unterminated {
+        size_t off, size;
+        char c;
+};
+#define UNTERMINATED(type, field, ch)                                                              \
+        {                                                                                          \
+                offsetof(type, field), sizeof(((type *)0)->field), (ch)                            \
+        }
+
+#define REQ_UNTERMINATED(field, ch) UNTERMINATED(struct wire_request, field, ch)
+#define REP_UNTERMINATED(field, ch) UNTERMINATED(struct wire_reply, field, ch)
+
+static void fill_unterminated(void *msg, struct unterminated u)
 {
+        memset((char *)msg + u.off, u.c, u.size);
+}
+
+/* One row a request encode must refuse; a publish gets make_tensor("t", 1), then ndim if given. */
+static const struct encode_request_row {
+        const char *what;
         struct wire_request q;
+        struct unterminated unterminated;
+        int32_t ndim;
+} encode_request_rows[] = {
+        {"acquire, an unterminated name", {REQ(1, ACQUIRE)}, REQ_UNTERMINATED(acquire.name, 'a')},
+        {"hello, an unterminated client name",
+         {REQ(1, HELLO)},
+         REQ_UNTERMINATED(hello.client_name, 'c')},
+        {"list, an unterminated after", {REQ(1, LIST)}, REQ_UNTERMINATED(list.after, 'z')},
+        {"list, an unterminated prefix", {REQ(1, LIST)}, REQ_UNTERMINATED(list.prefix, 'z')},
+        {"stat, an unterminated name", {REQ(1, STAT)}, REQ_UNTERMINATED(stat.name, 's')},
+        {"unpublish, an unterminated name",
+         {REQ(1, UNPUBLISH)},
+         REQ_UNTERMINATED(unpublish.name, 'u')},
+        {"watch, an unterminated prefix", {REQ(1, WATCH)}, REQ_UNTERMINATED(watch.prefix, 'w')},
+        {"publish, one dimension too many", {REQ(1, PUBLISH)}, .ndim = DLX_MAX_NDIM + 1},
+        {"publish, a negative rank", {REQ(1, PUBLISH)}, .ndim = -1},
+        {"publish, an unterminated tensor name",
+         {REQ(1, PUBLISH)},
+         REQ_UNTERMINATED(publish.tensor.name, 'n')},
+        {"no type", {REQ(1, NONE)}},
+        {"type COUNT", {REQ(1, COUNT)}},
+        {"type 99", {.id = 1, .type = (enum wire_request_type)99}},
+};
+
+START_TEST(encode_refuses_an_invalid_request)
+{
+        const struct encode_request_row *row = &encode_request_rows[_i];
+        struct wire_request q = row->q;
         size_t n = 12345;
         uint8_t buf[64];
+        int rc;
 
-        memset(&q, 0, sizeof(q));
-        q.id = 1;
-        q.type = WIRE_REQ_ACQUIRE;
-        memset(q.acquire.name, 'a', sizeof(q.acquire.name)); /* unterminated */
-        ck_assert_int_eq(wire_request_size(&q, &n), -EINVAL);
-        ck_assert_uint_eq(n, 12345);
-        ck_assert_uint_eq(wire_request_pack(&q, buf), 0);
-
-        memset(&q, 0, sizeof(q));
-        q.id = 1;
-        q.type = WIRE_REQ_HELLO;
-        memset(q.hello.client_name, 'c', sizeof(q.hello.client_name));
-        ck_assert_int_eq(wire_request_size(&q, &n), -EINVAL);
-
-        memset(&q, 0, sizeof(q));
-        q.id = 1;
-        q.type = WIRE_REQ_LIST;
-        memset(q.list.after, 'z', sizeof(q.list.after));
-        ck_assert_int_eq(wire_request_size(&q, &n), -EINVAL);
-        memset(&q.list, 0, sizeof(q.list));
-        memset(q.list.prefix, 'z', sizeof(q.list.prefix));
-        ck_assert_int_eq(wire_request_size(&q, &n), -EINVAL);
-
-        memset(&q, 0, sizeof(q));
-        q.id = 1;
-        q.type = WIRE_REQ_STAT;
-        memset(q.stat.name, 's', sizeof(q.stat.name));
-        ck_assert_int_eq(wire_request_size(&q, &n), -EINVAL);
-
-        memset(&q, 0, sizeof(q));
-        q.id = 1;
-        q.type = WIRE_REQ_UNPUBLISH;
-        memset(q.unpublish.name, 'u', sizeof(q.unpublish.name));
-        ck_assert_int_eq(wire_request_size(&q, &n), -EINVAL);
-
-        memset(&q, 0, sizeof(q));
-        q.id = 1;
-        q.type = WIRE_REQ_WATCH;
-        memset(q.watch.prefix, 'w', sizeof(q.watch.prefix));
-        ck_assert_int_eq(wire_request_size(&q, &n), -EINVAL);
-
-        memset(&q, 0, sizeof(q));
-        q.id = 1;
-        q.type = WIRE_REQ_PUBLISH;
-        make_tensor(&q.publish.tensor, "t", 1);
-        q.publish.tensor.ndim = DLX_MAX_NDIM + 1;
-        ck_assert_int_eq(wire_request_size(&q, &n), -EINVAL);
-        ck_assert_uint_eq(wire_request_pack(&q, buf), 0);
-        q.publish.tensor.ndim = -1;
-        ck_assert_int_eq(wire_request_size(&q, &n), -EINVAL);
-        q.publish.tensor.ndim = 1;
-        memset(q.publish.tensor.name, 'n', sizeof(q.publish.tensor.name));
-        ck_assert_int_eq(wire_request_size(&q, &n), -EINVAL);
-
-        memset(&q, 0, sizeof(q));
-        q.id = 1;
-        q.type = WIRE_REQ_NONE;
-        ck_assert_int_eq(wire_request_size(&q, &n), -EINVAL);
-        q.type = WIRE_REQ_COUNT;
-        ck_assert_int_eq(wire_request_size(&q, &n), -EINVAL);
-        q.type = (enum wire_request_type)99;
-        ck_assert_int_eq(wire_request_size(&q, &n), -EINVAL);
-        ck_assert_uint_eq(n, 12345);
-}
-END_TEST
-
-START_TEST(test_encode_reply_refuses)
-{
-        struct wire_reply p;
-        struct wire_info entry;
-        size_t n = 12345;
-
-        reply_init(&p, 1, WIRE_REP_NONE);
-        memset(p.error, 'e', sizeof(p.error));
-        ck_assert_int_eq(wire_reply_size(&p, &n), -EINVAL);
-
-        reply_init(&p, 1, WIRE_REP_HELLO);
-        memset(p.hello.server, 's', sizeof(p.hello.server));
-        ck_assert_int_eq(wire_reply_size(&p, &n), -EINVAL);
-
-        reply_init(&p, 1, WIRE_REP_EVENT);
-        memset(p.event.name, 'e', sizeof(p.event.name));
-        ck_assert_int_eq(wire_reply_size(&p, &n), -EINVAL);
-
-        reply_init(&p, 1, WIRE_REP_ACQUIRE);
-        make_tensor(&p.acquire.tensor, "t", 1);
-        p.acquire.tensor.ndim = DLX_MAX_NDIM + 1;
-        ck_assert_int_eq(wire_reply_size(&p, &n), -EINVAL);
-
-        reply_init(&p, 1, WIRE_REP_LIST);
-        memset(p.list.next, 'x', sizeof(p.list.next));
-        ck_assert_int_eq(wire_reply_size(&p, &n), -EINVAL);
-
-        reply_init(&p, 1, WIRE_REP_LIST);
-        make_info(&entry, "e", 1, 1);
-        memset(entry.tensor.name, 'x', sizeof(entry.tensor.name));
-        p.list.entries = &entry;
-        p.list.count = 1;
-        ck_assert_int_eq(wire_reply_size(&p, &n), -EINVAL);
-
-        reply_init(&p, 1, WIRE_REP_STAT);
-        make_info(&p.stat.info, "s", 1, 1);
-        memset(p.stat.info.tensor.name, 'x', sizeof(p.stat.info.tensor.name));
-        ck_assert_int_eq(wire_reply_size(&p, &n), -EINVAL);
-
-        reply_init(&p, 1, (enum wire_reply_type)99);
-        ck_assert_int_eq(wire_reply_size(&p, &n), -EINVAL);
-        ck_assert_uint_eq(n, 12345);
+        if (q.type == WIRE_REQ_PUBLISH) {
+                make_tensor(&q.publish.tensor, "t", 1);
+                if (row->ndim)
+                        q.publish.tensor.ndim = row->ndim;
+        }
+        fill_unterminated(&q, row->unterminated);
+        rc = wire_request_size(&q, &n);
+        ck_assert_msg(rc == -EINVAL, "%s: size gave %d", row->what, rc);
+        ck_assert_msg(n == 12345, "%s: a size was written", row->what);
+        ck_assert_msg(wire_request_pack(&q, buf) == 0, "%s: packed", row->what);
 }
 END_TEST
 
 /*
- * A stat reply whose tensor has more dims than the wire allows must be
- * refused like an acquire reply's, not packed from a half-built message.
+ * One row a reply encode must refuse. An acquire gets make_tensor("t", 1), a
+ * stat make_info("s", 1, 1), a list entries of make_info() on the heap; then
+ * that tensor (the last entry's) gets ndim if given, the last entry its
+ * unterminated field and the reply its own.
  */
-START_TEST(test_encode_stat_reply_ndim)
-{
+static const struct encode_reply_row {
+        const char *what;
         struct wire_reply p;
-        size_t n = 12345;
+        struct unterminated unterminated;
+        int32_t ndim;
+        uint32_t entries;
+        struct unterminated entry;
+} encode_reply_rows[] = {
+        {"status only, an unterminated error", {REP(1, NONE)}, REP_UNTERMINATED(error, 'e')},
+        {"hello, an unterminated server", {REP(1, HELLO)}, REP_UNTERMINATED(hello.server, 's')},
+        {"event, an unterminated name", {REP(1, EVENT)}, REP_UNTERMINATED(event.name, 'e')},
+        {"acquire, one dimension too many", {REP(1, ACQUIRE)}, .ndim = DLX_MAX_NDIM + 1},
+        {"list, an unterminated next", {REP(1, LIST)}, REP_UNTERMINATED(list.next, 'x')},
+        {"list, an entry's unterminated tensor name",
+         {REP(1, LIST)},
+         .entries = 1,
+         .entry = UNTERMINATED(struct wire_info, tensor.name, 'x')},
+        {"list, a second entry with one dimension too many",
+         {REP(1, LIST)},
+         .ndim = DLX_MAX_NDIM + 1,
+         .entries = 2},
+        /* an unterminated producer name is "an unterminated string" like any other */
+        {"list, an entry's producer name filled to the end of its allocation",
+         {REP(1, LIST)},
+         .entries = 1,
+         .entry = {offsetof(struct wire_info, producer_name),
+                   sizeof(struct wire_info) - offsetof(struct wire_info, producer_name), 'p'}},
+        {"stat, an unterminated tensor name",
+         {REP(1, STAT)},
+         REP_UNTERMINATED(stat.info.tensor.name, 'x')},
+        /* refused like an acquire reply's, not packed from a half-built message */
+        {"stat, one dimension too many", {REP(1, STAT)}, .ndim = DLX_MAX_NDIM + 1},
+        {"stat, a negative rank", {REP(1, STAT)}, .ndim = -1},
+        {"stat, an unterminated producer name",
+         {REP(1, STAT)},
+         REP_UNTERMINATED(stat.info.producer_name, 'p')},
+        {"type 99", {.id = 1, .type = (enum wire_reply_type)99}},
+};
 
-        reply_init(&p, 1, WIRE_REP_STAT);
-        make_info(&p.stat.info, "s", 1, 1);
-        p.stat.info.tensor.ndim = DLX_MAX_NDIM + 1;
-        ck_assert_int_eq(wire_reply_size(&p, &n), -EINVAL);
-        p.stat.info.tensor.ndim = -1;
-        ck_assert_int_eq(wire_reply_size(&p, &n), -EINVAL);
-        ck_assert_uint_eq(n, 12345);
-}
-END_TEST
-
-START_TEST(test_encode_list_reply_ndim)
+START_TEST(encode_refuses_an_invalid_reply)
 {
-        struct wire_info entries[2];
-        struct wire_reply p;
+        const struct encode_reply_row *row = &encode_reply_rows[_i];
+        struct wire_reply p = row->p;
+        struct wire_info *entries = NULL;
+        struct wire_tensor *tensor = NULL;
         size_t n = 12345;
+        uint8_t buf[64];
+        int rc;
 
-        make_info(&entries[0], "a", 1, 1);
-        make_info(&entries[1], "b", 1, 2);
-        entries[1].tensor.ndim = DLX_MAX_NDIM + 1;
-        reply_init(&p, 1, WIRE_REP_LIST);
-        p.list.entries = entries;
-        p.list.count = 2;
-        ck_assert_int_eq(wire_reply_size(&p, &n), -EINVAL);
-        ck_assert_uint_eq(n, 12345);
-}
-END_TEST
+        if (p.type == WIRE_REP_ACQUIRE) {
+                make_tensor(&p.acquire.tensor, "t", 1);
+                tensor = &p.acquire.tensor;
+        } else if (p.type == WIRE_REP_STAT) {
+                make_info(&p.stat.info, "s", 1, 1);
+                tensor = &p.stat.info.tensor;
+        } else if (row->entries) {
+                entries = calloc(row->entries, sizeof(*entries));
+                ck_assert_ptr_nonnull(entries);
+                for (uint32_t i = 0; i < row->entries; i++) {
+                        char name[16];
 
-/* An unterminated producer name is "an unterminated string" like any other. */
-START_TEST(test_encode_producer_name_unterminated)
-{
-        struct wire_reply p;
-        size_t n = 12345;
-
-        reply_init(&p, 1, WIRE_REP_STAT);
-        make_info(&p.stat.info, "s", 1, 1);
-        memset(p.stat.info.producer_name, 'p', sizeof(p.stat.info.producer_name));
-        ck_assert_int_eq(wire_reply_size(&p, &n), -EINVAL);
-        ck_assert_uint_eq(n, 12345);
-}
-END_TEST
-
-/* The same in a list entry on the heap, filled to the end of its allocation. */
-START_TEST(test_encode_list_producer_name_unterminated)
-{
-        struct wire_reply p;
-        struct wire_info *entry = malloc(sizeof(*entry));
-        size_t n = 12345;
-
-        ck_assert_ptr_nonnull(entry);
-        make_info(entry, "e", 1, 1);
-        memset(entry->producer_name, 'p',
-               sizeof(*entry) - offsetof(struct wire_info, producer_name));
-        reply_init(&p, 1, WIRE_REP_LIST);
-        p.list.entries = entry;
-        p.list.count = 1;
-        ck_assert_int_eq(wire_reply_size(&p, &n), -EINVAL);
-        ck_assert_uint_eq(n, 12345);
-        free(entry);
+                        snprintf(name, sizeof(name), "e%u", i);
+                        make_info(&entries[i], name, 1, i + 1);
+                }
+                fill_unterminated(&entries[row->entries - 1], row->entry);
+                tensor = &entries[row->entries - 1].tensor;
+                p.list.entries = entries;
+                p.list.count = row->entries;
+        }
+        if (row->ndim)
+                tensor->ndim = row->ndim;
+        fill_unterminated(&p, row->unterminated);
+        rc = wire_reply_size(&p, &n);
+        ck_assert_msg(rc == -EINVAL, "%s: size gave %d", row->what, rc);
+        ck_assert_msg(n == 12345, "%s: a size was written", row->what);
+        ck_assert_msg(wire_reply_pack(&p, buf) == 0, "%s: packed", row->what);
+        free(entries);
 }
 END_TEST
 
@@ -1371,11 +1353,8 @@ START_TEST(test_decode_event_names)
         Dlxp__Event ev;
         struct wire_reply out;
 
-        dlxp__reply__init(&r);
         dlxp__event__init(&ev);
-        r.id = 0;
-        r.body_case = DLXP__REPLY__BODY_EVENT;
-        r.event = &ev;
+        pb_reply_body(&r, 0, "event", &ev);
         ev.kind = DLXP__EVENT__KIND__PUBLISHED;
         ev.name = str("ok/name");
         ck_assert_int_eq(decode_pb_reply(&r, &out), 0);
@@ -1407,11 +1386,8 @@ START_TEST(test_decode_list_page_limit)
         pb_info_init(&info, "same");
         for (size_t i = 0; i <= DLX_LIST_PAGE_MAX; i++)
                 ptrs[i] = &info.info;
-        dlxp__reply__init(&r);
         dlxp__list_reply__init(&list);
-        r.id = 500;
-        r.body_case = DLXP__REPLY__BODY_LIST;
-        r.list = &list;
+        pb_reply_body(&r, 500, "list", &list);
         list.entries = ptrs;
 
         list.n_entries = DLX_LIST_PAGE_MAX;
@@ -1448,11 +1424,8 @@ START_TEST(test_decode_reply_rejections)
         pb_info_init(&bad, "bad");
         bad.tensor.t.n_strides = 1;
         dlxp__info__init(&empty);
-        dlxp__reply__init(&r);
         dlxp__list_reply__init(&list);
-        r.id = 501;
-        r.body_case = DLXP__REPLY__BODY_LIST;
-        r.list = &list;
+        pb_reply_body(&r, 501, "list", &list);
         ptrs[0] = &good.info;
         ptrs[1] = &good.info;
         ptrs[2] = &bad.info;
@@ -1469,11 +1442,8 @@ START_TEST(test_decode_reply_rejections)
         ck_assert_ptr_null(out.list.entries);
 
         /* acquire replies are validated like publish requests */
-        dlxp__reply__init(&r);
         dlxp__acquire_reply__init(&acq);
-        r.id = 502;
-        r.body_case = DLXP__REPLY__BODY_ACQUIRE;
-        r.acquire = &acq;
+        pb_reply_body(&r, 502, "acquire", &acq);
         ck_assert_int_eq(decode_pb_reply(&r, &out), -EINVAL); /* no tensor */
         pb_tensor_init(&t, "x", DLX_MAX_NDIM);
         acq.tensor = &t.t;
@@ -1491,11 +1461,8 @@ START_TEST(test_decode_reply_rejections)
         ck_assert_uint_eq(out.id, 502);
 
         /* stat without info */
-        dlxp__reply__init(&r);
         dlxp__stat_reply__init(&stat);
-        r.id = 503;
-        r.body_case = DLXP__REPLY__BODY_STAT;
-        r.stat = &stat;
+        pb_reply_body(&r, 503, "stat", &stat);
         ck_assert_int_eq(decode_pb_reply(&r, &out), -EINVAL);
         /* the rank limit protects the fixed arrays: stat and list tensors too */
         struct pb_info deep;
@@ -1515,10 +1482,8 @@ START_TEST(test_decode_reply_rejections)
         ck_assert_ptr_null(out.list.entries);
 
         /* event names */
-        dlxp__reply__init(&r);
         dlxp__event__init(&event);
-        r.body_case = DLXP__REPLY__BODY_EVENT;
-        r.event = &event;
+        pb_reply_body(&r, 0, "event", &event);
         event.kind = DLXP__EVENT__KIND__RELEASED;
         event.name = bin("a\0b", 3);
         ck_assert_int_eq(decode_pb_reply(&r, &out), -EINVAL);
@@ -1546,11 +1511,8 @@ START_TEST(test_decode_info_tensor_validated)
         Dlxp__ListReply list;
         struct wire_reply out;
 
-        dlxp__reply__init(&r);
         dlxp__stat_reply__init(&stat);
-        r.id = 504;
-        r.body_case = DLXP__REPLY__BODY_STAT;
-        r.stat = &stat;
+        pb_reply_body(&r, 504, "stat", &stat);
         stat.info = &info.info;
         pb_info_init(&info, "ok");
         ck_assert_int_eq(decode_pb_reply(&r, &out), 0);
@@ -1563,11 +1525,8 @@ START_TEST(test_decode_info_tensor_validated)
         info.tensor.dtype.code = kDLOpaqueHandle;
         ck_assert_int_eq(decode_pb_reply(&r, &out), -EINVAL);
 
-        dlxp__reply__init(&r);
         dlxp__list_reply__init(&list);
-        r.id = 505;
-        r.body_case = DLXP__REPLY__BODY_LIST;
-        r.list = &list;
+        pb_reply_body(&r, 505, "list", &list);
         ptrs[0] = &info.info;
         list.entries = ptrs;
         list.n_entries = 1;
@@ -1647,6 +1606,17 @@ static size_t mutate(uint64_t *rng, const uint8_t *src, size_t len, uint8_t *dst
         return n;
 }
 
+/* The corpus of test_fuzz_requests after its two publishes. */
+static const struct wire_request fuzz_requests[] = {
+        {REQ(2, HELLO), .hello = {.major = 1, .client_name = "fuzzer"}},
+        {REQ(3, ACQUIRE), .acquire = {.name = "a/b/c", .timeout_ms = -1}},
+        {REQ(4, LIST), .list = {"a/", "a/b", 3}},
+        {REQ(5, WATCH), .watch.prefix = "w"},
+        {REQ(6, STAT), .stat.name = "s"},
+        {REQ(UINT64_MAX, PING), .ping.nonce = 77},
+        {REQ(8, ALLOC), .alloc.size = 4096},
+};
+
 START_TEST(test_fuzz_requests)
 {
         struct corpus c = {0};
@@ -1664,46 +1634,8 @@ START_TEST(test_fuzz_requests)
         corpus_add_request(&c, &q);
         make_tensor(&q.publish.tensor, "fuzz/\xe5\x90\x8d", 1);
         corpus_add_request(&c, &q);
-        memset(&q, 0, sizeof(q));
-        q.id = 2;
-        q.type = WIRE_REQ_HELLO;
-        q.hello.major = 1;
-        snprintf(q.hello.client_name, sizeof(q.hello.client_name), "%s", "fuzzer");
-        corpus_add_request(&c, &q);
-        memset(&q, 0, sizeof(q));
-        q.id = 3;
-        q.type = WIRE_REQ_ACQUIRE;
-        snprintf(q.acquire.name, sizeof(q.acquire.name), "%s", "a/b/c");
-        q.acquire.timeout_ms = -1;
-        corpus_add_request(&c, &q);
-        memset(&q, 0, sizeof(q));
-        q.id = 4;
-        q.type = WIRE_REQ_LIST;
-        snprintf(q.list.prefix, sizeof(q.list.prefix), "%s", "a/");
-        snprintf(q.list.after, sizeof(q.list.after), "%s", "a/b");
-        q.list.limit = 3;
-        corpus_add_request(&c, &q);
-        memset(&q, 0, sizeof(q));
-        q.id = 5;
-        q.type = WIRE_REQ_WATCH;
-        snprintf(q.watch.prefix, sizeof(q.watch.prefix), "%s", "w");
-        corpus_add_request(&c, &q);
-        memset(&q, 0, sizeof(q));
-        q.id = 6;
-        q.type = WIRE_REQ_STAT;
-        snprintf(q.stat.name, sizeof(q.stat.name), "%s", "s");
-        corpus_add_request(&c, &q);
-        memset(&q, 0, sizeof(q));
-        q.id = UINT64_MAX;
-        q.type = WIRE_REQ_PING;
-        q.ping.nonce = 77;
-        corpus_add_request(&c, &q);
-        memset(&q, 0, sizeof(q));
-        q.id = 8;
-        q.type = WIRE_REQ_ALLOC;
-        q.alloc.size = 4096;
-        corpus_add_request(&c, &q);
-
+        for (size_t i = 0; i < N_ELEMS(fuzz_requests); i++)
+                corpus_add_request(&c, &fuzz_requests[i]);
         for (int i = 0; i < c.n; i++)
                 cap = c.len[i] + 8 > cap ? c.len[i] + 8 : cap;
         mut = malloc(cap);
@@ -1746,6 +1678,14 @@ START_TEST(test_fuzz_requests)
 }
 END_TEST
 
+/* The corpus of test_fuzz_replies after its list, acquire and stat. */
+static const struct wire_reply fuzz_replies[] = {
+        {REP(0, EVENT), .event = {.kind = WIRE_EVENT_REPLACED, .name = "ev"}},
+        {REP(4, HELLO), .hello.server = "dlxd 0.1.0"},
+        {REP(5, NONE), .status = WIRE_INVALID, .error = "bad"},
+        {REP(6, STATS), .stats.bytes = 1 << 20},
+};
+
 START_TEST(test_fuzz_replies)
 {
         struct corpus c = {0};
@@ -1768,21 +1708,8 @@ START_TEST(test_fuzz_replies)
         reply_init(&p, 3, WIRE_REP_STAT);
         make_info(&p.stat.info, "st", 2, 7);
         corpus_add_reply(&c, &p);
-        reply_init(&p, 0, WIRE_REP_EVENT);
-        p.event.kind = WIRE_EVENT_REPLACED;
-        snprintf(p.event.name, sizeof(p.event.name), "%s", "ev");
-        corpus_add_reply(&c, &p);
-        reply_init(&p, 4, WIRE_REP_HELLO);
-        snprintf(p.hello.server, sizeof(p.hello.server), "%s", "dlxd 0.1.0");
-        corpus_add_reply(&c, &p);
-        reply_init(&p, 5, WIRE_REP_NONE);
-        p.status = WIRE_INVALID;
-        snprintf(p.error, sizeof(p.error), "%s", "bad");
-        corpus_add_reply(&c, &p);
-        reply_init(&p, 6, WIRE_REP_STATS);
-        p.stats.bytes = 1 << 20;
-        corpus_add_reply(&c, &p);
-
+        for (size_t i = 0; i < N_ELEMS(fuzz_replies); i++)
+                corpus_add_reply(&c, &fuzz_replies[i]);
         for (int i = 0; i < c.n; i++)
                 cap = c.len[i] + 8 > cap ? c.len[i] + 8 : cap;
         mut = malloc(cap);
@@ -1840,12 +1767,8 @@ Suite *wire_suite(void)
         suite_add_tcase(s, tc);
 
         tc = tcase_create("encode");
-        tcase_add_test(tc, test_encode_refuses);
-        tcase_add_test(tc, test_encode_reply_refuses);
-        tcase_add_test(tc, test_encode_stat_reply_ndim);
-        tcase_add_test(tc, test_encode_list_reply_ndim);
-        tcase_add_test(tc, test_encode_producer_name_unterminated);
-        tcase_add_test(tc, test_encode_list_producer_name_unterminated);
+        tcase_add_rows(tc, encode_refuses_an_invalid_request, encode_request_rows);
+        tcase_add_rows(tc, encode_refuses_an_invalid_reply, encode_reply_rows);
         suite_add_tcase(s, tc);
 
         tc = tcase_create("fuzz");
