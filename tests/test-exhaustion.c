@@ -133,6 +133,12 @@ static int acquire_at_the_fd_limit(void *arg)
         ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
         rl.rlim_cur = (rlim_t)top + 1;
         ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+        /* the limit holds: not one descriptor more */
+        int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (probe >= 0 || errno != EMFILE) {
+                fprintf(stderr, "RLIMIT_NOFILE %d does not hold: open gave %d\n", top + 1, probe);
+                return 14;
+        }
 
         err = dlx_acquire(c, "emfile/a", NULL, &t);
         if (err != -EMFILE || !strstr(dlx_last_error(), "descriptor limit")) {
@@ -177,7 +183,9 @@ Suite *exhaustion_suite(void)
         tcase_add_checked_fixture(tc, fx_setup, fx_teardown);
         if (!TOOLKIT_SANITIZED && !RUNNING_ON_VALGRIND)
                 tcase_add_test(tc, out_of_memory_reading_a_list_fails_only_the_list);
-        tcase_add_test(tc, descriptor_limit_is_not_a_protocol_error);
+        /* valgrind keeps descriptor limits of its own: setrlimit() does not bind there */
+        if (!RUNNING_ON_VALGRIND)
+                tcase_add_test(tc, descriptor_limit_is_not_a_protocol_error);
         suite_add_tcase(s, tc);
         return s;
 }
