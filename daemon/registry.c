@@ -332,6 +332,19 @@ static int publish_segment(struct session *s, const struct wire_request *req, in
                 snprintf(why, whysz, "a %s tensor carries no CUDA event", kind->name);
                 return -EINVAL;
         }
+        if (t->has_ipc_handle && kind->check != STORAGE_CHECK_HANDLE) {
+                fd_drop(&fd);
+                snprintf(why, whysz, "a %s tensor carries no CUDA IPC handle", kind->name);
+                return -EINVAL;
+        }
+        if (fd >= 0 && t->segment) {
+                fd_drop(&fd);
+                snprintf(why, whysz,
+                         "a publish attaches a segment's fd or names a segment it holds, not "
+                         "both (segment %llu)",
+                         (unsigned long long)t->segment);
+                return -EINVAL;
+        }
         if (kind->check == STORAGE_CHECK_HANDLE && fd >= 0) {
                 close(fd);
                 snprintf(why, whysz, "a %s tensor travels as a handle, not an fd", kind->name);

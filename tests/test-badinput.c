@@ -770,6 +770,25 @@ static int publish_raw_memfd(int prod, uint64_t id, const char *name, uint64_t f
         return mfd;
 }
 
+/* A memfd tensor with a CUDA IPC handle is refused: the handle would be a lie. */
+START_TEST(test_memfd_publish_with_an_ipc_handle)
+{
+        dlx_client *good = attack_begin();
+        int prod = raw_hello(), mfd = sealed_memfd(4096);
+        struct wire_request req;
+
+        rp_publish_req(&req, 2, "badinput/handle", 4096, 0, 0);
+        req.publish.tensor.has_ipc_handle = true;
+        memset(req.publish.tensor.ipc_handle, 0xab, DLX_CUDA_HANDLE);
+        rp_send(prod, &req, mfd);
+        close(mfd);
+        expect_error(prod, 2, WIRE_INVALID);
+        rp_ping(prod, 3);
+        close(prod);
+        attack_end(good);
+}
+END_TEST
+
 /*
  * A writable version's readers get its memfd open for writing. None of them
  * may seal it against writing (F_SEAL_WRITE), which would take every other
@@ -1281,6 +1300,8 @@ static const struct publish_row {
         enum wire_status status;
         bool without_fd;
 } publish_rows[] = {
+        {"an fd attached and a segment named", SPEC("badinput/both", 4096, .segment = 1),
+         WIRE_INVALID},
         {"length beyond the memfd", SHORT(8192), WIRE_INVALID},
         {"offset beyond the memfd", SHORT(4, .offset = 4097), WIRE_INVALID},
         {"offset + length just past the end", SHORT(200, .offset = 3900), WIRE_INVALID},
@@ -2445,6 +2466,7 @@ Suite *badinput_suite(void)
         tcase_add_test(fds, test_fd_on_ping);
         tcase_add_test(fds, test_fd_on_hello);
         tcase_add_test(fds, test_reader_cannot_seal_a_writable_segment);
+        tcase_add_test(fds, test_memfd_publish_with_an_ipc_handle);
         tcase_add_test(fds, test_two_fds_on_publish);
         tcase_add_test(fds, test_too_many_fds_in_header);
         tcase_add_test(fds, test_announced_fd_missing);
