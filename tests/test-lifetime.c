@@ -593,7 +593,8 @@ START_TEST(fork_while_threads_hold_locks)
                 b[i] = (struct busy){.c = c, .held = held, .kind = i == 3};
                 ck_assert_int_eq(pthread_create(&th[i], NULL, busy_main, &b[i]), 0);
         }
-        for (int i = 0; i < 60; i++) {
+        /* under valgrind, which runs one thread at a time, a tenth: each fork takes seconds */
+        for (int i = 0; i < 60 / fx_slowdown(); i++) {
                 int rc = fx_wait(fx_spawn(child_after_busy_fork, NULL));
                 ck_assert_msg(rc == 0, "fork %d: child %s (%d)", i,
                               rc == 128 + SIGALRM ? "hung" : "failed", rc);
