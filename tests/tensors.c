@@ -138,7 +138,8 @@ static void owned_deleter(DLManagedTensorVersioned *t)
 
         deleter_runs++;
         /* poison first: a use after this is visible even without ASan */
-        memset(o->buf, 0xdd, o->bufsize < 16 ? o->bufsize : 16);
+        if (o->buf)
+                memset(o->buf, 0xdd, o->bufsize < 16 ? o->bufsize : 16);
         free(o->buf);
         free(o);
 }

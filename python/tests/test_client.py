@@ -243,6 +243,8 @@ def test_close_from_another_thread_ends_a_wait(daemon, name):
 def test_ctrl_c_interrupts_a_wait_without_limit(daemon):
     code = """
         import dlx, signal, threading, os, sys
+        # a shell that started us in the background may have left SIGINT ignored
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         c = dlx.Client()
         threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
         try:
