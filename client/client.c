@@ -1122,6 +1122,9 @@ void dlx_close(dlx_client *c)
                 close_inherited(c);
                 return;
         }
+        pthread_mutex_lock(&c->lock);
+        dlx__gpu_close(c);
+        pthread_mutex_unlock(&c->lock);
         conn_closing(c);
         /*
          * The daemon lets go of everything the session holds but its leases,

@@ -52,24 +52,16 @@ static int check_generation(void)
 typedef CUresult (*get_proc_fn)(const char *symbol, void **pfn, int version, cuuint64_t flags,
                                 CUdriverProcAddressQueryResult *status);
 
-/* One entry point: by cuGetProcAddress when the driver has it (the right ABI version for the
- * cuda.h we built against), else by its versioned symbol name. */
-static int resolve(void *lib, get_proc_fn get_proc, const char *name, const char *symbol,
-                   void **ret)
+/* One entry point at the ABI version the table's type for it names. */
+static int resolve(get_proc_fn get_proc, const char *name, int version, void **ret)
 {
+        CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
         void *fn = NULL;
 
-        if (get_proc) {
-                CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-                if (get_proc(name, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &status) !=
-                            CUDA_SUCCESS ||
-                    status != CU_GET_PROC_ADDRESS_SUCCESS)
-                        fn = NULL;
-        }
-        if (!fn)
-                fn = dlsym(lib, symbol);
-        if (!fn) {
-                snprintf(load_why, sizeof(load_why), "the CUDA driver lacks %s", name);
+        if (get_proc(name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS ||
+            status != CU_GET_PROC_ADDRESS_SUCCESS || !fn) {
+                snprintf(load_why, sizeof(load_why), "the CUDA driver lacks %s (ABI %d.%d)", name,
+                         version / 1000, version % 1000 / 10);
                 return -ENODEV;
         }
         *ret = fn;
@@ -89,63 +81,36 @@ static void load(void)
                 load_error = -ENODEV;
                 return;
         }
+        /* every entry point by the version its signature is: cuGetProcAddress_v2, CUDA 12.0 */
         get_proc = (get_proc_fn)dlsym(lib, "cuGetProcAddress_v2");
+        if (!get_proc) {
+                snprintf(load_why, sizeof(load_why),
+                         "the CUDA driver is older than 12.0 (no cuGetProcAddress_v2)");
+                load_error = -ENODEV;
+                return;
+        }
 
-#define RESOLVE(field, name, symbol)                                                               \
+#define RESOLVE(field, name, version)                                                              \
         do {                                                                                       \
                 void *fn_;                                                                         \
-                if (resolve(lib, get_proc, name, symbol, &fn_) < 0) {                              \
+                if (resolve(get_proc, #name, version, &fn_) < 0) {                                 \
                         load_error = -ENODEV;                                                      \
                         return;                                                                    \
                 }                                                                                  \
                 memcpy(&loaded.field, &fn_, sizeof(fn_));                                          \
-        } while (0)
-
-        RESOLVE(Init, "cuInit", "cuInit");
-        RESOLVE(GetErrorString, "cuGetErrorString", "cuGetErrorString");
-        RESOLVE(DeviceGet, "cuDeviceGet", "cuDeviceGet");
-        RESOLVE(DeviceGetCount, "cuDeviceGetCount", "cuDeviceGetCount");
-        RESOLVE(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain");
-        RESOLVE(CtxPushCurrent, "cuCtxPushCurrent", "cuCtxPushCurrent_v2");
-        RESOLVE(CtxPopCurrent, "cuCtxPopCurrent", "cuCtxPopCurrent_v2");
-        RESOLVE(PointerGetAttribute, "cuPointerGetAttribute", "cuPointerGetAttribute");
-        RESOLVE(MemGetAddressRange, "cuMemGetAddressRange", "cuMemGetAddressRange_v2");
-        RESOLVE(IpcGetMemHandle, "cuIpcGetMemHandle", "cuIpcGetMemHandle");
-        RESOLVE(IpcOpenMemHandle, "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2");
-        RESOLVE(IpcCloseMemHandle, "cuIpcCloseMemHandle", "cuIpcCloseMemHandle");
-        RESOLVE(IpcGetEventHandle, "cuIpcGetEventHandle", "cuIpcGetEventHandle");
-        RESOLVE(IpcOpenEventHandle, "cuIpcOpenEventHandle", "cuIpcOpenEventHandle");
-        RESOLVE(EventCreate, "cuEventCreate", "cuEventCreate");
-        RESOLVE(EventDestroy, "cuEventDestroy", "cuEventDestroy_v2");
-        RESOLVE(EventRecord, "cuEventRecord", "cuEventRecord");
-        RESOLVE(EventQuery, "cuEventQuery", "cuEventQuery");
-        RESOLVE(EventSynchronize, "cuEventSynchronize", "cuEventSynchronize");
-        RESOLVE(StreamWaitEvent, "cuStreamWaitEvent", "cuStreamWaitEvent");
-        RESOLVE(MemGetAllocationGranularity, "cuMemGetAllocationGranularity",
-                "cuMemGetAllocationGranularity");
-        RESOLVE(MemCreate, "cuMemCreate", "cuMemCreate");
-        RESOLVE(MemRelease, "cuMemRelease", "cuMemRelease");
-        RESOLVE(MemExportToShareableHandle, "cuMemExportToShareableHandle",
-                "cuMemExportToShareableHandle");
-        RESOLVE(MemImportFromShareableHandle, "cuMemImportFromShareableHandle",
-                "cuMemImportFromShareableHandle");
-        RESOLVE(MemAddressReserve, "cuMemAddressReserve", "cuMemAddressReserve");
-        RESOLVE(MemAddressFree, "cuMemAddressFree", "cuMemAddressFree");
-        RESOLVE(MemMap, "cuMemMap", "cuMemMap");
-        RESOLVE(MemUnmap, "cuMemUnmap", "cuMemUnmap");
-        RESOLVE(MemSetAccess, "cuMemSetAccess", "cuMemSetAccess");
-        RESOLVE(MemHostRegister, "cuMemHostRegister", "cuMemHostRegister_v2");
-        RESOLVE(MemHostUnregister, "cuMemHostUnregister", "cuMemHostUnregister");
-        RESOLVE(MemcpyAsync, "cuMemcpyAsync", "cuMemcpyAsync");
-        RESOLVE(MemcpyDtoH, "cuMemcpyDtoH", "cuMemcpyDtoH_v2");
-        RESOLVE(MemcpyHtoD, "cuMemcpyHtoD", "cuMemcpyHtoD_v2");
+        } while (0);
+        DLX_CUDA_ENTRY_POINTS(RESOLVE)
 #undef RESOLVE
 
         r = loaded.Init(0);
         if (r != CUDA_SUCCESS) {
                 const char *s = NULL;
                 loaded.GetErrorString(r, &s);
-                snprintf(load_why, sizeof(load_why), "cuInit failed: %s", s ? s : "unknown error");
+                snprintf(load_why, sizeof(load_why), "cuInit failed: %s%s", s ? s : "unknown error",
+                         __atomic_load_n(&generation, __ATOMIC_RELAXED) > 0
+                                 ? " (this process was made by fork(): if its parent used "
+                                   "CUDA, the child cannot; start GPU workers with spawn)"
+                                 : "");
                 load_error = -ENODEV;
         }
 }
@@ -184,6 +149,15 @@ int dlx__cuda_fail(const struct dlx_cuda_driver *cu, CUresult r, const char *wha
 
         if (cu->GetErrorString(r, &s) != CUDA_SUCCESS || !s)
                 s = "unknown CUDA error";
+        /* what a forked child of a process with CUDA gets from the driver: say so */
+        if (__atomic_load_n(&generation, __ATOMIC_RELAXED) > 0 &&
+            (r == CUDA_ERROR_NOT_INITIALIZED || r == CUDA_ERROR_DEINITIALIZED ||
+             r == CUDA_ERROR_CONTEXT_IS_DESTROYED))
+                return dlx__fail(-ENODEV,
+                                 "%s: %s (this process was made by fork(): if its parent used "
+                                 "CUDA, a framework included, the child cannot; start GPU "
+                                 "workers with spawn, or fork before using CUDA)",
+                                 what, s);
         switch (r) {
         case CUDA_ERROR_OUT_OF_MEMORY:
                 return dlx__fail(-ENOMEM, "%s: %s", what, s);
@@ -200,7 +174,7 @@ int dlx__cuda_fail(const struct dlx_cuda_driver *cu, CUresult r, const char *wha
         }
 }
 
-int dlx__cuda_enter(const struct dlx_cuda_driver *cu, int device)
+int dlx__cuda_primary(const struct dlx_cuda_driver *cu, int device, CUcontext *ret)
 {
         CUcontext ctx;
         CUresult r;
@@ -221,9 +195,54 @@ int dlx__cuda_enter(const struct dlx_cuda_driver *cu, int device)
                 primary[device] = ctx;
         }
         pthread_mutex_unlock(&ctx_lock);
+        *ret = ctx;
+        return 0;
+}
+
+int dlx__cuda_enter(const struct dlx_cuda_driver *cu, int device)
+{
+        CUcontext ctx;
+        CUresult r;
+        int err = dlx__cuda_primary(cu, device, &ctx);
+
+        if (err < 0)
+                return err;
         r = cu->CtxPushCurrent(ctx);
         if (r != CUDA_SUCCESS)
                 return dlx__cuda_fail(cu, r, "cuCtxPushCurrent");
+        return 0;
+}
+
+bool dlx__cuda_default_stream(void *stream)
+{
+        return !stream || stream == (void *)CU_STREAM_LEGACY ||
+               stream == (void *)CU_STREAM_PER_THREAD;
+}
+
+int dlx__cuda_enter_stream(const struct dlx_cuda_driver *cu, int device, void *stream,
+                           CUcontext *ret_ctx)
+{
+        CUcontext ctx;
+        CUresult r;
+        int err;
+
+        if (dlx__cuda_default_stream(stream)) {
+                err = dlx__cuda_primary(cu, device, &ctx);
+                if (err < 0)
+                        return err;
+        } else {
+                r = cu->StreamGetCtx((CUstream)stream, &ctx);
+                if (r != CUDA_SUCCESS) {
+                        const char *s = NULL;
+                        cu->GetErrorString(r, &s);
+                        return dlx__fail(-EINVAL, "stream %p is not a live CUDA stream (%s)",
+                                         stream, s ? s : "cuStreamGetCtx failed");
+                }
+        }
+        r = cu->CtxPushCurrent(ctx);
+        if (r != CUDA_SUCCESS)
+                return dlx__cuda_fail(cu, r, "cuCtxPushCurrent");
+        *ret_ctx = ctx;
         return 0;
 }
 

@@ -10,57 +10,64 @@
 #define DLX_CLIENT_CUDADRV_H
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 #include <stdbool.h>
 
 #include "internal.h"
 
-/* Every entry point libdlx uses: the driver API's names without the cu prefix. */
+/*
+ * Every entry point libdlx uses: the driver API's names without the cu prefix,
+ * each typed by the ABI version libdlx resolves (cudaTypedefs.h's PFN_ names),
+ * never by the newest one cuda.h maps the name to: cuStreamGetCtx gained an
+ * argument in 12.5 under the same name, and a table typed by the header would
+ * call it with one too few.
+ */
+#define DLX_CUDA_ENTRY_POINTS(X)                                                                   \
+        X(Init, cuInit, 2000)                                                                      \
+        X(GetErrorString, cuGetErrorString, 6000)                                                  \
+        X(DeviceGet, cuDeviceGet, 2000)                                                            \
+        X(DeviceGetCount, cuDeviceGetCount, 2000)                                                  \
+        X(DeviceGetUuid, cuDeviceGetUuid, 11040)                                                   \
+        X(DevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, 7000)                                  \
+        X(CtxPushCurrent, cuCtxPushCurrent, 4000)                                                  \
+        X(CtxPopCurrent, cuCtxPopCurrent, 4000)                                                    \
+        X(PointerGetAttribute, cuPointerGetAttribute, 4000)                                        \
+        X(MemGetAddressRange, cuMemGetAddressRange, 3020)                                          \
+        X(IpcGetMemHandle, cuIpcGetMemHandle, 4010)                                                \
+        X(IpcOpenMemHandle, cuIpcOpenMemHandle, 11000)                                             \
+        X(IpcCloseMemHandle, cuIpcCloseMemHandle, 4010)                                            \
+        X(IpcGetEventHandle, cuIpcGetEventHandle, 4010)                                            \
+        X(IpcOpenEventHandle, cuIpcOpenEventHandle, 4010)                                          \
+        X(EventCreate, cuEventCreate, 2000)                                                        \
+        X(EventDestroy, cuEventDestroy, 4000)                                                      \
+        X(EventRecord, cuEventRecord, 2000)                                                        \
+        X(EventQuery, cuEventQuery, 2000)                                                          \
+        X(EventSynchronize, cuEventSynchronize, 2000)                                              \
+        X(StreamWaitEvent, cuStreamWaitEvent, 3020)                                                \
+        X(StreamGetCtx, cuStreamGetCtx, 9020)                                                      \
+        X(StreamSynchronize, cuStreamSynchronize, 2000)                                            \
+        X(MemGetAllocationGranularity, cuMemGetAllocationGranularity, 10020)                       \
+        X(MemCreate, cuMemCreate, 10020)                                                           \
+        X(MemRelease, cuMemRelease, 10020)                                                         \
+        X(MemRetainAllocationHandle, cuMemRetainAllocationHandle, 11000)                           \
+        X(MemExportToShareableHandle, cuMemExportToShareableHandle, 10020)                         \
+        X(MemImportFromShareableHandle, cuMemImportFromShareableHandle, 10020)                     \
+        X(MemAddressReserve, cuMemAddressReserve, 10020)                                           \
+        X(MemAddressFree, cuMemAddressFree, 10020)                                                 \
+        X(MemMap, cuMemMap, 10020)                                                                 \
+        X(MemUnmap, cuMemUnmap, 10020)                                                             \
+        X(MemSetAccess, cuMemSetAccess, 10020)                                                     \
+        X(MemHostRegister, cuMemHostRegister, 6050)                                                \
+        X(MemHostUnregister, cuMemHostUnregister, 4000)                                            \
+        X(MemcpyAsync, cuMemcpyAsync, 4000)                                                        \
+        X(MemcpyDtoH, cuMemcpyDtoH, 3020)                                                          \
+        X(MemcpyHtoD, cuMemcpyHtoD, 3020)
+
+#define DLX_CUDA_FIELD(field, name, version) PFN_##name##_v##version field;
 struct dlx_cuda_driver {
-        CUresult (*Init)(unsigned int flags);
-        CUresult (*GetErrorString)(CUresult error, const char **str);
-        CUresult (*DeviceGet)(CUdevice *dev, int ordinal);
-        CUresult (*DeviceGetCount)(int *count);
-        CUresult (*DevicePrimaryCtxRetain)(CUcontext *ctx, CUdevice dev);
-        CUresult (*CtxPushCurrent)(CUcontext ctx);
-        CUresult (*CtxPopCurrent)(CUcontext *ctx);
-        CUresult (*PointerGetAttribute)(void *data, CUpointer_attribute attribute, CUdeviceptr ptr);
-        CUresult (*MemGetAddressRange)(CUdeviceptr *base, size_t *size, CUdeviceptr ptr);
-        CUresult (*IpcGetMemHandle)(CUipcMemHandle *handle, CUdeviceptr ptr);
-        CUresult (*IpcOpenMemHandle)(CUdeviceptr *ptr, CUipcMemHandle handle, unsigned int flags);
-        CUresult (*IpcCloseMemHandle)(CUdeviceptr ptr);
-        CUresult (*IpcGetEventHandle)(CUipcEventHandle *handle, CUevent event);
-        CUresult (*IpcOpenEventHandle)(CUevent *event, CUipcEventHandle handle);
-        CUresult (*EventCreate)(CUevent *event, unsigned int flags);
-        CUresult (*EventDestroy)(CUevent event);
-        CUresult (*EventRecord)(CUevent event, CUstream stream);
-        CUresult (*EventQuery)(CUevent event);
-        CUresult (*EventSynchronize)(CUevent event);
-        CUresult (*StreamWaitEvent)(CUstream stream, CUevent event, unsigned int flags);
-        CUresult (*MemGetAllocationGranularity)(size_t *granularity,
-                                                const CUmemAllocationProp *prop,
-                                                CUmemAllocationGranularity_flags option);
-        CUresult (*MemCreate)(CUmemGenericAllocationHandle *handle, size_t size,
-                              const CUmemAllocationProp *prop, unsigned long long flags);
-        CUresult (*MemRelease)(CUmemGenericAllocationHandle handle);
-        CUresult (*MemExportToShareableHandle)(void *shareable, CUmemGenericAllocationHandle handle,
-                                               CUmemAllocationHandleType type,
-                                               unsigned long long flags);
-        CUresult (*MemImportFromShareableHandle)(CUmemGenericAllocationHandle *handle,
-                                                 void *shareable, CUmemAllocationHandleType type);
-        CUresult (*MemAddressReserve)(CUdeviceptr *ptr, size_t size, size_t alignment,
-                                      CUdeviceptr addr, unsigned long long flags);
-        CUresult (*MemAddressFree)(CUdeviceptr ptr, size_t size);
-        CUresult (*MemMap)(CUdeviceptr ptr, size_t size, size_t offset,
-                           CUmemGenericAllocationHandle handle, unsigned long long flags);
-        CUresult (*MemUnmap)(CUdeviceptr ptr, size_t size);
-        CUresult (*MemSetAccess)(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
-                                 size_t count);
-        CUresult (*MemHostRegister)(void *p, size_t size, unsigned int flags);
-        CUresult (*MemHostUnregister)(void *p);
-        CUresult (*MemcpyAsync)(CUdeviceptr dst, CUdeviceptr src, size_t size, CUstream stream);
-        CUresult (*MemcpyDtoH)(void *dst, CUdeviceptr src, size_t size);
-        CUresult (*MemcpyHtoD)(CUdeviceptr dst, const void *src, size_t size);
+        DLX_CUDA_ENTRY_POINTS(DLX_CUDA_FIELD)
 };
+#undef DLX_CUDA_FIELD
 
 /*
  * The driver table, loading libcuda.so.1 and calling cuInit on first use.
@@ -86,5 +93,18 @@ DLX_HIDDEN int dlx__cuda_fail(const struct dlx_cuda_driver *cu, CUresult r, cons
  */
 DLX_HIDDEN int dlx__cuda_enter(const struct dlx_cuda_driver *cu, int device);
 DLX_HIDDEN void dlx__cuda_leave(const struct dlx_cuda_driver *cu);
+/* dev's primary context, retained once per process: 0 with *ret, or -errno. */
+DLX_HIDDEN int dlx__cuda_primary(const struct dlx_cuda_driver *cu, int device, CUcontext *ret);
+/*
+ * Makes the context stream belongs to current (dlx__cuda_leave() undoes it),
+ * with *ret_ctx: for the default streams (NULL, CU_STREAM_LEGACY,
+ * CU_STREAM_PER_THREAD) device's primary context, for any other the one
+ * cuStreamGetCtx names. Events are recorded in their stream's context, so an
+ * event for a stream is made there. 0 or -errno (-EINVAL: not a live stream).
+ */
+DLX_HIDDEN int dlx__cuda_enter_stream(const struct dlx_cuda_driver *cu, int device, void *stream,
+                                      CUcontext *ret_ctx);
+/* NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD: the current context's own streams. */
+DLX_HIDDEN bool dlx__cuda_default_stream(void *stream);
 
 #endif /* DLX_CLIENT_CUDADRV_H */

@@ -26,21 +26,31 @@
 
 #include "cudadrv.h"
 
-/* Release events each client cycles through per device (not the release ring: no leases here). */
+/* Release events each client cycles through per context (not the release ring: no leases here). */
 #define RELEASE_EVENTS 64
 /* Opened foreign events kept per process. */
 #define MAX_OPENED_EVENTS 4096
 
+/* An interprocess event of ours, made in (and recorded only on streams of) one context. */
 struct gpu_event {
         struct gpu_event *next;
         CUevent ev;
+        CUcontext ctx;
+        bool recorded;
         CUipcEventHandle handle;
 };
 
+/* The release events of one context, reused in turn. */
+struct rel_ring {
+        struct rel_ring *next;
+        CUcontext ctx;
+        unsigned next_slot;
+        struct gpu_event slot[RELEASE_EVENTS];
+};
+
 struct gpu_state {
-        struct gpu_event *pool[DLX_GPU_MAX_DEVICES]; /* free publish events */
-        struct gpu_event rel_cycle[DLX_GPU_MAX_DEVICES][RELEASE_EVENTS];
-        unsigned rel_next[DLX_GPU_MAX_DEVICES];
+        struct gpu_event *pool; /* free publish events, of every context */
+        struct rel_ring *rings;
 };
 
 /* An IPC allocation opened in this process. */
@@ -63,6 +73,8 @@ struct opened_event {
 
 /* CUDA allows one open per handle per process: the caches are the process's. */
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Interprocess events this process made (drivers fail at some tens of thousands). cache_lock. */
+static unsigned ipc_events;
 static struct avl_tree ipc_cache;
 static struct avl_tree event_cache;
 static struct gpu_ipc *closing;
@@ -162,6 +174,18 @@ void *dlx__gpu_stream(dlx_client *c, int device)
         return device >= 0 && device < DLX_GPU_MAX_DEVICES ? c->streams[device] : NULL;
 }
 
+/* Closes an opened IPC allocation in the context that opened it (elsewhere it leaks). */
+static void ipc_close(const struct dlx_cuda_driver *cu, struct gpu_ipc *m)
+{
+        if (!m->own && dlx__cuda_enter(cu, m->device) == 0) {
+                CUresult r = cu->IpcCloseMemHandle(m->base);
+                dlx__cuda_leave(cu);
+                if (r != CUDA_SUCCESS)
+                        dlx__cuda_fail(cu, r, "cuIpcCloseMemHandle"); /* recorded, nothing more */
+        }
+        free(m);
+}
+
 /* Closes IPC allocations whose last reader's work is done. cache_lock held. */
 static void sweep_closing(const struct dlx_cuda_driver *cu)
 {
@@ -172,9 +196,7 @@ static void sweep_closing(const struct dlx_cuda_driver *cu)
                         continue;
                 }
                 *pp = m->next_closing;
-                if (!m->own)
-                        cu->IpcCloseMemHandle(m->base);
-                free(m);
+                ipc_close(cu, m);
         }
 }
 
@@ -258,34 +280,122 @@ int dlx__gpu_wait_events(dlx_client *c, int device, void *stream,
 
 /* ---- producer ------------------------------------------------------------------------- */
 
-static int take_event(const struct dlx_cuda_driver *cu, struct gpu_state *g, int device,
-                      struct gpu_event **ret)
+/* Makes an interprocess event in the current context, ctx. -ENOSPC: the process has its most. */
+static int event_make(const struct dlx_cuda_driver *cu, CUcontext ctx, struct gpu_event *e)
 {
-        struct gpu_event *e = g->pool[device];
         CUresult r;
 
-        if (e) {
-                g->pool[device] = e->next;
-                *ret = e;
-                return 0;
+        pthread_mutex_lock(&cache_lock);
+        if (ipc_events >= DLX_GPU_IPC_EVENTS) {
+                pthread_mutex_unlock(&cache_lock);
+                return -ENOSPC;
         }
-        e = calloc(1, sizeof(*e));
-        if (!e)
-                return dlx__fail(-ENOMEM, "out of memory");
+        ipc_events++;
+        pthread_mutex_unlock(&cache_lock);
         r = cu->EventCreate(&e->ev, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS);
         if (r == CUDA_SUCCESS) {
                 r = cu->IpcGetEventHandle(&e->handle, e->ev);
                 if (r != CUDA_SUCCESS)
                         cu->EventDestroy(e->ev);
         }
+        pthread_mutex_lock(&cache_lock);
+        if (r == CUDA_SUCCESS)
+                export_note((const uint8_t *)e->handle.reserved, 0, e->ev);
+        else
+                ipc_events--;
+        pthread_mutex_unlock(&cache_lock);
         if (r != CUDA_SUCCESS) {
-                free(e);
+                e->ev = NULL;
                 return dlx__cuda_fail(cu, r, "interprocess event");
         }
+        e->ctx = ctx;
+        e->recorded = false;
+        return 0;
+}
+
+/* Destroys one of our events (its work done, or no longer anyone's to wait for). */
+static void event_unmake(const struct dlx_cuda_driver *cu, struct gpu_event *e)
+{
         pthread_mutex_lock(&cache_lock);
-        export_note((const uint8_t *)e->handle.reserved, 0, e->ev);
+        export_forget_event((const uint8_t *)e->handle.reserved);
+        ipc_events--;
         pthread_mutex_unlock(&cache_lock);
+        cu->EventDestroy(e->ev);
+        e->ev = NULL;
+}
+
+/* A publish event of ctx (current): from the pool, or made. -ENOSPC as event_make(). */
+static int take_event(const struct dlx_cuda_driver *cu, struct gpu_state *g, CUcontext ctx,
+                      struct gpu_event **ret)
+{
+        struct gpu_event *e;
+        int err;
+
+        for (struct gpu_event **pp = &g->pool; (e = *pp); pp = &e->next) {
+                if (e->ctx == ctx) {
+                        *pp = e->next;
+                        *ret = e;
+                        return 0;
+                }
+        }
+        e = calloc(1, sizeof(*e));
+        if (!e)
+                return dlx__fail(-ENOMEM, "out of memory");
+        err = event_make(cu, ctx, e);
+        if (err < 0) {
+                free(e);
+                return err;
+        }
         *ret = e;
+        return 0;
+}
+
+/*
+ * Orders readers after the work queued so far on stream: an event recorded
+ * on it, in its context, into req and *ret. When the process has made its
+ * most interprocess events (DLX_GPU_IPC_EVENTS), waits for that work on the
+ * host instead and gives no event: readers then need none.
+ */
+static int publish_event(const struct dlx_cuda_driver *cu, dlx_client *c, int device, void *stream,
+                         struct wire_request *req, struct gpu_pub *ret)
+{
+        struct wire_tensor *w = &req->publish.tensor;
+        struct gpu_event *e = NULL;
+        CUcontext ctx;
+        CUresult r;
+        int err;
+
+        err = dlx__cuda_enter_stream(cu, device, stream, &ctx);
+        if (err < 0)
+                return err;
+        err = take_event(cu, c->gpu, ctx, &e);
+        if (err == -ENOSPC) {
+                dlx__log(c, DLX_LOG_DEBUG,
+                         "%d interprocess events in this process: waiting for the stream on "
+                         "the host instead",
+                         DLX_GPU_IPC_EVENTS);
+                r = cu->StreamSynchronize((CUstream)stream);
+                err = r == CUDA_SUCCESS ? 0 : dlx__cuda_fail(cu, r, "cuStreamSynchronize");
+                e = NULL;
+        } else if (err == 0) {
+                r = cu->EventRecord(e->ev, (CUstream)stream);
+                if (r != CUDA_SUCCESS) {
+                        e->next = c->gpu->pool;
+                        c->gpu->pool = e;
+                        err = dlx__cuda_fail(cu, r, "cuEventRecord");
+                } else {
+                        e->recorded = true;
+                }
+        }
+        dlx__cuda_leave(cu);
+        if (err < 0)
+                return err;
+        w->has_event = e != NULL;
+        if (e)
+                memcpy(w->event, e->handle.reserved, DLX_CUDA_HANDLE);
+        ret->device = device;
+        ret->stream = stream;
+        ret->event = e;
         return 0;
 }
 
@@ -297,7 +407,6 @@ int dlx__gpu_publish(dlx_client *c, const DLTensor *t, struct seg_map *vmm, void
         int device = t->device.device_id;
         struct gpu_state *g = state(c);
         CUdeviceptr base, data = (CUdeviceptr)(uintptr_t)t->data;
-        struct gpu_event *e = NULL;
         size_t size;
         CUresult r;
         int err;
@@ -318,6 +427,7 @@ int dlx__gpu_publish(dlx_client *c, const DLTensor *t, struct seg_map *vmm, void
                 /* our allocator's memory: the segment the daemon already holds */
                 w->storage = WIRE_STORAGE_CUDA_VMM;
                 w->segment = vmm->id;
+                vmm->wrote_on = stream; /* unmapping waits for it */
                 w->offset = data - (CUdeviceptr)(uintptr_t)vmm->rw;
         } else {
                 CUipcMemHandle h;
@@ -347,31 +457,48 @@ int dlx__gpu_publish(dlx_client *c, const DLTensor *t, struct seg_map *vmm, void
                 export_note(w->ipc_handle, base, NULL);
                 pthread_mutex_unlock(&cache_lock);
         }
-        err = take_event(cu, g, device, &e);
-        if (err < 0)
-                goto out;
-        r = cu->EventRecord(e->ev, stream);
-        if (r != CUDA_SUCCESS) {
-                e->next = g->pool[device];
-                g->pool[device] = e;
-                err = dlx__cuda_fail(cu, r, "cuEventRecord");
-                goto out;
-        }
-        w->has_event = true;
-        memcpy(w->event, e->handle.reserved, DLX_CUDA_HANDLE);
-        ret->device = device;
-        ret->stream = stream;
-        ret->event = e;
+        err = publish_event(cu, c, device, stream, req, ret);
 out:
         dlx__cuda_leave(cu);
         return err;
 }
 
+int dlx__gpu_publish_host(dlx_client *c, int device, void *stream, struct wire_request *req,
+                          struct gpu_pub *ret)
+{
+        const struct dlx_cuda_driver *cu;
+        int err;
+
+        if (!state(c))
+                return dlx__fail(-ENOMEM, "out of memory");
+        err = dlx__cuda(&cu);
+        if (err == 0)
+                err = publish_event(cu, c, device, stream, req, ret);
+        return err;
+}
+
+int dlx__gpu_stream_wait(int device, void *stream)
+{
+        const struct dlx_cuda_driver *cu;
+        CUcontext ctx;
+        CUresult r;
+        int err;
+
+        err = dlx__cuda(&cu);
+        if (err == 0)
+                err = dlx__cuda_enter_stream(cu, device, stream, &ctx);
+        if (err < 0)
+                return err;
+        r = cu->StreamSynchronize((CUstream)stream);
+        dlx__cuda_leave(cu);
+        return r == CUDA_SUCCESS ? 0 : dlx__cuda_fail(cu, r, "cuStreamSynchronize");
+}
+
 void dlx__gpu_publish_undo(dlx_client *c, struct gpu_pub *pub)
 {
         if (pub->event && c->gpu) {
-                pub->event->next = c->gpu->pool[pub->device];
-                c->gpu->pool[pub->device] = pub->event;
+                pub->event->next = c->gpu->pool;
+                c->gpu->pool = pub->event;
         }
         pub->event = NULL;
 }
@@ -428,6 +555,13 @@ static int ipc_open(const struct dlx_cuda_driver *cu, const struct wire_tensor *
         } else {
                 memcpy(h.reserved, t->ipc_handle, DLX_CUDA_HANDLE);
                 r = cu->IpcOpenMemHandle(&m->base, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+                if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE) {
+                        free(m);
+                        /* what the driver says of an allocation whose process is gone */
+                        return dlx__fail(-ESRCH,
+                                         "cuIpcOpenMemHandle: the producer's allocation is gone "
+                                         "(it exited or freed it): acquire again");
+                }
                 if (r != CUDA_SUCCESS) {
                         free(m);
                         return dlx__cuda_fail(cu, r, "cuIpcOpenMemHandle");
@@ -446,9 +580,7 @@ static void ipc_unref_now(const struct dlx_cuda_driver *cu, struct gpu_ipc *m)
         if (--m->refs > 0)
                 return;
         avl_remove(&ipc_cache, &m->node);
-        if (!m->own)
-                cu->IpcCloseMemHandle(m->base);
-        free(m);
+        ipc_close(cu, m);
 }
 
 int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, struct seg_map *vmm, void *stream,
@@ -461,6 +593,8 @@ int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, struct seg_map 
         int err;
 
         (void)c;
+        bool host = t->storage == WIRE_STORAGE_CUDA_HOST;
+
         if (t->storage == WIRE_STORAGE_CUDA_IPC && !t->has_ipc_handle)
                 return dlx__fail(-EPROTO, "a cuda-ipc tensor without its handle");
         if (t->storage == WIRE_STORAGE_CUDA_VMM && (!vmm || vmm->device != device))
@@ -471,7 +605,9 @@ int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, struct seg_map 
                 return err;
         pthread_mutex_lock(&cache_lock);
         sweep_closing(cu);
-        if (vmm) {
+        if (host) {
+                base = 0; /* host memory: the caller's mapping */
+        } else if (vmm) {
                 base = (CUdeviceptr)(uintptr_t)(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY && vmm->ro
                                                         ? vmm->ro
                                                         : (vmm->rw ? vmm->rw : vmm->ro));
@@ -498,13 +634,15 @@ int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, struct seg_map 
         ret->device = device;
         ret->stream = stream;
         ret->ipc = m;
-        ret->vmm = vmm;
+        ret->vmm = vmm; /* cuda-host: the host mapping, for its last reader too */
+        ret->host = host;
         ret->also = NULL;
         ret->nalso = ret->cap = 0;
         ret->has_event = t->has_event;
         if (t->has_event)
                 memcpy(ret->event, t->event, DLX_CUDA_HANDLE);
-        *ret_data = (void *)(uintptr_t)(base + t->offset);
+        if (!host)
+                *ret_data = (void *)(uintptr_t)(base + t->offset);
 out:
         pthread_mutex_unlock(&cache_lock);
         dlx__cuda_leave(cu);
@@ -522,6 +660,7 @@ int dlx__gpu_sync(dlx_client *c, struct gpu_acq *acq, void *stream)
 {
         const struct dlx_cuda_driver *cu;
         CUevent ev = NULL;
+        CUcontext ctx;
         CUresult r;
         int err;
 
@@ -546,8 +685,14 @@ int dlx__gpu_sync(dlx_client *c, struct gpu_acq *acq, void *stream)
                 acq->cap = cap;
         }
         err = dlx__cuda(&cu);
-        if (err == 0)
-                err = dlx__cuda_enter(cu, acq->device);
+        if (err < 0)
+                return err;
+        /* a stream of any context or device: known now, not when the release needs it */
+        err = dlx__cuda_enter_stream(cu, acq->device, stream, &ctx);
+        if (err < 0)
+                return err;
+        dlx__cuda_leave(cu);
+        err = dlx__cuda_enter(cu, acq->device);
         if (err < 0)
                 return err;
         pthread_mutex_lock(&cache_lock);
@@ -567,36 +712,90 @@ int dlx__gpu_sync(dlx_client *c, struct gpu_acq *acq, void *stream)
         return err;
 }
 
-/* Makes acq->stream wait for the work queued so far on the other streams the tensor is used on. */
-static void join_streams(const struct dlx_cuda_driver *cu, dlx_client *c, struct gpu_acq *acq)
+/* Makes acq->stream wait for what is queued on also, whatever its context: or the host. */
+static void join_stream(const struct dlx_cuda_driver *cu, dlx_client *c, struct gpu_acq *acq,
+                        void *also)
 {
-        for (unsigned i = 0; i < acq->nalso; i++) {
-                CUevent ev;
-                CUresult r = cu->EventCreate(&ev, CU_EVENT_DISABLE_TIMING);
+        CUevent ev = NULL;
+        CUcontext ctx;
+        CUresult r = CUDA_ERROR_INVALID_CONTEXT;
 
+        /* the event is recorded in also's context; acq->stream may wait on any */
+        if (dlx__cuda_enter_stream(cu, acq->device, also, &ctx) == 0) {
+                r = cu->EventCreate(&ev, CU_EVENT_DISABLE_TIMING);
                 if (r == CUDA_SUCCESS) {
-                        r = cu->EventRecord(ev, acq->also[i]);
+                        r = cu->EventRecord(ev, (CUstream)also);
                         if (r == CUDA_SUCCESS)
-                                r = cu->StreamWaitEvent(acq->stream, ev, 0);
+                                r = cu->StreamWaitEvent((CUstream)acq->stream, ev, 0);
                         /* a wait already enqueued on an event survives its destruction */
                         cu->EventDestroy(ev);
                 }
-                if (r != CUDA_SUCCESS)
-                        dlx__log(c, DLX_LOG_WARNING,
-                                 "the release cannot wait for stream %p: the producer may "
-                                 "overwrite the tensor under its work",
-                                 acq->also[i]);
+                dlx__cuda_leave(cu);
         }
+        if (r == CUDA_SUCCESS)
+                return;
+        /* never a lost fence: the release goes once that stream's work is done */
+        r = cu->StreamSynchronize((CUstream)also);
+        if (r == CUDA_SUCCESS)
+                dlx__log(c, DLX_LOG_DEBUG,
+                         "stream %p could not be joined on the GPU: waited for it on the host",
+                         also);
+        else
+                dlx__log(c, DLX_LOG_ERR,
+                         "stream %p can neither be joined nor waited for (%s): the producer "
+                         "may overwrite the tensor under its work",
+                         also, dlx_last_error());
+}
+
+/* Makes acq->stream wait for the work queued so far on the other streams the tensor is used on. */
+static void join_streams(const struct dlx_cuda_driver *cu, dlx_client *c, struct gpu_acq *acq)
+{
+        for (unsigned i = 0; i < acq->nalso; i++)
+                join_stream(cu, c, acq, acq->also[i]);
         free(acq->also);
         acq->also = NULL;
         acq->nalso = acq->cap = 0;
+}
+
+/*
+ * The release event for stream, recorded on it: the next of its context's
+ * ring (re-recording one a producer has not waited on yet only makes it wait
+ * longer). NULL when none can be: then the caller waits on the host.
+ */
+static struct gpu_event *release_event(const struct dlx_cuda_driver *cu, struct gpu_state *g,
+                                       int device, void *stream)
+{
+        struct gpu_event *e = NULL;
+        struct rel_ring *ring;
+        CUcontext ctx;
+
+        if (!g || dlx__cuda_enter_stream(cu, device, stream, &ctx) < 0)
+                return NULL;
+        for (ring = g->rings; ring && ring->ctx != ctx; ring = ring->next)
+                ;
+        if (!ring && (ring = calloc(1, sizeof(*ring)))) {
+                ring->ctx = ctx;
+                ring->next = g->rings;
+                g->rings = ring;
+        }
+        if (ring) {
+                e = &ring->slot[ring->next_slot++ % RELEASE_EVENTS];
+                if (!e->ev && event_make(cu, ctx, e) < 0)
+                        e = NULL;
+        }
+        if (e && cu->EventRecord(e->ev, (CUstream)stream) != CUDA_SUCCESS)
+                e = NULL;
+        if (e)
+                e->recorded = true;
+        dlx__cuda_leave(cu);
+        return e;
 }
 
 void dlx__gpu_release(dlx_client *c, struct gpu_acq *acq, struct wire_request *req)
 {
         const struct dlx_cuda_driver *cu;
         struct gpu_state *g = state(c);
-        struct gpu_event *e = NULL;
+        struct gpu_event *e;
         struct gpu_ipc *m = acq->ipc;
 
         if (dlx__cuda(&cu) < 0 || dlx__cuda_enter(cu, acq->device) < 0) {
@@ -605,33 +804,22 @@ void dlx__gpu_release(dlx_client *c, struct gpu_acq *acq, struct wire_request *r
                 return;
         }
         join_streams(cu, c, acq);
-        if (g) {
-                unsigned i = g->rel_next[acq->device]++ % RELEASE_EVENTS;
-                e = &g->rel_cycle[acq->device][i];
-                bool fresh = !e->ev;
-                if (!e->ev &&
-                    (cu->EventCreate(&e->ev, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS) !=
-                             CUDA_SUCCESS ||
-                     cu->IpcGetEventHandle(&e->handle, e->ev) != CUDA_SUCCESS)) {
-                        if (e->ev)
-                                cu->EventDestroy(e->ev);
-                        e->ev = NULL;
-                }
-                if (fresh && e->ev) {
-                        pthread_mutex_lock(&cache_lock);
-                        export_note((const uint8_t *)e->handle.reserved, 0, e->ev);
-                        pthread_mutex_unlock(&cache_lock);
-                }
-                if (e->ev && cu->EventRecord(e->ev, acq->stream) == CUDA_SUCCESS) {
-                        req->release.has_event = true;
-                        memcpy(req->release.event, e->handle.reserved, DLX_CUDA_HANDLE);
-                } else {
-                        e = NULL;
-                }
+        e = release_event(cu, g, acq->device, acq->stream);
+        if (e) {
+                req->release.has_event = true;
+                memcpy(req->release.event, e->handle.reserved, DLX_CUDA_HANDLE);
+        } else {
+                /* no event for the producer to wait on: the reader's work is done first */
+                CUresult r = cu->StreamSynchronize((CUstream)acq->stream);
+                if (r == CUDA_SUCCESS)
+                        dlx__log(c, DLX_LOG_DEBUG,
+                                 "no release event: waited for the reader's stream on the host");
+                else
+                        dlx__log(c, DLX_LOG_ERR,
+                                 "no release event, and the reader's stream cannot be waited for "
+                                 "(%s): the producer may overwrite the tensor under its work",
+                                 dlx_last_error());
         }
-        if (!req->release.has_event)
-                dlx__log(c, DLX_LOG_WARNING,
-                         "no release event recorded: the producer cannot wait for this reader");
         if (acq->vmm && e)
                 acq->vmm->last_reader = e->ev; /* unmapping waits for it */
         pthread_mutex_lock(&cache_lock);
@@ -649,6 +837,24 @@ void dlx__gpu_release(dlx_client *c, struct gpu_acq *acq, struct wire_request *r
         dlx__cuda_leave(cu);
 }
 
+void dlx__gpu_close(dlx_client *c)
+{
+        const struct dlx_cuda_driver *cu;
+
+        if (!c->gpu || dlx__cuda(&cu) < 0)
+                return;
+        /*
+         * What this client published may outlive it (persistent versions) or
+         * be read after it (leases): its producer's writes must be done before
+         * the process can go, and its events can be destroyed.
+         */
+        for (struct avl_node *n = avl_first(&c->held); n; n = avl_next(n)) {
+                struct held *h = avl_entry(n, struct held, node);
+                if (h->has_gpu && h->gpu.event && h->gpu.event->recorded)
+                        cu->EventSynchronize(h->gpu.event->ev);
+        }
+}
+
 void dlx__gpu_final(dlx_client *c)
 {
         const struct dlx_cuda_driver *cu;
@@ -660,39 +866,31 @@ void dlx__gpu_final(dlx_client *c)
                 /* allocations waiting on this client's release events: finish them now */
                 pthread_mutex_lock(&cache_lock);
                 for (struct gpu_ipc *m = closing; m; m = m->next_closing)
-                        if (m->done && dlx__cuda_enter(cu, m->device) == 0) {
+                        if (m->done) {
                                 cu->EventSynchronize(m->done);
                                 m->done = NULL;
-                                dlx__cuda_leave(cu);
                         }
-                if (closing && dlx__cuda_enter(cu, closing->device) == 0) {
-                        sweep_closing(cu);
-                        dlx__cuda_leave(cu);
-                }
+                sweep_closing(cu);
                 pthread_mutex_unlock(&cache_lock);
-                for (int d = 0; d < DLX_GPU_MAX_DEVICES; d++) {
-                        bool any = g->pool[d] != NULL;
-                        for (int i = 0; i < RELEASE_EVENTS; i++)
-                                any |= g->rel_cycle[d][i].ev != NULL;
-                        if (!any || dlx__cuda_enter(cu, d) < 0)
-                                continue;
-                        pthread_mutex_lock(&cache_lock);
-                        while (g->pool[d]) {
-                                struct gpu_event *e = g->pool[d];
-                                g->pool[d] = e->next;
-                                export_forget_event((const uint8_t *)e->handle.reserved);
-                                cu->EventDestroy(e->ev);
-                                free(e);
-                        }
+                while (g->pool) {
+                        struct gpu_event *e = g->pool;
+                        g->pool = e->next;
+                        event_unmake(cu, e);
+                        free(e);
+                }
+                while (g->rings) {
+                        struct rel_ring *ring = g->rings;
+                        g->rings = ring->next;
                         for (int i = 0; i < RELEASE_EVENTS; i++) {
-                                if (!g->rel_cycle[d][i].ev)
+                                struct gpu_event *e = &ring->slot[i];
+                                if (!e->ev)
                                         continue;
-                                export_forget_event(
-                                        (const uint8_t *)g->rel_cycle[d][i].handle.reserved);
-                                cu->EventDestroy(g->rel_cycle[d][i].ev);
+                                /* a producer may not have waited yet: the work is done first */
+                                if (e->recorded)
+                                        cu->EventSynchronize(e->ev);
+                                event_unmake(cu, e);
                         }
-                        pthread_mutex_unlock(&cache_lock);
-                        dlx__cuda_leave(cu);
+                        free(ring);
                 }
         }
         free(g);

@@ -45,8 +45,13 @@ DLX_HIDDEN int dlx__gpu_vmm_create(dlx_client *c, int device, uint64_t size,
 DLX_HIDDEN void dlx__gpu_vmm_destroy(struct dlx_gpu_vmm *v);
 /* Imports a received VMM fd (borrowed) into m and maps it with the access asked for. */
 DLX_HIDDEN int dlx__gpu_vmm_map(struct seg_map *m, int fd, bool writable);
-/* Unmaps and releases m's VMM memory, once its last reader's work is done. */
-DLX_HIDDEN void dlx__gpu_vmm_unmap(struct seg_map *m);
+/*
+ * Unmaps and releases m's VMM memory once the work queued on it is done: its
+ * last reader's (the release event), and where this process could write it,
+ * what is queued on the stream of its last publish and on the client's current
+ * stream for the device (waited for on the host: unmapping is).
+ */
+DLX_HIDDEN void dlx__gpu_vmm_unmap(dlx_client *c, struct seg_map *m);
 
 /*
  * Describes a kDLCUDA tensor for publishing: its allocation's IPC handle and
@@ -56,6 +61,14 @@ DLX_HIDDEN void dlx__gpu_vmm_unmap(struct seg_map *m);
  */
 DLX_HIDDEN int dlx__gpu_publish(dlx_client *c, const DLTensor *t, struct seg_map *vmm, void *stream,
                                 struct wire_request *req, struct gpu_pub *ret);
+/*
+ * A cuda-host tensor going zero-copy: an event recorded on stream (in its
+ * context) for readers to wait on, as for device memory. Fills req's event.
+ */
+DLX_HIDDEN int dlx__gpu_publish_host(dlx_client *c, int device, void *stream,
+                                     struct wire_request *req, struct gpu_pub *ret);
+/* Waits on the host for the work queued so far on stream (a copy is about to read). */
+DLX_HIDDEN int dlx__gpu_stream_wait(int device, void *stream);
 /* The publish failed: give back what dlx__gpu_publish() took. */
 DLX_HIDDEN void dlx__gpu_publish_undo(dlx_client *c, struct gpu_pub *pub);
 /*
@@ -68,7 +81,8 @@ DLX_HIDDEN void dlx__gpu_released(dlx_client *c, struct gpu_pub *pub,
 /*
  * Opens what an acquire reply describes (the IPC allocation, cached per
  * process) and makes stream wait for the producer's event. *ret_data is the
- * device pointer of the tensor's data.
+ * device pointer of the tensor's data; for cuda-host (host memory the caller
+ * has mapped and pinned) only the wait is done and *ret_data is not set.
  */
 DLX_HIDDEN int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, struct seg_map *vmm,
                                 void *stream, struct gpu_acq *ret, void **ret_data);
@@ -88,6 +102,14 @@ DLX_HIDDEN void dlx__gpu_unregister_host(struct seg_map *m);
 
 /* The client's current stream for a device (NULL: the legacy default stream). */
 DLX_HIDDEN void *dlx__gpu_stream(dlx_client *c, int device);
+
+/*
+ * dlx_close() begins: waits on the host for the work each version this client
+ * still holds was published after, so that what outlives the client (a
+ * persistent version, a reader's lease) never races its producer's writes.
+ * Lock held.
+ */
+DLX_HIDDEN void dlx__gpu_close(dlx_client *c);
 
 /* Frees the backend's caches and pools (the client's last reference went). */
 DLX_HIDDEN void dlx__gpu_final(dlx_client *c);
@@ -115,15 +137,26 @@ static inline int dlx__gpu_vmm_map(struct seg_map *m, int fd, bool writable)
         (void)m, (void)fd, (void)writable;
         return no_cuda("libdlx was built without CUDA");
 }
-static inline void dlx__gpu_vmm_unmap(struct seg_map *m)
+static inline void dlx__gpu_vmm_unmap(dlx_client *c, struct seg_map *m)
 {
-        (void)m;
+        (void)c, (void)m;
 }
 static inline int dlx__gpu_publish(dlx_client *c, const DLTensor *t, struct seg_map *vmm,
                                    void *stream, struct wire_request *req, struct gpu_pub *ret)
 {
         (void)c, (void)t, (void)vmm, (void)stream, (void)req, (void)ret;
         return no_cuda("libdlx was built without CUDA");
+}
+static inline int dlx__gpu_publish_host(dlx_client *c, int device, void *stream,
+                                        struct wire_request *req, struct gpu_pub *ret)
+{
+        (void)c, (void)device, (void)stream, (void)req, (void)ret;
+        return no_cuda("libdlx was built without CUDA: cuda-host tensors need it");
+}
+static inline int dlx__gpu_stream_wait(int device, void *stream)
+{
+        (void)device, (void)stream;
+        return no_cuda("libdlx was built without CUDA: cuda-host tensors need it");
 }
 static inline void dlx__gpu_publish_undo(dlx_client *c, struct gpu_pub *pub)
 {
@@ -168,6 +201,10 @@ static inline void *dlx__gpu_stream(dlx_client *c, int device)
 {
         (void)c, (void)device;
         return NULL;
+}
+static inline void dlx__gpu_close(dlx_client *c)
+{
+        (void)c;
 }
 static inline void dlx__gpu_final(dlx_client *c)
 {

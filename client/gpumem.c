@@ -145,15 +145,40 @@ out:
         return err;
 }
 
-void dlx__gpu_vmm_unmap(struct seg_map *m)
+/* Waits on the host for what is queued on stream (m's producer may have written with it). */
+static void wait_writer(const struct dlx_cuda_driver *cu, dlx_client *c, struct seg_map *m,
+                        void *stream)
+{
+        CUcontext ctx;
+        CUresult r = CUDA_ERROR_INVALID_CONTEXT;
+
+        if (dlx__cuda_enter_stream(cu, m->device, stream, &ctx) == 0) {
+                r = cu->StreamSynchronize((CUstream)stream);
+                dlx__cuda_leave(cu);
+        }
+        if (r != CUDA_SUCCESS)
+                dlx__log(c, DLX_LOG_WARNING,
+                         "unmapping segment %llu without waiting for stream %p: %s",
+                         (unsigned long long)m->id, stream, dlx_last_error());
+}
+
+void dlx__gpu_vmm_unmap(dlx_client *c, struct seg_map *m)
 {
         const struct dlx_cuda_driver *cu;
+        void *current;
 
         if (dlx__cuda(&cu) < 0 || dlx__cuda_enter(cu, m->device) < 0)
                 return;
         /* the last reader's queued work must not find its memory gone */
         if (m->last_reader)
                 cu->EventSynchronize(m->last_reader);
+        /* nor the writer's: work queued to fill it may still be running */
+        if (m->rw) {
+                current = dlx__gpu_stream(c, m->device);
+                if (m->wrote_on && m->wrote_on != current)
+                        wait_writer(cu, c, m, m->wrote_on);
+                wait_writer(cu, c, m, current);
+        }
         if (m->ro) {
                 cu->MemUnmap((CUdeviceptr)(uintptr_t)m->ro, m->size);
                 cu->MemAddressFree((CUdeviceptr)(uintptr_t)m->ro, m->size);
@@ -211,6 +236,9 @@ void dlx__gpu_unregister_host(struct seg_map *m)
 
         if (!m->host_registered || dlx__cuda(&cu) < 0 || dlx__cuda_enter(cu, m->device) < 0)
                 return;
+        /* the last reader's queued work must not find the pages gone */
+        if (m->last_reader)
+                cu->EventSynchronize(m->last_reader);
         if (m->ro)
                 cu->MemHostUnregister(m->ro);
         if (m->rw)

@@ -65,7 +65,8 @@ struct seg_map {
         uint32_t kind;       /* enum wire_storage of the segment */
         int device;          /* cuda-vmm: the device it is mapped on */
         uint64_t vmm_handle; /* cuda-vmm: the imported or created handle */
-        void *last_reader;   /* cuda-vmm: event of the last release */
+        void *last_reader;   /* cuda-vmm, cuda-host: event of the last release */
+        void *wrote_on;      /* cuda-vmm: the stream of its last publish here */
 };
 
 /* A reply being waited for by one caller. */
@@ -101,6 +102,7 @@ struct gpu_acq {
         void *stream;        /* the consumer's stream: release is recorded on it */
         struct gpu_ipc *ipc; /* the opened IPC allocation, one reference; NULL for VMM */
         struct seg_map *vmm; /* the VMM mapping (its reference is the tensor's) */
+        bool host;           /* cuda-host: pinned host memory, ordered like device memory */
         /* more streams the tensor is used on (dlx_tensor_sync): release waits for them */
         void **also;
         unsigned nalso, cap;
@@ -132,6 +134,8 @@ struct released {
 #define RELEASED_KEPT 64
 /* CUDA devices libdlx addresses (ids 0..63): streams, events, primary contexts. */
 #define DLX_GPU_MAX_DEVICES 64
+/* Interprocess CUDA events libdlx makes per process, at most (dlx.h: publish, release). */
+#define DLX_GPU_IPC_EVENTS 1024
 
 struct dlx_client {
         int fd;

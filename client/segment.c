@@ -137,7 +137,7 @@ static void map_destroy(dlx_client *c, struct seg_map *m)
         if (m->ro)
                 ro_remove(m);
         if (!storage_kind(m->kind)->host_mapped) {
-                dlx__gpu_vmm_unmap(m);
+                dlx__gpu_vmm_unmap(c, m);
         } else {
                 dlx__gpu_unregister_host(m);
                 if (m->ro)

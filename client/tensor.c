@@ -110,8 +110,13 @@ static int build_acquired(dlx_client *c, struct pending *p, void *stream,
                         return dlx__fail(-EPROTO, "the daemon described '%s' outside its segment",
                                          t->name);
                 if (kind->needs_cuda) {
+                        /* pinned host memory a GPU may write: ordered like device memory */
+                        if (!stream)
+                                stream = dlx__gpu_stream(c, t->device_id);
                         pthread_mutex_lock(&c->lock);
                         err = dlx__gpu_register_host(c, m);
+                        if (err == 0)
+                                err = dlx__gpu_acquire(c, t, m, stream, &gpu, NULL);
                         pthread_mutex_unlock(&c->lock);
                         if (err < 0)
                                 return err;
@@ -120,7 +125,7 @@ static int build_acquired(dlx_client *c, struct pending *p, void *stream,
         }
         a = calloc(1, sizeof(*a) + 2 * (size_t)t->ndim * sizeof(int64_t));
         if (!a) {
-                if (gpu.ipc || gpu.vmm) {
+                if (gpu.ipc || gpu.vmm || gpu.host) {
                         struct wire_request ignored = {.type = WIRE_REQ_RELEASE};
                         pthread_mutex_lock(&c->lock);
                         dlx__gpu_release(c, &gpu, &ignored);
@@ -130,7 +135,7 @@ static int build_acquired(dlx_client *c, struct pending *p, void *stream,
         }
         a->c = c;
         a->map = m;
-        a->has_gpu = gpu.ipc != NULL || gpu.vmm != NULL;
+        a->has_gpu = gpu.ipc != NULL || gpu.vmm != NULL || gpu.host;
         a->gpu = gpu;
         a->lease = p->rep.acquire.lease;
         a->version = t->version;
@@ -518,7 +523,19 @@ static int held_publish(dlx_client *c, const char *name, DLManagedTensorVersione
                 if (!cuda) {
                         w->offset = (uint64_t)((const uint8_t *)t->data - map->rw);
                         w->segment = map->id;
-                } else {
+                }
+                if (!cuda && made->needs_cuda) {
+                        /* pinned host memory: readers wait for the GPU's writes too */
+                        void *stream =
+                                o.stream ? o.stream : dlx__gpu_stream(c, t->device.device_id);
+                        err = dlx__gpu_publish_host(c, t->device.device_id, stream, &req, &h->gpu);
+                        if (err < 0) {
+                                pthread_mutex_unlock(&c->lock);
+                                free(h);
+                                goto out_delete;
+                        }
+                        h->has_gpu = true;
+                } else if (cuda) {
                         void *stream =
                                 o.stream ? o.stream : dlx__gpu_stream(c, t->device.device_id);
                         err = dlx__gpu_publish(c, t, map, stream, &req, &h->gpu);
@@ -553,6 +570,14 @@ static int held_publish(dlx_client *c, const char *name, DLManagedTensorVersione
                                         "this client and copying is not allowed",
                                         name);
                         goto out_delete;
+                }
+                /* pinned host memory a GPU may still be writing: its work first */
+                if (made->needs_cuda) {
+                        err = dlx__gpu_stream_wait(
+                                t->device.device_id,
+                                o.stream ? o.stream : dlx__gpu_stream(c, t->device.device_id));
+                        if (err < 0)
+                                goto out_delete;
                 }
                 fd = copy_to_memfd(t, lo, hi, !o.writable, &w->offset, &size);
                 if (fd < 0) {

@@ -72,6 +72,9 @@ struct region {
         unsigned access;            /* MAP: CU_MEM_ACCESS_FLAGS_PROT_*; HOST: register flags */
         uint64_t handle_types;      /* MAP: of the handle mapped */
         struct region *reservation; /* MAP: the reservation it lies in */
+        CUmemGenericAllocationHandle handle; /* MAP: the handle mapped */
+        CUcontext ctx;                       /* IPC: current when it was opened */
+        unsigned alloc_kind;                 /* ALLOC: enum cuda_fake_memory */
 };
 
 struct mem_handle {
@@ -88,20 +91,41 @@ struct CUevent_st {
         unsigned flags;
         uint64_t id;
         bool imported;
+        CUcontext ctx;       /* current when it was created or opened */
+        CUstream covers;     /* recorded on this stream ... */
+        uint64_t covers_seq; /* ... when its work had reached this number */
 };
 
+/* device: the physical device (see visible[]) */
 struct CUctx_st {
         int device;
+        bool primary;
+};
+
+/* A stream the test named (cuda_fake_stream_bind) and the context it belongs to. */
+struct stream_bind {
+        CUstream stream;
+        CUcontext ctx;
+};
+
+/* Work a test queued on a stream (cuda_fake_stream_work), done once synchronized. */
+struct work {
+        struct work *next;
+        CUstream stream;
+        uint64_t seq;
+        uintptr_t ptr;
+        size_t size;
 };
 
 struct ipc_mem_wire {
         uint32_t magic;
         int32_t pid;
         int32_t fd;
-        int32_t device;
+        int32_t device; /* physical */
         uint64_t size;
         uint64_t nonce;
-        uint8_t pad[32];
+        uint64_t pidns; /* the exporter's PID namespace */
+        uint8_t pad[24];
 };
 
 struct ipc_event_wire {
@@ -109,7 +133,9 @@ struct ipc_event_wire {
         int32_t pid;
         uint64_t id;
         uint32_t flags;
-        uint8_t pad[44];
+        uint32_t pad0;
+        uint64_t pidns;
+        uint8_t pad[32];
 };
 
 _Static_assert(sizeof(struct ipc_mem_wire) == CU_IPC_HANDLE_SIZE, "IPC memory handle layout");
@@ -139,8 +165,21 @@ static uint32_t last_event;
 static uint64_t last_buffer_id;
 static uint64_t last_handle;
 
-static struct CUctx_st contexts[CUDA_FAKE_MAX_DEVICES] = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}};
+static struct CUctx_st contexts[CUDA_FAKE_MAX_DEVICES] = {
+        {0, true}, {1, true}, {2, true}, {3, true}, {4, true}, {5, true}, {6, true}, {7, true}};
 _Static_assert(CUDA_FAKE_MAX_DEVICES == 8, "contexts[] initialiser");
+#define MAX_USER_CONTEXTS 16
+static struct CUctx_st user_contexts[MAX_USER_CONTEXTS];
+static int nuser_contexts;
+
+/* Ordinal i of this process is physical device visible[i] (CUDA_VISIBLE_DEVICES). */
+static int visible[CUDA_FAKE_MAX_DEVICES] = {0, 1, 2, 3, 4, 5, 6, 7};
+
+#define MAX_STREAM_BINDS 64
+static struct stream_bind binds[MAX_STREAM_BINDS];
+static struct work *works;
+static uint64_t last_work;
+static unsigned violations;
 
 static __thread CUcontext ctx_stack[CTX_STACK_MAX];
 static __thread int ctx_top;
@@ -211,6 +250,10 @@ int cuda_fake_init(void)
         require_ctx = true;
         ipc_refcount = false;
         memset(faults, 0, sizeof(faults));
+        for (int i = 0; i < CUDA_FAKE_MAX_DEVICES; i++)
+                visible[i] = i;
+        memset(binds, 0, sizeof(binds));
+        violations = 0;
         pthread_mutex_unlock(&lock);
         return 0;
 }
@@ -357,18 +400,96 @@ static size_t round_up(size_t n, size_t to)
         return (n + to - 1) / to * to;
 }
 
+/* The physical device of a context the fake made, or -1. */
 static int ctx_device(CUcontext ctx)
 {
-        uintptr_t p = (uintptr_t)ctx, first = (uintptr_t)&contexts[0];
-
-        if (p < first || p >= first + sizeof(contexts) || (p - first) % sizeof(contexts[0]))
-                return -1;
-        return (int)((p - first) / sizeof(contexts[0]));
+        for (int i = 0; i < CUDA_FAKE_MAX_DEVICES; i++)
+                if (ctx == &contexts[i])
+                        return i;
+        for (int i = 0; i < nuser_contexts; i++)
+                if (ctx == &user_contexts[i])
+                        return user_contexts[i].device;
+        return -1;
 }
 
+static CUcontext current_ctx(void)
+{
+        return ctx_top ? ctx_stack[ctx_top - 1] : NULL;
+}
+
+/* The physical device of the current context (that of ordinal 0 without one). */
 static int current_device(void)
 {
-        return ctx_top ? ctx_device(ctx_stack[ctx_top - 1]) : 0;
+        return ctx_top ? ctx_device(ctx_stack[ctx_top - 1]) : visible[0];
+}
+
+/* This process's ordinal of a physical device, or -1 when it is not visible. lock held. */
+static int ordinal_of(int physical)
+{
+        for (int i = 0; i < device_count; i++)
+                if (visible[i] == physical)
+                        return i;
+        return -1;
+}
+
+/* The PID namespace of the calling process (its inode), 0 if unknown. */
+static uint64_t pid_namespace(void)
+{
+        struct stat st;
+
+        return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+/*
+ * The context a stream belongs to: a bound one's, or for the default streams
+ * (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) the current context. A
+ * stream the fake does not know is CUDA_ERROR_INVALID_HANDLE, as a destroyed
+ * one is to the driver. lock held.
+ */
+static CUresult stream_ctx(CUstream stream, CUcontext *ret)
+{
+        if (!stream || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) {
+                *ret = current_ctx();
+                return *ret ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+        }
+        for (int i = 0; i < MAX_STREAM_BINDS; i++) {
+                if (binds[i].stream == stream) {
+                        *ret = binds[i].ctx;
+                        return CUDA_SUCCESS;
+                }
+        }
+        return CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* Work not yet synchronized on [p, p + size): a use-after-free on a GPU. lock held. */
+static void check_no_work(const char *what, uintptr_t p, size_t size)
+{
+        for (struct work *w = works; w; w = w->next) {
+                if (w->ptr < p + size && p < w->ptr + w->size) {
+                        violations++;
+                        fprintf(stderr,
+                                "cuda-fake (pid %d): %s of [%#lx, +%zu) while stream %p still has "
+                                "work on it (queued as #%llu): the driver would let it run on "
+                                "freed memory\n",
+                                (int)getpid(), what, (unsigned long)p, size, (void *)w->stream,
+                                (unsigned long long)w->seq);
+                        return;
+                }
+        }
+}
+
+/* Work on stream up to seq is done. lock held. */
+static void work_done(CUstream stream, uint64_t seq)
+{
+        for (struct work **pp = &works; *pp;) {
+                struct work *w = *pp;
+                if (w->stream == stream && w->seq <= seq) {
+                        *pp = w->next;
+                        free(w);
+                } else {
+                        pp = &w->next;
+                }
+        }
 }
 
 static CUresult need_ctx(void)
@@ -387,6 +508,7 @@ static CUresult need_ctx(void)
                         return CUDA_ERROR_INVALID_CONTEXT;                                         \
         } while (0)
 
+/* Whether dev is an ordinal of this process. */
 static bool valid_device(int dev)
 {
         return dev >= 0 && dev < device_count;
@@ -670,7 +792,7 @@ static CUresult fake_DevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
         pthread_mutex_unlock(&lock);
         if (!ok)
                 return CUDA_ERROR_INVALID_DEVICE;
-        *ctx = &contexts[dev];
+        *ctx = &contexts[visible[dev]];
         LOG(CUDA_FAKE_DEVICE_PRIMARY_CTX_RETAIN, .ptr = (uintptr_t)*ctx, .aux = (uint64_t)dev);
         return CUDA_SUCCESS;
 }
@@ -682,7 +804,7 @@ static CUresult fake_CtxPushCurrent(CUcontext ctx)
 
         FAULT(CUDA_FAKE_CTX_PUSH_CURRENT);
         pthread_mutex_lock(&lock);
-        ok = valid_device(dev);
+        ok = dev >= 0 && ordinal_of(dev) >= 0;
         pthread_mutex_unlock(&lock);
         if (!ok)
                 return CUDA_ERROR_INVALID_CONTEXT;
@@ -748,7 +870,7 @@ static CUresult fake_PointerGetAttribute(void *data, CUpointer_attribute attribu
         }
         switch (attribute) {
         case CU_POINTER_ATTRIBUTE_CONTEXT:
-                PUT(CUcontext, &contexts[r->device]);
+                PUT(CUcontext, r->kind == R_IPC && r->ctx ? r->ctx : &contexts[r->device]);
                 break;
         case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
                 PUT(unsigned int, r->kind == R_HOST ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE);
@@ -767,13 +889,21 @@ static CUresult fake_PointerGetAttribute(void *data, CUpointer_attribute attribu
                 PUT(unsigned long long, r->buffer_id);
                 break;
         case CU_POINTER_ATTRIBUTE_IS_MANAGED:
-                PUT(bool, false);
+                PUT(bool, r->kind == R_ALLOC && r->alloc_kind == CUDA_FAKE_MEMORY_MANAGED);
                 break;
         case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
-                PUT(int, r->device);
+                if (ordinal_of(r->device) < 0)
+                        ret = CUDA_ERROR_INVALID_VALUE;
+                else
+                        PUT(int, ordinal_of(r->device));
                 break;
         case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
-                PUT(bool, r->kind == R_ALLOC);
+                PUT(bool, r->kind == R_ALLOC && r->alloc_kind == CUDA_FAKE_MEMORY_PLAIN);
+                break;
+        case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+                PUT(void *, r->kind == R_ALLOC && r->alloc_kind == CUDA_FAKE_MEMORY_POOL
+                                    ? (void *)&contexts[r->device]
+                                    : NULL);
                 break;
         case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
                 PUT(CUdeviceptr, res ? res->base : r->base);
@@ -829,6 +959,11 @@ static CUresult fake_MemGetAddressRange(CUdeviceptr *base, size_t *size, CUdevic
 
 CUdeviceptr cuda_fake_malloc(size_t size)
 {
+        return cuda_fake_malloc_kind(size, CUDA_FAKE_MEMORY_PLAIN);
+}
+
+CUdeviceptr cuda_fake_malloc_kind(size_t size, enum cuda_fake_memory kind)
+{
         CUresult fault;
         char name[64];
         struct region *r;
@@ -863,6 +998,7 @@ CUdeviceptr cuda_fake_malloc(size_t size)
                 r->fd = fd;
                 r->nonce = nonce;
                 r->device = current_device();
+                r->alloc_kind = kind;
         }
         pthread_mutex_unlock(&lock);
         if (!r) {
@@ -886,6 +1022,7 @@ CUresult cuda_fake_free(CUdeviceptr ptr)
                 pthread_mutex_unlock(&lock);
                 return CUDA_ERROR_INVALID_VALUE;
         }
+        check_no_work("cuda_fake_free", r->base, r->size);
         munmap((void *)r->base, r->len);
         close(r->fd);
         size = r->size;
@@ -906,11 +1043,13 @@ static CUresult fake_IpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr)
                 return CUDA_ERROR_INVALID_VALUE;
         pthread_mutex_lock(&lock);
         r = region_based(ptr, R_ALLOC);
-        if (!r) {
+        /* pools and managed memory have no legacy IPC handle */
+        if (!r || r->alloc_kind != CUDA_FAKE_MEMORY_PLAIN) {
                 pthread_mutex_unlock(&lock);
                 return CUDA_ERROR_INVALID_VALUE;
         }
         memset(&w, 0, sizeof(w));
+        w.pidns = pid_namespace();
         w.magic = IPC_MEM_MAGIC;
         w.pid = getpid();
         w.fd = r->fd;
@@ -942,6 +1081,9 @@ static CUresult fake_IpcOpenMemHandle(CUdeviceptr *ptr, CUipcMemHandle handle, u
                 return CUDA_ERROR_INVALID_VALUE;
         if (w.pid == getpid())
                 return CUDA_ERROR_INVALID_CONTEXT;
+        /* legacy IPC finds its exporter by pid: not from another PID namespace */
+        if (w.pidns != pid_namespace())
+                return CUDA_ERROR_INVALID_VALUE;
 
         pthread_mutex_lock(&lock);
         for (r = regions; r; r = r->next)
@@ -996,6 +1138,7 @@ static CUresult fake_IpcOpenMemHandle(CUdeviceptr *ptr, CUipcMemHandle handle, u
         r->peer = w.pid;
         r->refs = 1;
         r->device = w.device;
+        r->ctx = current_ctx();
         *ptr = (uintptr_t)p;
         pthread_mutex_unlock(&lock);
         LOG(CUDA_FAKE_IPC_OPEN_MEM_HANDLE, .ptr = (uintptr_t)p, .size = w.size,
@@ -1012,12 +1155,15 @@ static CUresult fake_IpcCloseMemHandle(CUdeviceptr ptr)
         NEED_CTX();
         pthread_mutex_lock(&lock);
         r = region_based(ptr, R_IPC);
-        if (!r) {
+        /* Stricter than documented: a mapping is closed in the context that opened it (in
+         * another, the driver does not find it, and it leaks). */
+        if (!r || r->ctx != current_ctx()) {
                 pthread_mutex_unlock(&lock);
                 return CUDA_ERROR_INVALID_VALUE;
         }
         refs = --r->refs;
         if (!refs) {
+                check_no_work("IpcCloseMemHandle", r->base, r->size);
                 munmap((void *)r->base, r->len);
                 region_remove(r);
         }
@@ -1049,6 +1195,7 @@ static struct CUevent_st *event_new(unsigned flags, uint64_t id, bool imported)
         e->flags = flags;
         e->id = id ? id : ((uint64_t)getpid() << 32) | ++last_event;
         e->imported = imported;
+        e->ctx = current_ctx();
         e->next = events;
         events = e;
         return e;
@@ -1158,6 +1305,8 @@ static CUresult event_use(CUevent event, uint64_t *ret_id, struct CUevent_st *re
 
 static CUresult fake_EventRecord(CUevent event, CUstream stream)
 {
+        struct CUevent_st *e;
+        CUcontext ctx = NULL;
         uint64_t id;
         CUresult r;
 
@@ -1166,8 +1315,33 @@ static CUresult fake_EventRecord(CUevent event, CUstream stream)
         r = event_use(event, &id, NULL);
         if (r != CUDA_SUCCESS)
                 return r;
+        pthread_mutex_lock(&lock);
+        r = stream_ctx(stream, &ctx);
+        e = event_find(event);
+        /* the event and the stream must be of one context (the driver's rule) */
+        if (r == CUDA_SUCCESS && (!e || e->ctx != ctx))
+                r = CUDA_ERROR_INVALID_HANDLE;
+        if (r == CUDA_SUCCESS) {
+                e->covers = stream;
+                e->covers_seq = last_work;
+        }
+        pthread_mutex_unlock(&lock);
+        if (r != CUDA_SUCCESS)
+                return r;
         LOG(CUDA_FAKE_EVENT_RECORD, .event = id, .stream = (uintptr_t)stream);
         return CUDA_SUCCESS;
+}
+
+/* The work an event covers is done (its wait or query said so). */
+static void event_done(CUevent event)
+{
+        struct CUevent_st *e;
+
+        pthread_mutex_lock(&lock);
+        e = event_find(event);
+        if (e && !e->imported)
+                work_done(e->covers, e->covers_seq);
+        pthread_mutex_unlock(&lock);
 }
 
 static CUresult fake_EventQuery(CUevent event)
@@ -1179,7 +1353,10 @@ static CUresult fake_EventQuery(CUevent event)
         r = event_use(event, &id, NULL);
         if (r != CUDA_SUCCESS)
                 return r;
-        return slot_state(id) & SLOT_HELD ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+        if (slot_state(id) & SLOT_HELD)
+                return CUDA_ERROR_NOT_READY;
+        event_done(event);
+        return CUDA_SUCCESS;
 }
 
 static CUresult fake_EventSynchronize(CUevent event)
@@ -1195,6 +1372,7 @@ static CUresult fake_EventSynchronize(CUevent event)
         /* a held event completes when the test lets it go, from another thread or process */
         while (slot_state(id) & SLOT_HELD)
                 nanosleep(&tick, NULL);
+        event_done(event);
         LOG(CUDA_FAKE_EVENT_SYNCHRONIZE, .event = id);
         return CUDA_SUCCESS;
 }
@@ -1209,6 +1387,15 @@ static CUresult fake_StreamWaitEvent(CUstream stream, CUevent event, unsigned in
         if (flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL)
                 return CUDA_ERROR_INVALID_VALUE;
         r = event_use(event, &id, NULL);
+        if (r != CUDA_SUCCESS)
+                return r;
+        /* the event may be of another context or device than the stream, which must be known */
+        pthread_mutex_lock(&lock);
+        {
+                CUcontext ctx;
+                r = stream_ctx(stream, &ctx);
+        }
+        pthread_mutex_unlock(&lock);
         if (r != CUDA_SUCCESS)
                 return r;
         LOG(CUDA_FAKE_STREAM_WAIT_EVENT, .event = id, .stream = (uintptr_t)stream, .aux = flags);
@@ -1238,6 +1425,7 @@ static CUresult fake_IpcGetEventHandle(CUipcEventHandle *handle, CUevent event)
         w.pid = getpid();
         w.id = id;
         w.flags = e.flags;
+        w.pidns = pid_namespace();
         memcpy(handle->reserved, &w, sizeof(w));
         LOG(CUDA_FAKE_IPC_GET_EVENT_HANDLE, .event = id);
         return CUDA_SUCCESS;
@@ -1255,7 +1443,7 @@ static CUresult fake_IpcOpenEventHandle(CUevent *event, CUipcEventHandle handle)
                 return CUDA_ERROR_INVALID_VALUE;
         if (w.pid == getpid())
                 return CUDA_ERROR_INVALID_CONTEXT;
-        if (!pid_alive(w.pid) || (slot_state(w.id) & SLOT_DESTROYED))
+        if (w.pidns != pid_namespace() || !pid_alive(w.pid) || (slot_state(w.id) & SLOT_DESTROYED))
                 return CUDA_ERROR_INVALID_VALUE;
         pthread_mutex_lock(&lock);
         e = event_new(w.flags, w.id, true);
@@ -1267,8 +1455,62 @@ static CUresult fake_IpcOpenEventHandle(CUevent *event, CUipcEventHandle handle)
         return CUDA_SUCCESS;
 }
 
+static CUresult fake_StreamGetCtx(CUstream stream, CUcontext *ret)
+{
+        CUresult r;
+
+        FAULT(CUDA_FAKE_STREAM_GET_CTX);
+        if (!ret)
+                return CUDA_ERROR_INVALID_VALUE;
+        pthread_mutex_lock(&lock);
+        r = stream_ctx(stream, ret);
+        pthread_mutex_unlock(&lock);
+        return r;
+}
+
+static CUresult fake_StreamSynchronize(CUstream stream)
+{
+        CUcontext ctx;
+        CUresult r;
+
+        FAULT(CUDA_FAKE_STREAM_SYNCHRONIZE);
+        pthread_mutex_lock(&lock);
+        r = stream_ctx(stream, &ctx);
+        if (r == CUDA_SUCCESS)
+                work_done(stream, UINT64_MAX);
+        pthread_mutex_unlock(&lock);
+        if (r != CUDA_SUCCESS)
+                return r;
+        LOG(CUDA_FAKE_STREAM_SYNCHRONIZE, .stream = (uintptr_t)stream);
+        return CUDA_SUCCESS;
+}
+
+static CUresult fake_DeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+        int physical;
+
+        FAULT(CUDA_FAKE_DEVICE_GET_UUID);
+        if (!uuid)
+                return CUDA_ERROR_INVALID_VALUE;
+        pthread_mutex_lock(&lock);
+        physical = valid_device(dev) ? visible[dev] : -1;
+        pthread_mutex_unlock(&lock);
+        if (physical < 0)
+                return CUDA_ERROR_INVALID_DEVICE;
+        cuda_fake_uuid(physical, uuid);
+        return CUDA_SUCCESS;
+}
+
+void cuda_fake_uuid(int physical, CUuuid *ret)
+{
+        memset(ret->bytes, 0, sizeof(ret->bytes));
+        memcpy(ret->bytes, "fakegpu-", 8);
+        ret->bytes[15] = (char)physical;
+}
+
 /* --- VMM ------------------------------------------------------------------------------------- */
 
+/* lock held */
 static CUresult check_prop(const CUmemAllocationProp *prop)
 {
         if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
@@ -1343,10 +1585,10 @@ static CUresult fake_MemCreate(CUmemGenericAllocationHandle *handle, size_t size
                 pthread_mutex_unlock(&lock);
                 return r;
         }
-        snprintf(name, sizeof(name), VMM_NAME "%d", prop->location.id);
+        snprintf(name, sizeof(name), VMM_NAME "%d", visible[prop->location.id]);
         fd = memfd_create(name, MFD_CLOEXEC);
         if (fd < 0 || ftruncate(fd, (off_t)size) < 0 ||
-            !(h = handle_new(fd, size, prop->location.id, prop->requestedHandleTypes))) {
+            !(h = handle_new(fd, size, visible[prop->location.id], prop->requestedHandleTypes))) {
                 if (fd >= 0)
                         close(fd);
                 pthread_mutex_unlock(&lock);
@@ -1377,6 +1619,35 @@ static CUresult fake_MemRelease(CUmemGenericAllocationHandle handle)
         close(h->fd);
         free(h);
         LOG(CUDA_FAKE_MEM_RELEASE, .aux = handle);
+        return CUDA_SUCCESS;
+}
+
+static CUresult fake_MemRetainAllocationHandle(CUmemGenericAllocationHandle *ret, void *addr)
+{
+        struct mem_handle *h, *nh = NULL;
+        struct region *r;
+        int fd = -1;
+
+        FAULT(CUDA_FAKE_MEM_RETAIN_ALLOCATION_HANDLE);
+        if (!ret)
+                return CUDA_ERROR_INVALID_VALUE;
+        pthread_mutex_lock(&lock);
+        r = region_at((uintptr_t)addr, 1u << R_MAP);
+        /* stricter: the fake finds a mapping's memory through its handle, kept alive */
+        h = r ? handle_find(r->handle) : NULL;
+        if (h && (fd = fcntl(h->fd, F_DUPFD_CLOEXEC, 0)) >= 0)
+                nh = handle_new(fd, h->size, h->device, h->handle_types);
+        if (nh)
+                *ret = nh->id;
+        pthread_mutex_unlock(&lock);
+        if (!h)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!nh) {
+                if (fd >= 0)
+                        close(fd);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        LOG(CUDA_FAKE_MEM_RETAIN_ALLOCATION_HANDLE, .aux = *ret, .ptr = (uintptr_t)addr);
         return CUDA_SUCCESS;
 }
 
@@ -1548,6 +1819,7 @@ static CUresult fake_MemMap(CUdeviceptr ptr, size_t size, size_t offset,
         }
         r->device = h->device;
         r->handle_types = h->handle_types;
+        r->handle = handle;
         r->access = CU_MEM_ACCESS_FLAGS_PROT_NONE;
         r->reservation = res;
         pthread_mutex_unlock(&lock);
@@ -1565,6 +1837,7 @@ static CUresult fake_MemUnmap(CUdeviceptr ptr, size_t size)
                 pthread_mutex_unlock(&lock);
                 return CUDA_ERROR_INVALID_VALUE;
         }
+        check_no_work("MemUnmap", ptr, size);
         for (r = regions; r; r = next) {
                 next = r->next;
                 if (r->kind == R_MAP && r->base >= ptr && r->base < ptr + size) {
@@ -1672,6 +1945,7 @@ static CUresult fake_MemHostUnregister(void *p)
         r = region_based((uintptr_t)p, R_HOST);
         if (r) {
                 size = r->size;
+                check_no_work("MemHostUnregister", r->base, r->size);
                 region_remove(r);
         }
         pthread_mutex_unlock(&lock);
@@ -1714,6 +1988,7 @@ static const struct dlx_cuda_driver fake_driver = {
         .GetErrorString = fake_GetErrorString,
         .DeviceGet = fake_DeviceGet,
         .DeviceGetCount = fake_DeviceGetCount,
+        .DeviceGetUuid = fake_DeviceGetUuid,
         .DevicePrimaryCtxRetain = fake_DevicePrimaryCtxRetain,
         .CtxPushCurrent = fake_CtxPushCurrent,
         .CtxPopCurrent = fake_CtxPopCurrent,
@@ -1730,9 +2005,12 @@ static const struct dlx_cuda_driver fake_driver = {
         .EventQuery = fake_EventQuery,
         .EventSynchronize = fake_EventSynchronize,
         .StreamWaitEvent = fake_StreamWaitEvent,
+        .StreamGetCtx = fake_StreamGetCtx,
+        .StreamSynchronize = fake_StreamSynchronize,
         .MemGetAllocationGranularity = fake_MemGetAllocationGranularity,
         .MemCreate = fake_MemCreate,
         .MemRelease = fake_MemRelease,
+        .MemRetainAllocationHandle = fake_MemRetainAllocationHandle,
         .MemExportToShareableHandle = fake_MemExportToShareableHandle,
         .MemImportFromShareableHandle = fake_MemImportFromShareableHandle,
         .MemAddressReserve = fake_MemAddressReserve,
@@ -1756,7 +2034,112 @@ const struct dlx_cuda_driver *cuda_fake_driver(void)
 
 CUcontext cuda_fake_ctx(int device)
 {
-        return device >= 0 && device < CUDA_FAKE_MAX_DEVICES ? &contexts[device] : NULL;
+        CUcontext ctx = NULL;
+
+        pthread_mutex_lock(&lock);
+        if (valid_device(device))
+                ctx = &contexts[visible[device]];
+        pthread_mutex_unlock(&lock);
+        return ctx;
+}
+
+CUcontext cuda_fake_ctx_create(int device)
+{
+        CUcontext ctx = NULL;
+
+        pthread_mutex_lock(&lock);
+        if (valid_device(device) && nuser_contexts < MAX_USER_CONTEXTS) {
+                ctx = &user_contexts[nuser_contexts++];
+                ctx->device = visible[device];
+                ctx->primary = false;
+        }
+        pthread_mutex_unlock(&lock);
+        return ctx;
+}
+
+int cuda_fake_stream_bind(CUstream stream, CUcontext ctx)
+{
+        int err = -ENOSPC;
+
+        if (!stream || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD)
+                return -EINVAL;
+        pthread_mutex_lock(&lock);
+        for (int i = 0; i < MAX_STREAM_BINDS; i++) {
+                if (binds[i].stream == stream) {
+                        binds[i].ctx = ctx;
+                        if (!ctx)
+                                binds[i].stream = NULL;
+                        err = 0;
+                        break;
+                }
+        }
+        for (int i = 0; i < MAX_STREAM_BINDS && err < 0 && ctx; i++) {
+                if (!binds[i].stream) {
+                        binds[i].stream = stream;
+                        binds[i].ctx = ctx;
+                        err = 0;
+                }
+        }
+        if (!ctx && err < 0)
+                err = 0;
+        pthread_mutex_unlock(&lock);
+        return err;
+}
+
+int cuda_fake_stream_work(CUstream stream, CUdeviceptr ptr, size_t size)
+{
+        struct work *w = calloc(1, sizeof(*w));
+        CUcontext ctx;
+        CUresult r;
+
+        if (!w)
+                return -ENOMEM;
+        pthread_mutex_lock(&lock);
+        r = stream_ctx(stream, &ctx);
+        if (r == CUDA_SUCCESS) {
+                w->stream = stream;
+                w->seq = ++last_work;
+                w->ptr = ptr;
+                w->size = size;
+                w->next = works;
+                works = w;
+        }
+        pthread_mutex_unlock(&lock);
+        if (r != CUDA_SUCCESS) {
+                free(w);
+                return -EINVAL;
+        }
+        LOG(CUDA_FAKE_STREAM_WORK, .stream = (uintptr_t)stream, .ptr = ptr, .size = size);
+        return 0;
+}
+
+unsigned cuda_fake_violations(void)
+{
+        unsigned n;
+
+        pthread_mutex_lock(&lock);
+        n = violations;
+        pthread_mutex_unlock(&lock);
+        return n;
+}
+
+int cuda_fake_set_visible_devices(const int *physical, int n)
+{
+        if (n < 1 || n > CUDA_FAKE_MAX_DEVICES)
+                return -EINVAL;
+        for (int i = 0; i < n; i++) {
+                if (physical[i] < 0 || physical[i] >= CUDA_FAKE_MAX_DEVICES)
+                        return -EINVAL;
+                for (int j = 0; j < i; j++)
+                        if (physical[j] == physical[i])
+                                return -EINVAL;
+        }
+        pthread_mutex_lock(&lock);
+        for (int i = 0; i < n; i++)
+                visible[i] = physical[i];
+        device_count = n;
+        pthread_mutex_unlock(&lock);
+        return 0;
 }
 
 CUcontext cuda_fake_ctx_current(void)
@@ -1866,6 +2249,7 @@ const char *cuda_fake_op_name(enum cuda_fake_op op)
                 OP(GET_ERROR_STRING),
                 OP(DEVICE_GET),
                 OP(DEVICE_GET_COUNT),
+                OP(DEVICE_GET_UUID),
                 OP(DEVICE_PRIMARY_CTX_RETAIN),
                 OP(CTX_PUSH_CURRENT),
                 OP(CTX_POP_CURRENT),
@@ -1882,9 +2266,12 @@ const char *cuda_fake_op_name(enum cuda_fake_op op)
                 OP(EVENT_QUERY),
                 OP(EVENT_SYNCHRONIZE),
                 OP(STREAM_WAIT_EVENT),
+                OP(STREAM_GET_CTX),
+                OP(STREAM_SYNCHRONIZE),
                 OP(MEM_GET_ALLOCATION_GRANULARITY),
                 OP(MEM_CREATE),
                 OP(MEM_RELEASE),
+                OP(MEM_RETAIN_ALLOCATION_HANDLE),
                 OP(MEM_EXPORT_TO_SHAREABLE_HANDLE),
                 OP(MEM_IMPORT_FROM_SHAREABLE_HANDLE),
                 OP(MEM_ADDRESS_RESERVE),
@@ -1899,6 +2286,7 @@ const char *cuda_fake_op_name(enum cuda_fake_op op)
                 OP(MEMCPY_HTOD),
                 OP(MALLOC),
                 OP(FREE),
+                OP(STREAM_WORK),
 #undef OP
         };
 

@@ -49,7 +49,32 @@
  *   else CUDA_ERROR_INVALID_VALUE;
  * - MemMap needs offset 0 (as cuda.h documents) and size and address
  *   multiples of the granularity; MemUnmap and MemSetAccess need a range
- *   made of whole mappings.
+ *   made of whole mappings;
+ * - IpcCloseMemHandle must run in the context that opened the mapping
+ *   (elsewhere: CUDA_ERROR_INVALID_VALUE, and the mapping stays: a leak);
+ * - MemRetainAllocationHandle needs the mapped handle not yet released.
+ *
+ * As strict as the driver, where earlier doubles were not:
+ * - contexts: each device has its primary context, and tests make others
+ *   (cuda_fake_ctx_create()); events belong to the context current when they
+ *   are created or opened, streams to theirs (cuda_fake_stream_bind(); the
+ *   default streams NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD to the
+ *   current one). EventRecord needs the event and the stream in one context
+ *   (else CUDA_ERROR_INVALID_HANDLE); StreamWaitEvent takes an event of any
+ *   context or device. A stream the fake does not know is
+ *   CUDA_ERROR_INVALID_HANDLE everywhere;
+ * - devices: a process sees the physical devices cuda_fake_set_visible_devices()
+ *   names, as CUDA_VISIBLE_DEVICES makes it, in that order: ordinals are the
+ *   process's, DeviceGetUuid and the memory are the physical device's;
+ * - legacy IPC handles (memory and events) do not open in another PID
+ *   namespace than their exporter's (CUDA_ERROR_INVALID_VALUE), and memory
+ *   from a pool or managed memory has none (cuda_fake_malloc_kind());
+ * - work in flight: cuda_fake_stream_work() queues work on a stream over a
+ *   range; it is done once the stream is synchronized (StreamSynchronize, or
+ *   EventSynchronize / a successful EventQuery of an event recorded on it
+ *   after the work). Unmapping, closing, unregistering or freeing memory with
+ *   work not done on it is counted (cuda_fake_violations()) and reported on
+ *   stderr: the driver would let the work run on freed memory.
  *
  * PointerGetAttribute answers CONTEXT, MEMORY_TYPE (unsigned int),
  * DEVICE_POINTER, HOST_POINTER (registered host memory only), BUFFER_ID,
@@ -88,6 +113,7 @@ enum cuda_fake_op {
         CUDA_FAKE_GET_ERROR_STRING,
         CUDA_FAKE_DEVICE_GET,
         CUDA_FAKE_DEVICE_GET_COUNT,
+        CUDA_FAKE_DEVICE_GET_UUID,
         CUDA_FAKE_DEVICE_PRIMARY_CTX_RETAIN,
         CUDA_FAKE_CTX_PUSH_CURRENT,
         CUDA_FAKE_CTX_POP_CURRENT,
@@ -104,9 +130,12 @@ enum cuda_fake_op {
         CUDA_FAKE_EVENT_QUERY,
         CUDA_FAKE_EVENT_SYNCHRONIZE,
         CUDA_FAKE_STREAM_WAIT_EVENT,
+        CUDA_FAKE_STREAM_GET_CTX,
+        CUDA_FAKE_STREAM_SYNCHRONIZE,
         CUDA_FAKE_MEM_GET_ALLOCATION_GRANULARITY,
         CUDA_FAKE_MEM_CREATE,
         CUDA_FAKE_MEM_RELEASE,
+        CUDA_FAKE_MEM_RETAIN_ALLOCATION_HANDLE,
         CUDA_FAKE_MEM_EXPORT_TO_SHAREABLE_HANDLE,
         CUDA_FAKE_MEM_IMPORT_FROM_SHAREABLE_HANDLE,
         CUDA_FAKE_MEM_ADDRESS_RESERVE,
@@ -119,8 +148,9 @@ enum cuda_fake_op {
         CUDA_FAKE_MEMCPY_ASYNC,
         CUDA_FAKE_MEMCPY_DTOH,
         CUDA_FAKE_MEMCPY_HTOD,
-        CUDA_FAKE_MALLOC, /* cuda_fake_malloc() */
-        CUDA_FAKE_FREE,   /* cuda_fake_free() */
+        CUDA_FAKE_MALLOC,      /* cuda_fake_malloc() */
+        CUDA_FAKE_FREE,        /* cuda_fake_free() */
+        CUDA_FAKE_STREAM_WORK, /* cuda_fake_stream_work() */
         CUDA_FAKE_OP_COUNT
 };
 
@@ -221,6 +251,14 @@ void cuda_fake_fail_after(enum cuda_fake_op op, unsigned skip, CUresult r);
  */
 CUdeviceptr cuda_fake_malloc(size_t size);
 
+/* What cuda_fake_malloc_kind() pretends the memory came from. */
+enum cuda_fake_memory {
+        CUDA_FAKE_MEMORY_PLAIN,   /* cuMemAlloc: legacy IPC capable */
+        CUDA_FAKE_MEMORY_POOL,    /* cuMemAllocAsync from a pool: MEMPOOL_HANDLE set, no IPC */
+        CUDA_FAKE_MEMORY_MANAGED, /* cuMemAllocManaged: IS_MANAGED, no IPC */
+};
+CUdeviceptr cuda_fake_malloc_kind(size_t size, enum cuda_fake_memory kind);
+
 /*
  * Frees a cuda_fake_malloc() allocation (ptr: its base). Processes that
  * opened it keep their mappings. Returns CUDA_SUCCESS, or
@@ -228,7 +266,33 @@ CUdeviceptr cuda_fake_malloc(size_t size);
  */
 CUresult cuda_fake_free(CUdeviceptr ptr);
 
-/* --- contexts ----------------------------------------------------------------------------- */
+/* --- contexts, streams, devices ---------------------------------------------------------- */
+
+/* A new, non-primary context on device (an ordinal), or NULL (16 at most per process). */
+CUcontext cuda_fake_ctx_create(int device);
+
+/*
+ * Makes stream a stream of ctx in this process (and the children it forks
+ * from now on); ctx NULL forgets it. The default streams cannot be bound.
+ * Returns 0, -EINVAL or -ENOSPC (64 streams).
+ */
+int cuda_fake_stream_bind(CUstream stream, CUcontext ctx);
+
+/* Queues work on stream over [ptr, ptr + size) (see "work in flight"). 0 or -EINVAL. */
+int cuda_fake_stream_work(CUstream stream, CUdeviceptr ptr, size_t size);
+
+/* Memory freed under work in flight in this process so far. */
+unsigned cuda_fake_violations(void);
+
+/*
+ * This process sees the physical devices physical[0..n-1], in that order
+ * (ordinal i is physical[i]); the device count becomes n. Distinct, below
+ * CUDA_FAKE_MAX_DEVICES. Returns 0 or -EINVAL.
+ */
+int cuda_fake_set_visible_devices(const int *physical, int n);
+
+/* The UUID DeviceGetUuid reports for a physical device. */
+void cuda_fake_uuid(int physical, CUuuid *ret);
 
 /* The primary context of device (0..CUDA_FAKE_MAX_DEVICES-1; NULL beyond), the one
  * DevicePrimaryCtxRetain returns; for tests that push their own context. */

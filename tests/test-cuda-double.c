@@ -61,6 +61,7 @@
 #define C2_STREAM ((CUstream)(uintptr_t)0xc200) /* a consumer's, given in acquire options */
 #define W_STREAM ((CUstream)(uintptr_t)0x7000)  /* given to dlx_wait_released */
 #define W2_STREAM ((CUstream)(uintptr_t)0x7200)
+static const CUstream named_streams[] = {P_STREAM, C_STREAM, C2_STREAM, W_STREAM, W2_STREAM};
 #define S(x) ((uint64_t)(uintptr_t)(x))
 
 #define TIMEOUT_MS 20000
@@ -721,6 +722,9 @@ static void cuda_setup(void)
         /* before anything forks: dlxd and every child share the log from here */
         ck_assert_int_eq(cuda_fake_init(), 0);
         dlx__cuda_install(test_driver());
+        /* the named streams are device 0's, in its primary context, in every child */
+        for (unsigned i = 0; i < sizeof(named_streams) / sizeof(named_streams[0]); i++)
+                ck_assert_int_eq(cuda_fake_stream_bind(named_streams[i], cuda_fake_ctx(0)), 0);
         ctx_bad = 0;
         unclear[0] = 0;
         /* what an export is a file of, and what dlxd is told to take */
@@ -2276,7 +2280,8 @@ START_TEST(faults_acquire_ipc)
 {
         static const struct fault faults[] = {
                 {CUDA_FAKE_IPC_OPEN_MEM_HANDLE, CUDA_ERROR_MAP_FAILED, -EIO, "cuIpcOpenMemHandle"},
-                {CUDA_FAKE_IPC_OPEN_MEM_HANDLE, CUDA_ERROR_INVALID_VALUE, -EINVAL,
+                /* what the driver answers for an allocation whose process has gone (dlx.h) */
+                {CUDA_FAKE_IPC_OPEN_MEM_HANDLE, CUDA_ERROR_INVALID_VALUE, -ESRCH,
                  "cuIpcOpenMemHandle"},
                 /* what the driver answers for a handle whose process has gone */
                 {CUDA_FAKE_IPC_OPEN_EVENT_HANDLE, CUDA_ERROR_INVALID_VALUE, -ESRCH,
@@ -2623,6 +2628,334 @@ START_TEST(exchange_current_stream)
 }
 END_TEST
 
+/* =============================================================================================
+ * 9. What a real driver requires and the first doubles forgave: streams of
+ *    other contexts and devices, mappings closed where they were opened,
+ *    cuda-host ordering, a bounded number of interprocess events, writes done
+ *    before the producer goes, work done before its memory is unmapped.
+ */
+
+#define X_STREAM ((CUstream)(uintptr_t)0xd000)  /* device 0, a context of the user's own */
+#define D1_STREAM ((CUstream)(uintptr_t)0xd100) /* device 1, its primary context */
+
+/* Two devices, X_STREAM in a non-primary context of device 0, D1_STREAM on device 1. */
+static void two_devices_and_own_context(void)
+{
+        CUcontext mine;
+
+        ck_assert_int_eq(cuda_fake_set_device_count(2), 0);
+        mine = cuda_fake_ctx_create(0);
+        ck_assert_ptr_nonnull(mine);
+        ck_assert_int_eq(cuda_fake_stream_bind(X_STREAM, mine), 0);
+        ck_assert_int_eq(cuda_fake_stream_bind(D1_STREAM, cuda_fake_ctx(1)), 0);
+}
+
+static int ctx_consumer(void *arg)
+{
+        struct chan *ch = arg;
+        struct dlx_acquire_options ao = {.stream = X_STREAM};
+        DLManagedTensorVersioned *t;
+        pid_t me = getpid();
+        uint64_t ev, rel;
+        dlx_client *c;
+        size_t mark;
+        int err;
+
+        c = child_start(ch, true, "ctx-consumer", NULL);
+        CHECK(c, "start");
+        err = DLX(dlx_acquire(c, "ctx/t", &ao, &t));
+        CHECK(err == 0, "acquire on a stream of a non-primary context: %s (%s)", dlx_strerror(err),
+              dlx_last_error());
+        CHECK(cuda_fake_waited(X_STREAM, sh->producer_pid), "X did not wait for the producer");
+        err = DLX(dlx_tensor_sync(t, D1_STREAM));
+        CHECK(err == 0, "dlx_tensor_sync with device 1's stream: %s (%s)", dlx_strerror(err),
+              dlx_last_error());
+        err = DLX(dlx_tensor_sync(t, (void *)(uintptr_t)0xdead0));
+        CHECK(err == -EINVAL && strstr(dlx_last_error(), "not a live CUDA stream"),
+              "dlx_tensor_sync with no stream at all: %s (%s)", dlx_strerror(err),
+              dlx_last_error());
+        mark = log_now();
+        DLXV(t->deleter(t));
+        /* the release waits, on the GPU, for device 1's stream: recorded there, waited on by X */
+        ev = recorded_event(me, D1_STREAM, mark, 0);
+        CHECK(ev != 0, "nothing was recorded on device 1's stream at release");
+        CHECK(QFIND(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = me, .event = ev, .by_stream = true,
+                    .stream = S(X_STREAM), .from = mark) >= 0,
+              "the acquire stream did not wait for device 1's stream before the release");
+        rel = recorded_event(me, X_STREAM, mark, 0);
+        CHECK(rel != 0 && rel != ev, "no release event was recorded on the acquire stream");
+        CHECK(QCOUNT(.op = CUDA_FAKE_STREAM_SYNCHRONIZE, .pid = me) == 0,
+              "a host wait where the GPU could wait");
+        DLXV(dlx_close(c));
+        return child_done("consumer", true);
+}
+
+START_TEST(streams_of_other_contexts)
+{
+        struct dlx_publish_options po = {.stream = X_STREAM};
+        struct chan ch;
+        dlx_client *c;
+        CUdeviceptr x;
+        size_t start;
+        pid_t pid;
+
+        two_devices_and_own_context();
+        pid = spawn_on(&ch, ctx_consumer, &ch);
+        c = fx_connect(&fx, "ctx-producer");
+        x = cuda_fake_malloc(IPC_SIZE);
+        ck_assert(x != 0);
+        start = log_now();
+        publish_dev(c, "ctx/t", x, IPC_LEN, 0, &po);
+        sh->producer_pid = recorded_event(getpid(), X_STREAM, start, 0);
+        ck_assert_msg(sh->producer_pid != 0, "publish recorded nothing on its stream");
+        tell(&ch, 1);
+        reap(pid, "consumer");
+        unpublish_wait(c, "ctx/t", 1);
+        DLXV(dlx_close(c));
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+        chan_close(&ch);
+}
+END_TEST
+
+static int two_device_consumer(void *arg)
+{
+        struct chan *ch = arg;
+        DLManagedTensorVersioned *t1, *t0;
+        pid_t me = getpid();
+        dlx_client *c;
+        int err;
+
+        c = child_start(ch, true, "two-device-consumer", NULL);
+        CHECK(c, "start");
+        err = DLX(dlx_acquire(c, "dev/1", NULL, &t1));
+        CHECK(err == 0, "acquire dev/1: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(t1->dl_tensor.device.device_id == 1, "dev/1 on device %d",
+              (int)t1->dl_tensor.device.device_id);
+        CHECK(same(t1->dl_tensor.data, IPC_LEN, 91), "dev/1's bytes differ");
+        /* the reader's work is still running at release: the mapping is closed later */
+        cuda_fake_fail_next(CUDA_FAKE_EVENT_QUERY, CUDA_ERROR_NOT_READY);
+        DLXV(t1->deleter(t1));
+        CHECK(QCOUNT(.op = CUDA_FAKE_IPC_CLOSE_MEM_HANDLE, .pid = me) == 0, "closed at once");
+        /* the next driver call happens in device 0's context: dev/1's mapping is closed there */
+        err = DLX(dlx_acquire(c, "dev/0", NULL, &t0));
+        CHECK(err == 0, "acquire dev/0: %s (%s)", dlx_strerror(err), dlx_last_error());
+        DLXV(t0->deleter(t0));
+        DLXV(dlx_close(c));
+        CHECK(QCOUNT(.op = CUDA_FAKE_IPC_CLOSE_MEM_HANDLE, .pid = me) == 2,
+              "%d of 2 IPC mappings closed",
+              QCOUNT(.op = CUDA_FAKE_IPC_CLOSE_MEM_HANDLE, .pid = me));
+        return child_done("consumer", true);
+}
+
+START_TEST(ipc_closed_in_its_context)
+{
+        DLManagedTensorVersioned *t;
+        struct chan ch;
+        dlx_client *c;
+        CUdeviceptr x0, x1;
+        pid_t pid;
+
+        ck_assert_int_eq(cuda_fake_set_device_count(2), 0);
+        pid = spawn_on(&ch, two_device_consumer, &ch);
+        c = fx_connect(&fx, "two-device-producer");
+        push_own_context(1);
+        x1 = cuda_fake_malloc(IPC_SIZE);
+        pop_own_context();
+        x0 = cuda_fake_malloc(IPC_SIZE);
+        ck_assert(x0 && x1);
+        fill((void *)(uintptr_t)x1, IPC_LEN, 91);
+        t = dev_tensor(kDLCUDA, x1, IPC_LEN, 1, 0);
+        t->dl_tensor.device.device_id = 1;
+        ck_assert_int_eq(DLX(dlx_publish(c, "dev/1", t, NULL, NULL)), 0);
+        publish_dev(c, "dev/0", x0, IPC_LEN, 0, NULL);
+        tell(&ch, 1);
+        reap(pid, "consumer");
+        DLXV(dlx_close(c));
+        ck_assert_int_eq(cuda_fake_free(x0), CUDA_SUCCESS);
+        ck_assert_int_eq(cuda_fake_free(x1), CUDA_SUCCESS);
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+        chan_close(&ch);
+}
+END_TEST
+
+static int host_order_consumer(void *arg)
+{
+        struct chan *ch = arg;
+        DLManagedTensorVersioned *t;
+        pid_t me = getpid();
+        dlx_client *c;
+        size_t mark;
+        int err;
+
+        uint64_t rel, go;
+        long sync, unreg;
+
+        c = child_start(ch, true, "host-order-consumer", C_STREAM);
+        CHECK(c, "start");
+        err = DLX(dlx_acquire(c, "host/o", NULL, &t));
+        CHECK(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(cuda_fake_waited(C_STREAM, sh->producer_pid),
+              "the consumer's stream did not wait for the producer's event on cuda-host memory");
+        CHECK(same(t->dl_tensor.data, VMM_LEN, 44), "the bytes differ");
+        mark = log_now();
+        DLXV(t->deleter(t));
+        rel = recorded_event(me, C_STREAM, mark, 0);
+        CHECK(rel != 0, "no release event recorded on the consumer's stream for cuda-host memory");
+        /* alive (its event with it) until the producer has waited for it */
+        CHECK(c_tell(ch, 2) == 0 && c_hear(ch, &go) == 0, "no go");
+        mark = log_now();
+        DLXV(dlx_close(c));
+        sync = QFIND(.op = CUDA_FAKE_EVENT_SYNCHRONIZE, .pid = me, .event = rel, .from = mark);
+        unreg = QFIND(.op = CUDA_FAKE_MEM_HOST_UNREGISTER, .pid = me, .from = mark);
+        CHECK(unreg >= 0 && sync >= 0 && sync < unreg,
+              "the pages were unpinned (log %ld) before the reader's work was done (log %ld)",
+              unreg, sync);
+        return child_done("consumer", true);
+}
+
+START_TEST(cuda_host_ordered_like_device_memory)
+{
+        struct dlx_publish_options o = {.copy = DLX_COPY_NEVER, .stream = P_STREAM};
+        struct dlx_publish_options copy = {.stream = P_STREAM};
+        DLManagedTensorVersioned *t;
+        uint8_t *plain;
+        struct chan ch;
+        dlx_client *c;
+        size_t start;
+        uint64_t rel;
+        pid_t pid, me = getpid();
+
+        pid = spawn_on(&ch, host_order_consumer, &ch);
+        c = fx_connect(&fx, "host-order-producer");
+        t = alloc_on(c, kDLCUDAHost, VMM_LEN);
+        ck_assert_ptr_nonnull(t);
+        fill(t->dl_tensor.data, VMM_LEN, 44);
+        start = log_now();
+        ck_assert_int_eq(DLX(dlx_publish(c, "host/o", t, &o, NULL)), 0);
+        sh->producer_pid = recorded_event(me, P_STREAM, start, 0);
+        ck_assert_msg(sh->producer_pid != 0, "no event recorded on the publish stream");
+        tell(&ch, 1);
+        ck_assert_uint_eq(hear(&ch), 2);
+        /* the producer's stream waits for the reader's release before the memory is reused */
+        start = log_now();
+        unpublish_wait(c, "host/o", 1);
+        rel = 0;
+        {
+                struct cuda_fake_entry e;
+                long i = QFIND(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = me, .by_stream = true,
+                               .stream = S(P_STREAM), .from = start);
+                if (log_at(i, &e))
+                        rel = e.event;
+        }
+        ck_assert_msg(rel != 0, "the publish stream did not wait for the reader's release");
+        tell(&ch, 3);
+        reap(pid, "consumer");
+        /* a copy of pinned host memory waits for the GPU's writes to it first */
+        plain = aligned_alloc(64, 4096);
+        ck_assert_ptr_nonnull(plain);
+        start = log_now();
+        ck_assert_int_eq(DLX(dlx_publish(c, "host/copy",
+                                         dev_tensor(kDLCUDAHost, (uintptr_t)plain, 4096, 2, 0),
+                                         &copy, NULL)),
+                         0);
+        ck_assert_msg(QFIND(.op = CUDA_FAKE_STREAM_SYNCHRONIZE, .pid = me, .by_stream = true,
+                            .stream = S(P_STREAM), .from = start) >= 0,
+                      "copying cuda-host memory did not wait for the publish stream");
+        DLXV(dlx_close(c));
+        free(plain);
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+        chan_close(&ch);
+}
+END_TEST
+
+START_TEST(interprocess_events_bounded)
+{
+        const int n = DLX_GPU_IPC_EVENTS + 8;
+        dlx_client *c;
+        CUdeviceptr x;
+        char name[32];
+        pid_t me = getpid();
+        int made = 0, synced;
+        long i = -1;
+
+        c = fx_connect(&fx, "many-events");
+        x = cuda_fake_malloc((size_t)n * 64);
+        ck_assert(x != 0);
+        for (int k = 0; k < n; k++) {
+                snprintf(name, sizeof(name), "many/%d", k);
+                publish_dev(c, name, x + (CUdeviceptr)k * 64, 64, 3, NULL);
+        }
+        /* every version is alive: each keeps its event, up to the process's bound */
+        while ((i = QFIND(.op = CUDA_FAKE_EVENT_CREATE, .pid = me, .from = (size_t)(i + 1))) >= 0) {
+                struct cuda_fake_entry e;
+                if (log_at(i, &e) && (e.aux & CU_EVENT_INTERPROCESS))
+                        made++;
+        }
+        ck_assert_msg(made <= DLX_GPU_IPC_EVENTS, "%d interprocess events made (bound %d)", made,
+                      DLX_GPU_IPC_EVENTS);
+        synced = QCOUNT(.op = CUDA_FAKE_STREAM_SYNCHRONIZE, .pid = me);
+        ck_assert_msg(synced >= n - DLX_GPU_IPC_EVENTS,
+                      "%d publishes past the bound, %d waited for their stream on the host",
+                      n - DLX_GPU_IPC_EVENTS, synced);
+        DLXV(dlx_close(c));
+        ck_assert_int_eq(runs(3), n);
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        assert_nothing_live("after close");
+}
+END_TEST
+
+START_TEST(close_waits_for_published_writes)
+{
+        struct dlx_publish_options o = {
+                .copy = DLX_COPY_NEVER, .persist = true, .stream = P_STREAM};
+        DLManagedTensorVersioned *t;
+        dlx_client *c;
+        size_t start;
+        uint64_t ev;
+        pid_t me = getpid();
+
+        c = fx_connect(&fx, "persist-closer");
+        t = alloc_on(c, kDLCUDA, VMM_LEN);
+        ck_assert_ptr_nonnull(t);
+        start = log_now();
+        ck_assert_int_eq(DLX(dlx_publish(c, "keep/w", t, &o, NULL)), 0);
+        ev = recorded_event(me, P_STREAM, start, 0);
+        ck_assert(ev != 0);
+        start = log_now();
+        DLXV(dlx_close(c));
+        /* a persistent version outlives the process: its writes are done before it can go */
+        ck_assert_msg(QFIND(.op = CUDA_FAKE_EVENT_SYNCHRONIZE, .pid = me, .event = ev,
+                            .from = start) >= 0,
+                      "dlx_close did not wait for the writes a persistent version was published "
+                      "after");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+START_TEST(unmap_waits_for_queued_work)
+{
+        DLManagedTensorVersioned *t;
+        dlx_client *c;
+
+        c = fx_connect(&fx, "worker");
+        ck_assert_int_eq(DLX(dlx_set_stream(c, 0, P_STREAM)), 0);
+        t = alloc_on(c, kDLCUDA, VMM_LEN);
+        ck_assert_ptr_nonnull(t);
+        /* a kernel filling it, still running when the memory goes back */
+        ck_assert_int_eq(cuda_fake_stream_work(P_STREAM, (uintptr_t)t->dl_tensor.data, VMM_LEN), 0);
+        DLXV(t->deleter(t));
+        DLXV(dlx_close(c));
+        ck_assert_msg(cuda_fake_violations() == 0,
+                      "VMM memory was unmapped under work queued on the client's stream");
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
 /* DLX_CUDA_ONLY=<test name> runs one test, every row of a table test (for debugging). */
 static void add_loop(TCase *tc, const TTest *t, int rows)
 {
@@ -2662,6 +2995,12 @@ Suite *cuda_double_suite(void)
         add(tc, close_with_published_cuda_tensors);
         add(tc, own_process_acquire);
         add(tc, exchange_current_stream);
+        add(tc, streams_of_other_contexts);
+        add(tc, ipc_closed_in_its_context);
+        add(tc, cuda_host_ordered_like_device_memory);
+        add(tc, interprocess_events_bounded);
+        add(tc, close_waits_for_published_writes);
+        add(tc, unmap_waits_for_queued_work);
         suite_add_tcase(s, tc);
         return s;
 }
