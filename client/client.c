@@ -488,13 +488,15 @@ static void resolve_segment(dlx_client *c, struct pending *p)
 
         p->fd = -1;
         if (rep->status == WIRE_OK && rep->type == WIRE_REP_ACQUIRE) {
-                const struct wire_tensor *t = &rep->acquire.tensor;
+                struct wire_tensor *t = &rep->acquire.tensor;
                 const struct storage_kind *kind = storage_kind(t->storage);
                 if (!kind) {
                         err = dlx__fail(-ENOTSUP,
                                         "'%s' is shared as storage kind %u, which this build "
                                         "cannot map",
                                         t->name, t->storage);
+                } else if (kind->needs_cuda && (err = dlx__gpu_local_device(t)) < 0) {
+                        /* a GPU this process does not see: nothing to map it on */
                 } else if (kind->check != STORAGE_CHECK_HANDLE) {
                         /* (a handle travels in the descriptor: no segment to map) */
                         err = dlx__map_get(c, t->segment, t->storage, t->device_id,

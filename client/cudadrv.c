@@ -18,6 +18,9 @@ static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Devices whose primary context this process has retained (never released: it lives as long
  * as the process, as the runtime's does). */
 static CUcontext primary[DLX_GPU_MAX_DEVICES];
+/* The UUIDs of this process's devices by ordinal, read once (-1: not yet). ctx_lock. */
+static CUuuid uuids[DLX_GPU_MAX_DEVICES];
+static int nuuids = -1;
 
 /*
  * Forks this process is a child of (counted in each child), and how many
@@ -137,6 +140,7 @@ void dlx__cuda_install(const struct dlx_cuda_driver *driver)
 {
         pthread_mutex_lock(&ctx_lock);
         memset(primary, 0, sizeof(primary));
+        nuuids = -1;
         pthread_mutex_unlock(&ctx_lock);
         /* a new driver: nothing of it used yet, in this process or another */
         __atomic_store_n(&used_in, UINT_MAX, __ATOMIC_RELAXED);
@@ -210,6 +214,63 @@ int dlx__cuda_enter(const struct dlx_cuda_driver *cu, int device)
         r = cu->CtxPushCurrent(ctx);
         if (r != CUDA_SUCCESS)
                 return dlx__cuda_fail(cu, r, "cuCtxPushCurrent");
+        return 0;
+}
+
+/* Reads the devices' UUIDs once. ctx_lock held. */
+static int load_uuids(const struct dlx_cuda_driver *cu)
+{
+        int count = 0;
+        CUresult r;
+
+        if (nuuids >= 0)
+                return 0;
+        r = cu->DeviceGetCount(&count);
+        if (r != CUDA_SUCCESS)
+                return dlx__cuda_fail(cu, r, "cuDeviceGetCount");
+        if (count > DLX_GPU_MAX_DEVICES)
+                count = DLX_GPU_MAX_DEVICES;
+        for (int i = 0; i < count; i++) {
+                CUdevice dev;
+                r = cu->DeviceGet(&dev, i);
+                if (r == CUDA_SUCCESS)
+                        r = cu->DeviceGetUuid(&uuids[i], dev);
+                if (r != CUDA_SUCCESS)
+                        return dlx__cuda_fail(cu, r, "cuDeviceGetUuid");
+        }
+        nuuids = count;
+        return 0;
+}
+
+int dlx__cuda_uuid(const struct dlx_cuda_driver *cu, int device, uint8_t ret[DLX_CUDA_UUID])
+{
+        int err;
+
+        pthread_mutex_lock(&ctx_lock);
+        err = load_uuids(cu);
+        if (err == 0 && (device < 0 || device >= nuuids))
+                err = dlx__fail(-ENODEV, "CUDA device %d: this process sees %d", device, nuuids);
+        if (err == 0)
+                memcpy(ret, uuids[device].bytes, DLX_CUDA_UUID);
+        pthread_mutex_unlock(&ctx_lock);
+        return err;
+}
+
+int dlx__cuda_ordinal(const struct dlx_cuda_driver *cu, const uint8_t uuid[DLX_CUDA_UUID], int *ret)
+{
+        int err, found = -1;
+
+        pthread_mutex_lock(&ctx_lock);
+        err = load_uuids(cu);
+        for (int i = 0; err == 0 && i < nuuids && found < 0; i++)
+                if (memcmp(uuids[i].bytes, uuid, DLX_CUDA_UUID) == 0)
+                        found = i;
+        pthread_mutex_unlock(&ctx_lock);
+        if (err < 0)
+                return err;
+        if (found < 0)
+                return -ENOENT;
+        *ret = found;
         return 0;
 }
 

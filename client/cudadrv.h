@@ -104,6 +104,15 @@ DLX_HIDDEN int dlx__cuda_primary(const struct dlx_cuda_driver *cu, int device, C
  */
 DLX_HIDDEN int dlx__cuda_enter_stream(const struct dlx_cuda_driver *cu, int device, void *stream,
                                       CUcontext *ret_ctx);
+/*
+ * Devices by UUID: a process numbers the devices it sees (CUDA_VISIBLE_DEVICES),
+ * so ordinals do not travel; UUIDs do. dlx__cuda_uuid: 0 or -ENODEV;
+ * dlx__cuda_ordinal: 0 with *ret, -ENOENT (not a device this process sees).
+ */
+DLX_HIDDEN int dlx__cuda_uuid(const struct dlx_cuda_driver *cu, int device,
+                              uint8_t ret[DLX_CUDA_UUID]);
+DLX_HIDDEN int dlx__cuda_ordinal(const struct dlx_cuda_driver *cu,
+                                 const uint8_t uuid[DLX_CUDA_UUID], int *ret);
 /* NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD: the current context's own streams. */
 DLX_HIDDEN bool dlx__cuda_default_stream(void *stream);
 

@@ -20,8 +20,10 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cudadrv.h"
@@ -160,6 +162,48 @@ int dlx__gpu_enter(int device, const struct dlx_cuda_driver **ret_cu)
         if (err == 0)
                 err = dlx__cuda_enter(*ret_cu, device);
         return err;
+}
+
+uint64_t dlx__pid_namespace(void)
+{
+        /* a process's own namespace never changes; a child's may be another */
+        static pid_t pid;
+        static uint64_t ns;
+        pid_t now = getpid();
+        struct stat st;
+
+        if (__atomic_load_n(&pid, __ATOMIC_ACQUIRE) == now)
+                return __atomic_load_n(&ns, __ATOMIC_RELAXED);
+        if (stat("/proc/self/ns/pid", &st) < 0)
+                return 0;
+        __atomic_store_n(&ns, (uint64_t)st.st_ino, __ATOMIC_RELAXED);
+        __atomic_store_n(&pid, now, __ATOMIC_RELEASE);
+        return (uint64_t)st.st_ino;
+}
+
+int dlx__gpu_local_device(struct wire_tensor *t)
+{
+        const struct dlx_cuda_driver *cu;
+        int err, ordinal;
+        char hex[2 * DLX_CUDA_UUID + 1];
+
+        if (t->device_type != kDLCUDA || !t->has_device_uuid)
+                return 0;
+        err = dlx__cuda(&cu);
+        if (err == 0)
+                err = dlx__cuda_ordinal(cu, t->device_uuid, &ordinal);
+        if (err == 0) {
+                t->device_id = ordinal;
+                return 0;
+        }
+        if (err != -ENOENT)
+                return err;
+        for (int i = 0; i < DLX_CUDA_UUID; i++)
+                snprintf(hex + 2 * i, 3, "%02x", t->device_uuid[i]);
+        return dlx__fail(-ENODEV,
+                         "'%s' is on a GPU this process does not see (UUID %s, the producer's "
+                         "device %d): is CUDA_VISIBLE_DEVICES narrower here?",
+                         t->name, hex, t->device_id);
 }
 
 static struct gpu_state *state(dlx_client *c)
@@ -368,8 +412,18 @@ static int publish_event(const struct dlx_cuda_driver *cu, dlx_client *c, int de
         err = dlx__cuda_enter_stream(cu, device, stream, &ctx);
         if (err < 0)
                 return err;
-        err = take_event(cu, c->gpu, ctx, &e);
-        if (err == -ENOSPC) {
+        /*
+         * A persistent version outlives its producer and may be read from
+         * anywhere, from other PID namespaces too, where a legacy IPC event
+         * cannot open: its writes are done before it is published, and it
+         * carries no event.
+         */
+        err = req->publish.persist ? -ENOSPC : take_event(cu, c->gpu, ctx, &e);
+        if (err == -ENOSPC && req->publish.persist) {
+                r = cu->StreamSynchronize((CUstream)stream);
+                err = r == CUDA_SUCCESS ? 0 : dlx__cuda_fail(cu, r, "cuStreamSynchronize");
+                e = NULL;
+        } else if (err == -ENOSPC) {
                 dlx__log(c, DLX_LOG_DEBUG,
                          "%d interprocess events in this process: waiting for the stream on "
                          "the host instead",
@@ -393,6 +447,9 @@ static int publish_event(const struct dlx_cuda_driver *cu, dlx_client *c, int de
         w->has_event = e != NULL;
         if (e)
                 memcpy(w->event, e->handle.reserved, DLX_CUDA_HANDLE);
+        /* legacy IPC (memory, events) opens only in the producer's PID namespace */
+        if (e || w->storage == WIRE_STORAGE_CUDA_IPC)
+                w->pid_namespace = dlx__pid_namespace();
         ret->device = device;
         ret->stream = stream;
         ret->event = e;
@@ -423,6 +480,11 @@ int dlx__gpu_publish(dlx_client *c, const DLTensor *t, struct seg_map *vmm, void
                 err = dlx__cuda_enter(cu, device);
         if (err < 0)
                 return err;
+        /* the device by what names it in every process, not by this one's ordinal */
+        err = dlx__cuda_uuid(cu, device, w->device_uuid);
+        if (err < 0)
+                goto out;
+        w->has_device_uuid = true;
         if (vmm) {
                 /* our allocator's memory: the segment the daemon already holds */
                 w->storage = WIRE_STORAGE_CUDA_VMM;
@@ -597,6 +659,26 @@ int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, struct seg_map 
 
         if (t->storage == WIRE_STORAGE_CUDA_IPC && !t->has_ipc_handle)
                 return dlx__fail(-EPROTO, "a cuda-ipc tensor without its handle");
+        /* legacy IPC finds its exporter by pid: within one PID namespace only */
+        if (t->pid_namespace && dlx__pid_namespace() && t->pid_namespace != dlx__pid_namespace()) {
+                if (t->storage == WIRE_STORAGE_CUDA_IPC)
+                        return dlx__fail(-EXDEV,
+                                         "'%s' is shared by legacy CUDA IPC from another PID "
+                                         "namespace (a container that does not share the "
+                                         "producer's), where its handle cannot open: publish "
+                                         "it persistent from dlx_alloc() memory (cuda-vmm, "
+                                         "whose fd travels through dlxd), or share the PID "
+                                         "namespace",
+                                         t->name);
+                if (t->has_event)
+                        return dlx__fail(-EXDEV,
+                                         "'%s' is ordered by a legacy CUDA IPC event from "
+                                         "another PID namespace, where it cannot open: publish "
+                                         "it persistent (its writes are then done when it is "
+                                         "published, and it needs no event), or share the PID "
+                                         "namespace",
+                                         t->name);
+        }
         if (t->storage == WIRE_STORAGE_CUDA_VMM && (!vmm || vmm->device != device))
                 return dlx__fail(-EPROTO, "a cuda-vmm tensor without its mapping on device %d",
                                  device);

@@ -100,6 +100,14 @@ DLX_HIDDEN int dlx__gpu_register_host(dlx_client *c, struct seg_map *m);
 /* Unpins it before it is unmapped. */
 DLX_HIDDEN void dlx__gpu_unregister_host(struct seg_map *m);
 
+/* The calling process's PID namespace (the inode of /proc/self/ns/pid), 0 if unknown. */
+DLX_HIDDEN uint64_t dlx__pid_namespace(void);
+/*
+ * An acquired kDLCUDA tensor's device_id as this process numbers it: found by
+ * the UUID the producer sent. 0, or -ENODEV (a GPU this process does not see).
+ */
+DLX_HIDDEN int dlx__gpu_local_device(struct wire_tensor *t);
+
 /* The client's current stream for a device (NULL: the legacy default stream). */
 DLX_HIDDEN void *dlx__gpu_stream(dlx_client *c, int device);
 
@@ -196,6 +204,11 @@ static inline int dlx__gpu_register_host(dlx_client *c, struct seg_map *m)
 static inline void dlx__gpu_unregister_host(struct seg_map *m)
 {
         (void)m;
+}
+static inline int dlx__gpu_local_device(struct wire_tensor *t)
+{
+        (void)t;
+        return 0;
 }
 static inline void *dlx__gpu_stream(dlx_client *c, int device)
 {

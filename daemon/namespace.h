@@ -56,6 +56,9 @@ struct version {
         bool has_event;
         char producer_name[DLX_CLIENT_NAME_MAX + 1];
         uint8_t event[DLX_CUDA_HANDLE]; /* the producer's, recorded at publish */
+        bool has_device_uuid;
+        uint8_t device_uuid[DLX_CUDA_UUID]; /* kDLCUDA: the device, whatever its ordinals */
+        uint64_t pid_namespace;             /* cuda-ipc: the producer's */
         /* consumers' release events, distinct, for the producer to wait on */
         uint8_t (*rel_events)[DLX_CUDA_HANDLE];
         uint64_t *rel_owners; /* the session each came from */

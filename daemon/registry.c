@@ -154,6 +154,10 @@ void version_describe(const struct version *v, struct wire_tensor *t)
         t->has_event = v->has_event;
         if (v->has_event)
                 memcpy(t->event, v->event, DLX_CUDA_HANDLE);
+        t->has_device_uuid = v->has_device_uuid;
+        if (v->has_device_uuid)
+                memcpy(t->device_uuid, v->device_uuid, DLX_CUDA_UUID);
+        t->pid_namespace = v->pid_namespace;
 }
 
 static void entry_info(const struct entry *e, struct wire_info *info)
@@ -337,6 +341,16 @@ static int publish_segment(struct session *s, const struct wire_request *req, in
                 snprintf(why, whysz, "a %s tensor carries no CUDA IPC handle", kind->name);
                 return -EINVAL;
         }
+        if (t->has_device_uuid && kind->device_type != kDLCUDA) {
+                fd_drop(&fd);
+                snprintf(why, whysz, "a %s tensor carries no CUDA device UUID", kind->name);
+                return -EINVAL;
+        }
+        if (t->pid_namespace && !kind->takes_event) {
+                fd_drop(&fd);
+                snprintf(why, whysz, "a %s tensor carries no PID namespace", kind->name);
+                return -EINVAL;
+        }
         if (fd >= 0 && t->segment) {
                 fd_drop(&fd);
                 snprintf(why, whysz,
@@ -474,6 +488,10 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
         v->has_event = t->has_event;
         if (t->has_event)
                 memcpy(v->event, t->event, DLX_CUDA_HANDLE);
+        v->has_device_uuid = t->has_device_uuid;
+        if (t->has_device_uuid)
+                memcpy(v->device_uuid, t->device_uuid, DLX_CUDA_UUID);
+        v->pid_namespace = t->pid_namespace;
         snprintf(v->producer_name, sizeof(v->producer_name), "%s", s->name);
         memcpy(v->dims, t->shape, (size_t)t->ndim * sizeof(int64_t));
         memcpy(v->dims + t->ndim, t->strides, (size_t)t->ndim * sizeof(int64_t));

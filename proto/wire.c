@@ -107,22 +107,32 @@ static ProtobufCBinaryData give_bytes(const char *s)
         return b;
 }
 
-/* A CUDA handle field: absent, or exactly DLX_CUDA_HANDLE bytes. */
-static int take_handle(uint8_t *dst, bool *ret_has, ProtobufCBinaryData src)
+/* A fixed-size bytes field (a CUDA handle, a UUID): absent, or exactly len bytes. */
+static int take_fixed(uint8_t *dst, size_t len, bool *ret_has, ProtobufCBinaryData src)
 {
         *ret_has = src.len != 0;
         if (src.len == 0)
                 return 0;
-        if (src.len != DLX_CUDA_HANDLE)
+        if (src.len != len)
                 return -EINVAL;
-        memcpy(dst, src.data, DLX_CUDA_HANDLE);
+        memcpy(dst, src.data, len);
         return 0;
+}
+
+static ProtobufCBinaryData give_fixed(const uint8_t *src, size_t len, bool has)
+{
+        ProtobufCBinaryData b = {.len = has ? len : 0, .data = (uint8_t *)src};
+        return b;
+}
+
+static int take_handle(uint8_t *dst, bool *ret_has, ProtobufCBinaryData src)
+{
+        return take_fixed(dst, DLX_CUDA_HANDLE, ret_has, src);
 }
 
 static ProtobufCBinaryData give_handle(const uint8_t *src, bool has)
 {
-        ProtobufCBinaryData b = {.len = has ? DLX_CUDA_HANDLE : 0, .data = (uint8_t *)src};
-        return b;
+        return give_fixed(src, DLX_CUDA_HANDLE, has);
 }
 
 /* Strings we emit must be terminated within their buffers. */
@@ -222,6 +232,8 @@ static int tensor_to_pb(const struct wire_tensor *src, struct tensor_pb *pb)
         pb->t.length = src->length;
         pb->t.ipc_handle = give_handle(src->ipc_handle, src->has_ipc_handle);
         pb->t.event = give_handle(src->event, src->has_event);
+        pb->t.device_uuid = give_fixed(src->device_uuid, DLX_CUDA_UUID, src->has_device_uuid);
+        pb->t.pid_namespace = src->pid_namespace;
         return 0;
 }
 
@@ -287,6 +299,10 @@ static int tensor_from_pb(const Dlxp__Tensor *src, struct wire_tensor *dst, char
         if (take_handle(dst->ipc_handle, &dst->has_ipc_handle, src->ipc_handle) < 0 ||
             take_handle(dst->event, &dst->has_event, src->event) < 0)
                 return fail(why, whysz, -EINVAL, "a CUDA handle must be %d bytes", DLX_CUDA_HANDLE);
+        if (take_fixed(dst->device_uuid, DLX_CUDA_UUID, &dst->has_device_uuid, src->device_uuid) <
+            0)
+                return fail(why, whysz, -EINVAL, "a device UUID must be %d bytes", DLX_CUDA_UUID);
+        dst->pid_namespace = src->pid_namespace;
         return 0;
 }
 

@@ -74,8 +74,11 @@ struct wire_tensor {
         uint64_t length;
         bool has_ipc_handle;
         bool has_event;
+        bool has_device_uuid;
         uint8_t ipc_handle[DLX_CUDA_HANDLE];
         uint8_t event[DLX_CUDA_HANDLE];
+        uint8_t device_uuid[DLX_CUDA_UUID];
+        uint64_t pid_namespace;
 };
 
 struct wire_info {

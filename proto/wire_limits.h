@@ -55,6 +55,8 @@
 #define DLX_MAX_HELD_SEGMENTS 256
 /* Bytes of a CUDA IPC memory or event handle. */
 #define DLX_CUDA_HANDLE 64
+/* Bytes of a CUDA device UUID. */
+#define DLX_CUDA_UUID 16
 /* Segments one Forget may name. */
 #define DLX_FORGET_MAX 64
 /* Distinct consumer release events one version keeps for its producer to wait on. */

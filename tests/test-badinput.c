@@ -770,16 +770,35 @@ static int publish_raw_memfd(int prod, uint64_t id, const char *name, uint64_t f
         return mfd;
 }
 
-/* A memfd tensor with a CUDA IPC handle is refused: the handle would be a lie. */
-START_TEST(test_memfd_publish_with_an_ipc_handle)
+/* CUDA fields on a memfd tensor are refused: each would be a lie. */
+static void with_ipc_handle(struct wire_tensor *t)
+{
+        t->has_ipc_handle = true;
+        memset(t->ipc_handle, 0xab, DLX_CUDA_HANDLE);
+}
+
+static void with_device_uuid(struct wire_tensor *t)
+{
+        t->has_device_uuid = true;
+        memset(t->device_uuid, 0xcd, DLX_CUDA_UUID);
+}
+
+static void with_pid_namespace(struct wire_tensor *t)
+{
+        t->pid_namespace = 4026531836u;
+}
+
+static void (*const cuda_lies[])(struct wire_tensor *) = {with_ipc_handle, with_device_uuid,
+                                                          with_pid_namespace};
+
+START_TEST(test_memfd_publish_with_cuda_fields)
 {
         dlx_client *good = attack_begin();
         int prod = raw_hello(), mfd = sealed_memfd(4096);
         struct wire_request req;
 
         rp_publish_req(&req, 2, "badinput/handle", 4096, 0, 0);
-        req.publish.tensor.has_ipc_handle = true;
-        memset(req.publish.tensor.ipc_handle, 0xab, DLX_CUDA_HANDLE);
+        cuda_lies[_i](&req.publish.tensor);
         rp_send(prod, &req, mfd);
         close(mfd);
         expect_error(prod, 2, WIRE_INVALID);
@@ -2466,7 +2485,7 @@ Suite *badinput_suite(void)
         tcase_add_test(fds, test_fd_on_ping);
         tcase_add_test(fds, test_fd_on_hello);
         tcase_add_test(fds, test_reader_cannot_seal_a_writable_segment);
-        tcase_add_test(fds, test_memfd_publish_with_an_ipc_handle);
+        tcase_add_rows(fds, test_memfd_publish_with_cuda_fields, cuda_lies);
         tcase_add_test(fds, test_two_fds_on_publish);
         tcase_add_test(fds, test_too_many_fds_in_header);
         tcase_add_test(fds, test_announced_fd_missing);

@@ -40,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -2910,8 +2911,8 @@ END_TEST
 
 START_TEST(close_waits_for_published_writes)
 {
-        struct dlx_publish_options o = {
-                .copy = DLX_COPY_NEVER, .persist = true, .stream = P_STREAM};
+        /* (a persistent version's writes are done at publish: ipc_refused_across_pid_namespaces) */
+        struct dlx_publish_options o = {.copy = DLX_COPY_NEVER, .stream = P_STREAM};
         DLManagedTensorVersioned *t;
         dlx_client *c;
         size_t start;
@@ -2927,10 +2928,10 @@ START_TEST(close_waits_for_published_writes)
         ck_assert(ev != 0);
         start = log_now();
         DLXV(dlx_close(c));
-        /* a persistent version outlives the process: its writes are done before it can go */
+        /* a reader may hold it past the producer: its writes are done before the client goes */
         ck_assert_msg(QFIND(.op = CUDA_FAKE_EVENT_SYNCHRONIZE, .pid = me, .event = ev,
                             .from = start) >= 0,
-                      "dlx_close did not wait for the writes a persistent version was published "
+                      "dlx_close did not wait for the writes a version it held was published "
                       "after");
         ck_assert_int_eq(ctx_bad, 0);
 }
@@ -2953,6 +2954,200 @@ START_TEST(unmap_waits_for_queued_work)
                       "VMM memory was unmapped under work queued on the client's stream");
         assert_nothing_live("after close");
         ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/* Devices by UUID: a producer that numbers the GPUs otherwise (CUDA_VISIBLE_DEVICES). */
+
+static int remap_producer(void *arg)
+{
+        const int order[2] = {1, 0}; /* its device 0 is the machine's 1 */
+        struct dlx_publish_options o = {.copy = DLX_COPY_NEVER};
+        struct chan *ch = arg;
+        DLManagedTensorVersioned *t;
+        dlx_client *c;
+        CUdeviceptr x;
+        uint64_t go;
+        int err;
+
+        CHECK(cuda_fake_set_visible_devices(order, 2) == 0, "visible devices");
+        c = child_start(ch, false, "remap-producer", NULL);
+        CHECK(c, "start");
+        CHECK(cuda_fake_driver()->CtxPushCurrent(cuda_fake_ctx(0)) == CUDA_SUCCESS, "push");
+        x = cuda_fake_malloc(IPC_SIZE);
+        cuda_fake_driver()->CtxPopCurrent(NULL);
+        CHECK(x, "malloc");
+        fill((void *)(uintptr_t)x, IPC_LEN, 51);
+        err = DLX(dlx_publish(c, "remap/ipc", dev_tensor(kDLCUDA, x, IPC_LEN, 0, x), NULL, NULL));
+        CHECK(err == 0, "publish remap/ipc: %s (%s)", dlx_strerror(err), dlx_last_error());
+        t = alloc_on(c, kDLCUDA, VMM_LEN);
+        CHECK(t, "dlx_alloc");
+        fill(t->dl_tensor.data, VMM_LEN, 52);
+        err = DLX(dlx_publish(c, "remap/vmm", t, &o, NULL));
+        CHECK(err == 0, "publish remap/vmm: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(c_tell(ch, 1) == 0 && c_hear(ch, &go) == 0, "no end");
+        DLXV(dlx_close(c));
+        return child_done("producer", false);
+}
+
+/* Which physical device the fake says data is on, as this process numbers it. */
+static int ordinal_of_data(const void *data)
+{
+        int ordinal = -1;
+
+        if (cuda_fake_driver()->PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                                    (CUdeviceptr)(uintptr_t)data) != CUDA_SUCCESS)
+                return -1;
+        return ordinal;
+}
+
+static int remap_consumer(void *arg)
+{
+        static const char *const names[] = {"remap/ipc", "remap/vmm"};
+        static const unsigned seeds[] = {51, 52};
+        static const int64_t lens[] = {IPC_LEN, VMM_LEN};
+        DLManagedTensorVersioned *t;
+        dlx_client *c;
+        int err;
+
+        (void)arg;
+        c = child_connect("remap-consumer");
+        CHECK(c, "connect");
+        for (int i = 0; i < 2; i++) {
+                err = DLX(dlx_acquire(c, names[i], NULL, &t));
+                CHECK(err == 0, "acquire %s: %s (%s)", names[i], dlx_strerror(err),
+                      dlx_last_error());
+                /* the producer's device 0 is this process's 1 */
+                CHECK(t->dl_tensor.device.device_id == 1, "%s: device %d, not 1", names[i],
+                      (int)t->dl_tensor.device.device_id);
+                CHECK(ordinal_of_data(t->dl_tensor.data) == 1, "%s: mapped on device %d", names[i],
+                      ordinal_of_data(t->dl_tensor.data));
+                CHECK(same(t->dl_tensor.data, lens[i], seeds[i]), "%s: the bytes differ", names[i]);
+                DLXV(t->deleter(t));
+        }
+        DLXV(dlx_close(c));
+        return child_done("consumer", true);
+}
+
+static int narrow_consumer(void *arg)
+{
+        const int only[1] = {0}; /* not the machine's device 1 */
+        DLManagedTensorVersioned *t = NULL;
+        dlx_client *c;
+        int err;
+
+        (void)arg;
+        CHECK(cuda_fake_set_visible_devices(only, 1) == 0, "visible devices");
+        c = child_connect("narrow-consumer");
+        CHECK(c, "connect");
+        err = DLX(dlx_acquire(c, "remap/vmm", NULL, &t));
+        CHECK(err == -ENODEV && strstr(dlx_last_error(), "does not see"),
+              "acquire of a tensor on a GPU this process does not see: %s (%s)", dlx_strerror(err),
+              dlx_last_error());
+        CHECK(fx_wait_leases(c, 0, 2000) == 0, "the lease was kept");
+        DLXV(dlx_close(c));
+        return child_done("narrow consumer", true);
+}
+
+START_TEST(devices_by_uuid)
+{
+        struct chan ch;
+        pid_t prod, pid;
+
+        ck_assert_int_eq(cuda_fake_set_device_count(2), 0);
+        prod = spawn_on(&ch, remap_producer, &ch);
+        ck_assert_uint_eq(hear(&ch), 1);
+        pid = fx_spawn(remap_consumer, NULL);
+        reap(pid, "consumer");
+        pid = fx_spawn(narrow_consumer, NULL);
+        reap(pid, "narrow consumer");
+        tell(&ch, 1);
+        reap(prod, "producer");
+        chan_close(&ch);
+}
+END_TEST
+
+/* Legacy IPC across PID namespaces (containers): refused with the way that works. */
+
+static int pidns_reader(void)
+{
+        DLManagedTensorVersioned *t = NULL;
+        dlx_client *c;
+        int err;
+
+        c = child_connect("pidns-consumer");
+        CHECK(c, "connect");
+        err = DLX(dlx_acquire(c, "ns/ipc", NULL, &t));
+        CHECK(err == -EXDEV && strstr(dlx_last_error(), "PID namespace") &&
+                      strstr(dlx_last_error(), "dlx_alloc"),
+              "acquire of a cuda-ipc tensor from another PID namespace: %s (%s)", dlx_strerror(err),
+              dlx_last_error());
+        CHECK(fx_wait_leases(c, 0, 2000) == 0, "the lease was kept");
+        /* what travels through the daemon works from anywhere */
+        err = DLX(dlx_acquire(c, "ns/vmm", NULL, &t));
+        CHECK(err == 0, "acquire ns/vmm: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(same(t->dl_tensor.data, VMM_LEN, 62), "the bytes differ");
+        DLXV(t->deleter(t));
+        DLXV(dlx_close(c));
+        return child_done("consumer", true);
+}
+
+/* Reads ns/ipc from a new PID namespace: unshare, then a child there (its pid 1). */
+static int pidns_consumer(void *arg)
+{
+        struct chan *ch = arg;
+        uint64_t go;
+        pid_t pid;
+        int st;
+
+        chan_child(ch);
+        CHECK(c_hear(ch, &go) == 0, "no go");
+        if (unshare(CLONE_NEWPID) < 0 && unshare(CLONE_NEWUSER | CLONE_NEWPID) < 0) {
+                fprintf(stderr, "pidns_consumer: unshare: %s\n", strerror(errno));
+                return 2;
+        }
+        pid = fork();
+        if (pid == 0)
+                _exit(pidns_reader());
+        CHECK(pid > 0, "fork: %s", strerror(errno));
+        CHECK(waitpid(pid, &st, 0) == pid, "waitpid");
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+}
+
+START_TEST(ipc_refused_across_pid_namespaces)
+{
+        struct dlx_publish_options o = {
+                .copy = DLX_COPY_NEVER, .persist = true, .stream = P_STREAM};
+        DLManagedTensorVersioned *t;
+        struct chan ch;
+        dlx_client *c;
+        CUdeviceptr x;
+        size_t start;
+        pid_t pid;
+
+        /* forked before this process uses CUDA, as CUDA wants */
+        pid = spawn_on(&ch, pidns_consumer, &ch);
+        c = fx_connect(&fx, "pidns-producer");
+        x = cuda_fake_malloc(IPC_SIZE);
+        ck_assert(x != 0);
+        publish_dev(c, "ns/ipc", x, IPC_LEN, 0, NULL);
+        t = alloc_on(c, kDLCUDA, VMM_LEN);
+        ck_assert_ptr_nonnull(t);
+        fill(t->dl_tensor.data, VMM_LEN, 62);
+        start = log_now();
+        ck_assert_int_eq(DLX(dlx_publish(c, "ns/vmm", t, &o, NULL)), 0);
+        /* persistent: its writes done at publish, no event that only one namespace can open */
+        ck_assert_msg(QFIND(.op = CUDA_FAKE_STREAM_SYNCHRONIZE, .by_stream = true,
+                            .stream = S(P_STREAM), .from = start) >= 0,
+                      "a persistent publish did not wait for its stream");
+        ck_assert_msg(recorded_event(getpid(), P_STREAM, start, 0) == 0,
+                      "a persistent publish recorded an event");
+        tell(&ch, 1);
+        reap(pid, "consumer in another PID namespace");
+        chan_close(&ch);
+        DLXV(dlx_close(c));
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        assert_nothing_live("after close");
 }
 END_TEST
 
@@ -3001,6 +3196,8 @@ Suite *cuda_double_suite(void)
         add(tc, interprocess_events_bounded);
         add(tc, close_waits_for_published_writes);
         add(tc, unmap_waits_for_queued_work);
+        add(tc, devices_by_uuid);
+        add(tc, ipc_refused_across_pid_namespaces);
         suite_add_tcase(s, tc);
         return s;
 }

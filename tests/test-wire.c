@@ -44,6 +44,10 @@ static void make_tensor(struct wire_tensor *t, const char *name, int32_t ndim)
         t->segment = UINT64_MAX;
         t->offset = 4096;
         t->length = UINT64_C(1) << 40;
+        t->has_device_uuid = true;
+        for (int i = 0; i < DLX_CUDA_UUID; i++)
+                t->device_uuid[i] = (uint8_t)(0xf0 + i);
+        t->pid_namespace = UINT64_MAX - 5;
 }
 
 static void expect_tensor_eq(const struct wire_tensor *a, const struct wire_tensor *b)
@@ -66,6 +70,13 @@ static void expect_tensor_eq(const struct wire_tensor *a, const struct wire_tens
         ck_assert_uint_eq(a->segment, b->segment);
         ck_assert_uint_eq(a->offset, b->offset);
         ck_assert_uint_eq(a->length, b->length);
+        ck_assert_int_eq(a->has_ipc_handle, b->has_ipc_handle);
+        ck_assert_int_eq(a->has_event, b->has_event);
+        ck_assert_int_eq(a->has_device_uuid, b->has_device_uuid);
+        ck_assert(!a->has_ipc_handle || !memcmp(a->ipc_handle, b->ipc_handle, DLX_CUDA_HANDLE));
+        ck_assert(!a->has_event || !memcmp(a->event, b->event, DLX_CUDA_HANDLE));
+        ck_assert(!a->has_device_uuid || !memcmp(a->device_uuid, b->device_uuid, DLX_CUDA_UUID));
+        ck_assert_uint_eq(a->pid_namespace, b->pid_namespace);
 }
 
 static void make_info(struct wire_info *info, const char *name, int32_t ndim, uint32_t salt)
@@ -882,7 +893,8 @@ enum tensor_field {
         T_NO_DTYPE,
         T_SHAPE_2,
         T_STRIDE_1,
-        T_NO_TENSOR
+        T_NO_TENSOR,
+        T_UUID_LEN,
 };
 
 static const struct tensor_row {
@@ -914,7 +926,12 @@ static const struct tensor_row {
         {"a negative dimension", 3, T_SHAPE_2, -1, -EINVAL},
         {"a negative stride (fine)", 3, T_STRIDE_1, -1, 0},
         {"publish without a tensor", 1, T_NO_TENSOR, 0, -EINVAL},
+        {"a device UUID of 16 bytes", 1, T_UUID_LEN, DLX_CUDA_UUID, 0},
+        {"a device UUID of 15 bytes", 1, T_UUID_LEN, DLX_CUDA_UUID - 1, -EINVAL},
+        {"a device UUID of 17 bytes", 1, T_UUID_LEN, DLX_CUDA_UUID + 1, -EINVAL},
 };
+
+static uint8_t uuid_bytes[DLX_CUDA_UUID + 1];
 
 START_TEST(decode_checks_each_tensor_field)
 {
@@ -956,6 +973,10 @@ START_TEST(decode_checks_each_tensor_field)
                 break;
         case T_NO_TENSOR:
                 p.publish.tensor = NULL;
+                break;
+        case T_UUID_LEN:
+                p.tensor.t.device_uuid.len = (size_t)row->value;
+                p.tensor.t.device_uuid.data = uuid_bytes;
                 break;
         }
         rc = decode_pb_request(&p.r, &q);
