@@ -352,50 +352,37 @@ static void finish(struct worker *w, double secs)
         w->pid = -1;
 }
 
-/* The last value reported for key, or NULL. */
+/* The last value reported for key, or NULL. What val() and outcome() return is never freed:
+ * a coordinator lives for one probe. */
 static const char *val(const struct worker *w, const char *key)
 {
-        static char out[8][512];
-        static unsigned next;
         size_t k = strlen(key);
         const char *found = NULL;
-        char *o;
-        size_t n;
 
         for (const char *l = w->buf; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
                 if (!strncmp(l, key, k) && l[k] == '=')
                         found = l + k + 1;
-        if (!found)
-                return NULL;
-        n = strcspn(found, "\n");
-        o = out[next++ % 8];
-        if (n >= sizeof(out[0]))
-                n = sizeof(out[0]) - 1;
-        memcpy(o, found, n);
-        o[n] = '\0';
-        return o;
+        return found ? strndup(found, strcspn(found, "\n")) : NULL;
 }
 
 /* What the worker reported for key or, if nothing, why not. */
 static const char *outcome(const struct worker *w, const char *key)
 {
-        static char out[8][600];
-        static unsigned next;
         const char *v = val(w, key), *stage = val(w, "stage"), *fail = val(w, "fail");
-        char *o;
+        char *o = NULL;
+        int n;
 
         if (v)
                 return v;
-        o = out[next++ % 8];
         if (fail)
-                snprintf(o, sizeof(out[0]), "not reached (%s)", fail);
+                n = asprintf(&o, "not reached (%s)", fail);
         else if (w->hung)
-                snprintf(o, sizeof(out[0]), "hung%s%s", stage ? " in " : "", stage ? stage : "");
+                n = asprintf(&o, "hung%s%s", stage ? " in " : "", stage ? stage : "");
         else if (w->reaped && WIFSIGNALED(w->status))
-                snprintf(o, sizeof(out[0]), "crashed (signal %d)", WTERMSIG(w->status));
+                n = asprintf(&o, "crashed (signal %d)", WTERMSIG(w->status));
         else
-                snprintf(o, sizeof(out[0]), "not reached");
-        return o;
+                n = asprintf(&o, "not reached");
+        return n < 0 ? "?" : o;
 }
 
 static bool is(const char *v, const char *want)
