@@ -1181,6 +1181,17 @@ static const struct probe probes[] = {
 };
 #define N_PROBES (sizeof(probes) / sizeof(probes[0]))
 
+static volatile sig_atomic_t running; /* the process group of the probe running, or 0 */
+
+/* Stopped from outside (timeout(1)): the running probe's processes go too. */
+static void on_stop(int sig)
+{
+        if (running)
+                kill(-(pid_t)running, SIGKILL);
+        signal(sig, SIG_DFL);
+        raise(sig);
+}
+
 /* Runs a probe's coordinator in a process group of its own, killed whole if it overruns. */
 static int run_probe(const struct probe *p)
 {
@@ -1197,15 +1208,19 @@ static int run_probe(const struct probe *p)
                 _exit(p->run());
         }
         setpgid(pid, pid);
+        running = pid;
         while (now() < end) {
                 pid_t r = waitpid(pid, &status, WNOHANG);
-                if (r == pid)
-                        return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
-                if (r < 0)
-                        return 1;
+                if (r == pid || r < 0) {
+                        /* its workers too, should one outlive it */
+                        kill(-pid, SIGKILL);
+                        running = 0;
+                        return r == pid && WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+                }
                 usleep(20000);
         }
         kill(-pid, SIGKILL);
+        running = 0;
         waitpid(pid, &status, 0);
         printf("probe %c: FAIL: no answer in %d s (hung); killed\n", p->letter, p->limit);
         return 1;
@@ -1218,6 +1233,9 @@ int main(int argc, char **argv)
         int rc = 0;
 
         setvbuf(stdout, NULL, _IOLBF, 0);
+        signal(SIGTERM, on_stop);
+        signal(SIGINT, on_stop);
+        signal(SIGHUP, on_stop);
         for (int i = 1; i < argc; i++) {
                 bool known = !strcmp(argv[i], "all");
                 for (size_t k = 0; k < N_PROBES; k++) {
