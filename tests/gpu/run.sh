@@ -158,7 +158,7 @@ done <"$build/tests.tsv"
 run_tests() {
         local label=$1 step_end=$((SECONDS + $2)) i=0 total=$(($# - 2)) name
         shift 2
-        n_ok=0 n_fail=0 n_skip=0 bad=()
+        n_ok=0 n_fail=0 n_skip=0 n_late=0 bad=()
         for name in "$@"; do
                 local -a e c
                 local lim=$((step_end - SECONDS)) t0 st res log="$logs/tests/$name.log"
@@ -166,7 +166,7 @@ run_tests() {
                 if [ "$lim" -lt 1 ]; then
                         printf '%2d/%d %-22s NOT RUN (out of time)\n' "$i" "$total" "$name"
                         n_fail=$((n_fail + 1))
-                        bad+=("$name (not run)")
+                        n_late=$((n_late + 1))
                         continue
                 fi
                 [ "${t_timeout[$name]}" -gt 0 ] && [ "${t_timeout[$name]}" -lt "$lim" ] &&
@@ -178,8 +178,16 @@ run_tests() {
                 e=("${e[@]//@SRC@/$root}")
                 c=("${c[@]//@BUILD@/$root/$build}")
                 c=("${c[@]//@SRC@/$root}")
-                # meson's own LD_LIBRARY_PATH, and libuv's folder
-                e=("${e[@]/#LD_LIBRARY_PATH=/LD_LIBRARY_PATH=$root/$build/lib:}")
+                # the test's LD_LIBRARY_PATH goes before the one it inherits, as meson does
+                # (the driver's folder may be found only through the inherited one), with
+                # libuv's folder first
+                for j in "${!e[@]}"; do
+                        case ${e[j]} in
+                        LD_LIBRARY_PATH=*)
+                                e[j]="LD_LIBRARY_PATH=$root/$build/lib:${e[j]#LD_LIBRARY_PATH=}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+                                ;;
+                        esac
+                done
                 t0=$SECONDS
                 # in the build folder, as meson runs them (some name files relative to it)
                 (cd "$root/$build" &&
@@ -207,6 +215,7 @@ run_tests() {
                 fi
         done
         local line="$label: $n_ok passed, $n_fail failed, $n_skip skipped"
+        [ "$n_late" -gt 0 ] && bad+=("$n_late not run: out of time")
         if [ ${#bad[@]} -gt 0 ]; then
                 line+=" [${bad[0]}"
                 for name in "${bad[@]:1}"; do line+="; $name"; done
@@ -233,6 +242,8 @@ if [ -x "$probe" ]; then
         124 | 137) fail "probes: over the ${lim}s limit" ;;
         *) fail "probes: dlx-gpu-probe exited $st" ;;
         esac
+        # a driver that answered is a GPU here, whatever became of the probes
+        grep -q '^driver: ' "$logs/probes.txt" && gpu=yes
         v=$(sed -nE 's/^probe ([a-e])( \([^)]*\))?: ([A-Z]+):.*/\1 \3/p' "$logs/probes.txt" |
                 tr '\n' ',' | sed 's/,$//; s/,/, /g')
         [ -n "$v" ] && note "probe verdicts: $v"
