@@ -456,6 +456,109 @@ static int publish_event(const struct dlx_cuda_driver *cu, dlx_client *c, int de
         return 0;
 }
 
+/* A pointer attribute, or false when the driver cannot say (older drivers lack some). */
+static bool attribute(const struct dlx_cuda_driver *cu, void *ret, CUpointer_attribute a,
+                      CUdeviceptr p)
+{
+        return cu->PointerGetAttribute(ret, a, p) == CUDA_SUCCESS;
+}
+
+/*
+ * Memory a framework allocated: by legacy IPC when the driver says it can
+ * (cuMemAlloc, cudaMalloc), as an exported VMM allocation when it was made
+ * shareable as a POSIX fd (ret->fd then goes with the publish), else refused
+ * with what it is: managed memory, a stream-ordered pool's, or a VMM
+ * allocation made without a shareable handle (PyTorch's expandable segments).
+ */
+static int share_foreign(const struct dlx_cuda_driver *cu, const DLTensor *t,
+                         struct wire_request *req, struct gpu_pub *ret)
+{
+        const char *name = req->publish.tensor.name;
+        struct wire_tensor *w = &req->publish.tensor;
+        CUdeviceptr base, data = (CUdeviceptr)(uintptr_t)t->data;
+        unsigned long long types = 0;
+        void *pool = NULL, *mbase = NULL;
+        bool managed = false, legacy = true;
+        size_t size = 0;
+        CUipcMemHandle h;
+        CUresult r;
+
+        r = cu->MemGetAddressRange(&base, &size, data);
+        if (r != CUDA_SUCCESS) {
+                const char *what = NULL;
+                cu->GetErrorString(r, &what);
+                return dlx__fail(-EINVAL, "the tensor's data is not CUDA device memory (%s)",
+                                 what ? what : "unknown error");
+        }
+        if (attribute(cu, &managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, data) && managed)
+                return dlx__fail(-ENOTSUP,
+                                 "publish '%s': managed memory (cudaMallocManaged) cannot be "
+                                 "shared between processes; allocate it with dlx_alloc(), or "
+                                 "copy it into such memory",
+                                 name);
+        if (attribute(cu, &pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, data) && pool)
+                return dlx__fail(-ENOTSUP,
+                                 "publish '%s': memory from a stream-ordered pool "
+                                 "(cudaMallocAsync, a CUDA memory pool) has no IPC handle; "
+                                 "allocate it with dlx_alloc(), or copy it into such memory",
+                                 name);
+        attribute(cu, &legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, data);
+        if (!legacy) {
+                CUmemGenericAllocationHandle handle;
+                int fd = -1;
+
+                if (!attribute(cu, &types, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, data) ||
+                    !(types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+                        return dlx__fail(-ENOTSUP,
+                                         "publish '%s': this CUDA memory was made by cuMemCreate "
+                                         "without a POSIX file descriptor handle type (PyTorch's "
+                                         "expandable_segments, say) and cannot be shared; "
+                                         "allocate it with dlx_alloc(), or turn expandable "
+                                         "segments off",
+                                         name);
+                if (!attribute(cu, &mbase, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, data) ||
+                    !attribute(cu, &size, CU_POINTER_ATTRIBUTE_MAPPING_SIZE, data) || !size)
+                        return dlx__fail(-ENOTSUP,
+                                         "publish '%s': the driver does not say which VMM "
+                                         "allocation the tensor is in",
+                                         name);
+                w->offset = data - (CUdeviceptr)(uintptr_t)mbase;
+                if (w->offset > size || w->length > size - w->offset)
+                        return dlx__fail(-ENOTSUP,
+                                         "publish '%s': the tensor spans more than one VMM "
+                                         "allocation (%zu bytes mapped at its start); copy it",
+                                         name, size);
+                r = cu->MemRetainAllocationHandle(&handle, (void *)(uintptr_t)data);
+                if (r != CUDA_SUCCESS)
+                        return dlx__cuda_fail(cu, r, "cuMemRetainAllocationHandle");
+                r = cu->MemExportToShareableHandle(&fd, handle,
+                                                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+                cu->MemRelease(handle); /* the mapping keeps the allocation, the fd its share */
+                if (r != CUDA_SUCCESS)
+                        return dlx__cuda_fail(cu, r, "cuMemExportToShareableHandle");
+                w->storage = WIRE_STORAGE_CUDA_VMM;
+                req->publish.segment_size = size;
+                ret->has_fd = true;
+                ret->fd = fd;
+                return 0;
+        }
+        r = cu->IpcGetMemHandle(&h, base);
+        if (r != CUDA_SUCCESS)
+                return dlx__cuda_fail(cu, r,
+                                      "cuIpcGetMemHandle (memory from cuMemCreate or a pool "
+                                      "cannot be shared by legacy IPC: allocate it with "
+                                      "dlx_alloc)");
+        w->storage = WIRE_STORAGE_CUDA_IPC;
+        w->has_ipc_handle = true;
+        memcpy(w->ipc_handle, h.reserved, DLX_CUDA_HANDLE);
+        w->offset = data - base;
+        req->publish.segment_size = size;
+        pthread_mutex_lock(&cache_lock);
+        export_note(w->ipc_handle, base, NULL);
+        pthread_mutex_unlock(&cache_lock);
+        return 0;
+}
+
 int dlx__gpu_publish(dlx_client *c, const DLTensor *t, struct seg_map *vmm, void *stream,
                      struct wire_request *req, struct gpu_pub *ret)
 {
@@ -463,9 +566,7 @@ int dlx__gpu_publish(dlx_client *c, const DLTensor *t, struct seg_map *vmm, void
         const struct dlx_cuda_driver *cu;
         int device = t->device.device_id;
         struct gpu_state *g = state(c);
-        CUdeviceptr base, data = (CUdeviceptr)(uintptr_t)t->data;
-        size_t size;
-        CUresult r;
+        CUdeviceptr data = (CUdeviceptr)(uintptr_t)t->data;
         int err;
 
         if (!g)
@@ -492,32 +593,9 @@ int dlx__gpu_publish(dlx_client *c, const DLTensor *t, struct seg_map *vmm, void
                 vmm->wrote_on = stream; /* unmapping waits for it */
                 w->offset = data - (CUdeviceptr)(uintptr_t)vmm->rw;
         } else {
-                CUipcMemHandle h;
-
-                r = cu->MemGetAddressRange(&base, &size, data);
-                if (r != CUDA_SUCCESS) {
-                        const char *what = NULL;
-                        cu->GetErrorString(r, &what);
-                        err = dlx__fail(-EINVAL, "the tensor's data is not CUDA device memory (%s)",
-                                        what ? what : "unknown error");
+                err = share_foreign(cu, t, req, ret);
+                if (err < 0)
                         goto out;
-                }
-                r = cu->IpcGetMemHandle(&h, base);
-                if (r != CUDA_SUCCESS) {
-                        err = dlx__cuda_fail(cu, r,
-                                             "cuIpcGetMemHandle (memory from cuMemCreate or a "
-                                             "pool cannot be shared by legacy IPC: allocate it "
-                                             "with dlx_alloc)");
-                        goto out;
-                }
-                w->storage = WIRE_STORAGE_CUDA_IPC;
-                w->has_ipc_handle = true;
-                memcpy(w->ipc_handle, h.reserved, DLX_CUDA_HANDLE);
-                w->offset = data - base;
-                req->publish.segment_size = size;
-                pthread_mutex_lock(&cache_lock);
-                export_note(w->ipc_handle, base, NULL);
-                pthread_mutex_unlock(&cache_lock);
         }
         err = publish_event(cu, c, device, stream, req, ret);
 out:

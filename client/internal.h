@@ -93,6 +93,8 @@ struct gpu_pub {
         int device;
         void *stream;            /* the producer's stream at publish */
         struct gpu_event *event; /* recorded at publish, back to the pool at RELEASED */
+        bool has_fd;             /* fd: a framework's VMM allocation exported, for the publish */
+        int fd;
 };
 
 /* What a CUDA acquire keeps with its tensor until release (gpu.c). */

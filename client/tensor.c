@@ -545,6 +545,11 @@ static int held_publish(dlx_client *c, const char *name, DLManagedTensorVersione
                                 goto out_delete; /* the detail is recorded already */
                         }
                         h->has_gpu = true;
+                        /* a framework's VMM allocation, exported: the daemon keeps its fd */
+                        if (h->gpu.has_fd) {
+                                fd = h->gpu.fd;
+                                h->gpu.has_fd = false;
+                        }
                 }
                 /* registered before the request: RELEASED may follow the reply at once */
                 h->token = c->next_token++;

@@ -3151,6 +3151,118 @@ START_TEST(ipc_refused_across_pid_namespaces)
 }
 END_TEST
 
+/* Memory a framework allocated: shared when it can be, else refused with what it is. */
+
+struct own_vmm {
+        CUdeviceptr ptr;
+        size_t size;
+        CUmemGenericAllocationHandle h[2];
+        int n;
+};
+
+/* n mappings of 2 MiB, side by side in one reservation, as an expandable segment grows. */
+static void own_vmm_make(struct own_vmm *v, int n, unsigned long long types)
+{
+        const struct dlx_cuda_driver *d = test_driver();
+        CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                    .location = {CU_MEM_LOCATION_TYPE_DEVICE, 0},
+                                    .requestedHandleTypes = (CUmemAllocationHandleType)types};
+        CUmemAccessDesc rw = {.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0},
+                              .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+
+        v->n = n;
+        v->size = (size_t)n * CUDA_FAKE_GRANULARITY;
+        ck_assert_int_eq(d->MemAddressReserve(&v->ptr, v->size, 0, 0, 0), CUDA_SUCCESS);
+        for (int i = 0; i < n; i++) {
+                CUdeviceptr at = v->ptr + (CUdeviceptr)i * CUDA_FAKE_GRANULARITY;
+                ck_assert_int_eq(d->MemCreate(&v->h[i], CUDA_FAKE_GRANULARITY, &prop, 0),
+                                 CUDA_SUCCESS);
+                ck_assert_int_eq(d->MemMap(at, CUDA_FAKE_GRANULARITY, 0, v->h[i], 0), CUDA_SUCCESS);
+        }
+        ck_assert_int_eq(d->MemSetAccess(v->ptr, v->size, &rw, 1), CUDA_SUCCESS);
+}
+
+static void own_vmm_free(struct own_vmm *v)
+{
+        const struct dlx_cuda_driver *d = test_driver();
+
+        ck_assert_int_eq(d->MemUnmap(v->ptr, v->size), CUDA_SUCCESS);
+        ck_assert_int_eq(d->MemAddressFree(v->ptr, v->size), CUDA_SUCCESS);
+        for (int i = 0; i < v->n; i++)
+                ck_assert_int_eq(d->MemRelease(v->h[i]), CUDA_SUCCESS);
+}
+
+static int framework_consumer(void *arg)
+{
+        struct chan *ch = arg;
+        DLManagedTensorVersioned *t;
+        dlx_client *c;
+        int err;
+
+        c = child_start(ch, true, "framework-consumer", NULL);
+        CHECK(c, "start");
+        err = DLX(dlx_acquire(c, "fw/vmm", NULL, &t));
+        CHECK(err == 0, "acquire fw/vmm: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(strcmp(storage_of(t), "cuda-vmm") == 0, "storage %s", storage_of(t));
+        CHECK(same(t->dl_tensor.data, 8192, 71), "the bytes differ");
+        DLXV(t->deleter(t));
+        DLXV(dlx_close(c));
+        return child_done("consumer", true);
+}
+
+/* Publishing memory that cannot be shared fails with -ENOTSUP naming what it is. */
+static void refused(dlx_client *c, const char *name, CUdeviceptr p, const char *says)
+{
+        int err = DLX(dlx_publish(c, name, dev_tensor(kDLCUDA, p, 8192, 5, 0), NULL, NULL));
+
+        ck_assert_msg(err == -ENOTSUP && strstr(dlx_last_error(), says),
+                      "publish %s: %s (%s), not -ENOTSUP saying '%s'", name, dlx_strerror(err),
+                      dlx_last_error(), says);
+}
+
+START_TEST(framework_memory)
+{
+        struct own_vmm shareable, closed, grown;
+        struct dlx_info info;
+        struct chan ch;
+        dlx_client *c;
+        CUdeviceptr pool, managed;
+        pid_t pid;
+
+        pid = spawn_on(&ch, framework_consumer, &ch);
+        c = fx_connect(&fx, "framework");
+        /* made shareable as a POSIX fd: exported, and it travels as cuda-vmm */
+        own_vmm_make(&shareable, 1, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        fill((void *)(uintptr_t)(shareable.ptr + 4096), 8192, 71);
+        publish_dev(c, "fw/vmm", shareable.ptr + 4096, 8192, 0, NULL);
+        ck_assert_int_eq(DLX(dlx_stat(c, "fw/vmm", &info)), 0);
+        ck_assert_str_eq(info.storage, "cuda-vmm");
+        tell(&ch, 1);
+        reap(pid, "consumer");
+        /* what cannot be shared says what it is */
+        own_vmm_make(&closed, 1, 0);
+        refused(c, "fw/closed", closed.ptr, "expandable_segments");
+        own_vmm_make(&grown, 2, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        refused(c, "fw/spans", grown.ptr + CUDA_FAKE_GRANULARITY - 4096, "more than one VMM");
+        pool = cuda_fake_malloc_kind(IPC_SIZE, CUDA_FAKE_MEMORY_POOL);
+        managed = cuda_fake_malloc_kind(IPC_SIZE, CUDA_FAKE_MEMORY_MANAGED);
+        ck_assert(pool && managed);
+        refused(c, "fw/pool", pool, "stream-ordered pool");
+        refused(c, "fw/managed", managed, "managed memory");
+        ck_assert_int_eq(runs(5), 4); /* each refused tensor was deleted */
+        unpublish_wait(c, "fw/vmm", 1);
+        DLXV(dlx_close(c));
+        own_vmm_free(&shareable);
+        own_vmm_free(&closed);
+        own_vmm_free(&grown);
+        ck_assert_int_eq(cuda_fake_free(pool), CUDA_SUCCESS);
+        ck_assert_int_eq(cuda_fake_free(managed), CUDA_SUCCESS);
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+        chan_close(&ch);
+}
+END_TEST
+
 /* DLX_CUDA_ONLY=<test name> runs one test, every row of a table test (for debugging). */
 static void add_loop(TCase *tc, const TTest *t, int rows)
 {
@@ -3198,6 +3310,7 @@ Suite *cuda_double_suite(void)
         add(tc, unmap_waits_for_queued_work);
         add(tc, devices_by_uuid);
         add(tc, ipc_refused_across_pid_namespaces);
+        add(tc, framework_memory);
         suite_add_tcase(s, tc);
         return s;
 }
