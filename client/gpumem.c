@@ -22,9 +22,14 @@ static void vmm_prop(CUmemAllocationProp *prop, int device)
         prop->location.id = device;
 }
 
-/* Reserves, maps and grants access to a VMM handle; returns the address in *ret. */
+/*
+ * Reserves, maps and grants access to a VMM handle; returns the address in
+ * *ret. A read-only mapping the device refuses (not every device and driver
+ * grant CU_MEM_ACCESS_FLAGS_PROT_READ) is made read-write instead, and
+ * *ret_writable says so: never silently (dlx_tensor_write_protected()).
+ */
 static int vmm_map(const struct dlx_cuda_driver *cu, CUmemGenericAllocationHandle h, uint64_t size,
-                   int device, bool writable, CUdeviceptr *ret)
+                   int device, bool writable, CUdeviceptr *ret, bool *ret_writable)
 {
         CUmemAccessDesc access = {
                 .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = device},
@@ -43,12 +48,19 @@ static int vmm_map(const struct dlx_cuda_driver *cu, CUmemGenericAllocationHandl
                 return dlx__cuda_fail(cu, r, "cuMemMap");
         }
         r = cu->MemSetAccess(ptr, size, &access, 1);
+        if (!writable && (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE)) {
+                access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+                r = cu->MemSetAccess(ptr, size, &access, 1);
+                writable = true;
+        }
         if (r != CUDA_SUCCESS) {
                 cu->MemUnmap(ptr, size);
                 cu->MemAddressFree(ptr, size);
                 return dlx__cuda_fail(cu, r, "cuMemSetAccess");
         }
         *ret = ptr;
+        if (ret_writable)
+                *ret_writable = writable;
         return 0;
 }
 
@@ -85,7 +97,7 @@ int dlx__gpu_vmm_create(dlx_client *c, int device, uint64_t size, struct dlx_gpu
                 err = dlx__cuda_fail(cu, r, "cuMemExportToShareableHandle");
                 goto out;
         }
-        err = vmm_map(cu, h, size, device, true, &ptr);
+        err = vmm_map(cu, h, size, device, true, &ptr, NULL);
         if (err < 0) {
                 close(fd);
                 cu->MemRelease(h);
@@ -116,6 +128,7 @@ void dlx__gpu_vmm_destroy(struct dlx_gpu_vmm *v)
 int dlx__gpu_vmm_map(struct seg_map *m, int fd, bool writable)
 {
         const struct dlx_cuda_driver *cu;
+        bool rw = false;
         CUdeviceptr ptr;
         CUresult r;
         int err;
@@ -133,12 +146,12 @@ int dlx__gpu_vmm_map(struct seg_map *m, int fd, bool writable)
                 }
                 m->vmm_handle = h;
         }
-        err = vmm_map(cu, m->vmm_handle, m->size, m->device, writable, &ptr);
-        if (err == 0) {
-                if (writable)
-                        m->rw = (uint8_t *)(uintptr_t)ptr;
-                else
-                        m->ro = (uint8_t *)(uintptr_t)ptr;
+        err = vmm_map(cu, m->vmm_handle, m->size, m->device, writable, &ptr, &rw);
+        if (err == 0 && writable) {
+                m->rw = (uint8_t *)(uintptr_t)ptr;
+        } else if (err == 0) {
+                m->ro = (uint8_t *)(uintptr_t)ptr;
+                m->ro_writable = rw; /* dlx_tensor_write_protected() says so */
         }
 out:
         dlx__cuda_leave(cu);

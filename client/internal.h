@@ -67,6 +67,7 @@ struct seg_map {
         uint64_t vmm_handle; /* cuda-vmm: the imported or created handle */
         void *last_reader;   /* cuda-vmm, cuda-host: event of the last release */
         void *wrote_on;      /* cuda-vmm: the stream of its last publish here */
+        bool ro_writable;    /* cuda-vmm: ro is mapped read-write (the device refused read-only) */
 };
 
 /* A reply being waited for by one caller. */

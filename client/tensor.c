@@ -23,6 +23,7 @@ struct acquired {
         uint64_t lease;
         uint64_t version;
         uint32_t storage;
+        bool write_protected; /* its mapping refuses writes (dlx_tensor_write_protected) */
         char name[DLX_NAME_MAX + 1];
         int64_t dims[]; /* shape[ndim], strides[ndim] */
 };
@@ -140,6 +141,10 @@ static int build_acquired(dlx_client *c, struct pending *p, void *stream,
         a->lease = p->rep.acquire.lease;
         a->version = t->version;
         a->storage = t->storage;
+        /* a mapping that refuses writes: host pages mapped read-only, VMM granted read access */
+        a->write_protected =
+                m && m->ro && data >= m->ro && data < m->ro + m->size &&
+                (kind->host_mapped || (t->storage == WIRE_STORAGE_CUDA_VMM && !m->ro_writable));
         wire_strcpy(a->name, sizeof(a->name), t->name);
         memcpy(a->dims, t->shape, (size_t)t->ndim * sizeof(int64_t));
         memcpy(a->dims + t->ndim, t->strides, (size_t)t->ndim * sizeof(int64_t));
@@ -233,6 +238,15 @@ int dlx_tensor_info(const DLManagedTensorVersioned *t, const char **ret_name, ui
         if (ret_storage)
                 *ret_storage = storage_name(a->storage);
         return 0;
+}
+
+int dlx_tensor_write_protected(const DLManagedTensorVersioned *t)
+{
+        const struct acquired *a = acquired_of(t);
+
+        if (!a)
+                return dlx__fail(-EINVAL, "not a tensor from dlx_acquire()");
+        return a->write_protected ? 1 : 0;
 }
 
 int dlx_tensor_sync(DLManagedTensorVersioned *t, void *stream)

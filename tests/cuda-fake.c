@@ -156,6 +156,7 @@ static int device_count = 1;
 static size_t granularity = CUDA_FAKE_GRANULARITY;
 static bool require_ctx = true;
 static bool ipc_refcount;
+static bool refuse_read_only;
 static struct fault faults[CUDA_FAKE_OP_COUNT];
 
 static struct region *regions;
@@ -249,6 +250,7 @@ int cuda_fake_init(void)
         granularity = CUDA_FAKE_GRANULARITY;
         require_ctx = true;
         ipc_refcount = false;
+        refuse_read_only = false;
         memset(faults, 0, sizeof(faults));
         for (int i = 0; i < CUDA_FAKE_MAX_DEVICES; i++)
                 visible[i] = i;
@@ -337,6 +339,13 @@ void cuda_fake_require_context(bool required)
 {
         pthread_mutex_lock(&lock);
         require_ctx = required;
+        pthread_mutex_unlock(&lock);
+}
+
+void cuda_fake_refuse_read_only(bool refuse)
+{
+        pthread_mutex_lock(&lock);
+        refuse_read_only = refuse;
         pthread_mutex_unlock(&lock);
 }
 
@@ -1877,6 +1886,10 @@ static CUresult fake_MemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcces
                 }
                 /* One host stands for every device: the widest access wins. */
                 access |= f;
+        }
+        if (access == CU_MEM_ACCESS_FLAGS_PROT_READ && refuse_read_only) {
+                pthread_mutex_unlock(&lock);
+                return CUDA_ERROR_NOT_SUPPORTED;
         }
         if (whole_mappings(ptr, size) <= 0) {
                 pthread_mutex_unlock(&lock);

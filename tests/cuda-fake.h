@@ -220,6 +220,12 @@ int cuda_fake_set_granularity(size_t granularity);
 void cuda_fake_require_context(bool required);
 
 /*
+ * Whether MemSetAccess refuses read-only access (CUDA_ERROR_NOT_SUPPORTED), as
+ * some devices and drivers do for VMM memory (default false: granted).
+ */
+void cuda_fake_refuse_read_only(bool refuse);
+
+/*
  * Opening an IPC memory handle this process already has open: false
  * (default) fails with CUDA_ERROR_ALREADY_MAPPED, as older drivers do, so
  * libdlx must cache its opens; true returns the same address and counts a

@@ -55,6 +55,7 @@
 #include "cuda-fake.h"
 #include "cudadrv.h"
 #include "fixture.h"
+#include "tensors.h"
 
 /* Streams are opaque to libdlx and the fake: any distinct values do. */
 #define P_STREAM ((CUstream)(uintptr_t)0x5000)  /* a producer's */
@@ -3263,6 +3264,71 @@ START_TEST(framework_memory)
 }
 END_TEST
 
+/* Read-only VMM access where the device grants it, a read-write mapping said so where not. */
+
+static int ro_reader(void *arg)
+{
+        struct dlx_acquire_options wait = {.timeout_ms = TIMEOUT_MS};
+        bool refuse = arg != NULL;
+        DLManagedTensorVersioned *t;
+        dlx_client *c;
+        int err, wp;
+
+        cuda_fake_refuse_read_only(refuse);
+        c = child_connect("ro-reader");
+        CHECK(c, "connect");
+        err = DLX(dlx_acquire(c, "ro/vmm", &wait, &t));
+        CHECK(err == 0, "acquire (device %s read-only access): %s (%s)",
+              refuse ? "refusing" : "granting", dlx_strerror(err), dlx_last_error());
+        CHECK(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY, "not flagged read-only");
+        CHECK(same(t->dl_tensor.data, VMM_LEN, 81), "the bytes differ");
+        wp = dlx_tensor_write_protected(t);
+        CHECK(wp == (refuse ? 0 : 1), "write protected says %d where the device %s read-only", wp,
+              refuse ? "refuses" : "grants");
+        DLXV(t->deleter(t));
+        DLXV(dlx_close(c));
+        return child_done("reader", true);
+}
+
+START_TEST(read_only_vmm_where_granted)
+{
+        /* persistent: read again after its producer has gone */
+        struct dlx_publish_options o = {.copy = DLX_COPY_NEVER, .persist = true};
+        DLManagedTensorVersioned *t, *got, *host;
+        dlx_client *c;
+        CUdeviceptr x;
+        pid_t pid, pid2;
+
+        /* forked before this process uses CUDA */
+        pid = fx_spawn(ro_reader, NULL);
+        pid2 = fx_spawn(ro_reader, (void *)1);
+        c = fx_connect(&fx, "ro-producer");
+        t = alloc_on(c, kDLCUDA, VMM_LEN);
+        ck_assert_ptr_nonnull(t);
+        fill(t->dl_tensor.data, VMM_LEN, 81);
+        ck_assert_int_eq(DLX(dlx_publish(c, "ro/vmm", t, &o, NULL)), 0);
+        reap(pid, "reader on a device that grants read-only access");
+        reap(pid2, "reader on a device that refuses it");
+        DLXV(dlx_close(c));
+        /* the other kinds: a read-only memfd faults, cuda-ipc is the driver's read-write map */
+        c = fx_connect(&fx, "ro-others");
+        host = owned_2d((DLDataType){kDLUInt, 8, 1}, 8, 8, 3);
+        ck_assert_ptr_nonnull(host);
+        ck_assert_int_eq(DLX(dlx_publish(c, "ro/cpu", host, NULL, NULL)), 0);
+        ck_assert_int_eq(DLX(dlx_acquire(c, "ro/cpu", NULL, &got)), 0);
+        ck_assert_int_eq(dlx_tensor_write_protected(got), 1);
+        got->deleter(got);
+        x = cuda_fake_malloc(IPC_SIZE);
+        publish_dev(c, "ro/ipc", x, IPC_LEN, 0, NULL);
+        ck_assert_int_eq(DLX(dlx_acquire(c, "ro/ipc", NULL, &got)), 0);
+        ck_assert_int_eq(dlx_tensor_write_protected(got), 0);
+        got->deleter(got);
+        ck_assert_int_eq(dlx_tensor_write_protected(NULL), -EINVAL);
+        DLXV(dlx_close(c));
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+}
+END_TEST
+
 /* DLX_CUDA_ONLY=<test name> runs one test, every row of a table test (for debugging). */
 static void add_loop(TCase *tc, const TTest *t, int rows)
 {
@@ -3311,6 +3377,7 @@ Suite *cuda_double_suite(void)
         add(tc, devices_by_uuid);
         add(tc, ipc_refused_across_pid_namespaces);
         add(tc, framework_memory);
+        add(tc, read_only_vmm_where_granted);
         suite_add_tcase(s, tc);
         return s;
 }

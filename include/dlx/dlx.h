@@ -279,6 +279,18 @@ int dlx_acquire(dlx_client *client, const char *name, const struct dlx_acquire_o
 int dlx_tensor_info(const DLManagedTensorVersioned *tensor, const char **ret_name,
                     uint64_t *ret_version, const char **ret_storage);
 
+/*
+ * Whether writing through a tensor dlx_acquire() returned (or an export of it)
+ * faults in this process: 1 when its mapping refuses writes (a read-only
+ * memfd, cuda-host or cuda-vmm tensor whose pages or device access are
+ * read-only), 0 when it is read-only by DLPACK_FLAG_BITMASK_READ_ONLY alone
+ * or writable: a cuda-ipc tensor (the driver maps IPC memory read-write), and
+ * a read-only cuda-vmm tensor on a device that refuses read-only access to
+ * VMM memory (libdlx then maps it read-write rather than fail). Returns 1, 0,
+ * or -EINVAL as dlx_tensor_info().
+ */
+int dlx_tensor_write_protected(const DLManagedTensorVersioned *tensor);
+
 /* ---- CUDA ordering ----------------------------------------------------------------------- */
 
 /*
