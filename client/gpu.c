@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cudadrv.h"
@@ -67,9 +68,11 @@ struct gpu_ipc {
         struct gpu_ipc *next_closing;
 };
 
+/* A producer's event opened here: by its handle and its producer's session (the daemon's). */
+#define EVENT_KEY (DLX_CUDA_HANDLE + sizeof(uint64_t))
 struct opened_event {
         struct avl_node node;
-        uint8_t key[DLX_CUDA_HANDLE];
+        uint8_t key[EVENT_KEY];
         CUevent ev;
 };
 
@@ -143,7 +146,7 @@ static int cmp_ipc(const void *key, const struct avl_node *n)
 
 static int cmp_event(const void *key, const struct avl_node *n)
 {
-        return cmp_key(key, avl_entry(n, struct opened_event, node)->key);
+        return memcmp(key, avl_entry(n, struct opened_event, node)->key, EVENT_KEY);
 }
 
 int dlx__gpu_device_ok(int device)
@@ -244,22 +247,53 @@ static void sweep_closing(const struct dlx_cuda_driver *cu)
         }
 }
 
-/* An event another process exported, opened once and kept. cache_lock held. */
-static int open_event(const struct dlx_cuda_driver *cu, const uint8_t key[DLX_CUDA_HANDLE],
-                      CUevent *ret)
+/*
+ * Opens an event another process exported (*ret_own false: the caller
+ * destroys it; a wait already enqueued on an event survives that), or finds
+ * one of ours (*ret_own true). cache_lock held.
+ */
+static int open_once(const struct dlx_cuda_driver *cu, const uint8_t handle[DLX_CUDA_HANDLE],
+                     CUevent *ret, bool *ret_own)
 {
-        struct avl_node *n = avl_find(&event_cache, key, cmp_event);
-        struct opened_event *o;
+        struct exported *x = export_find(handle);
         CUipcEventHandle h;
         CUresult r;
 
-        if (n) {
-                *ret = avl_entry(n, struct opened_event, node)->ev;
+        *ret_own = x && x->ev;
+        if (*ret_own) {
+                *ret = x->ev; /* our own event: wait on it directly */
                 return 0;
         }
-        struct exported *x = export_find(key);
-        if (x && x->ev) {
-                *ret = x->ev; /* our own event: wait on it directly */
+        memcpy(h.reserved, handle, DLX_CUDA_HANDLE);
+        r = cu->IpcOpenEventHandle(ret, h);
+        if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE)
+                /* what the driver says of a handle whose process has exited */
+                return dlx__fail(-ESRCH, "cuIpcOpenEventHandle: the event's process is gone");
+        if (r != CUDA_SUCCESS)
+                return dlx__cuda_fail(cu, r, "cuIpcOpenEventHandle");
+        return 0;
+}
+
+/*
+ * A producer's event, opened once per producer session and kept: the session
+ * (the daemon's number for the producer, never reused) keeps an event of a
+ * process that has gone from standing for another's with the same handle.
+ * cache_lock held.
+ */
+static int open_event(const struct dlx_cuda_driver *cu, const uint8_t handle[DLX_CUDA_HANDLE],
+                      uint64_t session, CUevent *ret)
+{
+        uint8_t key[EVENT_KEY];
+        struct avl_node *n;
+        struct opened_event *o;
+        bool own;
+        int err;
+
+        memcpy(key, handle, DLX_CUDA_HANDLE);
+        memcpy(key + DLX_CUDA_HANDLE, &session, sizeof(session));
+        n = avl_find(&event_cache, key, cmp_event);
+        if (n) {
+                *ret = avl_entry(n, struct opened_event, node)->ev;
                 return 0;
         }
         if (event_cache.count >= MAX_OPENED_EVENTS) {
@@ -272,18 +306,13 @@ static int open_event(const struct dlx_cuda_driver *cu, const uint8_t key[DLX_CU
         o = calloc(1, sizeof(*o));
         if (!o)
                 return dlx__fail(-ENOMEM, "out of memory");
-        memcpy(h.reserved, key, DLX_CUDA_HANDLE);
-        r = cu->IpcOpenEventHandle(&o->ev, h);
-        if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE) {
+        err = open_once(cu, handle, &o->ev, &own);
+        if (err < 0 || own) {
+                *ret = o->ev;
                 free(o);
-                /* what the driver says of a handle whose process has exited */
-                return dlx__fail(-ESRCH, "cuIpcOpenEventHandle: the event's process is gone");
+                return err;
         }
-        if (r != CUDA_SUCCESS) {
-                free(o);
-                return dlx__cuda_fail(cu, r, "cuIpcOpenEventHandle");
-        }
-        memcpy(o->key, key, DLX_CUDA_HANDLE);
+        memcpy(o->key, key, EVENT_KEY);
         avl_insert(&event_cache, &o->node, o->key, cmp_event);
         *ret = o->ev;
         return 0;
@@ -304,11 +333,14 @@ int dlx__gpu_wait_events(dlx_client *c, int device, void *stream,
         for (uint32_t i = 0; i < nevents && err == 0; i++) {
                 CUevent ev = NULL;
                 CUresult r;
+                bool own;
                 /*
                  * A reader that has exited cannot be waited for, and need not be:
-                 * its context, and the work queued in it, went with it.
+                 * its context, and the work queued in it, went with it. A reader's
+                 * event is opened for this wait alone: kept, it could outlive its
+                 * reader and stand for another process's later.
                  */
-                err = open_event(cu, events[i], &ev);
+                err = open_once(cu, events[i], &ev, &own);
                 if (err == -ESRCH) {
                         dlx__log(c, DLX_LOG_DEBUG, "a reader's release event is gone");
                         err = 0;
@@ -316,6 +348,8 @@ int dlx__gpu_wait_events(dlx_client *c, int device, void *stream,
                 }
                 if (err == 0 && (r = cu->StreamWaitEvent(stream, ev, 0)) != CUDA_SUCCESS)
                         err = dlx__cuda_fail(cu, r, "cuStreamWaitEvent");
+                if (ev && !own)
+                        cu->EventDestroy(ev);
         }
         pthread_mutex_unlock(&cache_lock);
         dlx__cuda_leave(cu);
@@ -782,7 +816,7 @@ int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, struct seg_map 
                 CUresult r;
                 /* never read before the producer's write: no event, no tensor (the daemon
                  * drops the event of a producer that has gone) */
-                err = open_event(cu, t->event, &ev);
+                err = open_event(cu, t->event, t->event_session, &ev);
                 if (err == 0 && (r = cu->StreamWaitEvent(stream, ev, 0)) != CUDA_SUCCESS)
                         err = dlx__cuda_fail(cu, r, "cuStreamWaitEvent");
                 if (err < 0) {
@@ -799,6 +833,7 @@ int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, struct seg_map 
         ret->also = NULL;
         ret->nalso = ret->cap = 0;
         ret->has_event = t->has_event;
+        ret->event_session = t->event_session;
         if (t->has_event)
                 memcpy(ret->event, t->event, DLX_CUDA_HANDLE);
         if (!host)
@@ -857,7 +892,7 @@ int dlx__gpu_sync(dlx_client *c, struct gpu_acq *acq, void *stream)
                 return err;
         pthread_mutex_lock(&cache_lock);
         if (acq->has_event) {
-                err = open_event(cu, acq->event, &ev);
+                err = open_event(cu, acq->event, acq->event_session, &ev);
                 if (err == -ESRCH) {
                         /* its producer has exited: no work of it is left to wait for */
                         err = 0;
@@ -869,6 +904,51 @@ int dlx__gpu_sync(dlx_client *c, struct gpu_acq *acq, void *stream)
         dlx__cuda_leave(cu);
         if (err == 0)
                 acq->also[acq->nalso++] = stream;
+        return err;
+}
+
+int dlx__gpu_wait_producer(struct gpu_acq *acq, int64_t timeout_ms)
+{
+        const struct timespec most = {0, 10 * 1000 * 1000};
+        const struct dlx_cuda_driver *cu;
+        struct timespec nap = {0, 50 * 1000};
+        int64_t deadline = timeout_ms < 0 ? -1 : dlx__now_ms() + timeout_ms;
+        CUresult r;
+        int err;
+
+        if (!acq->has_event)
+                return 0; /* written before publish returned: nothing to wait for */
+        err = dlx__gpu_enter(acq->device, &cu);
+        if (err < 0)
+                return err;
+        for (;;) {
+                CUevent ev = NULL;
+                pthread_mutex_lock(&cache_lock);
+                err = open_event(cu, acq->event, acq->event_session, &ev);
+                r = err == 0 ? cu->EventQuery(ev) : CUDA_SUCCESS;
+                pthread_mutex_unlock(&cache_lock);
+                if (err < 0 || r != CUDA_ERROR_NOT_READY)
+                        break;
+                if (deadline >= 0 && dlx__now_ms() >= deadline) {
+                        err = dlx__fail(-ETIMEDOUT,
+                                        "the producer's writes are not done after %lld ms",
+                                        (long long)timeout_ms);
+                        break;
+                }
+                nanosleep(&nap, NULL);
+                /* 50 us, doubling up to 10 ms: quick for short work, idle for long */
+                if (nap.tv_nsec < most.tv_nsec)
+                        nap.tv_nsec =
+                                nap.tv_nsec * 2 < most.tv_nsec ? nap.tv_nsec * 2 : most.tv_nsec;
+        }
+        if (err == 0 && r != CUDA_SUCCESS) {
+                err = r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_INVALID_VALUE
+                              ? dlx__fail(-ESRCH, "the producer's event is gone with its "
+                                                  "process: whether its writes were done is "
+                                                  "unknown")
+                              : dlx__cuda_fail(cu, r, "cuEventQuery");
+        }
+        dlx__cuda_leave(cu);
         return err;
 }
 

@@ -86,6 +86,8 @@ DLX_HIDDEN void dlx__gpu_released(dlx_client *c, struct gpu_pub *pub,
  */
 DLX_HIDDEN int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, struct seg_map *vmm,
                                 void *stream, struct gpu_acq *ret, void **ret_data);
+/* Waits on the host for the producer's writes (dlx_tensor_wait). */
+DLX_HIDDEN int dlx__gpu_wait_producer(struct gpu_acq *acq, int64_t timeout_ms);
 /* Makes stream wait for the producer's write too, and the release for stream's work. */
 DLX_HIDDEN int dlx__gpu_sync(dlx_client *c, struct gpu_acq *acq, void *stream);
 /* Records the consumer's release event into req (when it can) and drops the IPC reference. */
@@ -180,6 +182,11 @@ static inline int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, s
 {
         (void)c, (void)t, (void)vmm, (void)stream, (void)ret, (void)ret_data;
         return no_cuda("libdlx was built without CUDA");
+}
+static inline int dlx__gpu_wait_producer(struct gpu_acq *acq, int64_t timeout_ms)
+{
+        (void)acq, (void)timeout_ms;
+        return 0; /* nothing acquired here is on a GPU */
 }
 static inline int dlx__gpu_sync(dlx_client *c, struct gpu_acq *acq, void *stream)
 {

@@ -111,6 +111,7 @@ struct gpu_acq {
         unsigned nalso, cap;
         bool has_event; /* the producer's event, for those streams to wait on */
         uint8_t event[DLX_CUDA_HANDLE];
+        uint64_t event_session; /* its producer's session: with the handle, the cache key */
 };
 
 /* A tensor this client published zero-copy, kept until the daemon says RELEASED. */

@@ -249,6 +249,17 @@ int dlx_tensor_write_protected(const DLManagedTensorVersioned *t)
         return a->write_protected ? 1 : 0;
 }
 
+int dlx_tensor_wait(const DLManagedTensorVersioned *t, int64_t timeout_ms)
+{
+        struct acquired *a = (struct acquired *)acquired_of(t);
+
+        if (!a)
+                return dlx__fail(-EINVAL, "not a tensor from dlx_acquire()");
+        if (!a->has_gpu)
+                return 0; /* host memory: every write was done before publish returned */
+        return dlx__gpu_wait_producer(&a->gpu, timeout_ms);
+}
+
 int dlx_tensor_sync(DLManagedTensorVersioned *t, void *stream)
 {
         struct acquired *a = acquired_of(t);

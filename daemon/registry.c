@@ -158,6 +158,7 @@ void version_describe(const struct version *v, struct wire_tensor *t)
         if (v->has_device_uuid)
                 memcpy(t->device_uuid, v->device_uuid, DLX_CUDA_UUID);
         t->pid_namespace = v->pid_namespace;
+        t->event_session = v->has_event && v->producer ? v->producer->id : 0;
 }
 
 static void entry_info(const struct entry *e, struct wire_info *info)

@@ -234,6 +234,7 @@ static int tensor_to_pb(const struct wire_tensor *src, struct tensor_pb *pb)
         pb->t.event = give_handle(src->event, src->has_event);
         pb->t.device_uuid = give_fixed(src->device_uuid, DLX_CUDA_UUID, src->has_device_uuid);
         pb->t.pid_namespace = src->pid_namespace;
+        pb->t.event_session = src->event_session;
         return 0;
 }
 
@@ -303,6 +304,7 @@ static int tensor_from_pb(const Dlxp__Tensor *src, struct wire_tensor *dst, char
             0)
                 return fail(why, whysz, -EINVAL, "a device UUID must be %d bytes", DLX_CUDA_UUID);
         dst->pid_namespace = src->pid_namespace;
+        dst->event_session = src->event_session;
         return 0;
 }
 

@@ -79,6 +79,7 @@ struct wire_tensor {
         uint8_t event[DLX_CUDA_HANDLE];
         uint8_t device_uuid[DLX_CUDA_UUID];
         uint64_t pid_namespace;
+        uint64_t event_session;
 };
 
 struct wire_info {

@@ -3329,6 +3329,71 @@ START_TEST(read_only_vmm_where_granted)
 }
 END_TEST
 
+/* A producer killed with its writes unfinished: the consumer's bounded way out. */
+
+static int killed_producer(void *arg)
+{
+        struct chan *ch = arg;
+        dlx_client *c;
+        CUdeviceptr x;
+        uint64_t go;
+        size_t start;
+        int err;
+
+        c = child_start(ch, false, "killed-producer", P_STREAM);
+        CHECK(c, "start");
+        x = cuda_fake_malloc(IPC_SIZE);
+        CHECK(x, "malloc");
+        start = log_now();
+        err = DLX(dlx_publish(c, "kill/t", dev_tensor(kDLCUDA, x, IPC_LEN, 0, x), NULL, NULL));
+        CHECK(err == 0, "publish: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(c_tell(ch, recorded_event(getpid(), P_STREAM, start, 0)) == 0, "tell");
+        c_hear(ch, &go); /* killed here */
+        return 1;
+}
+
+START_TEST(consumer_way_out_of_a_killed_producer)
+{
+        DLManagedTensorVersioned *t, *cpu;
+        struct chan ch;
+        dlx_client *c;
+        uint64_t ev;
+        pid_t pid;
+        int err;
+
+        pid = spawn_on(&ch, killed_producer, &ch);
+        ev = hear(&ch);
+        ck_assert(ev != 0);
+        /* the kernel writing it is still running */
+        ck_assert_int_eq(cuda_fake_event_hold(ev, true), 0);
+        c = fx_connect(&fx, "waiting-consumer");
+        ck_assert_int_eq(DLX(dlx_acquire(c, "kill/t", NULL, &t)), 0);
+        err = DLX(dlx_tensor_wait(t, 0));
+        ck_assert_msg(err == -ETIMEDOUT, "a poll of unfinished writes: %s", dlx_strerror(err));
+        /* the producer dies with its work unfinished: its event never completes here */
+        kill(pid, SIGKILL);
+        ck_assert_int_eq(fx_wait(pid), 128 + SIGKILL);
+        err = DLX(dlx_tensor_wait(t, 50));
+        ck_assert_msg(err == -ETIMEDOUT && strstr(dlx_last_error(), "not done"),
+                      "a bounded wait on a killed producer's writes: %s (%s)", dlx_strerror(err),
+                      dlx_last_error());
+        /* done after all (the driver finished the work): the wait says so */
+        ck_assert_int_eq(cuda_fake_event_hold(ev, false), 0);
+        ck_assert_int_eq(DLX(dlx_tensor_wait(t, -1)), 0);
+        DLXV(t->deleter(t));
+        /* CPU tensors have nothing to wait for */
+        cpu = owned_2d((DLDataType){kDLUInt, 8, 1}, 4, 4, 1);
+        ck_assert_int_eq(DLX(dlx_publish(c, "kill/cpu", cpu, NULL, NULL)), 0);
+        ck_assert_int_eq(DLX(dlx_acquire(c, "kill/cpu", NULL, &t)), 0);
+        ck_assert_int_eq(dlx_tensor_wait(t, 0), 0);
+        t->deleter(t);
+        ck_assert_int_eq(dlx_tensor_wait(NULL, 0), -EINVAL);
+        DLXV(dlx_close(c));
+        ck_assert_int_eq(ctx_bad, 0);
+        chan_close(&ch);
+}
+END_TEST
+
 /* DLX_CUDA_ONLY=<test name> runs one test, every row of a table test (for debugging). */
 static void add_loop(TCase *tc, const TTest *t, int rows)
 {
@@ -3378,6 +3443,7 @@ Suite *cuda_double_suite(void)
         add(tc, ipc_refused_across_pid_namespaces);
         add(tc, framework_memory);
         add(tc, read_only_vmm_where_granted);
+        add(tc, consumer_way_out_of_a_killed_producer);
         suite_add_tcase(s, tc);
         return s;
 }

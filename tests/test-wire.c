@@ -48,6 +48,7 @@ static void make_tensor(struct wire_tensor *t, const char *name, int32_t ndim)
         for (int i = 0; i < DLX_CUDA_UUID; i++)
                 t->device_uuid[i] = (uint8_t)(0xf0 + i);
         t->pid_namespace = UINT64_MAX - 5;
+        t->event_session = UINT64_MAX - 9;
 }
 
 static void expect_tensor_eq(const struct wire_tensor *a, const struct wire_tensor *b)
@@ -77,6 +78,7 @@ static void expect_tensor_eq(const struct wire_tensor *a, const struct wire_tens
         ck_assert(!a->has_event || !memcmp(a->event, b->event, DLX_CUDA_HANDLE));
         ck_assert(!a->has_device_uuid || !memcmp(a->device_uuid, b->device_uuid, DLX_CUDA_UUID));
         ck_assert_uint_eq(a->pid_namespace, b->pid_namespace);
+        ck_assert_uint_eq(a->event_session, b->event_session);
 }
 
 static void make_info(struct wire_info *info, const char *name, int32_t ndim, uint32_t salt)

@@ -309,6 +309,22 @@ int dlx_tensor_write_protected(const DLManagedTensorVersioned *tensor);
 int dlx_tensor_sync(DLManagedTensorVersioned *tensor, void *stream);
 
 /*
+ * Waits on the host, at most timeout_ms (< 0: no limit, 0: only looks), until
+ * the producer's writes that a tensor dlx_acquire() returned (or an export of
+ * it) was published after are done: what acquire made its stream wait for on
+ * the GPU. The bounded way out for a consumer that must not queue work behind
+ * a wait that may not end: a producer killed with work unfinished can leave
+ * its event incomplete (what a driver then does with waits on it is its own;
+ * the README's GPU section says what is known). Polls, from 50 us up to every
+ * 10 ms. CPU tensors, and versions whose writes were done when they were
+ * published (persistent ones), return 0 at once. Needs no daemon. Returns 0,
+ * -ETIMEDOUT, -ESRCH (the producer's event is gone with its process: whether
+ * its writes were done is unknown), -EINVAL (not an acquired tensor) or a
+ * CUDA failure (-ENODEV, -EIO).
+ */
+int dlx_tensor_wait(const DLManagedTensorVersioned *tensor, int64_t timeout_ms);
+
+/*
  * The CUDA stream (a CUstream, borrowed) this client orders on for device_id
  * when publish or acquire options name none; NULL (the default) is the legacy
  * default stream. libdlx's exchange API reports it as current_work_stream.
