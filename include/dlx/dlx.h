@@ -125,6 +125,10 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
  * holds for a client given up on a silent daemon (-ETIMEDOUT), whose close
  * is not confirmed: its live tensors keep the connection, and their leases.
  *
+ * CUDA: first waits on the host for the GPU work each version this client still
+ * holds was published after (its stream's, at publish), so that a reader's
+ * lease or a persistent version never outlives the producer's writes.
+ *
  * In a process forked from the one that connected, dlx_close() only closes
  * this process's copies of the client's descriptors: the connection and its
  * leases are the parent's. NULL-safe.
@@ -159,6 +163,25 @@ struct dlx_publish_options {
  * Publishes tensor under name as a new version (the first is 1). opts may be NULL
  * (defaults: not persistent, read-only, DLX_COPY_IF_NEEDED).
  *
+ * CUDA (kDLCUDA, and kDLCUDAHost: pinned memory a GPU may write). Readers are
+ * ordered after the work queued on the stream (opts->stream, else
+ * dlx_set_stream()'s; NULL is the legacy default stream of the device's
+ * primary context) by an interprocess event recorded on it, in the stream's
+ * own context. Publish does not wait for that work, with three exceptions
+ * that wait on the host instead (cuStreamSynchronize on that stream, never a
+ * device-wide sync): a persistent version, whose writes are done before it
+ * is published so that it needs no event (legacy IPC events open only in the
+ * producer's PID namespace, and a persistent version may be read from
+ * anywhere, after the producer has gone); a copy of kDLCUDAHost memory; and a
+ * process past its 1024 interprocess events (libdlx's bound; drivers fail
+ * somewhere above some tens of thousands), until versions are released. Device
+ * memory travels as a cuda-vmm segment when it came from dlx_alloc() or is a
+ * framework's VMM allocation made shareable as a POSIX fd (exported; the
+ * tensor must lie within one mapping), else by its legacy IPC handle
+ * (cuda-ipc: cudaMalloc memory, which cannot persist). Devices travel by UUID,
+ * so a consumer that numbers its GPUs otherwise (CUDA_VISIBLE_DEVICES) gets
+ * the right one, as its own ordinal.
+ *
  * Takes ownership of tensor on every path. A tensor whose bytes lie in memory
  * dlx_alloc() gave this client (the allocated tensor itself, or any view of it
  * with its own deleter, such as a framework's re-export) is shared as is, and
@@ -172,8 +195,14 @@ struct dlx_publish_options {
  *             "." or ".." component), bad dtype, ndim over 32, negative shape
  *   -EACCES   the name is owned by another user
  *   -EXDEV    DLX_COPY_NEVER and the memory did not come from dlx_alloc()
- *   -ENOTSUP  a device dlx cannot share (kDLCPU, kDLCUDAHost and kDLCUDA are), or
- *             DLX_COPY_ALWAYS for a CUDA tensor
+ *   -ENOTSUP  a device dlx cannot share (kDLCPU, kDLCUDAHost and kDLCUDA are),
+ *             DLX_COPY_ALWAYS for a CUDA tensor, or CUDA memory that cannot be
+ *             shared, the message naming which: managed memory, a stream-ordered
+ *             pool's (cudaMallocAsync), a VMM allocation made without a POSIX-fd
+ *             handle type (PyTorch's expandable segments), a tensor across two
+ *             VMM mappings
+ *   -EINVAL   also: a CUDA tensor whose data is not device memory, or a stream
+ *             that is not a live CUDA stream
  *   -ENODEV   a CUDA tensor and no CUDA driver (or device), or a process
  *             forked from one that used CUDA (CUDA does not survive fork())
  *   -ENOSPC   the daemon's shared-bytes limit is reached
@@ -262,8 +291,17 @@ struct dlx_acquire_options {
  *   -ETIMEDOUT  waited timeout_ms for it
  *   -EINVAL     bad name
  *   -EAGAIN     too many acquires of this client waiting at once
- *   -ENODEV     a CUDA tensor and no CUDA driver (or device)
- *   -ESRCH      a CUDA tensor whose producer has exited but is still listed (retry)
+ *   -ENODEV     a CUDA tensor and no CUDA driver (or device), or on a GPU this
+ *               process does not see (the message names its UUID)
+ *   -ESRCH      a CUDA tensor whose producer has exited but is still listed, or
+ *               whose IPC allocation it freed (retry)
+ *   -EXDEV      a CUDA tensor that cannot cross PID namespaces (a container not
+ *               sharing the producer's): a cuda-ipc one, or one ordered by a
+ *               legacy IPC event; a persistent dlx_alloc() tensor can
+ *
+ * CUDA tensors: the stream (opts->stream, else dlx_set_stream()'s) waits on
+ * the GPU for the producer's event; acquire itself does not wait. The
+ * tensor's device_id is this process's ordinal of the producer's GPU.
  */
 int dlx_acquire(dlx_client *client, const char *name, const struct dlx_acquire_options *opts,
                 DLManagedTensorVersioned **ret_tensor);
@@ -300,11 +338,15 @@ int dlx_tensor_write_protected(const DLManagedTensorVersioned *tensor);
  * __dlpack__(stream=) asks: stream waits, on the GPU, for the producer's write,
  * and the tensor's release waits for the work queued on stream before it (the
  * release is recorded on acquire's stream, which then waits for stream). No host
- * wait. The stream must stay valid until the tensor is released, and 0x2 then
- * means the releasing thread's stream. acquire's own stream, or one given
- * before, is a no-op; CPU tensors need nothing. Returns 0, -EINVAL (not an
- * acquired tensor), -ENOSPC (more than 64 streams besides acquire's), -ENOMEM
- * or a CUDA failure (-ENODEV, -EIO).
+ * wait. stream may be of any context and any device (the events are made in
+ * each stream's own context). The stream must stay valid until the tensor is
+ * released, and 0x2 then means the releasing thread's stream; one that can
+ * no longer be joined on the GPU then is waited for on the host, as is
+ * acquire's own stream when no release event can be recorded: a fence is
+ * never dropped. acquire's own stream, or one given before, is a no-op; CPU
+ * tensors need nothing. Returns 0, -EINVAL (not an acquired tensor, or not a
+ * live CUDA stream), -ENOSPC (more than 64 streams besides acquire's),
+ * -ENOMEM or a CUDA failure (-ENODEV, -EIO).
  */
 int dlx_tensor_sync(DLManagedTensorVersioned *tensor, void *stream);
 
