@@ -36,6 +36,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -3394,6 +3395,1705 @@ START_TEST(consumer_way_out_of_a_killed_producer)
 }
 END_TEST
 
+/* =============================================================================================
+ * reader13: a second reader's attacks on the CUDA promises (dlx.h, README "GPU tensors
+ * (CUDA)", issue 13), written from the promises alone. Each test names the promise it
+ * checks; a failure here is a break of that promise, not of an implementation detail.
+ */
+
+#define D1B_STREAM ((CUstream)(uintptr_t)0xd1b0) /* device 1, primary context: a consumer's */
+#define BOGUS_STREAM ((CUstream)(uintptr_t)0xdead0)
+
+/* The first event recorded by pid at or after from, and the stream it was recorded on. */
+static uint64_t any_record(pid_t pid, size_t from, uint64_t *ret_stream)
+{
+        struct cuda_fake_entry e;
+        long i = QFIND(.op = CUDA_FAKE_EVENT_RECORD, .pid = pid, .from = from);
+
+        if (!log_at(i, &e))
+                return 0;
+        if (ret_stream)
+                *ret_stream = e.stream;
+        return e.event;
+}
+
+/* Waits (StreamWaitEvent) by pid on stream at or after from. */
+static int waits_on(pid_t pid, CUstream stream, size_t from)
+{
+        return QCOUNT(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = pid, .by_stream = true,
+                      .stream = S(stream), .from = from);
+}
+
+/* 1 when a write to p faults (tried in a grandchild, rewriting the byte there), else 0. */
+static int write_faults(void *p)
+{
+        pid_t g = fork();
+        int st;
+
+        if (g < 0)
+                return -1;
+        if (g == 0) {
+                struct rlimit no_core = {0, 0};
+                volatile uint8_t *b = p;
+
+                setrlimit(RLIMIT_CORE, &no_core);
+                signal(SIGSEGV, SIG_DFL);
+                signal(SIGBUS, SIG_DFL);
+                *b = *b;
+                _exit(0);
+        }
+        st = fx_wait(g);
+        if (st == 128 + SIGSEGV || st == 128 + SIGBUS)
+                return 1;
+        return st == 0 ? 0 : -1;
+}
+
+/*
+ * dlx_publish: "opts->stream, else dlx_set_stream()'s; NULL is the legacy default stream of
+ * the device's primary context"; dlx_set_stream: "The CUDA stream ... this client orders on
+ * for device_id". A client that set a stream for device 0 only publishes a device-1 tensor:
+ * it must not be ordered on device 0's stream. Likewise a consumer with a stream per device
+ * waits on the tensor's device's, and dlx_wait_released(NULL) uses "the current stream of
+ * the tensor's device".
+ */
+START_TEST(attack_default_stream_is_per_device)
+{
+        DLManagedTensorVersioned *t;
+        dlx_client *p, *q;
+        CUdeviceptr x1;
+        size_t start, mark;
+        uint64_t ev, st = 99;
+        pid_t me = getpid();
+        int err;
+
+        two_devices_and_own_context();
+        ck_assert_int_eq(cuda_fake_stream_bind(D1B_STREAM, cuda_fake_ctx(1)), 0);
+        p = fx_connect(&fx, "per-device-producer");
+        q = fx_connect(&fx, "per-device-consumer");
+        ck_assert_int_eq(DLX(dlx_set_stream(p, 0, P_STREAM)), 0);
+        ck_assert_int_eq(DLX(dlx_set_stream(q, 0, C_STREAM)), 0);
+        ck_assert_int_eq(DLX(dlx_set_stream(q, 1, D1B_STREAM)), 0);
+        push_own_context(1);
+        x1 = cuda_fake_malloc(IPC_SIZE);
+        pop_own_context();
+        ck_assert(x1);
+        t = dev_tensor(kDLCUDA, x1, IPC_LEN, 0, 0);
+        t->dl_tensor.device.device_id = 1;
+        start = log_now();
+        err = DLX(dlx_publish(p, "pd/t", t, NULL, NULL));
+        ck_assert_msg(err == 0, "publish: %s (%s)", dlx_strerror(err), dlx_last_error());
+        ev = any_record(me, start, &st);
+        ck_assert_msg(ev != 0, "no event recorded for a device-1 publish");
+        ck_assert_msg(st == 0 || st == 1,
+                      "a device-1 tensor, no stream set for device 1: its event was recorded on "
+                      "stream %#llx, not device 1's legacy default stream",
+                      (unsigned long long)st);
+
+        mark = log_now();
+        err = DLX(dlx_acquire(q, "pd/t", NULL, &t));
+        ck_assert_msg(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
+        ck_assert_int_eq(t->dl_tensor.device.device_id, 1);
+        ck_assert_msg(waits_on(me, C_STREAM, mark) == 0,
+                      "a device-1 tensor was ordered on the consumer's device-0 stream");
+        ck_assert_msg(cuda_fake_waited(D1B_STREAM, ev),
+                      "the consumer's device-1 stream did not wait for the producer's event");
+        DLXV(t->deleter(t));
+        ck_assert_int_eq(DLX(dlx_unpublish(p, "pd/t")), 0);
+        mark = log_now();
+        err = DLX(dlx_wait_released(p, "pd/t", 1, NULL, TIMEOUT_MS));
+        ck_assert_msg(err == 0, "wait_released: %s (%s)", dlx_strerror(err), dlx_last_error());
+        ck_assert_msg(waits_on(me, P_STREAM, mark) == 0,
+                      "dlx_wait_released(NULL) of a device-1 version waited on device 0's stream");
+        DLXV(dlx_close(q));
+        DLXV(dlx_close(p));
+        ck_assert_int_eq(cuda_fake_free(x1), CUDA_SUCCESS);
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/*
+ * dlx_tensor_sync: "NULL and 0x1 are the legacy default stream, 0x2 the per-thread one" ...
+ * "acquire's own stream, or one given before, is a no-op". A consumer with no stream set
+ * acquires on the legacy default stream: syncing with NULL or 0x1 adds no wait.
+ */
+START_TEST(attack_sync_legacy_aliases)
+{
+        DLManagedTensorVersioned *t;
+        dlx_client *p, *q;
+        CUdeviceptr x;
+        size_t mark;
+        uint64_t ev;
+        pid_t me = getpid();
+        int err, n;
+
+        x = cuda_fake_malloc(IPC_SIZE);
+        ck_assert(x);
+        p = fx_connect(&fx, "alias-producer");
+        q = fx_connect(&fx, "alias-consumer");
+        ck_assert_int_eq(DLX(dlx_set_stream(p, 0, P_STREAM)), 0);
+        mark = log_now();
+        publish_dev(p, "alias/t", x, IPC_LEN, 0, NULL);
+        ev = recorded_event(me, P_STREAM, mark, 0);
+        ck_assert(ev);
+        err = DLX(dlx_acquire(q, "alias/t", NULL, &t));
+        ck_assert_msg(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
+        mark = log_now();
+        err = DLX(dlx_tensor_sync(t, NULL));
+        ck_assert_msg(err == 0, "sync NULL: %s (%s)", dlx_strerror(err), dlx_last_error());
+        err = DLX(dlx_tensor_sync(t, CU_STREAM_LEGACY));
+        ck_assert_msg(err == 0, "sync 0x1: %s (%s)", dlx_strerror(err), dlx_last_error());
+        n = QCOUNT(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = me, .from = mark);
+        ck_assert_msg(n == 0,
+                      "syncing with acquire's own stream (the legacy default, as NULL or 0x1) "
+                      "queued %d more waits: not a no-op",
+                      n);
+        mark = log_now();
+        err = DLX(dlx_tensor_sync(t, CU_STREAM_PER_THREAD));
+        ck_assert_msg(err == 0, "sync 0x2: %s (%s)", dlx_strerror(err), dlx_last_error());
+        ck_assert_msg(cuda_fake_waited(CU_STREAM_PER_THREAD, ev),
+                      "the per-thread stream did not wait for the producer");
+        mark = log_now();
+        DLXV(t->deleter(t));
+        ck_assert_msg(recorded_event(me, CU_STREAM_PER_THREAD, mark, 0) != 0,
+                      "the release did not record the per-thread stream's work");
+        unpublish_wait(p, "alias/t", 1);
+        DLXV(dlx_close(q));
+        DLXV(dlx_close(p));
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/*
+ * dlx_tensor_sync: "stream may be of any context and any device (the events are made in each
+ * stream's own context)" and "No host wait". Acquired on a primary-context stream, used on a
+ * stream of the user's own context: the release is joined on the GPU.
+ */
+START_TEST(attack_sync_stream_of_own_context)
+{
+        DLManagedTensorVersioned *t;
+        dlx_client *p, *q;
+        CUdeviceptr x;
+        size_t mark;
+        uint64_t ev, rel;
+        pid_t me = getpid();
+        int err;
+
+        two_devices_and_own_context();
+        x = cuda_fake_malloc(IPC_SIZE);
+        ck_assert(x);
+        p = fx_connect(&fx, "ownctx-producer");
+        q = fx_connect(&fx, "ownctx-consumer");
+        ck_assert_int_eq(DLX(dlx_set_stream(p, 0, P_STREAM)), 0);
+        ck_assert_int_eq(DLX(dlx_set_stream(q, 0, C_STREAM)), 0);
+        publish_dev(p, "ownctx/t", x, IPC_LEN, 0, NULL);
+        err = DLX(dlx_acquire(q, "ownctx/t", NULL, &t));
+        ck_assert_msg(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
+        push_own_context(1); /* whatever the caller has current */
+        err = DLX(dlx_tensor_sync(t, X_STREAM));
+        pop_own_context();
+        ck_assert_msg(err == 0, "sync with a stream of a non-primary context: %s (%s)",
+                      dlx_strerror(err), dlx_last_error());
+        mark = log_now();
+        DLXV(t->deleter(t));
+        ev = recorded_event(me, X_STREAM, mark, 0);
+        ck_assert_msg(ev != 0, "nothing recorded on the non-primary stream at release");
+        ck_assert_msg(QFIND(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = me, .event = ev,
+                            .by_stream = true, .stream = S(C_STREAM), .from = mark) >= 0,
+                      "the acquire stream did not wait for the non-primary stream's work");
+        rel = recorded_event(me, C_STREAM, mark, 0);
+        ck_assert_msg(rel != 0, "no release event on the acquire stream");
+        ck_assert_msg(QCOUNT(.op = CUDA_FAKE_STREAM_SYNCHRONIZE, .pid = me, .from = mark) == 0,
+                      "a host wait where the GPU could wait");
+        unpublish_wait(p, "ownctx/t", 1);
+        DLXV(dlx_close(q));
+        DLXV(dlx_close(p));
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/*
+ * Streams that are not streams. dlx_publish: "-EINVAL also: ... a stream that is not a live
+ * CUDA stream"; header: "Invalid arguments return -EINVAL"; issue 1: "never lose a fence
+ * silently". An acquire or a dlx_wait_released given a bogus stream must fail, not succeed
+ * with no wait queued.
+ */
+START_TEST(attack_bogus_streams)
+{
+        struct dlx_publish_options bad = {.stream = BOGUS_STREAM};
+        struct dlx_acquire_options abad = {.stream = BOGUS_STREAM};
+        DLManagedTensorVersioned *t = NULL;
+        struct dlx_info info;
+        dlx_client *p, *q;
+        CUdeviceptr x;
+        size_t mark;
+        pid_t me = getpid();
+        int err;
+
+        x = cuda_fake_malloc(IPC_SIZE);
+        ck_assert(x);
+        p = fx_connect(&fx, "bogus-producer");
+        q = fx_connect(&fx, "bogus-consumer");
+        err = DLX(dlx_publish(p, "bogus/t", dev_tensor(kDLCUDA, x, IPC_LEN, 0, 0), &bad, NULL));
+        ck_assert_msg(err == -EINVAL, "publish on a bogus stream: %s (%s)", dlx_strerror(err),
+                      dlx_last_error());
+        ck_assert_int_eq(runs(0), 1);
+        ck_assert_int_eq(DLX(dlx_stat(p, "bogus/t", &info)), -ENOENT);
+
+        ck_assert_int_eq(DLX(dlx_set_stream(p, 0, P_STREAM)), 0);
+        publish_dev(p, "bogus/t", x, IPC_LEN, 1, NULL);
+        mark = log_now();
+        err = DLX(dlx_acquire(q, "bogus/t", &abad, &t));
+        ck_assert_msg(err == -EINVAL,
+                      "acquire with a bogus stream: %s (%s); %d waits queued for it",
+                      dlx_strerror(err), dlx_last_error(), waits_on(me, BOGUS_STREAM, mark));
+        ck_assert_ptr_null(t);
+        ck_assert_msg(fx_wait_leases(q, 0, 2000) == 0, "the failed acquire kept its lease");
+
+        /* a reader, released; then waiting for it on a bogus stream */
+        err = DLX(dlx_acquire(q, "bogus/t", NULL, &t));
+        ck_assert_msg(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
+        DLXV(t->deleter(t));
+        ck_assert_int_eq(DLX(dlx_unpublish(p, "bogus/t")), 0);
+        ck_assert_int_eq(DLX(dlx_wait_released(p, "bogus/t", 1, NULL, TIMEOUT_MS)), 0);
+        mark = log_now();
+        err = DLX(dlx_wait_released(p, "bogus/t", 1, BOGUS_STREAM, TIMEOUT_MS));
+        ck_assert_msg(err == -EINVAL,
+                      "dlx_wait_released on a bogus stream: %s (%s); the reader's fence was "
+                      "queued on it %d times",
+                      dlx_strerror(err), dlx_last_error(), waits_on(me, BOGUS_STREAM, mark));
+        DLXV(dlx_close(q));
+        DLXV(dlx_close(p));
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/*
+ * dlx_tensor_sync: "one that can no longer be joined on the GPU then is waited for on the
+ * host, as is acquire's own stream when no release event can be recorded: a fence is never
+ * dropped". The release's first, then its second EventRecord fails: some host wait follows.
+ */
+START_TEST(attack_release_record_fails)
+{
+        DLManagedTensorVersioned *t;
+        dlx_client *p, *q;
+        CUdeviceptr x;
+        size_t mark;
+        pid_t me = getpid();
+        int err;
+
+        two_devices_and_own_context();
+        x = cuda_fake_malloc(IPC_SIZE);
+        ck_assert(x);
+        p = fx_connect(&fx, "recfail-producer");
+        q = fx_connect(&fx, "recfail-consumer");
+        ck_assert_int_eq(DLX(dlx_set_stream(p, 0, P_STREAM)), 0);
+        ck_assert_int_eq(DLX(dlx_set_stream(q, 0, C_STREAM)), 0);
+        publish_dev(p, "recfail/t", x, IPC_LEN, 0, NULL);
+        for (unsigned skip = 0; skip < 2; skip++) {
+                int records, syncs;
+
+                err = DLX(dlx_acquire(q, "recfail/t", NULL, &t));
+                ck_assert_msg(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
+                err = DLX(dlx_tensor_sync(t, D1_STREAM));
+                ck_assert_msg(err == 0, "sync: %s (%s)", dlx_strerror(err), dlx_last_error());
+                mark = log_now();
+                cuda_fake_fail_after(CUDA_FAKE_EVENT_RECORD, skip, CUDA_ERROR_LAUNCH_FAILED);
+                DLXV(t->deleter(t));
+                cuda_fake_fail_next(CUDA_FAKE_EVENT_RECORD, CUDA_SUCCESS);
+                records = QCOUNT(.op = CUDA_FAKE_EVENT_RECORD, .pid = me, .from = mark);
+                syncs = QCOUNT(.op = CUDA_FAKE_STREAM_SYNCHRONIZE, .pid = me, .from = mark) +
+                        QCOUNT(.op = CUDA_FAKE_EVENT_SYNCHRONIZE, .pid = me, .from = mark);
+                ck_assert_msg(syncs >= 1,
+                              "release with EventRecord #%u failing: %d records went through "
+                              "and nothing was waited for on the host: a fence dropped",
+                              skip + 1, records);
+        }
+        unpublish_wait(p, "recfail/t", 1);
+        DLXV(dlx_close(q));
+        DLXV(dlx_close(p));
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/*
+ * dlx_tensor_write_protected: "Whether writing through a tensor dlx_acquire() returned ...
+ * faults in this process: 1 when its mapping refuses writes (a read-only memfd, cuda-host or
+ * cuda-vmm tensor ...), 0 when it is read-only by DLPACK_FLAG_BITMASK_READ_ONLY alone or
+ * writable". For every storage kind, read-only and writable, in another process and in the
+ * producer's own: the answer is what a write really does.
+ */
+static const struct wp_case {
+        const char *name;
+        int expect; /* in another process; -1: only that it tells the truth */
+} wp_cases[] = {
+        {"wp/cpu-ro", 1},  {"wp/cpu-rw", 0}, {"wp/cpu-copy", 1}, {"wp/host-ro", 1},
+        {"wp/host-rw", 0}, {"wp/vmm-ro", 1}, {"wp/vmm-rw", 0},   {"wp/ipc", 0},
+};
+
+/* 0 when every case tells the truth (and, with strict, the value dlx.h gives), else 1. */
+static int wp_check_all(dlx_client *c, bool strict, const char *who)
+{
+        int bad = 0;
+
+        for (size_t i = 0; i < N_ELEMS(wp_cases); i++) {
+                DLManagedTensorVersioned *t = NULL;
+                int err = DLX(dlx_acquire(c, wp_cases[i].name, NULL, &t)), wp, faults;
+
+                if (err < 0) {
+                        fprintf(stderr, "%s: acquire %s: %s (%s)\n", who, wp_cases[i].name,
+                                dlx_strerror(err), dlx_last_error());
+                        bad = 1;
+                        continue;
+                }
+                wp = dlx_tensor_write_protected(t);
+                faults = write_faults((uint8_t *)t->dl_tensor.data + t->dl_tensor.byte_offset);
+                if (wp != faults ||
+                    (strict && wp_cases[i].expect >= 0 && wp != wp_cases[i].expect)) {
+                        fprintf(stderr,
+                                "%s: %s (%s, %s): dlx_tensor_write_protected says %d, a write "
+                                "%s%s\n",
+                                who, wp_cases[i].name, storage_of(t),
+                                t->flags & DLPACK_FLAG_BITMASK_READ_ONLY ? "READ_ONLY" : "writable",
+                                wp,
+                                faults == 1   ? "faults"
+                                : faults == 0 ? "does not fault"
+                                              : "?",
+                                strict ? "" : " (the producer's own process)");
+                        bad = 1;
+                }
+                DLXV(t->deleter(t));
+        }
+        return bad;
+}
+
+static int wp_consumer(void *arg)
+{
+        struct chan *ch = arg;
+        dlx_client *c;
+        uint64_t go;
+        int bad;
+
+        c = child_start(ch, true, "wp-consumer", C_STREAM);
+        CHECK(c, "start");
+        bad = wp_check_all(c, true, "another process");
+        CHECK(c_tell(ch, 1) == 0 && c_hear(ch, &go) == 0, "no end");
+        DLXV(dlx_close(c));
+        CHECK(bad == 0, "dlx_tensor_write_protected is not what a write does (above)");
+        return child_done("wp consumer", true);
+}
+
+START_TEST(attack_write_protected_tells_the_truth)
+{
+        static const struct {
+                const char *name;
+                DLDeviceType type;
+                bool writable;
+        } allocs[] = {
+                {"wp/cpu-ro", kDLCPU, false},       {"wp/cpu-rw", kDLCPU, true},
+                {"wp/host-ro", kDLCUDAHost, false}, {"wp/host-rw", kDLCUDAHost, true},
+                {"wp/vmm-ro", kDLCUDA, false},      {"wp/vmm-rw", kDLCUDA, true},
+        };
+        struct chan ch;
+        dlx_client *p, *p2, *q;
+        CUdeviceptr x;
+        pid_t pid;
+        int bad;
+
+        pid = spawn_on(&ch, wp_consumer, &ch);
+        p = fx_connect(&fx, "wp-producer");
+        /* writable versions from a client of their own: segments are sealed per client */
+        p2 = fx_connect(&fx, "wp-producer-rw");
+        ck_assert_int_eq(DLX(dlx_set_stream(p, 0, P_STREAM)), 0);
+        for (size_t i = 0; i < N_ELEMS(allocs); i++) {
+                struct dlx_publish_options o = {.copy = DLX_COPY_NEVER,
+                                                .writable = allocs[i].writable};
+                dlx_client *by = allocs[i].writable ? p2 : p;
+                DLManagedTensorVersioned *t = alloc_on(by, allocs[i].type, VMM_LEN);
+                int err;
+
+                ck_assert_ptr_nonnull(t);
+                fill(t->dl_tensor.data, VMM_LEN, 90 + (unsigned)i);
+                err = DLX(dlx_publish(by, allocs[i].name, t, &o, NULL));
+                ck_assert_msg(err == 0, "publish %s: %s (%s)", allocs[i].name, dlx_strerror(err),
+                              dlx_last_error());
+        }
+        ck_assert_int_eq(
+                DLX(dlx_publish(p, "wp/cpu-copy", owned_2d((DLDataType){kDLUInt, 8, 1}, 8, 8, 3),
+                                NULL, NULL)),
+                0);
+        x = cuda_fake_malloc(IPC_SIZE);
+        ck_assert(x);
+        publish_dev(p, "wp/ipc", x, IPC_LEN, 0, NULL);
+        tell(&ch, 1);
+        ck_assert_uint_eq(hear(&ch), 1);
+        tell(&ch, 2);
+        reap(pid, "consumer");
+        /* the producer's own process */
+        q = fx_connect(&fx, "wp-own");
+        bad = wp_check_all(q, false, "the producer's process");
+        DLXV(dlx_close(q));
+        ck_assert_msg(bad == 0, "in the producer's own process, dlx_tensor_write_protected is not "
+                                "what a write does (above)");
+        DLXV(dlx_close(p2));
+        DLXV(dlx_close(p));
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        assert_nothing_live("after close");
+        chan_close(&ch);
+}
+END_TEST
+
+/*
+ * dlx_acquire: "-EXDEV a CUDA tensor that cannot cross PID namespaces ...: a cuda-ipc one, or
+ * one ordered by a legacy IPC event; a persistent dlx_alloc() tensor can"; README: cuda-host
+ * is "ordered by events like device memory". From another PID namespace: a non-persistent
+ * cuda-vmm or cuda-host version is -EXDEV saying why, with no lease and nothing of CUDA
+ * kept; a persistent cuda-host one works.
+ */
+static int pidns2_reader(void)
+{
+        static const char *const refused_names[] = {"ns2/vmm", "ns2/host"};
+        DLManagedTensorVersioned *t = NULL;
+        dlx_client *c;
+        int err;
+
+        c = child_connect("pidns2-consumer");
+        CHECK(c, "connect");
+        for (int i = 0; i < 2; i++) {
+                t = NULL;
+                err = DLX(dlx_acquire(c, refused_names[i], NULL, &t));
+                CHECK(err == -EXDEV && strstr(dlx_last_error(), "PID namespace"),
+                      "acquire of non-persistent %s from another PID namespace: %s (%s)",
+                      refused_names[i], dlx_strerror(err), dlx_last_error());
+                CHECK(t == NULL, "ret_tensor set on failure");
+                CHECK(fx_wait_leases(c, 0, 2000) == 0, "%s: the lease was kept", refused_names[i]);
+                if (live_kind() != 0)
+                        fprintf(stderr, "note: %s: %d %s alive after the refusal (until close)\n",
+                                refused_names[i], cuda_fake_live(leak_kinds[live_kind() - 1]),
+                                leak_names[live_kind() - 1]);
+        }
+        err = DLX(dlx_acquire(c, "ns2/host-p", NULL, &t));
+        CHECK(err == 0,
+              "acquire of a persistent cuda-host tensor from another PID namespace: %s "
+              "(%s)",
+              dlx_strerror(err), dlx_last_error());
+        CHECK(same(t->dl_tensor.data, VMM_LEN, 64), "the bytes differ");
+        DLXV(t->deleter(t));
+        DLXV(dlx_close(c));
+        return child_done("consumer", true);
+}
+
+static int pidns2_consumer(void *arg)
+{
+        struct chan *ch = arg;
+        uint64_t go;
+        pid_t pid;
+        int st;
+
+        chan_child(ch);
+        CHECK(c_hear(ch, &go) == 0, "no go");
+        if (unshare(CLONE_NEWPID) < 0 && unshare(CLONE_NEWUSER | CLONE_NEWPID) < 0) {
+                fprintf(stderr, "pidns2_consumer: unshare: %s\n", strerror(errno));
+                return 2;
+        }
+        pid = fork();
+        if (pid == 0)
+                _exit(pidns2_reader());
+        CHECK(pid > 0, "fork: %s", strerror(errno));
+        CHECK(waitpid(pid, &st, 0) == pid, "waitpid");
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+}
+
+START_TEST(attack_pidns_vmm_and_host)
+{
+        struct dlx_publish_options np = {.copy = DLX_COPY_NEVER, .stream = P_STREAM};
+        struct dlx_publish_options ps = {
+                .copy = DLX_COPY_NEVER, .persist = true, .stream = P_STREAM};
+        DLManagedTensorVersioned *t;
+        struct chan ch;
+        dlx_client *c;
+        pid_t pid;
+
+        pid = spawn_on(&ch, pidns2_consumer, &ch);
+        c = fx_connect(&fx, "pidns2-producer");
+        t = alloc_on(c, kDLCUDA, VMM_LEN);
+        ck_assert_ptr_nonnull(t);
+        fill(t->dl_tensor.data, VMM_LEN, 62);
+        ck_assert_int_eq(DLX(dlx_publish(c, "ns2/vmm", t, &np, NULL)), 0);
+        t = alloc_on(c, kDLCUDAHost, VMM_LEN);
+        ck_assert_ptr_nonnull(t);
+        fill(t->dl_tensor.data, VMM_LEN, 63);
+        ck_assert_int_eq(DLX(dlx_publish(c, "ns2/host", t, &np, NULL)), 0);
+        t = alloc_on(c, kDLCUDAHost, VMM_LEN);
+        ck_assert_ptr_nonnull(t);
+        fill(t->dl_tensor.data, VMM_LEN, 64);
+        ck_assert_int_eq(DLX(dlx_publish(c, "ns2/host-p", t, &ps, NULL)), 0);
+        tell(&ch, 1);
+        reap(pid, "consumer in another PID namespace");
+        chan_close(&ch);
+        DLXV(dlx_close(c));
+        assert_nothing_live("after close");
+}
+END_TEST
+
+/*
+ * dlx_acquire: "-ESRCH a CUDA tensor whose producer has exited but is still listed". The
+ * producer exits while a process it forked keeps its connection (so the daemon still lists
+ * its versions): cuda-ipc, cuda-vmm and cuda-host versions it published are -ESRCH, leases
+ * given back.
+ */
+/* Dups every socket this process has open, so that a child forked next holds them too. */
+static void dup_sockets(void)
+{
+        int fds[64], n = 0;
+        char path[300], target[128];
+        struct dirent *de;
+        DIR *d = opendir("/proc/self/fd");
+
+        while (d && n < 64 && (de = readdir(d))) {
+                ssize_t len;
+
+                snprintf(path, sizeof(path), "/proc/self/fd/%s", de->d_name);
+                len = readlink(path, target, sizeof(target) - 1);
+                if (len > 0 && (target[len] = 0, strncmp(target, "socket:", 7) == 0))
+                        fds[n++] = atoi(de->d_name);
+        }
+        if (d)
+                closedir(d);
+        for (int i = 0; i < n; i++)
+                if (fds[i] != (d ? dirfd(d) : -1))
+                        (void)dup(fds[i]);
+}
+
+static int gone_producer(void *arg)
+{
+        struct dlx_publish_options o = {.copy = DLX_COPY_NEVER};
+        struct chan *ch = arg;
+        DLManagedTensorVersioned *t;
+        dlx_client *c;
+        CUdeviceptr x;
+        pid_t keep;
+        int err;
+
+        c = child_start(ch, false, "gone-producer", P_STREAM);
+        CHECK(c, "start");
+        x = cuda_fake_malloc(IPC_SIZE);
+        CHECK(x, "malloc");
+        fill((void *)(uintptr_t)x, IPC_LEN, 41);
+        err = DLX(dlx_publish(c, "gone/ipc", dev_tensor(kDLCUDA, x, IPC_LEN, 0, 0), NULL, NULL));
+        CHECK(err == 0, "publish ipc: %s (%s)", dlx_strerror(err), dlx_last_error());
+        t = alloc_on(c, kDLCUDA, VMM_LEN);
+        CHECK(t, "alloc vmm");
+        err = DLX(dlx_publish(c, "gone/vmm", t, &o, NULL));
+        CHECK(err == 0, "publish vmm: %s (%s)", dlx_strerror(err), dlx_last_error());
+        t = alloc_on(c, kDLCUDAHost, VMM_LEN);
+        CHECK(t, "alloc host");
+        err = DLX(dlx_publish(c, "gone/host", t, &o, NULL));
+        CHECK(err == 0, "publish host: %s (%s)", dlx_strerror(err), dlx_last_error());
+        dup_sockets(); /* the connection, whatever the library closes in a forked child */
+        keep = fork();
+        if (keep == 0) {
+                for (;;)
+                        pause(); /* holds the connection until killed */
+        }
+        CHECK(keep > 0, "fork");
+        c_tell(ch, (uint64_t)keep);
+        _exit(0); /* no close, no exit handlers: the connection lives on in keep */
+}
+
+START_TEST(attack_producer_exited_still_listed)
+{
+        static const char *const names[] = {"gone/ipc", "gone/vmm", "gone/host"};
+        struct dlx_info info;
+        struct chan ch;
+        dlx_client *c;
+        pid_t pid, keep;
+        int bad = 0;
+
+        pid = spawn_on(&ch, gone_producer, &ch);
+        keep = (pid_t)hear(&ch);
+        ck_assert_int_eq(fx_wait(pid), 0); /* exited, and reaped */
+        c = fx_connect(&fx, "gone-consumer");
+        ck_assert_int_eq(DLX(dlx_stat(c, "gone/ipc", &info)), 0); /* still listed */
+        for (size_t i = 0; i < N_ELEMS(names); i++) {
+                DLManagedTensorVersioned *t = NULL;
+                int err = DLX(dlx_acquire(c, names[i], NULL, &t));
+
+                if (err != -ESRCH) {
+                        fprintf(stderr, "acquire %s of an exited producer: %s (%s)\n", names[i],
+                                dlx_strerror(err), dlx_last_error());
+                        bad++;
+                }
+                if (t)
+                        DLXV(t->deleter(t));
+                ck_assert_msg(fx_wait_leases(c, 0, 2000) == 0, "%s: a lease was kept", names[i]);
+        }
+        kill(keep, SIGKILL);
+        DLXV(dlx_close(c));
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+        chan_close(&ch);
+        ck_assert_msg(bad == 0, "%d of %zu tensors of an exited producer were not -ESRCH (above)",
+                      bad, N_ELEMS(names));
+}
+END_TEST
+
+/* dlx_acquire: "-ESRCH a CUDA tensor ... whose IPC allocation it freed (retry)". */
+static int freed_consumer(void *arg)
+{
+        struct chan *ch = arg;
+        DLManagedTensorVersioned *t = NULL;
+        dlx_client *c;
+        uint64_t go;
+        int err;
+
+        c = child_start(ch, true, "freed-consumer", C_STREAM);
+        CHECK(c, "start");
+        err = DLX(dlx_acquire(c, "freed/t", NULL, &t));
+        CHECK(err == -ESRCH, "acquire of a cuda-ipc tensor whose allocation was freed: %s (%s)",
+              dlx_strerror(err), dlx_last_error());
+        CHECK(fx_wait_leases(c, 0, 2000) == 0, "the lease was kept");
+        CHECK(live_kind() == 0, "%s left alive", leak_names[live_kind() - 1]);
+        CHECK(c_tell(ch, 1) == 0 && c_hear(ch, &go) == 0, "no end");
+        DLXV(dlx_close(c));
+        return child_done("consumer", true);
+}
+
+START_TEST(attack_ipc_allocation_freed)
+{
+        struct chan ch;
+        dlx_client *c;
+        CUdeviceptr x;
+        pid_t pid;
+
+        pid = spawn_on(&ch, freed_consumer, &ch);
+        c = fx_connect(&fx, "freed-producer");
+        x = cuda_fake_malloc(IPC_SIZE);
+        ck_assert(x);
+        publish_dev(c, "freed/t", x, IPC_LEN, 0, NULL);
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        tell(&ch, 1);
+        ck_assert_uint_eq(hear(&ch), 1);
+        tell(&ch, 2);
+        reap(pid, "consumer");
+        DLXV(dlx_close(c));
+        chan_close(&ch);
+}
+END_TEST
+
+/*
+ * dlx_publish: "a process past its 1024 interprocess events ... , until versions are
+ * released". Once they are, publishing orders by an event again, without a host wait.
+ */
+START_TEST(attack_events_come_back_after_release)
+{
+        const int n = DLX_GPU_IPC_EVENTS + 8;
+        dlx_client *c;
+        CUdeviceptr x;
+        char name[32];
+        size_t mark;
+        pid_t me = getpid();
+
+        c = fx_connect(&fx, "events-back");
+        ck_assert_int_eq(DLX(dlx_set_stream(c, 0, P_STREAM)), 0);
+        x = cuda_fake_malloc((size_t)n * 64 + 64);
+        ck_assert(x != 0);
+        for (int k = 0; k < n; k++) {
+                snprintf(name, sizeof(name), "back/%d", k);
+                publish_dev(c, name, x + (CUdeviceptr)k * 64, 64, 3, NULL);
+        }
+        for (int k = 0; k < n; k++) {
+                snprintf(name, sizeof(name), "back/%d", k);
+                unpublish_wait(c, name, 1);
+        }
+        ck_assert_int_eq(runs(3), n);
+        mark = log_now();
+        publish_dev(c, "back/again", x + (CUdeviceptr)n * 64, 64, 4, NULL);
+        ck_assert_msg(recorded_event(me, P_STREAM, mark, 0) != 0,
+                      "every version released, and publishing records no event");
+        ck_assert_msg(QCOUNT(.op = CUDA_FAKE_STREAM_SYNCHRONIZE, .pid = me, .from = mark) == 0,
+                      "every version released, and publishing still waits on the host");
+        DLXV(dlx_close(c));
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        assert_nothing_live("after close");
+}
+END_TEST
+
+/*
+ * dlx_tensor_wait: "< 0: no limit, 0: only looks" ... "Needs no daemon" ... "persistent
+ * ones, return 0 at once"; dlx_acquire: the deleter "releases the lease exactly once";
+ * dlx_publish: "-ENODEV ... a process forked from one that used CUDA"; issue 11: "a CUDA
+ * call failing after fork gives no hint". After the consumer's client closed, in a forked
+ * child, and with a negative timeout other than -1.
+ */
+struct forkwait {
+        DLManagedTensorVersioned *t, *tp;
+        CUdeviceptr x;
+};
+
+static int forked_waiter(void *arg)
+{
+        struct forkwait *f = arg;
+        dlx_client *c;
+        int err, bad = 0;
+
+        err = dlx_tensor_wait(f->tp, 0);
+        CHECK(err == 0, "dlx_tensor_wait of a persistent version in a forked child: %s (%s)",
+              dlx_strerror(err), dlx_last_error());
+        err = dlx_tensor_wait(f->t, 0);
+        CHECK(err == -ENODEV && strstr(dlx_last_error(), "fork"),
+              "dlx_tensor_wait in a child forked after CUDA: %s (%s)", dlx_strerror(err),
+              dlx_last_error());
+        err = dlx_tensor_sync(f->t, C2_STREAM);
+        if (!(err == -ENODEV && strstr(dlx_last_error(), "fork"))) {
+                /* dlx_tensor_sync returns "0, -EINVAL, -ENOSPC, -ENOMEM or a CUDA failure
+                 * (-ENODEV, -EIO)"; checked last, so that the rest runs */
+                fprintf(stderr, "dlx_tensor_sync in a child forked after CUDA: %d %s (%s)\n", err,
+                        dlx_strerror(err), dlx_last_error());
+                bad = 1;
+        }
+        c = child_connect("forked-publisher");
+        CHECK(c, "connect");
+        err = dlx_publish(c, "forked/pub", dev_tensor(kDLCUDA, f->x, 64, 6, 0), NULL, NULL);
+        CHECK(err == -ENODEV && strstr(dlx_last_error(), "fork"),
+              "dlx_publish of a CUDA tensor in a child forked after CUDA: %s (%s)",
+              dlx_strerror(err), dlx_last_error());
+        CHECK(runs(6) == 1, "the deleter ran %d times", runs(6));
+        dlx_close(c);
+        /* the parent's tensor, inherited: its lease is the parent's */
+        f->t->deleter(f->t);
+        f->tp->deleter(f->tp);
+        CHECK(bad == 0, "dlx_tensor_sync in a forked child (above)");
+        return 0;
+}
+
+static void *unhold_later(void *arg)
+{
+        fx_sleep_ms(100);
+        cuda_fake_event_hold(*(uint64_t *)arg, false);
+        return NULL;
+}
+
+START_TEST(attack_tensor_wait_edges)
+{
+        struct dlx_publish_options ps = {.copy = DLX_COPY_NEVER, .persist = true};
+        struct forkwait f;
+        DLManagedTensorVersioned *tv;
+        dlx_client *p, *q;
+        pthread_t th;
+        size_t mark;
+        uint64_t ev;
+        pid_t me = getpid();
+        int err, rc;
+
+        f.x = cuda_fake_malloc(IPC_SIZE);
+        ck_assert(f.x);
+        p = fx_connect(&fx, "tw-producer");
+        q = fx_connect(&fx, "tw-consumer");
+        ck_assert_int_eq(DLX(dlx_set_stream(p, 0, P_STREAM)), 0);
+        mark = log_now();
+        publish_dev(p, "tw/t", f.x, IPC_LEN, 0, NULL);
+        ev = recorded_event(me, P_STREAM, mark, 0);
+        ck_assert(ev);
+        tv = alloc_on(p, kDLCUDA, VMM_LEN);
+        ck_assert_ptr_nonnull(tv);
+        ck_assert_int_eq(DLX(dlx_publish(p, "tw/p", tv, &ps, NULL)), 0);
+        ck_assert_int_eq(cuda_fake_event_hold(ev, true), 0);
+        ck_assert_int_eq(DLX(dlx_acquire(q, "tw/t", NULL, &f.t)), 0);
+        ck_assert_int_eq(DLX(dlx_acquire(q, "tw/p", NULL, &f.tp)), 0);
+        err = DLX(dlx_tensor_wait(f.tp, 0));
+        ck_assert_msg(err == 0, "persistent version: %s (%s)", dlx_strerror(err), dlx_last_error());
+        /* the consumer's client closes: its live tensors keep their leases, and need no daemon */
+        DLXV(dlx_close(q));
+        err = DLX(dlx_tensor_wait(f.t, 0));
+        ck_assert_msg(err == -ETIMEDOUT, "looking after dlx_close: %s (%s)", dlx_strerror(err),
+                      dlx_last_error());
+        err = DLX(dlx_tensor_wait(f.t, 30));
+        ck_assert_msg(err == -ETIMEDOUT, "30 ms after dlx_close: %s (%s)", dlx_strerror(err),
+                      dlx_last_error());
+
+        rc = fx_wait(fx_spawn(forked_waiter, &f));
+        ck_assert_msg(rc == 0, "the forked child failed (%d, see above)", rc);
+        fx_sleep_ms(300);
+        ck_assert_msg(fx_stats(p).leases == 2,
+                      "the parent's leases after a forked child ran the inherited deleters: "
+                      "%llu, not 2",
+                      (unsigned long long)fx_stats(p).leases);
+
+        ck_assert_int_eq(pthread_create(&th, NULL, unhold_later, &ev), 0);
+        err = DLX(dlx_tensor_wait(f.t, -7));
+        pthread_join(th, NULL);
+        ck_assert_msg(err == 0, "a negative timeout (no limit): %s (%s)", dlx_strerror(err),
+                      dlx_last_error());
+        DLXV(f.t->deleter(f.t));
+        DLXV(f.tp->deleter(f.tp));
+        ck_assert_int_eq(fx_wait_leases(p, 0, 2000), 0);
+        unpublish_wait(p, "tw/t", 1);
+        DLXV(dlx_close(p));
+        ck_assert_int_eq(cuda_fake_free(f.x), CUDA_SUCCESS);
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/*
+ * dlx_publish: a framework's VMM allocation made shareable "is exported (...); the tensor must
+ * lie within one mapping". The tensor's data pointer is in one mapping and its byte_offset
+ * puts every byte in the next one: published, a consumer must read those bytes; and a
+ * byte_offset that makes it straddle two mappings is -ENOTSUP.
+ */
+static int bo_consumer(void *arg)
+{
+        struct chan *ch = arg;
+        DLManagedTensorVersioned *t;
+        dlx_client *c;
+        uint64_t go;
+        int err;
+
+        chan_child(ch);
+        CHECK(c_hear(ch, &go) == 0, "no go");
+        if (go != 1)
+                return 0; /* refused: nothing to read */
+        c = child_connect("bo-consumer");
+        CHECK(c, "connect");
+        err = DLX(dlx_acquire(c, "bo/next", NULL, &t));
+        CHECK(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(same((uint8_t *)t->dl_tensor.data + t->dl_tensor.byte_offset, 8192, 73),
+              "the bytes differ from those the producer's tensor describes (data %p, "
+              "byte_offset %llu)",
+              t->dl_tensor.data, (unsigned long long)t->dl_tensor.byte_offset);
+        DLXV(t->deleter(t));
+        CHECK(c_tell(ch, 1) == 0 && c_hear(ch, &go) == 0, "no end");
+        DLXV(dlx_close(c));
+        return child_done("consumer", true);
+}
+
+START_TEST(attack_vmm_byte_offset_in_next_mapping)
+{
+        struct own_vmm grown;
+        DLManagedTensorVersioned *t;
+        struct chan ch;
+        dlx_client *c;
+        pid_t pid;
+        int err;
+
+        pid = spawn_on(&ch, bo_consumer, &ch);
+        c = fx_connect(&fx, "bo-producer");
+        own_vmm_make(&grown, 2, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        fill((void *)(uintptr_t)(grown.ptr + CUDA_FAKE_GRANULARITY + 4096), 8192, 73);
+        t = dev_tensor(kDLCUDA, grown.ptr, 8192, 0, 0);
+        t->dl_tensor.byte_offset = CUDA_FAKE_GRANULARITY + 4096;
+        err = DLX(dlx_publish(c, "bo/next", t, NULL, NULL));
+        if (err == 0) {
+                tell(&ch, 1);
+                ck_assert_uint_eq(hear(&ch), 1);
+        } else {
+                fprintf(stderr, "note: bo/next refused: %s (%s)\n", dlx_strerror(err),
+                        dlx_last_error());
+                tell(&ch, 2);
+        }
+        ck_assert_msg(err == 0 || (err == -ENOTSUP && strstr(dlx_last_error(), "VMM")),
+                      "a tensor within one VMM mapping, by its byte_offset: publish %s (%s)",
+                      dlx_strerror(err), dlx_last_error());
+        if (err == 0)
+                tell(&ch, 2);
+        reap(pid, "consumer");
+        t = dev_tensor(kDLCUDA, grown.ptr, 8192, 1, 0);
+        t->dl_tensor.byte_offset = CUDA_FAKE_GRANULARITY - 4096;
+        err = DLX(dlx_publish(c, "bo/straddle", t, NULL, NULL));
+        ck_assert_msg(err == -ENOTSUP && strstr(dlx_last_error(), "more than one VMM"),
+                      "a byte_offset that straddles two mappings: %s (%s)", dlx_strerror(err),
+                      dlx_last_error());
+        if (runs(0) == 0)
+                unpublish_wait(c, "bo/next", 1);
+        DLXV(dlx_close(c));
+        own_vmm_free(&grown);
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+        chan_close(&ch);
+}
+END_TEST
+
+/*
+ * dlx_tensor_sync, dlx_tensor_wait, dlx_tensor_info, dlx_tensor_write_protected: "A tensor
+ * dlx_acquire() returned (or an export of it through libdlx's exchange API)". Through the
+ * exchange API's managed_tensor_from_py_object_no_sync, all four work as on the tensor.
+ */
+START_TEST(attack_exchange_export_of_acquired)
+{
+        const DLPackExchangeAPI *api = dlx_exchange_api();
+        DLManagedTensorVersioned *t, *out = NULL;
+        const char *storage = NULL;
+        dlx_tensor *h = NULL;
+        dlx_client *p, *q;
+        CUdeviceptr x;
+        size_t mark;
+        uint64_t ev;
+        pid_t me = getpid();
+        int err, wp;
+
+        x = cuda_fake_malloc(IPC_SIZE);
+        ck_assert(x);
+        p = fx_connect(&fx, "ex-producer");
+        q = fx_connect(&fx, "ex-consumer");
+        ck_assert_int_eq(DLX(dlx_set_stream(p, 0, P_STREAM)), 0);
+        ck_assert_int_eq(DLX(dlx_set_stream(q, 0, C_STREAM)), 0);
+        mark = log_now();
+        publish_dev(p, "ex/t", x, IPC_LEN, 0, NULL);
+        ev = recorded_event(me, P_STREAM, mark, 0);
+        ck_assert_int_eq(DLX(dlx_acquire(q, "ex/t", NULL, &t)), 0);
+        wp = dlx_tensor_write_protected(t);
+        ck_assert_int_eq(dlx_tensor_wrap(t, &h), 0);
+        ck_assert_int_eq(api->managed_tensor_from_py_object_no_sync(h, &out), 0);
+        ck_assert_ptr_nonnull(out);
+        err = dlx_tensor_info(out, NULL, NULL, &storage);
+        ck_assert_msg(err == 0 && storage && strcmp(storage, "cuda-ipc") == 0,
+                      "dlx_tensor_info of an export: %s", dlx_strerror(err));
+        ck_assert_int_eq(dlx_tensor_write_protected(out), wp);
+        err = DLX(dlx_tensor_wait(out, 0));
+        ck_assert_msg(err == 0, "dlx_tensor_wait of an export: %s (%s)", dlx_strerror(err),
+                      dlx_last_error());
+        err = DLX(dlx_tensor_sync(out, C2_STREAM));
+        ck_assert_msg(err == 0, "dlx_tensor_sync of an export: %s (%s)", dlx_strerror(err),
+                      dlx_last_error());
+        ck_assert_msg(cuda_fake_waited(C2_STREAM, ev),
+                      "the export's sync stream did not wait for the producer");
+        DLXV(out->deleter(out));
+        mark = log_now();
+        DLXV(dlx_tensor_unref(h));
+        ck_assert_msg(recorded_event(me, C2_STREAM, mark, 0) != 0,
+                      "the release did not record the work of the stream the export was synced "
+                      "with");
+        unpublish_wait(p, "ex/t", 1);
+        DLXV(dlx_close(q));
+        DLXV(dlx_close(p));
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/*
+ * Three devices numbered otherwise on each side (README: "a consumer whose
+ * CUDA_VISIBLE_DEVICES numbers the GPUs otherwise gets the producer's GPU under its own
+ * ordinal"), and the consumer's stream for that ordinal (dlx_set_stream per device_id) is the
+ * one that waits.
+ */
+#define R_STREAM(i) ((CUstream)(uintptr_t)(0xe000 + 0x100 * (i)))
+
+static int remap3_producer(void *arg)
+{
+        const int order[3] = {2, 0, 1};
+        struct dlx_publish_options o = {.copy = DLX_COPY_NEVER};
+        int64_t shape[1] = {VMM_LEN};
+        DLTensor proto = {
+                .device = {kDLCUDA, 2}, .ndim = 1, .dtype = {kDLUInt, 8, 1}, .shape = shape};
+        struct chan *ch = arg;
+        DLManagedTensorVersioned *t;
+        dlx_client *c;
+        CUdeviceptr x;
+        uint64_t go;
+        int err;
+
+        CHECK(cuda_fake_set_visible_devices(order, 3) == 0, "visible devices");
+        c = child_start(ch, false, "remap3-producer", NULL);
+        CHECK(c, "start");
+        CHECK(cuda_fake_driver()->CtxPushCurrent(cuda_fake_ctx(0)) == CUDA_SUCCESS, "push");
+        x = cuda_fake_malloc(IPC_SIZE);
+        cuda_fake_driver()->CtxPopCurrent(NULL);
+        CHECK(x, "malloc");
+        fill((void *)(uintptr_t)x, IPC_LEN, 53);
+        err = DLX(dlx_publish(c, "r3/ipc", dev_tensor(kDLCUDA, x, IPC_LEN, 0, x), NULL, NULL));
+        CHECK(err == 0, "publish r3/ipc: %s (%s)", dlx_strerror(err), dlx_last_error());
+        err = DLX(dlx_alloc(c, &proto, &t));
+        CHECK(err == 0, "dlx_alloc on device 2: %s (%s)", dlx_strerror(err), dlx_last_error());
+        fill(t->dl_tensor.data, VMM_LEN, 54);
+        err = DLX(dlx_publish(c, "r3/vmm", t, &o, NULL));
+        CHECK(err == 0, "publish r3/vmm: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(c_tell(ch, 1) == 0 && c_hear(ch, &go) == 0, "no end");
+        DLXV(dlx_close(c));
+        return child_done("producer", false);
+}
+
+static int remap3_consumer(void *arg)
+{
+        const int order[3] = {1, 2, 0};
+        /* the producer's ordinal 0 is the machine's 2, here 1; its 2 is the machine's 1, here 0 */
+        static const char *const names[] = {"r3/ipc", "r3/vmm"};
+        static const int want[] = {1, 0};
+        static const unsigned seeds[] = {53, 54};
+        static const int64_t lens[] = {IPC_LEN, VMM_LEN};
+        DLManagedTensorVersioned *t;
+        pid_t me = getpid();
+        dlx_client *c;
+        size_t mark;
+        int err;
+
+        (void)arg;
+        CHECK(cuda_fake_set_visible_devices(order, 3) == 0, "visible devices");
+        for (int i = 0; i < 3; i++)
+                CHECK(cuda_fake_stream_bind(R_STREAM(i), cuda_fake_ctx(i)) == 0, "bind");
+        c = child_connect("remap3-consumer");
+        CHECK(c, "connect");
+        for (int i = 0; i < 3; i++)
+                CHECK(DLX(dlx_set_stream(c, i, R_STREAM(i))) == 0, "set_stream %d", i);
+        for (int i = 0; i < 2; i++) {
+                mark = log_now();
+                err = DLX(dlx_acquire(c, names[i], NULL, &t));
+                CHECK(err == 0, "acquire %s: %s (%s)", names[i], dlx_strerror(err),
+                      dlx_last_error());
+                CHECK(t->dl_tensor.device.device_id == want[i], "%s: device %d, not %d", names[i],
+                      (int)t->dl_tensor.device.device_id, want[i]);
+                CHECK(ordinal_of_data(t->dl_tensor.data) == want[i], "%s: mapped on device %d",
+                      names[i], ordinal_of_data(t->dl_tensor.data));
+                CHECK(same(t->dl_tensor.data, lens[i], seeds[i]), "%s: the bytes differ", names[i]);
+                for (int d = 0; d < 3; d++)
+                        CHECK((waits_on(me, R_STREAM(d), mark) > 0) == (d == want[i]),
+                              "%s (this process's device %d): device %d's stream %s", names[i],
+                              want[i], d, d == want[i] ? "did not wait" : "waited");
+                DLXV(t->deleter(t));
+        }
+        DLXV(dlx_close(c));
+        return child_done("consumer", true);
+}
+
+START_TEST(attack_three_devices_remapped)
+{
+        struct chan ch;
+        pid_t prod, pid;
+
+        ck_assert_int_eq(cuda_fake_set_device_count(3), 0);
+        prod = spawn_on(&ch, remap3_producer, &ch);
+        ck_assert_uint_eq(hear(&ch), 1);
+        pid = fx_spawn(remap3_consumer, NULL);
+        reap(pid, "consumer");
+        tell(&ch, 1);
+        reap(prod, "producer");
+        chan_close(&ch);
+}
+END_TEST
+
+/*
+ * dlx_publish: "Readers are ordered after the work queued on the stream (opts->stream ...) by
+ * an interprocess event recorded on it, in the stream's own context" (a stream of another
+ * device than the tensor's included: issue 1); dlx_wait_released: "makes stream ... wait, on
+ * the GPU, for the work each reader recorded before releasing" (a stream of any context).
+ */
+START_TEST(attack_streams_of_other_devices_for_publish_and_wait)
+{
+        struct dlx_publish_options o = {.stream = D1_STREAM};
+        DLManagedTensorVersioned *t;
+        dlx_client *p, *q;
+        CUdeviceptr x;
+        size_t mark;
+        uint64_t ev, rel;
+        pid_t me = getpid();
+        int err;
+
+        two_devices_and_own_context();
+        x = cuda_fake_malloc(IPC_SIZE);
+        ck_assert(x);
+        p = fx_connect(&fx, "od-producer");
+        q = fx_connect(&fx, "od-consumer");
+        ck_assert_int_eq(DLX(dlx_set_stream(q, 0, C_STREAM)), 0);
+        mark = log_now();
+        err = DLX(dlx_publish(p, "od/t", dev_tensor(kDLCUDA, x, IPC_LEN, 0, 0), &o, NULL));
+        ck_assert_msg(err == 0, "publish a device-0 tensor on device 1's stream: %s (%s)",
+                      dlx_strerror(err), dlx_last_error());
+        ev = recorded_event(me, D1_STREAM, mark, 0);
+        ck_assert_msg(ev != 0, "no event recorded on the publish stream (device 1's)");
+        ck_assert_int_eq(DLX(dlx_acquire(q, "od/t", NULL, &t)), 0);
+        ck_assert_msg(cuda_fake_waited(C_STREAM, ev), "the consumer did not wait for it");
+        mark = log_now();
+        DLXV(t->deleter(t));
+        rel = recorded_event(me, C_STREAM, mark, 0);
+        ck_assert(rel);
+        ck_assert_int_eq(DLX(dlx_unpublish(p, "od/t")), 0);
+        ck_assert_int_eq(DLX(dlx_wait_released(p, "od/t", 1, NULL, TIMEOUT_MS)), 0);
+        mark = log_now();
+        err = DLX(dlx_wait_released(p, "od/t", 1, X_STREAM, 0));
+        ck_assert_msg(err == 0, "wait_released on a non-primary context's stream: %s (%s)",
+                      dlx_strerror(err), dlx_last_error());
+        ck_assert_msg(cuda_fake_waited(X_STREAM, rel), "X did not wait for the reader");
+        err = DLX(dlx_wait_released(p, "od/t", 1, D1_STREAM, 0));
+        ck_assert_msg(err == 0, "wait_released on device 1's stream: %s (%s)", dlx_strerror(err),
+                      dlx_last_error());
+        ck_assert_msg(cuda_fake_waited(D1_STREAM, rel), "device 1's stream did not wait");
+        ck_assert_msg(QCOUNT(.op = CUDA_FAKE_STREAM_SYNCHRONIZE, .pid = me, .from = mark) == 0,
+                      "a host wait where the GPU could wait");
+        DLXV(dlx_close(q));
+        DLXV(dlx_close(p));
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/*
+ * dlx_tensor_sync: "-ENOSPC (more than 64 streams besides acquire's)"; and the 64 it took are
+ * each joined by the release ("the tensor's release waits for the work queued on stream").
+ * The legacy (NULL) and per-thread (0x2) streams count as streams.
+ */
+#define MANY_STREAM(i) ((CUstream)(uintptr_t)(0x100000 + 0x100 * (i)))
+
+START_TEST(attack_sync_64_streams)
+{
+        CUstream given[70];
+        DLManagedTensorVersioned *t;
+        dlx_client *p, *q;
+        CUdeviceptr x;
+        size_t mark;
+        pid_t me = getpid();
+        int n = 0, err, missing = 0, bound = 0;
+
+        x = cuda_fake_malloc(IPC_SIZE);
+        ck_assert(x);
+        while (bound < 64 && cuda_fake_stream_bind(MANY_STREAM(bound), cuda_fake_ctx(0)) == 0)
+                bound++;
+        given[n++] = P_STREAM;
+        given[n++] = C2_STREAM;
+        given[n++] = W_STREAM;
+        given[n++] = W2_STREAM;
+        given[n++] = CU_STREAM_PER_THREAD;
+        for (int i = 0; i < bound && n < 64; i++)
+                given[n++] = MANY_STREAM(i);
+        ck_assert_int_eq(n, 64);
+        given[n++] = NULL; /* the 65th */
+        p = fx_connect(&fx, "many-producer");
+        q = fx_connect(&fx, "many-consumer");
+        ck_assert_int_eq(DLX(dlx_set_stream(q, 0, C_STREAM)), 0);
+        publish_dev(p, "many/t", x, IPC_LEN, 0, NULL);
+        ck_assert_int_eq(DLX(dlx_acquire(q, "many/t", NULL, &t)), 0);
+        for (int i = 0; i < 64; i++) {
+                err = DLX(dlx_tensor_sync(t, given[i]));
+                ck_assert_msg(err == 0, "sync #%d: %s (%s)", i + 1, dlx_strerror(err),
+                              dlx_last_error());
+        }
+        err = DLX(dlx_tensor_sync(t, given[64]));
+        ck_assert_msg(err == -ENOSPC, "a 65th stream besides acquire's: %s (%s)", dlx_strerror(err),
+                      dlx_last_error());
+        mark = log_now();
+        DLXV(t->deleter(t));
+        for (int i = 0; i < 64; i++)
+                if (recorded_event(me, given[i], mark, 0) == 0 &&
+                    QFIND(.op = CUDA_FAKE_STREAM_SYNCHRONIZE, .pid = me, .by_stream = true,
+                          .stream = S(given[i]), .from = mark) < 0)
+                        missing++;
+        ck_assert_msg(missing == 0,
+                      "the release joined %d of the 64 streams given neither on the "
+                      "GPU nor on the host",
+                      missing);
+        unpublish_wait(p, "many/t", 1);
+        DLXV(dlx_close(q));
+        DLXV(dlx_close(p));
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/*
+ * Issue 4: "invalidate cached opened events when their exporter's session ends". A consumer
+ * reads a version, its producer closes its client and publishes again from a new one (same
+ * process): the consumer's stream waits on the new session's event, and acquiring works.
+ */
+static int session_consumer(void *arg)
+{
+        struct dlx_acquire_options wait = {.timeout_ms = TIMEOUT_MS};
+        struct chan *ch = arg;
+        DLManagedTensorVersioned *t;
+        dlx_client *c;
+        uint64_t ev;
+        int err;
+
+        c = child_start(ch, false, "session-consumer", C_STREAM);
+        CHECK(c, "start");
+        for (int round = 0; round < 3; round++) {
+                CHECK(c_hear(ch, &ev) == 0, "no event id");
+                err = DLX(dlx_acquire(c, "sess/t", &wait, &t));
+                CHECK(err == 0, "round %d: acquire: %s (%s)", round, dlx_strerror(err),
+                      dlx_last_error());
+                CHECK(cuda_fake_waited(C_STREAM, ev),
+                      "round %d: the stream did not wait on this session's event %#llx", round,
+                      (unsigned long long)ev);
+                err = DLX(dlx_tensor_wait(t, TIMEOUT_MS));
+                CHECK(err == 0, "round %d: dlx_tensor_wait: %s (%s)", round, dlx_strerror(err),
+                      dlx_last_error());
+                DLXV(t->deleter(t));
+                CHECK(c_tell(ch, 1) == 0, "tell");
+        }
+        DLXV(dlx_close(c));
+        return child_done("consumer", true);
+}
+
+START_TEST(attack_events_of_an_ended_session)
+{
+        struct chan ch;
+        CUdeviceptr x;
+        pid_t pid, me = getpid();
+
+        pid = spawn_on(&ch, session_consumer, &ch);
+        x = cuda_fake_malloc(IPC_SIZE);
+        ck_assert(x);
+        for (int round = 0; round < 3; round++) {
+                dlx_client *p = fx_connect(&fx, "session-producer");
+                size_t mark = log_now();
+
+                ck_assert_int_eq(DLX(dlx_set_stream(p, 0, P_STREAM)), 0);
+                publish_dev(p, "sess/t", x, IPC_LEN, round, NULL);
+                tell(&ch, recorded_event(me, P_STREAM, mark, 0));
+                ck_assert_uint_eq(hear(&ch), 1);
+                unpublish_wait(p, "sess/t", 1);
+                DLXV(dlx_close(p));
+        }
+        reap(pid, "consumer");
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        assert_nothing_live("after close");
+        chan_close(&ch);
+}
+END_TEST
+
+/*
+ * Header: "No call waits forever by default". A reader releases with its work unfinished
+ * (its release event held) and is killed: the producer's wait_released, unpublish and close
+ * all return.
+ */
+static int doomed_reader(void *arg)
+{
+        struct chan *ch = arg;
+        DLManagedTensorVersioned *t;
+        dlx_client *c;
+        size_t mark;
+        uint64_t rel;
+        int err;
+
+        c = child_start(ch, true, "doomed-reader", C_STREAM);
+        CHECK(c, "start");
+        err = DLX(dlx_acquire(c, "doom/t", NULL, &t));
+        CHECK(err == 0, "acquire: %s (%s)", dlx_strerror(err), dlx_last_error());
+        mark = log_now();
+        DLXV(t->deleter(t));
+        rel = recorded_event(getpid(), C_STREAM, mark, 0);
+        CHECK(rel != 0, "no release event");
+        CHECK(cuda_fake_event_hold(rel, true) == 0, "hold");
+        CHECK(c_tell(ch, rel) == 0, "tell");
+        for (;;)
+                pause();
+        return 0;
+}
+
+START_TEST(attack_reader_killed_with_release_unfinished)
+{
+        struct chan ch;
+        dlx_client *c;
+        CUdeviceptr x;
+        int64_t t0;
+        uint64_t rel;
+        pid_t pid;
+        int err;
+
+        pid = spawn_on(&ch, doomed_reader, &ch);
+        c = fx_connect(&fx, "doom-producer");
+        ck_assert_int_eq(DLX(dlx_set_stream(c, 0, P_STREAM)), 0);
+        x = cuda_fake_malloc(IPC_SIZE);
+        ck_assert(x);
+        publish_dev(c, "doom/t", x, IPC_LEN, 0, NULL);
+        tell(&ch, 1);
+        rel = hear(&ch);
+        ck_assert(rel);
+        kill(pid, SIGKILL);
+        ck_assert_int_eq(fx_wait(pid), 128 + SIGKILL);
+        t0 = fx_now_ms();
+        ck_assert_int_eq(DLX(dlx_unpublish(c, "doom/t")), 0);
+        err = DLX(dlx_wait_released(c, "doom/t", 1, W_STREAM, 5000));
+        ck_assert_msg(err == 0 || err == -ETIMEDOUT, "wait_released: %s (%s)", dlx_strerror(err),
+                      dlx_last_error());
+        DLXV(dlx_close(c));
+        ck_assert_msg(fx_now_ms() - t0 < 8000,
+                      "the producer took %lld ms to let go of a killed reader's version",
+                      (long long)(fx_now_ms() - t0));
+        cuda_fake_event_hold(rel, false);
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        chan_close(&ch);
+}
+END_TEST
+
+/*
+ * README: "A process makes at most 1024 interprocess events". Readers' release events are
+ * interprocess events too: a process that holds more than 1024 leases and releases them all,
+ * with its own publications alive, stays within the bound (counted live, from the log).
+ */
+static int max_live_interprocess(pid_t pid)
+{
+        struct cuda_fake_entry e;
+        int live = 0, most = 0;
+
+        for (size_t i = 0; i < cuda_fake_log_count(); i++) {
+                if (!cuda_fake_log_entry(i, &e) || e.pid != pid || !(e.aux & CU_EVENT_INTERPROCESS))
+                        continue;
+                if (e.op == CUDA_FAKE_EVENT_CREATE && ++live > most)
+                        most = live;
+                else if (e.op == CUDA_FAKE_EVENT_DESTROY)
+                        live--;
+        }
+        return most;
+}
+
+static int many_producer(void *arg)
+{
+        struct chan *ch = arg;
+        dlx_client *c;
+        CUdeviceptr x;
+        char name[32];
+        uint64_t go;
+        int err;
+
+        c = child_start(ch, false, "many-producer", P_STREAM);
+        CHECK(c, "start");
+        x = cuda_fake_malloc((size_t)(DLX_GPU_IPC_EVENTS + 64) * 64);
+        CHECK(x, "malloc");
+        for (int k = 0; k < DLX_GPU_IPC_EVENTS + 64; k++) {
+                snprintf(name, sizeof(name), "lots/%d", k);
+                err = DLX(dlx_publish(c, name,
+                                      dev_tensor(kDLCUDA, x + (CUdeviceptr)k * 64, 64, 7, 0), NULL,
+                                      NULL));
+                CHECK(err == 0, "publish %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
+        }
+        CHECK(c_tell(ch, 1) == 0 && c_hear(ch, &go) == 0, "no end");
+        DLXV(dlx_close(c));
+        return 0;
+}
+
+START_TEST(attack_release_events_bounded)
+{
+        const int n = DLX_GPU_IPC_EVENTS + 64;
+        DLManagedTensorVersioned **ts = calloc((size_t)n, sizeof(*ts));
+        struct chan ch;
+        dlx_client *c;
+        char name[32];
+        pid_t pid, me = getpid();
+        int most;
+
+        ck_assert_ptr_nonnull(ts);
+        pid = spawn_on(&ch, many_producer, &ch);
+        ck_assert_uint_eq(hear(&ch), 1);
+        c = fx_connect(&fx, "many-reader");
+        ck_assert_int_eq(DLX(dlx_set_stream(c, 0, C_STREAM)), 0);
+        for (int k = 0; k < n; k++) {
+                int err;
+
+                snprintf(name, sizeof(name), "lots/%d", k);
+                err = DLX(dlx_acquire(c, name, NULL, &ts[k]));
+                ck_assert_msg(err == 0, "acquire %s: %s (%s)", name, dlx_strerror(err),
+                              dlx_last_error());
+        }
+        for (int k = 0; k < n; k++)
+                DLXV(ts[k]->deleter(ts[k]));
+        most = max_live_interprocess(me);
+        tell(&ch, 1);
+        reap(pid, "producer");
+        DLXV(dlx_close(c));
+        free(ts);
+        chan_close(&ch);
+        ck_assert_msg(most <= DLX_GPU_IPC_EVENTS,
+                      "a reader releasing %d tensors had %d interprocess events alive at once "
+                      "(bound %d)",
+                      n, most, DLX_GPU_IPC_EVENTS);
+        assert_nothing_live("after close");
+}
+END_TEST
+
+/*
+ * README: "A process makes at most 1024 interprocess events; past that, publishing waits for
+ * its stream on the host". Per process, not per client: two clients of one process publish
+ * 600 live versions each.
+ */
+START_TEST(attack_event_bound_is_per_process)
+{
+        const int per = 600;
+        dlx_client *a, *b;
+        CUdeviceptr x;
+        char name[32];
+        pid_t me = getpid();
+        int most;
+
+        a = fx_connect(&fx, "bound-a");
+        b = fx_connect(&fx, "bound-b");
+        ck_assert_int_eq(DLX(dlx_set_stream(a, 0, P_STREAM)), 0);
+        ck_assert_int_eq(DLX(dlx_set_stream(b, 0, W_STREAM)), 0);
+        x = cuda_fake_malloc((size_t)per * 2 * 64);
+        ck_assert(x);
+        for (int k = 0; k < per; k++) {
+                snprintf(name, sizeof(name), "ba/%d", k);
+                publish_dev(a, name, x + (CUdeviceptr)k * 64, 64, 3, NULL);
+                snprintf(name, sizeof(name), "bb/%d", k);
+                publish_dev(b, name, x + (CUdeviceptr)(per + k) * 64, 64, 3, NULL);
+        }
+        most = max_live_interprocess(me);
+        DLXV(dlx_close(b));
+        DLXV(dlx_close(a));
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        ck_assert_msg(most <= DLX_GPU_IPC_EVENTS,
+                      "two clients of one process, %d live versions: %d interprocess events "
+                      "alive at once (bound %d per process)",
+                      2 * per, most, DLX_GPU_IPC_EVENTS);
+        assert_nothing_live("after close");
+}
+END_TEST
+
+/*
+ * dlx_close: "first waits on the host for the GPU work each version this client still holds
+ * was published after ..., so that a reader's lease or a persistent version never outlives
+ * the producer's writes". Versions replaced or unpublished but still leased are held too.
+ */
+START_TEST(attack_close_waits_for_replaced_leased_versions)
+{
+        struct dlx_publish_options o = {.stream = P_STREAM};
+        DLManagedTensorVersioned *t1, *t2;
+        dlx_client *p, *q;
+        CUdeviceptr x;
+        size_t start;
+        uint64_t e1, e2;
+        pid_t me = getpid();
+        bool w1, w2;
+
+        x = cuda_fake_malloc(IPC_SIZE);
+        ck_assert(x);
+        p = fx_connect(&fx, "replacer");
+        q = fx_connect(&fx, "holder");
+        start = log_now();
+        ck_assert_int_eq(DLX(dlx_publish(p, "rep/t", dev_tensor(kDLCUDA, x, 4096, 0, 0), &o, NULL)),
+                         0);
+        e1 = recorded_event(me, P_STREAM, start, 0);
+        ck_assert_int_eq(DLX(dlx_acquire(q, "rep/t", NULL, &t1)), 0);
+        start = log_now();
+        ck_assert_int_eq(
+                DLX(dlx_publish(p, "rep/u", dev_tensor(kDLCUDA, x + 4096, 4096, 1, 0), &o, NULL)),
+                0);
+        e2 = recorded_event(me, P_STREAM, start, 0);
+        ck_assert_int_eq(DLX(dlx_acquire(q, "rep/u", NULL, &t2)), 0);
+        /* v1 of rep/t replaced, rep/u unpublished: both still leased by q */
+        ck_assert_int_eq(
+                DLX(dlx_publish(p, "rep/t", dev_tensor(kDLCUDA, x + 8192, 4096, 2, 0), &o, NULL)),
+                0);
+        ck_assert_int_eq(DLX(dlx_unpublish(p, "rep/u")), 0);
+        ck_assert(e1 && e2 && e1 != e2);
+        start = log_now();
+        DLXV(dlx_close(p));
+        /* a host wait on each event, or on the stream they were recorded on, after both */
+        w1 = QFIND(.op = CUDA_FAKE_EVENT_SYNCHRONIZE, .pid = me, .event = e1, .from = start) >= 0;
+        w2 = QFIND(.op = CUDA_FAKE_EVENT_SYNCHRONIZE, .pid = me, .event = e2, .from = start) >= 0;
+        if (QFIND(.op = CUDA_FAKE_STREAM_SYNCHRONIZE, .pid = me, .by_stream = true,
+                  .stream = S(P_STREAM), .from = start) >= 0)
+                w1 = w2 = true;
+        ck_assert_msg(w1, "dlx_close did not wait for the writes of a replaced version still "
+                          "leased");
+        ck_assert_msg(w2, "dlx_close did not wait for the writes of an unpublished version still "
+                          "leased");
+        DLXV(t1->deleter(t1));
+        DLXV(t2->deleter(t2));
+        DLXV(dlx_close(q));
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/*
+ * dlx_publish: a persistent version waits "on the host instead (cuStreamSynchronize on that
+ * stream, never a device-wide sync)": on the publish stream, even one of a non-primary
+ * context or of another device.
+ */
+START_TEST(attack_persistent_publish_syncs_its_stream)
+{
+        static const CUstream streams[] = {X_STREAM, D1_STREAM};
+        dlx_client *c;
+        pid_t me = getpid();
+
+        two_devices_and_own_context();
+        c = fx_connect(&fx, "persist-streams");
+        for (int i = 0; i < 2; i++) {
+                struct dlx_publish_options o = {
+                        .copy = DLX_COPY_NEVER, .persist = true, .stream = streams[i]};
+                DLManagedTensorVersioned *t = alloc_on(c, kDLCUDA, VMM_LEN);
+                char name[32];
+                size_t start;
+                int err;
+
+                ck_assert_ptr_nonnull(t);
+                snprintf(name, sizeof(name), "pst/%d", i);
+                start = log_now();
+                err = DLX(dlx_publish(c, name, t, &o, NULL));
+                ck_assert_msg(err == 0, "persistent publish on stream %p: %s (%s)",
+                              (void *)streams[i], dlx_strerror(err), dlx_last_error());
+                ck_assert_msg(QFIND(.op = CUDA_FAKE_STREAM_SYNCHRONIZE, .pid = me,
+                                    .by_stream = true, .stream = S(streams[i]), .from = start) >= 0,
+                              "a persistent publish on stream %p did not synchronize it",
+                              (void *)streams[i]);
+        }
+        DLXV(dlx_close(c));
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/*
+ * After its producer's client closed (the process alive; dlx_close waited for the writes),
+ * dlx_tensor_wait has nothing to wait for: -ESRCH is "the producer's event is gone with its
+ * process: whether its writes were done is unknown", and neither holds. dlx_tensor_sync and
+ * the release still work once the consumer's own client is closed too.
+ */
+static int closing_producer(void *arg)
+{
+        struct chan *ch = arg;
+        dlx_client *c;
+        CUdeviceptr x;
+        uint64_t go;
+        int err;
+
+        c = child_start(ch, false, "closing-producer", P_STREAM);
+        CHECK(c, "start");
+        x = cuda_fake_malloc(IPC_SIZE);
+        CHECK(x, "malloc");
+        fill((void *)(uintptr_t)x, IPC_LEN, 17);
+        err = DLX(dlx_publish(c, "cl/t", dev_tensor(kDLCUDA, x, IPC_LEN, 0, 0), NULL, NULL));
+        CHECK(err == 0, "publish: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(c_tell(ch, 1) == 0 && c_hear(ch, &go) == 0, "no close order");
+        DLXV(dlx_close(c));
+        CHECK(c_tell(ch, 2) == 0 && c_hear(ch, &go) == 0, "no end");
+        return 0;
+}
+
+START_TEST(attack_wait_after_producer_closed)
+{
+        DLManagedTensorVersioned *t;
+        char bad[2048] = "";
+        struct chan ch;
+        dlx_client *c;
+        size_t mark;
+        pid_t pid, me = getpid();
+        int err;
+
+        pid = spawn_on(&ch, closing_producer, &ch);
+        ck_assert_uint_eq(hear(&ch), 1);
+        c = fx_connect(&fx, "after-close-consumer");
+        ck_assert_int_eq(DLX(dlx_set_stream(c, 0, C_STREAM)), 0);
+        ck_assert_int_eq(DLX(dlx_acquire(c, "cl/t", NULL, &t)), 0);
+        tell(&ch, 1);
+        ck_assert_uint_eq(hear(&ch), 2); /* its client closed (confirmed), the process alive */
+        ck_assert_int_eq(DLX(dlx_ping(c)), 0); /* whatever the daemon said of it is read */
+        err = DLX(dlx_tensor_wait(t, 0));
+        if (err != 0)
+                snprintf(bad + strlen(bad), sizeof(bad) - strlen(bad),
+                         "\n  dlx_tensor_wait, the producer's client closed (its writes waited "
+                         "for), its process alive: %s (%s)",
+                         dlx_strerror(err), dlx_last_error());
+        /* a stream of this process, live: only the producer's event is gone */
+        err = DLX(dlx_tensor_sync(t, C2_STREAM));
+        if (err != 0)
+                snprintf(bad + strlen(bad), sizeof(bad) - strlen(bad),
+                         "\n  dlx_tensor_sync(a live stream), the producer's client closed: %s "
+                         "(%s)",
+                         dlx_strerror(err), dlx_last_error());
+        DLXV(dlx_close(c));
+        err = DLX(dlx_tensor_sync(t, W_STREAM));
+        if (err != 0)
+                snprintf(bad + strlen(bad), sizeof(bad) - strlen(bad),
+                         "\n  dlx_tensor_sync(a live stream) after the consumer's dlx_close "
+                         "too: %s (%s)",
+                         dlx_strerror(err), dlx_last_error());
+        mark = log_now();
+        DLXV(t->deleter(t));
+        if (err == 0 && recorded_event(me, W_STREAM, mark, 0) == 0 &&
+            QFIND(.op = CUDA_FAKE_STREAM_SYNCHRONIZE, .pid = me, .by_stream = true,
+                  .stream = S(W_STREAM), .from = mark) < 0)
+                snprintf(bad + strlen(bad), sizeof(bad) - strlen(bad),
+                         "\n  the release did not join the stream synced after close");
+        tell(&ch, 2);
+        reap(pid, "producer");
+        chan_close(&ch);
+        assert_nothing_live("after close");
+        ck_assert_msg(!bad[0], "after the producer's dlx_close:%s", bad);
+}
+END_TEST
+
+/* dlx_publish: "-ENOTSUP a device dlx cannot share ..., DLX_COPY_ALWAYS for a CUDA tensor". */
+START_TEST(attack_publish_refusals)
+{
+        struct dlx_publish_options always = {.copy = DLX_COPY_ALWAYS};
+        DLManagedTensorVersioned *t;
+        dlx_client *c;
+        CUdeviceptr x, m;
+        int err;
+
+        x = cuda_fake_malloc(IPC_SIZE);
+        m = cuda_fake_malloc_kind(IPC_SIZE, CUDA_FAKE_MEMORY_MANAGED);
+        ck_assert(x && m);
+        c = fx_connect(&fx, "refusals");
+        err = DLX(dlx_publish(c, "ref/always", dev_tensor(kDLCUDA, x, 4096, 0, 0), &always, NULL));
+        ck_assert_msg(err == -ENOTSUP, "DLX_COPY_ALWAYS of a CUDA tensor: %s (%s)",
+                      dlx_strerror(err), dlx_last_error());
+        ck_assert_int_eq(runs(0), 1);
+        t = dev_tensor(kDLCUDAManaged, m, 4096, 1, 0);
+        err = DLX(dlx_publish(c, "ref/managed-type", t, NULL, NULL));
+        ck_assert_msg(err == -ENOTSUP, "a kDLCUDAManaged tensor: %s (%s)", dlx_strerror(err),
+                      dlx_last_error());
+        ck_assert_int_eq(runs(1), 1);
+        t = dev_tensor(kDLCUDA, x, 4096, 2, 0);
+        t->dl_tensor.device.device_id = -1;
+        err = DLX(dlx_publish(c, "ref/negative-device", t, NULL, NULL));
+        ck_assert_msg(err == -EINVAL || err == -ENODEV, "device_id -1: %s (%s)", dlx_strerror(err),
+                      dlx_last_error());
+        ck_assert_int_eq(runs(2), 1);
+        DLXV(dlx_close(c));
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        ck_assert_int_eq(cuda_fake_free(m), CUDA_SUCCESS);
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/*
+ * Issue 4: "Waiting on a destroyed or dead peer's IPC event is undefined and can hang a
+ * stream for ever". After the producer is killed (its work done), dlx_tensor_sync with a live
+ * stream must not queue a wait on its dead event; dlx_tensor_sync's "-EINVAL (not an acquired
+ * tensor, or not a live CUDA stream)" does not describe this case.
+ */
+START_TEST(attack_sync_after_producer_killed)
+{
+        DLManagedTensorVersioned *t;
+        struct chan ch;
+        dlx_client *c;
+        uint64_t ev;
+        pid_t pid;
+        int err;
+
+        pid = spawn_on(&ch, killed_producer, &ch);
+        ev = hear(&ch);
+        ck_assert(ev != 0);
+        c = fx_connect(&fx, "sync-after-kill");
+        ck_assert_int_eq(DLX(dlx_set_stream(c, 0, C_STREAM)), 0);
+        ck_assert_int_eq(DLX(dlx_acquire(c, "kill/t", NULL, &t)), 0);
+        kill(pid, SIGKILL);
+        ck_assert_int_eq(fx_wait(pid), 128 + SIGKILL);
+        ck_assert_int_eq(DLX(dlx_ping(c)), 0);
+        err = DLX(dlx_tensor_sync(t, C2_STREAM));
+        ck_assert_msg(err != -EINVAL,
+                      "dlx_tensor_sync(a live stream) after the producer was killed: %s (%s)",
+                      dlx_strerror(err), dlx_last_error());
+        DLXV(t->deleter(t));
+        DLXV(dlx_close(c));
+        chan_close(&ch);
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
 /* DLX_CUDA_ONLY=<test name> runs one test, every row of a table test (for debugging). */
 static void add_loop(TCase *tc, const TTest *t, int rows)
 {
@@ -3444,6 +5144,37 @@ Suite *cuda_double_suite(void)
         add(tc, framework_memory);
         add(tc, read_only_vmm_where_granted);
         add(tc, consumer_way_out_of_a_killed_producer);
+        suite_add_tcase(s, tc);
+
+        /* reader13: a second reader's attacks on the CUDA promises */
+        tc = tcase_create("reader13-attacks");
+        tcase_add_checked_fixture(tc, cuda_setup, cuda_teardown);
+        tcase_set_timeout(tc, 120);
+        add(tc, attack_default_stream_is_per_device);
+        add(tc, attack_sync_legacy_aliases);
+        add(tc, attack_sync_stream_of_own_context);
+        add(tc, attack_bogus_streams);
+        add(tc, attack_release_record_fails);
+        add(tc, attack_write_protected_tells_the_truth);
+        add(tc, attack_pidns_vmm_and_host);
+        add(tc, attack_producer_exited_still_listed);
+        add(tc, attack_ipc_allocation_freed);
+        add(tc, attack_events_come_back_after_release);
+        add(tc, attack_tensor_wait_edges);
+        add(tc, attack_vmm_byte_offset_in_next_mapping);
+        add(tc, attack_exchange_export_of_acquired);
+        add(tc, attack_three_devices_remapped);
+        add(tc, attack_streams_of_other_devices_for_publish_and_wait);
+        add(tc, attack_sync_64_streams);
+        add(tc, attack_events_of_an_ended_session);
+        add(tc, attack_reader_killed_with_release_unfinished);
+        add(tc, attack_release_events_bounded);
+        add(tc, attack_event_bound_is_per_process);
+        add(tc, attack_close_waits_for_replaced_leased_versions);
+        add(tc, attack_persistent_publish_syncs_its_stream);
+        add(tc, attack_wait_after_producer_closed);
+        add(tc, attack_publish_refusals);
+        add(tc, attack_sync_after_producer_killed);
         suite_add_tcase(s, tc);
         return s;
 }
