@@ -495,8 +495,8 @@ static void resolve_segment(dlx_client *c, struct pending *p)
                                         "'%s' is shared as storage kind %u, which this build "
                                         "cannot map",
                                         t->name, t->storage);
-                } else if (kind->needs_cuda && (err = dlx__gpu_local_device(t)) < 0) {
-                        /* a GPU this process does not see: nothing to map it on */
+                } else if (kind->needs_cuda && (err = dlx__gpu_reachable(t)) < 0) {
+                        /* another PID namespace, or a GPU not seen here: nothing to map */
                 } else if (kind->check != STORAGE_CHECK_HANDLE) {
                         /* (a handle travels in the descriptor: no segment to map) */
                         err = dlx__map_get(c, t->segment, t->storage, t->device_id,

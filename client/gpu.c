@@ -80,6 +80,15 @@ struct opened_event {
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Interprocess events this process made (drivers fail at some tens of thousands). cache_lock. */
 static unsigned ipc_events;
+/*
+ * Publish events of versions a client still held when it closed: readers may
+ * hold leases on them, and wait on the event, for as long as they like. Their
+ * work is done (dlx__gpu_close), so such a wait ends at once; destroyed, the
+ * event would leave the wait undefined. Kept while the process lives, and
+ * counted among its interprocess events. cache_lock.
+ */
+static struct gpu_event *retired;
+static unsigned nretired;
 static struct avl_tree ipc_cache;
 static struct avl_tree event_cache;
 static struct gpu_ipc *closing;
@@ -184,12 +193,32 @@ uint64_t dlx__pid_namespace(void)
         return (uint64_t)st.st_ino;
 }
 
-int dlx__gpu_local_device(struct wire_tensor *t)
+int dlx__gpu_reachable(struct wire_tensor *t)
 {
         const struct dlx_cuda_driver *cu;
         int err, ordinal;
         char hex[2 * DLX_CUDA_UUID + 1];
 
+        /* legacy IPC finds its exporter by pid: within one PID namespace only */
+        if (t->pid_namespace && dlx__pid_namespace() && t->pid_namespace != dlx__pid_namespace()) {
+                if (t->storage == WIRE_STORAGE_CUDA_IPC)
+                        return dlx__fail(-EXDEV,
+                                         "'%s' is shared by legacy CUDA IPC from another PID "
+                                         "namespace (a container that does not share the "
+                                         "producer's), where its handle cannot open: publish "
+                                         "it persistent from dlx_alloc() memory (cuda-vmm, "
+                                         "whose fd travels through dlxd), or share the PID "
+                                         "namespace",
+                                         t->name);
+                if (t->has_event)
+                        return dlx__fail(-EXDEV,
+                                         "'%s' is ordered by a legacy CUDA IPC event from "
+                                         "another PID namespace, where it cannot open: publish "
+                                         "it persistent (its writes are then done when it is "
+                                         "published, and it needs no event), or share the PID "
+                                         "namespace",
+                                         t->name);
+        }
         if (t->device_type != kDLCUDA || !t->has_device_uuid)
                 return 0;
         err = dlx__cuda(&cu);
@@ -269,6 +298,9 @@ static int open_once(const struct dlx_cuda_driver *cu, const uint8_t handle[DLX_
         if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE)
                 /* what the driver says of a handle whose process has exited */
                 return dlx__fail(-ESRCH, "cuIpcOpenEventHandle: the event's process is gone");
+        if (r == CUDA_ERROR_INVALID_CONTEXT)
+                /* one of this process's, no longer known: its client closed, its work done */
+                return dlx__fail(-ESRCH, "cuIpcOpenEventHandle: the event's client has closed");
         if (r != CUDA_SUCCESS)
                 return dlx__cuda_fail(cu, r, "cuIpcOpenEventHandle");
         return 0;
@@ -771,26 +803,6 @@ int dlx__gpu_acquire(dlx_client *c, const struct wire_tensor *t, struct seg_map 
 
         if (t->storage == WIRE_STORAGE_CUDA_IPC && !t->has_ipc_handle)
                 return dlx__fail(-EPROTO, "a cuda-ipc tensor without its handle");
-        /* legacy IPC finds its exporter by pid: within one PID namespace only */
-        if (t->pid_namespace && dlx__pid_namespace() && t->pid_namespace != dlx__pid_namespace()) {
-                if (t->storage == WIRE_STORAGE_CUDA_IPC)
-                        return dlx__fail(-EXDEV,
-                                         "'%s' is shared by legacy CUDA IPC from another PID "
-                                         "namespace (a container that does not share the "
-                                         "producer's), where its handle cannot open: publish "
-                                         "it persistent from dlx_alloc() memory (cuda-vmm, "
-                                         "whose fd travels through dlxd), or share the PID "
-                                         "namespace",
-                                         t->name);
-                if (t->has_event)
-                        return dlx__fail(-EXDEV,
-                                         "'%s' is ordered by a legacy CUDA IPC event from "
-                                         "another PID namespace, where it cannot open: publish "
-                                         "it persistent (its writes are then done when it is "
-                                         "published, and it needs no event), or share the PID "
-                                         "namespace",
-                                         t->name);
-        }
         if (t->storage == WIRE_STORAGE_CUDA_VMM && (!vmm || vmm->device != device))
                 return dlx__fail(-EPROTO, "a cuda-vmm tensor without its mapping on device %d",
                                  device);
@@ -1090,9 +1102,35 @@ void dlx__gpu_close(dlx_client *c)
          */
         for (struct avl_node *n = avl_first(&c->held); n; n = avl_next(n)) {
                 struct held *h = avl_entry(n, struct held, node);
-                if (h->has_gpu && h->gpu.event && h->gpu.event->recorded)
-                        cu->EventSynchronize(h->gpu.event->ev);
+                struct gpu_event *e = h->has_gpu ? h->gpu.event : NULL;
+                if (!e)
+                        continue;
+                if (e->recorded)
+                        cu->EventSynchronize(e->ev);
+                h->gpu.event = NULL;
+                pthread_mutex_lock(&cache_lock);
+                e->next = retired;
+                retired = e;
+                nretired++;
+                pthread_mutex_unlock(&cache_lock);
         }
+}
+
+int dlx__gpu_usable(void)
+{
+        const struct dlx_cuda_driver *cu;
+
+        return dlx__cuda(&cu);
+}
+
+unsigned dlx__gpu_retired(void)
+{
+        unsigned n;
+
+        pthread_mutex_lock(&cache_lock);
+        n = nretired;
+        pthread_mutex_unlock(&cache_lock);
+        return n;
 }
 
 void dlx__gpu_final(dlx_client *c)

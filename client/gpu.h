@@ -105,10 +105,12 @@ DLX_HIDDEN void dlx__gpu_unregister_host(struct seg_map *m);
 /* The calling process's PID namespace (the inode of /proc/self/ns/pid), 0 if unknown. */
 DLX_HIDDEN uint64_t dlx__pid_namespace(void);
 /*
- * An acquired kDLCUDA tensor's device_id as this process numbers it: found by
- * the UUID the producer sent. 0, or -ENODEV (a GPU this process does not see).
+ * Before anything of an acquired CUDA tensor is mapped: -EXDEV when it needs
+ * legacy IPC from another PID namespace; then its device_id as this process
+ * numbers it, found by the UUID the producer sent (-ENODEV: a GPU this process
+ * does not see). 0 when it can be had here.
  */
-DLX_HIDDEN int dlx__gpu_local_device(struct wire_tensor *t);
+DLX_HIDDEN int dlx__gpu_reachable(struct wire_tensor *t);
 
 /* The client's current stream for a device (NULL: the legacy default stream). */
 DLX_HIDDEN void *dlx__gpu_stream(dlx_client *c, int device);
@@ -116,13 +118,18 @@ DLX_HIDDEN void *dlx__gpu_stream(dlx_client *c, int device);
 /*
  * dlx_close() begins: waits on the host for the work each version this client
  * still holds was published after, so that what outlives the client (a
- * persistent version, a reader's lease) never races its producer's writes.
- * Lock held.
+ * persistent version, a reader's lease) never races its producer's writes;
+ * their events are kept for the process's life (a reader may still wait on
+ * them: dlx__gpu_retired). Lock held.
  */
 DLX_HIDDEN void dlx__gpu_close(dlx_client *c);
 
 /* Frees the backend's caches and pools (the client's last reference went). */
 DLX_HIDDEN void dlx__gpu_final(dlx_client *c);
+/* Publish events kept for the process's life after their client closed (tests count them). */
+DLX_HIDDEN unsigned dlx__gpu_retired(void);
+/* 0 when CUDA can be used in this process, else -ENODEV saying why (fork, no driver). */
+DLX_HIDDEN int dlx__gpu_usable(void);
 
 #else
 
@@ -212,7 +219,11 @@ static inline void dlx__gpu_unregister_host(struct seg_map *m)
 {
         (void)m;
 }
-static inline int dlx__gpu_local_device(struct wire_tensor *t)
+static inline int dlx__gpu_usable(void)
+{
+        return no_cuda("libdlx was built without CUDA");
+}
+static inline int dlx__gpu_reachable(struct wire_tensor *t)
 {
         (void)t;
         return 0;

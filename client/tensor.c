@@ -269,7 +269,8 @@ int dlx_tensor_sync(DLManagedTensorVersioned *t, void *stream)
                 return dlx__fail(-EINVAL, "not a tensor from dlx_acquire()");
         if (!a->has_gpu)
                 return 0; /* host memory: every write was done before publish returned */
-        if ((err = dlx__usable(a->c)) < 0)
+        /* in a forked child: CUDA's own answer (-ENODEV, saying why) before the client's */
+        if ((err = dlx__gpu_usable()) < 0 || (err = dlx__usable(a->c)) < 0)
                 return err;
         pthread_mutex_lock(&a->c->lock);
         err = dlx__gpu_sync(a->c, &a->gpu, stream);

@@ -127,7 +127,9 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
  *
  * CUDA: first waits on the host for the GPU work each version this client still
  * holds was published after (its stream's, at publish), so that a reader's
- * lease or a persistent version never outlives the producer's writes.
+ * lease or a persistent version never outlives the producer's writes; those
+ * versions' interprocess events are kept for the life of the process (readers
+ * may still wait on them), counted against its 1024 (dlx_publish()).
  *
  * In a process forked from the one that connected, dlx_close() only closes
  * this process's copies of the client's descriptors: the connection and its
