@@ -2875,6 +2875,7 @@ START_TEST(cuda_host_ordered_like_device_memory)
         /* a copy of pinned host memory waits for the GPU's writes to it first */
         plain = aligned_alloc(64, 4096);
         ck_assert_ptr_nonnull(plain);
+        memset(plain, 0x5a, 4096);
         start = log_now();
         ck_assert_int_eq(DLX(dlx_publish(c, "host/copy",
                                          dev_tensor(kDLCUDAHost, (uintptr_t)plain, 4096, 2, 0),
@@ -3973,6 +3974,7 @@ static void dup_sockets(void)
         char path[300], target[128];
         struct dirent *de;
         DIR *d = opendir("/proc/self/fd");
+        int self = d ? dirfd(d) : -1; /* the listing's own fd, gone after closedir */
 
         while (d && n < 64 && (de = readdir(d))) {
                 ssize_t len;
@@ -3985,7 +3987,7 @@ static void dup_sockets(void)
         if (d)
                 closedir(d);
         for (int i = 0; i < n; i++)
-                if (fds[i] != (d ? dirfd(d) : -1))
+                if (fds[i] != self)
                         (void)dup(fds[i]);
 }
 
