@@ -283,14 +283,14 @@ START_TEST(slow_reader_not_dropped)
         snprintf(timeout, sizeof(timeout), "%d", TIMEOUT_MS * fx_slowdown());
         dlxd_start(&fx, args);
         good = fx_connect(&fx, "producer");
-        publish_long_names(good, 512);
+        publish_long_names(good, 128);
         sock = rp_connect(fx.socket, "slow");
         /* 40 requests ahead of the replies (more would fill the socket the other way) */
         for (int i = 0; i < 40; i++) {
                 list_req(&req, 100 + (uint64_t)i);
                 rp_send(sock, &req, -1);
         }
-        /* 600 replies of ~110 KiB, a read every 10 ms at most: over three timeouts */
+        /* 600 replies of ~28 KiB, a read every 10 ms at most: over three timeouts */
         for (int i = 0; i < lists; i++) {
                 int r = rp_read(sock, &rep, 10000 * fx_slowdown(), NULL);
                 ck_assert_msg(r == 1, "reply %d: %s", i, r == 0 ? "EOF (dropped)" : strerror(-r));
