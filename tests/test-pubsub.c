@@ -28,6 +28,7 @@
 #include "fixture.h"
 #include "internal.h" /* forgotten_segment_unmapped_after_crossing_reply: when a request is out */
 #include "rawpeer.h"
+#include "ring.h" /* release_after_idle_reaches_producer: whether the daemon sleeps on it */
 #include "wire_limits.h"
 
 /* ---- helpers ------------------------------------------------------------------------- */
@@ -1071,28 +1072,34 @@ START_TEST(release_after_idle_reaches_producer)
         publish_ok(p, "idle/x", fx_counted(fx_vec_f32(p, 8, 1.0f), count), NULL, NULL);
         t = acquire_ok(q, "idle/x", NULL);
         ck_assert_int_eq(dlx_unpublish(p, "idle/x"), 0);
-        /* long enough for the daemon to have put the consumer's ring to sleep */
-        fx_sleep_ms(100);
+        /*
+         * Until the daemon has put the consumer's ring to sleep (the consumer
+         * says nothing meanwhile): a nap of 100 ms was not always long enough.
+         * Once asleep, the daemon looks at the ring again only if the release
+         * wakes it, so the release arriving at all is the test; how soon is
+         * the machine's business.
+         */
+        for (int i = 0; i < 2000 && !__atomic_load_n(&q->ring->asleep, __ATOMIC_SEQ_CST); i++)
+                fx_sleep_ms(5);
+        ck_assert_msg(q->ring->asleep, "the daemon never put a quiet consumer's ring to sleep");
         start = fx_now_ms();
         t->deleter(t);
-        while (*count == 0 && fx_now_ms() - start < 2000) {
+        while (*count == 0 && fx_now_ms() - start < 10000) {
                 fx_sleep_ms(2);
                 ck_assert_int_ge(dlx_process_events(p), 0);
         }
         ck_assert_int_eq(*count, 1);
-        ck_assert_int_lt(fx_now_ms() - start, 500);
         /* and one released while it is awake, with the consumer then going quiet */
         publish_ok(p, "idle/y", fx_counted(fx_vec_f32(p, 8, 2.0f), count), NULL, NULL);
         t = acquire_ok(q, "idle/y", NULL);
         ck_assert_int_eq(dlx_unpublish(p, "idle/y"), 0);
         t->deleter(t);
         start = fx_now_ms();
-        while (*count == 1 && fx_now_ms() - start < 2000) {
+        while (*count == 1 && fx_now_ms() - start < 10000) {
                 fx_sleep_ms(2);
                 ck_assert_int_ge(dlx_process_events(p), 0);
         }
         ck_assert_int_eq(*count, 2);
-        ck_assert_int_lt(fx_now_ms() - start, 500);
         dlx_close(q);
         dlx_close(p);
         munmap(count, 4096);
