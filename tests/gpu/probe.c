@@ -352,17 +352,35 @@ static void finish(struct worker *w, double secs)
         w->pid = -1;
 }
 
-/* The last value reported for key, or NULL. What val() and outcome() return is never freed:
- * a coordinator lives for one probe. */
+/* Every value val() handed out, kept reachable (a leak checker's view) until the run ends. */
+struct kept {
+        struct kept *next;
+        char s[];
+};
+static struct kept *kept;
+
+/* The last value reported for key, or NULL. What val() and outcome() return lives until the
+ * process ends: a coordinator lives for one probe. */
 static const char *val(const struct worker *w, const char *key)
 {
-        size_t k = strlen(key);
+        size_t k = strlen(key), n;
         const char *found = NULL;
+        struct kept *v;
 
         for (const char *l = w->buf; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
                 if (!strncmp(l, key, k) && l[k] == '=')
                         found = l + k + 1;
-        return found ? strndup(found, strcspn(found, "\n")) : NULL;
+        if (!found)
+                return NULL;
+        n = strcspn(found, "\n");
+        v = malloc(sizeof(*v) + n + 1);
+        if (!v)
+                return "(out of memory)";
+        memcpy(v->s, found, n);
+        v->s[n] = '\0';
+        v->next = kept;
+        kept = v;
+        return v->s;
 }
 
 /* What the worker reported for key or, if nothing, why not. */
