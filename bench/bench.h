@@ -34,13 +34,15 @@ enum scenario {
         SC_EXCHANGE = 1u << 7,
         SC_CUDA = 1u << 8,
         SC_WATCHES = 1u << 9,
+        SC_PLACEMENT = 1u << 10,
 };
 
 /* Where latency measurements run: see pin_self(). */
 enum pin {
-        PIN_SAME,  /* everything on one CPU (the default) */
+        PIN_SAME,  /* everything on one CPU (the default for all but the placement scenario) */
         PIN_SPLIT, /* clients on one CPU, servers (dlxd, echo) on another */
         PIN_NONE,  /* wherever the scheduler puts it */
+        PIN_MODES
 };
 
 /* Roles of processes, for pinning. */
@@ -50,7 +52,9 @@ enum role {
 };
 
 struct options {
-        enum pin pin;
+        enum pin pin;        /* the placement now (every scenario but placement: --pin's) */
+        unsigned placements; /* 1 << enum pin: the placements the placement scenario runs */
+        bool pin_daemon;     /* dlxd is ours to pin */
         bool quick;
         bool json;
         unsigned only;      /* enum scenario bits to run */
@@ -84,6 +88,8 @@ void stats_of(double *v, size_t n, struct stats *ret);
 uint64_t mem_available(void);
 /* VmRSS of pid in KiB, or -1. */
 long rss_kib(pid_t pid);
+/* CPU time pid has used so far (ns, /proc/PID/schedstat), or 0 when unknown. */
+uint64_t cpu_ns(pid_t pid);
 /* Times pid was switched out, waiting or preempted (its context switches), or -1: about
  * how many times it ran. */
 long switches(pid_t pid);
@@ -96,12 +102,15 @@ bool fits(uint64_t size, uint64_t need, const char **why);
  * its two ends happen to sit on different CPUs as when they share one, and the
  * scheduler moves them at will: unpinned medians are bimodal. Pinning every
  * latency measurement the same way (its floor included) makes them comparable.
- * pin_init() picks the CPUs (PIN_SPLIT falls back to PIN_SAME on one CPU).
+ * pin_init() picks the CPUs (PIN_SPLIT falls back to PIN_SAME on one CPU). Under
+ * PIN_NONE pin_pid() gives a process every CPU the run started with back.
  */
 void pin_init(void);
 /* Pins the calling process (pin_pid: another one) to its role's CPU. Returns 0 or -errno. */
 int pin_self(enum role role);
 int pin_pid(pid_t pid, enum role role);
+/* "same", "split", "none" */
+const char *pin_name(enum pin pin);
 /* "split (CPUs 0 and 1)" ... */
 const char *pin_describe(char *buf, size_t len);
 
@@ -169,6 +178,11 @@ DLManagedTensorVersioned *view_new(void *data, uint64_t bytes, DLDevice device);
 /* name under opt.prefix: "<prefix>/<fmt...>". */
 void bench_name(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* CPU time (ns) of a client and of a server over ops operations. */
+struct cpu_use {
+        uint64_t client, server, ops;
+};
+
 /* ---- reporting ------------------------------------------------------------------------------ */
 
 struct row {
@@ -182,12 +196,28 @@ struct row {
         const char *unit;
         bool has_ratio;
         double ratio;
-        const char *ratio_to; /* "rt", "fd", "memcpy", "echo", ... */
-        double floor_median;  /* the floor sampled alongside (ns), 0 when none */
+        const char *ratio_to;  /* "rt", "fd", "memcpy", "echo", ... */
+        double floor_median;   /* the floor sampled alongside (ns), 0 when none */
+        const char *placement; /* "same", "split", "none" (shown in place of the scenario) */
+        bool has_cpu;          /* CPU time per operation (ns): the clients' and the server's */
+        double cpu_client, cpu_server;
 };
 
 /* Prints the row (unless --json) and keeps it for the JSON report. */
 void report_row(const struct row *r);
+/* A row of latency samples v (n, in ns): wakes < 0 and cpu NULL are not shown. */
+struct latency {
+        const char *scenario, *key, *label;
+        const char *placement; /* NULL: the run's own */
+        double *v;
+        size_t n;
+        double *floor; /* n samples of a floor taken alongside, or NULL: gives the ratio */
+        const char *floor_name;
+        double wakes;              /* dlxd context switches per operation */
+        const struct cpu_use *cpu; /* CPU time of cpu->ops operations */
+};
+/* Reports it (sorting v and floor); its stats into *ret (may be NULL). Returns the ratio, or 0. */
+double latency_row(const struct latency *l, struct stats *ret);
 /* A target: value op limit, printed as met or missed (never a failure). */
 void report_target(const char *key, const char *what, double value, bool at_most, double limit,
                    const char *unit);
@@ -240,6 +270,10 @@ enum floor_kind {
 };
 int floor_service_start(void);
 void floor_service_stop(void);
+/* Pins the floor service's processes again, after opt.pin changed. */
+void floor_service_repin(void);
+/* The floor service's round trips so far and the CPU time they took. */
+void floor_cpu(struct cpu_use *ret);
 /* n samples (ns) of kind into out, after a short untimed warm-up. Returns 0 or -1. */
 int floor_sample(enum floor_kind kind, long n, double *out);
 
@@ -256,10 +290,21 @@ typedef int (*pace_op)(void *ctx, long i);
 int paced_loop(int ctl, long warm, int block_warm, long n, double *samples, pace_op op, void *ctx);
 /* In the parent: n floor samples of kind into floor, alternating with the child's blocks. */
 int paced_run(struct child *ch, long n, enum floor_kind kind, double *floor);
+/* The same with block(ctx, lo, hi) before each of the child's blocks, in place of the floor. */
+typedef int (*pace_block)(void *ctx, long lo, long hi);
+int paced_run_with(struct child *ch, long n, pace_block block, void *ctx);
 
 int run_floor(void);
 /* Echo-server throughput with k clients for opt.duration; ops/s into *ret. */
 int echo_throughput(int k, double *ret_ops);
+
+/*
+ * A paced hot consumer of a tensor of size bytes (0: dlx_ping) that a producer child
+ * publishes: n samples, and n of the round-trip floor alongside; the daemon's context
+ * switches per operation, and the consumer's and the daemon's CPU time. 0 or -1.
+ */
+int hot_measure(uint64_t size, long n, double *samples, double *floor, double *ret_wakes,
+                struct cpu_use *ret_cpu);
 
 int run_scale(void);
 int run_hot(void);
@@ -270,5 +315,6 @@ int run_watches(void);
 int run_throughput(void);
 int run_exchange(void);
 int run_cuda(void);
+int run_placement(void);
 
 #endif /* DLX_BENCH_H */

@@ -18,7 +18,9 @@
  * new segment), publish (zero-copy vs one copy), watch (publish-to-event),
  * watches (publish while many watches match nothing), throughput (1..64
  * consumers vs an epoll echo server), exchange (the DLPackExchangeAPI slots),
- * cuda (with --cuda; skipped without a driver).
+ * cuda (with --cuda; skipped without a driver). placement (after watch) runs the
+ * round trip, ping, hot 4 KiB and a hand-off against a 3-process relay in every
+ * placement --pin asks for (by default all three: same, split and none).
  *
  * This file holds the options, the daemon's lifetime and cleanup on every path.
  */
@@ -65,14 +67,17 @@ static void usage(FILE *f)
                 "  --dlxd PATH         the dlxd to start (default: $DLXD, else %s)\n"
                 "  --max-size BYTES    largest tensor to use (suffixes K, M, G; default 1G)\n"
                 "  --only LIST         scenarios to run, comma-separated: floor, scale, hot,\n"
-                "                      cold, publish, watch, watches, throughput, exchange,\n"
-                "                      cuda\n"
+                "                      cold, publish, watch, placement, watches, throughput,\n"
+                "                      exchange, cuda\n"
                 "  --iterations N      timed samples per latency measurement (default 10000)\n"
                 "  --duration SECONDS  length of each throughput run (default 2)\n"
                 "  --pin MODE          where latency measurements and servers run: same\n"
-                "                      (default: one CPU for all, stable figures), split\n"
-                "                      (clients on one CPU, dlxd and echo servers on another:\n"
-                "                      adds the machine's cross-CPU wake-up) or none\n"
+                "                      (one CPU for all, stable figures), split (clients on\n"
+                "                      one CPU, dlxd and echo servers on another: adds the\n"
+                "                      machine's cross-CPU wake-up), none (the scheduler's\n"
+                "                      choice: what users get) or all (the default: the\n"
+                "                      placement scenario runs in each of the three, the\n"
+                "                      others on one CPU as with same)\n"
                 "  --cuda              also run the CUDA scenario (skipped without a driver)\n"
                 "  -h, --help          show this help\n",
                 DLXD_PATH);
@@ -85,7 +90,7 @@ static const struct {
         {"floor", SC_FLOOR},     {"scale", SC_SCALE},           {"hot", SC_HOT},
         {"cold", SC_COLD},       {"publish", SC_PUBLISH},       {"watch", SC_WATCH},
         {"watches", SC_WATCHES}, {"throughput", SC_THROUGHPUT}, {"exchange", SC_EXCHANGE},
-        {"cuda", SC_CUDA},
+        {"cuda", SC_CUDA},       {"placement", SC_PLACEMENT},
 };
 
 static int parse_only(const char *s, unsigned *ret)
@@ -216,6 +221,7 @@ static int daemon_start(void)
         close(pipefd[0]);
         opt.socket = socket_path;
         opt.daemon_pid = pid;
+        opt.pin_daemon = true;
         pin_pid(pid, ROLE_SERVER);
         return 0;
 }
@@ -309,6 +315,7 @@ int main(int argc, char **argv)
                 {SC_COLD, run_cold, "cold"},
                 {SC_PUBLISH, run_publish, "publish"},
                 {SC_WATCH, run_watch, "watch"},
+                {SC_PLACEMENT, run_placement, "placement"},
                 {SC_WATCHES, run_watches, "watches"},
                 {SC_THROUGHPUT, run_throughput, "throughput"},
                 {SC_EXCHANGE, run_exchange, "exchange"},
@@ -321,6 +328,7 @@ int main(int argc, char **argv)
         int c, failures, status;
 
         opt.only = ~0u & ~(unsigned)SC_CUDA;
+        opt.placements = (1u << PIN_MODES) - 1;
         opt.dlxd = env && *env ? env : DLXD_PATH;
         while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
                 switch (c) {
@@ -371,16 +379,19 @@ int main(int argc, char **argv)
                         cuda = true;
                         break;
                 case 'p':
-                        if (strcmp(optarg, "split") == 0) {
-                                opt.pin = PIN_SPLIT;
-                        } else if (strcmp(optarg, "same") == 0) {
+                        if (strcmp(optarg, "all") == 0) {
                                 opt.pin = PIN_SAME;
-                        } else if (strcmp(optarg, "none") == 0) {
-                                opt.pin = PIN_NONE;
-                        } else {
+                                opt.placements = (1u << PIN_MODES) - 1;
+                                break;
+                        }
+                        for (opt.pin = 0; opt.pin < PIN_MODES; opt.pin++)
+                                if (strcmp(optarg, pin_name(opt.pin)) == 0)
+                                        break;
+                        if (opt.pin == PIN_MODES) {
                                 fprintf(stderr, "dlx-bench: bad --pin '%s'\n", optarg);
                                 return 2;
                         }
+                        opt.placements = 1u << opt.pin;
                         break;
                 case 'h':
                         usage(stdout);
@@ -404,7 +415,8 @@ int main(int argc, char **argv)
         if (!have_dur)
                 opt.duration = opt.quick ? 0.2 : 2.0;
         /* every ratio needs its floor from this run */
-        if (opt.only & (SC_SCALE | SC_HOT | SC_COLD | SC_PUBLISH | SC_WATCH | SC_WATCHES | SC_CUDA))
+        if (opt.only & (SC_SCALE | SC_HOT | SC_COLD | SC_PUBLISH | SC_WATCH | SC_WATCHES | SC_CUDA |
+                        SC_PLACEMENT))
                 opt.only |= SC_FLOOR;
         snprintf(opt.prefix, sizeof(opt.prefix), "dlx-bench-%d", (int)getpid());
         pin_init();
@@ -442,6 +454,13 @@ int main(int argc, char **argv)
                 printf("pinning: %s%s\n", pin_describe(pins, sizeof(pins)),
                        daemon_pid > 0 || opt.pin == PIN_NONE ? ""
                                                              : " (dlxd itself: not ours to pin)");
+                if (opt.only & SC_PLACEMENT) {
+                        printf("placement scenario in:");
+                        for (int p = 0; p < PIN_MODES; p++)
+                                if (opt.placements & (1u << p))
+                                        printf(" %s", pin_name((enum pin)p));
+                        printf("\n");
+                }
                 printf("ratio: median over the median of a floor sampled in alternation with "
                        "it:\n  rt (AF_UNIX round trip), fd (round trip + fd + mmap); or to "
                        "memcpy, echo (epoll echo server)\n");
@@ -450,7 +469,7 @@ int main(int argc, char **argv)
         /* the floor is sampled alongside every latency measurement */
         if ((opt.only & SC_FLOOR) && floor_service_start() < 0)
                 opt.only &= ~(unsigned)(SC_FLOOR | SC_SCALE | SC_HOT | SC_COLD | SC_PUBLISH |
-                                        SC_WATCH | SC_WATCHES);
+                                        SC_WATCH | SC_WATCHES | SC_PLACEMENT);
         for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
                 if (!(opt.only & order[i].bit))
                         continue;

@@ -136,6 +136,7 @@ struct service {
         double *buf; /* the client's samples of the last block */
         long cap;
         bool up;
+        struct cpu_use cpu; /* round trips so far, warm-ups included, and their CPU time */
 };
 
 static struct service svc;
@@ -297,6 +298,7 @@ int floor_sample(enum floor_kind kind, long n, double *out)
                 return -1;
         for (long off = 0; off < n;) {
                 long m = n - off < svc.cap ? n - off : svc.cap;
+                uint64_t client = cpu_ns(svc.client.pid), server = cpu_ns(svc.echo.pid);
                 if (msg_send(svc.client.ctl, (uint64_t)kind | (uint64_t)m << 8) < 0 ||
                     msg_recv(svc.client.ctl, &done, LONG_MS) < 0) {
                         child_done(&svc.client, 1000, "floor");
@@ -307,8 +309,24 @@ int floor_sample(enum floor_kind kind, long n, double *out)
                 }
                 memcpy(out + off, svc.buf, (size_t)m * sizeof(double));
                 off += m;
+                svc.cpu.client += cpu_ns(svc.client.pid) - client;
+                svc.cpu.server += cpu_ns(svc.echo.pid) - server;
+                svc.cpu.ops += (uint64_t)(m + BLOCK_WARM);
         }
         return 0;
+}
+
+void floor_cpu(struct cpu_use *ret)
+{
+        *ret = svc.cpu;
+}
+
+void floor_service_repin(void)
+{
+        if (!svc.up)
+                return;
+        pin_pid(svc.echo.pid, ROLE_SERVER);
+        pin_pid(svc.client.pid, ROLE_CLIENT);
 }
 
 /* ---- paced measurements -------------------------------------------------------------------- */
@@ -345,7 +363,7 @@ int paced_loop(int ctl, long warm, int block_warm, long n, double *samples, pace
         return 0;
 }
 
-int paced_run(struct child *ch, long n, enum floor_kind kind, double *floor)
+int paced_run_with(struct child *ch, long n, pace_block block, void *ctx)
 {
         uint64_t done;
 
@@ -354,12 +372,31 @@ int paced_run(struct child *ch, long n, enum floor_kind kind, double *floor)
         for (int b = 0; b < PACE_BLOCKS; b++) {
                 long lo = n * b / PACE_BLOCKS, hi = n * (b + 1) / PACE_BLOCKS;
 
-                if (floor_sample(kind, hi - lo, floor + lo) < 0)
+                if (block(ctx, lo, hi) < 0)
                         return -1;
                 if (msg_send(ch->ctl, 1) < 0 || msg_recv(ch->ctl, &done, LONG_MS) < 0)
                         return -1;
         }
         return 0;
+}
+
+struct floor_block {
+        enum floor_kind kind;
+        double *floor;
+};
+
+static int floor_block(void *ctx, long lo, long hi)
+{
+        struct floor_block *f = ctx;
+
+        return floor_sample(f->kind, hi - lo, f->floor + lo);
+}
+
+int paced_run(struct child *ch, long n, enum floor_kind kind, double *floor)
+{
+        struct floor_block f = {.kind = kind, .floor = floor};
+
+        return paced_run_with(ch, n, floor_block, &f);
 }
 
 /* ---- bandwidth ------------------------------------------------------------------------------ */

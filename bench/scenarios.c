@@ -40,40 +40,29 @@ static void stack_tensor_init(struct stack_tensor *s, void *data, uint64_t bytes
 }
 
 /* A latency row; floor (n samples taken alongside, may be NULL) gives the ratio, returned;
- * wakes >= 0 is shown as the daemon's runs (context switches) per operation. */
+ * wakes >= 0 is shown as the daemon's runs (context switches) per operation, cpu (may be
+ * NULL) as CPU time per operation. */
 static double wake_row(const char *scenario, const char *key, const char *label, double *v,
                        size_t n, double *floor, const char *floor_name, struct stats *ret,
-                       double wakes)
+                       double wakes, const struct cpu_use *cpu)
 {
-        struct row r = {.scenario = scenario, .has_stats = true};
+        struct latency l = {.scenario = scenario,
+                            .cpu = cpu,
+                            .key = key,
+                            .label = label,
+                            .v = v,
+                            .n = n,
+                            .floor = floor,
+                            .floor_name = floor_name,
+                            .wakes = wakes};
 
-        if (wakes >= 0) {
-                r.has_value = true;
-                r.value = wakes;
-                r.unit = "dlxd csw";
-        }
-
-        stats_of(v, n, &r.st);
-        snprintf(r.key, sizeof(r.key), "%s", key);
-        snprintf(r.label, sizeof(r.label), "%s", label);
-        if (floor) {
-                struct stats f;
-                stats_of(floor, n, &f);
-                r.has_ratio = true;
-                r.ratio = r.st.median / f.median;
-                r.ratio_to = floor_name;
-                r.floor_median = f.median;
-        }
-        report_row(&r);
-        if (ret)
-                *ret = r.st;
-        return r.has_ratio ? r.ratio : 0;
+        return latency_row(&l, ret);
 }
 
 static double sample_row(const char *scenario, const char *key, const char *label, double *v,
                          size_t n, double *floor, const char *floor_name, struct stats *ret)
 {
-        return wake_row(scenario, key, label, v, n, floor, floor_name, ret, -1);
+        return wake_row(scenario, key, label, v, n, floor, floor_name, ret, -1, NULL);
 }
 
 /* Ends a paced child: reaps it, and kills it if the pacing broke. Returns 0 or -1. */
@@ -204,22 +193,47 @@ static int hot_consumer(int ctl, void *p)
 /*
  * One paced hot consumer of name (or pinger); samples and floor filled, and the
  * daemon's context switches per operation (how many times each one runs it) into
- * *ret_wakes.
+ * *ret_wakes, the consumer's and the daemon's CPU time into *ret_cpu.
  */
-static int hot_run(struct hot_arg *ha, double *floor, double *ret_wakes)
+static int hot_run(struct hot_arg *ha, double *floor, double *ret_wakes, struct cpu_use *ret_cpu)
 {
         long ops = ha->warm + ha->n + PACE_BLOCKS * BLOCK_WARM, before = switches(opt.daemon_pid);
+        uint64_t daemon_cpu = cpu_ns(opt.daemon_pid);
         struct child cons;
-        int err;
+        int paced;
 
         if (child_start(&cons, ha->ping ? "pinger" : "consumer", hot_consumer, ha) < 0) {
                 report_error("hot", "fork failed");
                 return -1;
         }
-        err = paced_end(&cons, paced_run(&cons, ha->n, FLOOR_RT, floor), "hot");
+        paced = paced_run(&cons, ha->n, FLOOR_RT, floor);
+        /* before it is reaped: its connect, hello and close count, a little */
+        ret_cpu->client = cpu_ns(cons.pid);
+        ret_cpu->server = cpu_ns(opt.daemon_pid) - daemon_cpu;
+        ret_cpu->ops = (uint64_t)ops;
         long after = switches(opt.daemon_pid);
         /* the connect, hello and close cost the daemon a few wake-ups of their own */
         *ret_wakes = before >= 0 && after >= before ? (double)(after - before) / (double)ops : -1;
+        return paced_end(&cons, paced, "hot");
+}
+
+int hot_measure(uint64_t size, long n, double *samples, double *floor, double *ret_wakes,
+                struct cpu_use *ret_cpu)
+{
+        struct producer_arg pa = {.count = 1, .size = size, .fill = true};
+        struct hot_arg ha = {.warm = warm_of(n), .n = n, .samples = samples, .ping = size == 0};
+        struct child prod;
+        int err;
+
+        if (ha.ping)
+                return hot_run(&ha, floor, ret_wakes, ret_cpu);
+        snprintf(pa.base, sizeof(pa.base), "hot/%llu", (unsigned long long)size);
+        bench_name(ha.name, sizeof(ha.name), "%s/0", pa.base);
+        if (producer_start(&prod, &pa, "hot") < 0)
+                return -1;
+        err = hot_run(&ha, floor, ret_wakes, ret_cpu);
+        if (producer_stop(&prod, "hot") < 0)
+                err = -1;
         return err;
 }
 
@@ -241,7 +255,8 @@ int run_hot(void)
 {
         static const uint64_t sizes[] = {4 * KIB, MIB, 64 * MIB, GIB};
         struct stats st[4] = {0}, ping = {0};
-        double ratio[4] = {0};
+        double ratio[4] = {0}, wakes;
+        struct cpu_use cpu;
         long n = opt.iterations;
         size_t bytes = (size_t)n * sizeof(double);
         double *samples = shm_alloc(bytes), *floor = malloc(bytes);
@@ -256,19 +271,13 @@ int run_hot(void)
         }
         if (err == 0) {
                 /* the same traffic without a tensor: what any request costs */
-                struct hot_arg ha = {.warm = warm_of(n), .n = n, .samples = samples, .ping = true};
-                double wakes;
-                err = hot_run(&ha, floor, &wakes);
+                err = hot_measure(0, n, samples, floor, &wakes, &cpu);
                 if (err == 0)
                         wake_row("hot", "ping", "dlx_ping (one round trip)", samples, (size_t)n,
-                                 floor, "rt", &ping, wakes);
+                                 floor, "rt", &ping, wakes, &cpu);
         }
         for (int s = 0; s < 4 && err == 0; s++) {
-                struct producer_arg pa = {.count = 1, .size = sizes[s], .fill = true};
-                struct hot_arg ha = {.warm = warm_of(n), .n = n, .samples = samples};
-                struct child prod;
                 const char *why;
-                double wakes;
 
                 fmt_size(sizes[s], sz, sizeof(sz));
                 snprintf(label, sizeof(label), "acquire+release %s", sz);
@@ -277,20 +286,12 @@ int run_hot(void)
                         report_skip("hot", label, why);
                         continue;
                 }
-                snprintf(pa.base, sizeof(pa.base), "hot/%llu", (unsigned long long)sizes[s]);
-                bench_name(ha.name, sizeof(ha.name), "%s/0", pa.base);
-                if (producer_start(&prod, &pa, "hot") < 0) {
-                        err = -1;
-                        break;
-                }
-                err = hot_run(&ha, floor, &wakes);
-                if (producer_stop(&prod, "hot") < 0)
-                        err = -1;
+                err = hot_measure(sizes[s], n, samples, floor, &wakes, &cpu);
                 if (err < 0)
                         break;
                 snprintf(key, sizeof(key), "%llu", (unsigned long long)sizes[s]);
-                ratio[s] =
-                        wake_row("hot", key, label, samples, (size_t)n, floor, "rt", &st[s], wakes);
+                ratio[s] = wake_row("hot", key, label, samples, (size_t)n, floor, "rt", &st[s],
+                                    wakes, &cpu);
                 largest = s;
         }
         shm_free(samples, bytes);
@@ -784,7 +785,8 @@ int run_watch(void)
                          "rt", NULL,
                          before >= 0 && after >= before
                                  ? (double)(after - before) / (double)(a.n + a.warm)
-                                 : -1);
+                                 : -1,
+                         NULL);
 out:
         close_fd(&a.peer[0]);
         close_fd(&a.peer[1]);

@@ -105,6 +105,24 @@ long switches(pid_t pid)
         return vol < 0 || invol < 0 ? -1 : vol + invol;
 }
 
+uint64_t cpu_ns(pid_t pid)
+{
+        unsigned long long ns = 0;
+        char path[64];
+        FILE *f;
+
+        if (pid <= 0)
+                return 0;
+        snprintf(path, sizeof(path), "/proc/%d/schedstat", (int)pid);
+        f = fopen(path, "re");
+        if (!f)
+                return 0;
+        if (fscanf(f, "%llu", &ns) != 1)
+                ns = 0;
+        fclose(f);
+        return ns;
+}
+
 /* Left for the rest of the machine (and the daemon's own growth) when we size memory. */
 #define MEM_SPARE (512 * MIB)
 
@@ -125,23 +143,32 @@ bool fits(uint64_t size, uint64_t need, const char **why)
 }
 
 static int pin_cpus[2] = {-1, -1};
+/* The CPUs we may run on when the run started: where an unpinned process goes. */
+static cpu_set_t pin_all;
+static bool pin_known;
 
 void pin_init(void)
 {
-        cpu_set_t set;
         int n = 0;
 
-        if (opt.pin == PIN_NONE || sched_getaffinity(0, sizeof(set), &set) < 0) {
+        if (sched_getaffinity(0, sizeof(pin_all), &pin_all) < 0) {
                 opt.pin = PIN_NONE;
+                opt.placements = 1u << PIN_NONE;
                 return;
         }
+        pin_known = true;
         for (int cpu = 0; cpu < CPU_SETSIZE && n < 2; cpu++)
-                if (CPU_ISSET(cpu, &set))
+                if (CPU_ISSET(cpu, &pin_all))
                         pin_cpus[n++] = cpu;
         if (n == 1 && opt.pin == PIN_SPLIT)
                 opt.pin = PIN_SAME;
-        if (n == 0)
+        /* one CPU has no split placement */
+        if (n == 1 && (opt.placements & (1u << PIN_SPLIT)))
+                opt.placements = (opt.placements & ~(1u << PIN_SPLIT)) | 1u << PIN_SAME;
+        if (n == 0) {
                 opt.pin = PIN_NONE;
+                opt.placements = 1u << PIN_NONE;
+        }
 }
 
 int pin_pid(pid_t pid, enum role role)
@@ -149,17 +176,29 @@ int pin_pid(pid_t pid, enum role role)
         cpu_set_t set;
         int cpu;
 
-        if (opt.pin == PIN_NONE)
+        if (!pin_known)
                 return 0;
-        cpu = opt.pin == PIN_SPLIT && role == ROLE_SERVER ? pin_cpus[1] : pin_cpus[0];
-        CPU_ZERO(&set);
-        CPU_SET(cpu, &set);
+        if (opt.pin == PIN_NONE) {
+                /* back to every CPU: a placement before this one may have pinned pid */
+                set = pin_all;
+        } else {
+                cpu = opt.pin == PIN_SPLIT && role == ROLE_SERVER ? pin_cpus[1] : pin_cpus[0];
+                CPU_ZERO(&set);
+                CPU_SET(cpu, &set);
+        }
         return sched_setaffinity(pid, sizeof(set), &set) < 0 ? -errno : 0;
 }
 
 int pin_self(enum role role)
 {
         return pin_pid(0, role);
+}
+
+const char *pin_name(enum pin pin)
+{
+        static const char *const names[PIN_MODES] = {"same", "split", "none"};
+
+        return names[pin];
 }
 
 const char *pin_describe(char *buf, size_t len)
@@ -577,7 +616,8 @@ void report_heading(const char *scenario, const char *text)
 
 void report_row(const struct row *r)
 {
-        char med[24] = "", p99[24] = "", min[24] = "", val[32] = "", ratio[32] = "";
+        char med[24] = "", p99[24] = "", min[24] = "", val[32] = "", ratio[32] = "", cpu[64] = "";
+        char cc[24], cs[24];
 
         if (nrows < MAX_ROWS)
                 rows[nrows++] = *r;
@@ -592,9 +632,43 @@ void report_row(const struct row *r)
                 fmt_value(r->value, r->unit, val, sizeof(val));
         if (r->has_ratio)
                 snprintf(ratio, sizeof(ratio), "%.2fx %s", r->ratio, r->ratio_to);
-        printf("%-8s  %-34s %10s %10s %10s %15s  %s\n", r->scenario, r->label, med, p99, min, val,
-               ratio);
+        if (r->has_cpu)
+                snprintf(cpu, sizeof(cpu), "  cpu %s + %s", fmt_ns(r->cpu_client, cc, sizeof(cc)),
+                         fmt_ns(r->cpu_server, cs, sizeof(cs)));
+        printf("%-8s  %-34s %10s %10s %10s %15s  %s%s\n", r->placement ? r->placement : r->scenario,
+               r->label, med, p99, min, val, ratio, cpu);
         fflush(stdout);
+}
+
+double latency_row(const struct latency *l, struct stats *ret)
+{
+        struct row r = {.scenario = l->scenario, .has_stats = true, .placement = l->placement};
+
+        if (l->wakes >= 0) {
+                r.has_value = true;
+                r.value = l->wakes;
+                r.unit = "dlxd csw";
+        }
+        if (l->cpu && l->cpu->ops) {
+                r.has_cpu = true;
+                r.cpu_client = (double)l->cpu->client / (double)l->cpu->ops;
+                r.cpu_server = (double)l->cpu->server / (double)l->cpu->ops;
+        }
+        stats_of(l->v, l->n, &r.st);
+        snprintf(r.key, sizeof(r.key), "%s", l->key);
+        snprintf(r.label, sizeof(r.label), "%s", l->label);
+        if (l->floor) {
+                struct stats f;
+                stats_of(l->floor, l->n, &f);
+                r.has_ratio = true;
+                r.ratio = r.st.median / f.median;
+                r.ratio_to = l->floor_name;
+                r.floor_median = f.median;
+        }
+        report_row(&r);
+        if (ret)
+                *ret = r.st;
+        return r.has_ratio ? r.ratio : 0;
 }
 
 void report_target(const char *key, const char *what, double value, bool at_most, double limit,
@@ -732,6 +806,14 @@ static void finish_json(void)
                 if (r->floor_median > 0) {
                         printf(", \"floor_median_ns\": ");
                         json_num(r->floor_median);
+                }
+                if (r->placement)
+                        printf(", \"placement\": \"%s\"", r->placement);
+                if (r->has_cpu) {
+                        printf(", \"cpu_client_ns\": ");
+                        json_num(r->cpu_client);
+                        printf(", \"cpu_server_ns\": ");
+                        json_num(r->cpu_server);
                 }
                 printf("}");
         }
