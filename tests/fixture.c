@@ -236,7 +236,11 @@ void fx_teardown(void)
 
 dlx_client *fx_connect(const struct dlxd_fixture *f, const char *name)
 {
-        struct dlx_connect_options o = {.socket_path = f->socket, .client_name = name};
+        /* under valgrind (a daemon and clients ten times slower) ten times the default */
+        struct dlx_connect_options o = {.socket_path = f->socket,
+                                        .client_name = name,
+                                        .timeout_ms =
+                                                (int64_t)DLX_DEFAULT_TIMEOUT_MS * fx_slowdown()};
         dlx_client *c = NULL;
         int err = dlx_connect(&o, &c);
 
