@@ -89,6 +89,14 @@ static unsigned ipc_events;
  */
 static struct gpu_event *retired;
 static unsigned nretired;
+/*
+ * Release events of clients that closed, their work done. A producer may have
+ * opened one and not yet enqueued its wait: destroyed, the event would leave
+ * that wait undefined. Kept for the process's later clients to record again
+ * (which only makes such a wait longer), counted with the retired. cache_lock.
+ */
+static struct gpu_event *spare;
+static unsigned nspare;
 static struct avl_tree ipc_cache;
 static struct avl_tree event_cache;
 static struct gpu_ipc *closing;
@@ -1009,6 +1017,48 @@ static void join_streams(const struct dlx_cuda_driver *cu, dlx_client *c, struct
         acq->nalso = acq->cap = 0;
 }
 
+/* Fills e with a spare release event of ctx, if the process has one. */
+static bool take_spare(CUcontext ctx, struct gpu_event *e)
+{
+        struct gpu_event *x = NULL;
+
+        pthread_mutex_lock(&cache_lock);
+        for (struct gpu_event **pp = &spare; (x = *pp); pp = &x->next) {
+                if (x->ctx == ctx) {
+                        *pp = x->next;
+                        nspare--;
+                        break;
+                }
+        }
+        pthread_mutex_unlock(&cache_lock);
+        if (!x)
+                return false;
+        *e = *x;
+        e->next = NULL;
+        free(x);
+        return true;
+}
+
+/* Keeps a closing client's release event, its work done, for a later client (see spare). */
+static void keep_spare(const struct dlx_cuda_driver *cu, struct gpu_event *e)
+{
+        struct gpu_event *x = malloc(sizeof(*x));
+
+        if (e->recorded)
+                cu->EventSynchronize(e->ev);
+        if (!x) {
+                event_unmake(cu, e); /* rare, and only a producer already late is exposed */
+                return;
+        }
+        *x = *e;
+        pthread_mutex_lock(&cache_lock);
+        x->next = spare;
+        spare = x;
+        nspare++;
+        pthread_mutex_unlock(&cache_lock);
+        e->ev = NULL;
+}
+
 /*
  * The release event for stream, recorded on it: the next of its context's
  * ring (re-recording one a producer has not waited on yet only makes it wait
@@ -1032,7 +1082,7 @@ static struct gpu_event *release_event(const struct dlx_cuda_driver *cu, struct 
         }
         if (ring) {
                 e = &ring->slot[ring->next_slot++ % RELEASE_EVENTS];
-                if (!e->ev && event_make(cu, ctx, e) < 0)
+                if (!e->ev && !take_spare(ctx, e) && event_make(cu, ctx, e) < 0)
                         e = NULL;
         }
         if (e && cu->EventRecord(e->ev, (CUstream)stream) != CUDA_SUCCESS)
@@ -1128,7 +1178,7 @@ unsigned dlx__gpu_retired(void)
         unsigned n;
 
         pthread_mutex_lock(&cache_lock);
-        n = nretired;
+        n = nretired + nspare;
         pthread_mutex_unlock(&cache_lock);
         return n;
 }
@@ -1161,12 +1211,8 @@ void dlx__gpu_final(dlx_client *c)
                         g->rings = ring->next;
                         for (int i = 0; i < RELEASE_EVENTS; i++) {
                                 struct gpu_event *e = &ring->slot[i];
-                                if (!e->ev)
-                                        continue;
-                                /* a producer may not have waited yet: the work is done first */
-                                if (e->recorded)
-                                        cu->EventSynchronize(e->ev);
-                                event_unmake(cu, e);
+                                if (e->ev)
+                                        keep_spare(cu, e);
                         }
                         free(ring);
                 }

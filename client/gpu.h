@@ -126,7 +126,10 @@ DLX_HIDDEN void dlx__gpu_close(dlx_client *c);
 
 /* Frees the backend's caches and pools (the client's last reference went). */
 DLX_HIDDEN void dlx__gpu_final(dlx_client *c);
-/* Publish events kept for the process's life after their client closed (tests count them). */
+/*
+ * Interprocess events kept after their client closed (tests count them): publish
+ * events for the process's life, release events until a later client reuses them.
+ */
 DLX_HIDDEN unsigned dlx__gpu_retired(void);
 /* 0 when CUDA can be used in this process, else -ENODEV saying why (fork, no driver). */
 DLX_HIDDEN int dlx__gpu_usable(void);

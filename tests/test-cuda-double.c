@@ -4679,6 +4679,59 @@ START_TEST(attack_events_of_an_ended_session)
 END_TEST
 
 /*
+ * The same race in one step: a producer may have opened a reader's release
+ * event and not yet enqueued its wait when the reader's client closes. So
+ * closing never destroys a release event (a wait on a destroyed event is
+ * undefined): its work is waited for, and the process's next client records
+ * the same event again instead of making another.
+ */
+START_TEST(release_events_outlive_their_client)
+{
+        DLManagedTensorVersioned *t;
+        dlx_client *p, *q;
+        CUdeviceptr x;
+        uint64_t rel, again;
+        size_t mark;
+        pid_t me = getpid();
+
+        x = cuda_fake_malloc(IPC_SIZE);
+        ck_assert(x);
+        p = fx_connect(&fx, "outlive-producer");
+        publish_dev(p, "outlive/t", x, IPC_LEN, 0, NULL);
+        q = fx_connect(&fx, "outlive-reader");
+        ck_assert_int_eq(DLX(dlx_set_stream(q, 0, C_STREAM)), 0);
+        ck_assert_int_eq(DLX(dlx_acquire(q, "outlive/t", NULL, &t)), 0);
+        mark = log_now();
+        DLXV(t->deleter(t));
+        rel = recorded_event(me, C_STREAM, mark, 0);
+        ck_assert_msg(rel != 0, "the release recorded no event");
+        mark = log_now();
+        DLXV(dlx_close(q));
+        ck_assert_msg(QFIND(.op = CUDA_FAKE_EVENT_DESTROY, .event = rel, .from = mark) < 0,
+                      "closing the reader destroyed its release event %#llx",
+                      (unsigned long long)rel);
+        ck_assert_msg(QFIND(.op = CUDA_FAKE_EVENT_SYNCHRONIZE, .event = rel, .from = mark) >= 0,
+                      "closing the reader did not wait for its release event");
+
+        q = fx_connect(&fx, "outlive-reader-2");
+        ck_assert_int_eq(DLX(dlx_set_stream(q, 0, C_STREAM)), 0);
+        ck_assert_int_eq(DLX(dlx_acquire(q, "outlive/t", NULL, &t)), 0);
+        mark = log_now();
+        DLXV(t->deleter(t));
+        again = recorded_event(me, C_STREAM, mark, 0);
+        ck_assert_msg(again == rel, "the next client made event %#llx instead of reusing %#llx",
+                      (unsigned long long)again, (unsigned long long)rel);
+        ck_assert_msg(QFIND(.op = CUDA_FAKE_EVENT_CREATE, .from = mark) < 0,
+                      "the next client's release made a new event");
+        DLXV(dlx_close(q));
+        unpublish_wait(p, "outlive/t", 1);
+        DLXV(dlx_close(p));
+        ck_assert_int_eq(cuda_fake_free(x), CUDA_SUCCESS);
+        assert_nothing_live("after close");
+}
+END_TEST
+
+/*
  * Header: "No call waits forever by default". A reader releases with its work unfinished
  * (its release event held) and is killed: the producer's wait_released, unpublish and close
  * all return.
@@ -5185,6 +5238,7 @@ Suite *cuda_double_suite(void)
         add(tc, attack_streams_of_other_devices_for_publish_and_wait);
         add(tc, attack_sync_64_streams);
         add(tc, attack_events_of_an_ended_session);
+        add(tc, release_events_outlive_their_client);
         add(tc, attack_reader_killed_with_release_unfinished);
         add(tc, attack_release_events_bounded);
         add(tc, attack_event_bound_is_per_process);
