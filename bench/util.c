@@ -857,8 +857,11 @@ int report_finish(void)
                         printf("  %-60s %12s  %s\n", t->what, val, t->met ? "met" : "MISSED");
                 }
         }
+        /* the errors again, last, where a reader of only the end of the output sees them */
         if (nfailures)
-                printf("\n%d error%s: see above\n", nfailures, nfailures == 1 ? "" : "s");
+                printf("\n%d error%s:\n", nfailures, nfailures == 1 ? "" : "s");
+        for (int i = 0; i < nerrors; i++)
+                printf("  %s: %s\n", errors[i].scenario, errors[i].why);
         fflush(stdout);
         return nfailures;
 }
