@@ -730,8 +730,16 @@ static void on_poll(uv_poll_t *h, int status, int events)
                 conn_flush(c);
         if (c->closing)
                 return;
-        if ((events & UV_READABLE) && !c->close_pending && !c->blocked && !c->eof)
+        if ((events & UV_READABLE) && !c->close_pending && !c->blocked && !c->eof) {
                 on_readable(c);
+                /*
+                 * What the batch queued for others goes first: a publish's
+                 * waiting acquires and watch events are what someone waits
+                 * for, its own reply only tells the publisher a number. On a
+                 * shared CPU the first woken runs first.
+                 */
+                server_flush(c->srv);
+        }
         if (!c->closing)
                 conn_flush(c);
 }

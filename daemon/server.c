@@ -495,9 +495,12 @@ void server_schedule_reap(struct server *srv)
  */
 static void on_flush(uv_idle_t *h)
 {
-        struct server *srv = h->data;
+        server_flush(h->data);
+}
 
-        uv_idle_stop(h);
+void server_flush(struct server *srv)
+{
+        uv_idle_stop(&srv->flusher);
         conn_flush_dirty(srv);
 }
 

@@ -90,6 +90,8 @@ void server_schedule_reap(struct server *srv);
 
 /* Runs conn_flush_dirty() at the end of this loop iteration. */
 void server_schedule_flush(struct server *srv);
+/* Runs it now (no list walk in progress), instead of at the end of the iteration. */
+void server_flush(struct server *srv);
 
 /* Runs conn_sweep_rings() every CONN_QUIET_MS while srv->awake is not empty. */
 void server_schedule_sweep(struct server *srv);
