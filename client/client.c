@@ -166,6 +166,7 @@ void dlx__client_unref(dlx_client *c)
                 return;
         if (c->ring)
                 munmap(c->ring, sizeof(*c->ring));
+        dlx__track_final(c);
         if (c->efd >= 0)
                 close(c->efd);
         if (c->pfd >= 0)
@@ -504,8 +505,9 @@ static void resolve_segment(dlx_client *c, struct pending *p)
                                            &p->map);
                         fd = -1;
                 }
-        } else if (rep->status == WIRE_OK && rep->type == WIRE_REP_HELLO && fd >= 0) {
-                p->fd = fd; /* the release ring: hello() maps it */
+        } else if (rep->status == WIRE_OK &&
+                   (rep->type == WIRE_REP_HELLO || rep->type == WIRE_REP_TRACK) && fd >= 0) {
+                p->fd = fd; /* the release ring or the version page: the caller maps it */
                 fd = -1;
         } else if (rep->status == WIRE_OK && rep->type == WIRE_REP_ALLOC && fd >= 0) {
                 /* a memfd the daemon made; a VMM segment of ours comes back without one */

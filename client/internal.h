@@ -179,6 +179,10 @@ struct dlx_client {
         unsigned released_next;
         struct gpu_state *gpu;              /* CUDA pools, created on first use */
         void *streams[DLX_GPU_MAX_DEVICES]; /* current stream per CUDA device */
+        /* the version page (track.c), mapped read-only at the first track; then set for good */
+        const struct version_page *vpage;
+        size_t vpage_size;
+        uint32_t *track_refs; /* per slot: dlx_track()s not yet untracked; atomic reads */
 
         /* --- under exchange.c's lock: the process's open clients --- */
         /* --- under client.c's fork lock: clients whose connection is open (fork closes it) --- */
@@ -341,6 +345,10 @@ DLX_HIDDEN struct seg_map *dlx__arena_find(dlx_client *c, uint32_t kind, const v
 
 /* ---- tensor.c ---- */
 DLX_HIDDEN void dlx__info_from_wire(const struct wire_info *w, struct dlx_info *info);
+
+/* ---- track.c ---- */
+/* Unmaps the version page (the client's last reference went). */
+DLX_HIDDEN void dlx__track_final(dlx_client *c);
 
 /* ---- exchange.c ---- */
 /* The tensor an exchange-API export (of an export...) stands for; t itself otherwise. */

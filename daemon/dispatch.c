@@ -138,6 +138,12 @@ enum dispatch_result dispatch_frame(struct session *s, struct frame *f)
         case WIRE_REQ_UNWATCH:
                 registry_unwatch(s, &req);
                 break;
+        case WIRE_REQ_TRACK:
+                registry_track(s, &req);
+                break;
+        case WIRE_REQ_UNTRACK:
+                registry_untrack(s, &req);
+                break;
         case WIRE_REQ_ALLOC:
                 registry_alloc(s, &req, fd);
                 break;

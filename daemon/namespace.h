@@ -10,6 +10,7 @@
  *   quota.c     per-uid limits: clients, names, descriptors (fair shares)
  *   watch.c     watches: the prefix index, and the watch requests
  *   ring.c      the daemon's half of the release ring
+ *   track.c     tracks: the version page of a session, one slot per name it follows
  *
  * An entry is a name; its versions are what was published under it, oldest
  * first, the current one last (or none: unpublished, kept for old versions'
@@ -32,6 +33,7 @@ struct entry {
         struct version *current; /* NULL: unpublished, kept for old versions or waiters */
         struct list versions;    /* struct version, oldest first */
         struct list waiters;     /* struct waiter */
+        struct list tracks;      /* struct track (track.c): sessions that follow its version */
         size_t len;
         char name[];
 };
@@ -102,7 +104,7 @@ static inline void reply_init(struct wire_reply *rep, uint64_t id, enum wire_rep
 struct entry *entry_find(struct registry *reg, const char *name);
 /* The entry of name, made (owned by owner) if there is none; NULL when out of memory. */
 struct entry *entry_get(struct registry *reg, const char *name, uid_t owner);
-/* Frees e once nothing refers to it: no current version, no old ones, no waiters. */
+/* Frees e once nothing refers to it: no current version, no old ones, no waiters, no tracks. */
 void entry_maybe_free(struct registry *reg, struct entry *e);
 /* The current version stops being current; it dies now if nobody leases it. */
 void entry_retire_current(struct registry *reg, struct entry *e);
@@ -129,6 +131,16 @@ bool lease_drop_id(struct session *s, uint64_t id);
 void waiter_end(struct waiter *w);
 /* A new version was published: grant it to every waiter it satisfies. */
 void wake_waiters(struct entry *e);
+
+/* ---- track.c: version pages ---- */
+
+/* e's current version changed: every track of it sees the new one (0: none). */
+void tracks_update(struct entry *e);
+/*
+ * Ends all of s's tracks and marks its page closed, waking its waiters; with
+ * unmap, the page goes too (the session's end; bye keeps it for the client).
+ */
+void track_session_drop(struct session *s, bool unmap);
 
 /* ---- held.c: segments a session holds ---- */
 

@@ -68,13 +68,15 @@ struct entry *entry_get(struct registry *reg, const char *name, uid_t owner)
         e->owner = owner;
         list_init(&e->versions);
         list_init(&e->waiters);
+        list_init(&e->tracks);
         avl_insert(&reg->names, &e->node, e->name, cmp_name);
         return e;
 }
 
 void entry_maybe_free(struct registry *reg, struct entry *e)
 {
-        if (e->current || !list_empty(&e->versions) || !list_empty(&e->waiters))
+        if (e->current || !list_empty(&e->versions) || !list_empty(&e->waiters) ||
+            !list_empty(&e->tracks))
                 return;
         avl_remove(&reg->names, &e->node);
         free(e);
@@ -121,6 +123,8 @@ static void entry_set_current(struct registry *reg, struct entry *e, struct vers
                 }
         }
         e->current = v;
+        if (old != v)
+                tracks_update(e);
         if (old && old->leases == 0)
                 version_destroy(reg, old);
 }

@@ -84,6 +84,8 @@ void registry_list(struct session *s, const struct wire_request *req);
 void registry_stat(struct session *s, const struct wire_request *req);
 void registry_watch(struct session *s, const struct wire_request *req);
 void registry_unwatch(struct session *s, const struct wire_request *req);
+void registry_track(struct session *s, const struct wire_request *req);
+void registry_untrack(struct session *s, const struct wire_request *req);
 void registry_alloc(struct session *s, const struct wire_request *req, int fd);
 void registry_free(struct session *s, const struct wire_request *req);
 void registry_forget(struct session *s, const struct wire_request *req);

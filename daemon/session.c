@@ -125,6 +125,7 @@ static void session_let_go(struct session *s)
 
         list_for_each_safe(pos, tmp, &s->waiters) waiter_end(list_entry(pos, struct waiter, slink));
         watch_session_drop(&reg->watches, s);
+        track_session_drop(s, false);
         list_for_each_safe(pos, tmp, &s->published)
         {
                 struct version *v = list_entry(pos, struct version, plink);
@@ -158,6 +159,7 @@ void registry_session_free(struct session *s)
                 lease_drop(s, avl_entry(n, struct lease, node));
         }
         session_let_go(s);
+        track_session_drop(s, true);
         registry_ring_destroy(s);
         list_remove(&s->link);
         count_take(reg->nsessions, 1);

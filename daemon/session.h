@@ -18,6 +18,8 @@
 
 struct registry;
 struct segment;
+struct track;
+struct version_page;
 struct uid_use;
 
 /* How a session's replies leave: set by the connection that owns it. */
@@ -60,10 +62,14 @@ struct session {
         struct avl_tree held;   /* struct hold, by segment id: its allocations */
         unsigned nheld;
         unsigned nwatches;
-        struct uid_use *use;       /* its uid's counts, in the store */
-        struct list watches;       /* struct watch */
-        struct list waiters;       /* struct waiter: acquires waiting for a version */
-        struct release_ring *ring; /* posted releases, NULL until hello */
+        struct uid_use *use;        /* its uid's counts, in the store */
+        struct list watches;        /* struct watch */
+        struct list waiters;        /* struct waiter: acquires waiting for a version */
+        struct release_ring *ring;  /* posted releases, NULL until hello */
+        struct version_page *vpage; /* tracked versions (track.c), NULL until the first track */
+        size_t vpage_size;
+        struct track **tracks; /* by slot, vpage->slots of them */
+        uint32_t ntracks, track_hint;
         unsigned nwaiters;
         struct list link; /* in registry.sessions */
 };

@@ -65,6 +65,7 @@ static const char *const request_names[WIRE_REQ_COUNT] = {
         [WIRE_REQ_ALLOC] = "alloc",     [WIRE_REQ_FREE] = "free",
         [WIRE_REQ_FORGET] = "forget",   [WIRE_REQ_STATS] = "stats",
         [WIRE_REQ_PING] = "ping",       [WIRE_REQ_BYE] = "bye",
+        [WIRE_REQ_TRACK] = "track",     [WIRE_REQ_UNTRACK] = "untrack",
 };
 
 const char *wire_request_name(enum wire_request_type type)
@@ -383,6 +384,8 @@ struct request_pb {
                 Dlxp__Stats stats;
                 Dlxp__Ping ping;
                 Dlxp__Bye bye;
+                Dlxp__Track track;
+                Dlxp__Untrack untrack;
         };
         struct tensor_pb tensor;
 };
@@ -468,6 +471,20 @@ static int request_to_pb(const struct wire_request *q, struct request_pb *s)
                 s->watch.prefix = give_bytes(q->watch.prefix);
                 r->body_case = DLXP__REQUEST__BODY_WATCH;
                 r->watch = &s->watch;
+                return 0;
+        case WIRE_REQ_TRACK:
+                if (!bounded(q->track.name, sizeof(q->track.name)))
+                        return -EINVAL;
+                dlxp__track__init(&s->track);
+                s->track.name = give_bytes(q->track.name);
+                r->body_case = DLXP__REQUEST__BODY_TRACK;
+                r->track = &s->track;
+                return 0;
+        case WIRE_REQ_UNTRACK:
+                dlxp__untrack__init(&s->untrack);
+                s->untrack.slot = q->untrack.slot;
+                r->body_case = DLXP__REQUEST__BODY_UNTRACK;
+                r->untrack = &s->untrack;
                 return 0;
         case WIRE_REQ_UNWATCH:
                 dlxp__unwatch__init(&s->unwatch);
@@ -620,6 +637,17 @@ static int request_from_pb(const Dlxp__Request *r, struct wire_request *q, char 
                 if (layout_prefix_check(q->watch.prefix, strlen(q->watch.prefix), &reason) < 0)
                         return fail(why, whysz, -EINVAL, "bad prefix: %s", reason);
                 return 0;
+        case DLXP__REQUEST__BODY_TRACK:
+                q->type = WIRE_REQ_TRACK;
+                if (take_bytes(q->track.name, sizeof(q->track.name), r->track->name) < 0)
+                        return fail(why, whysz, -EINVAL, "name too long or contains NUL");
+                if (layout_name_check(q->track.name, strlen(q->track.name), &reason) < 0)
+                        return fail(why, whysz, -EINVAL, "bad name: %s", reason);
+                return 0;
+        case DLXP__REQUEST__BODY_UNTRACK:
+                q->type = WIRE_REQ_UNTRACK;
+                q->untrack.slot = r->untrack->slot;
+                return 0;
         case DLXP__REQUEST__BODY_UNWATCH:
                 q->type = WIRE_REQ_UNWATCH;
                 q->unwatch.watch = r->unwatch->watch;
@@ -694,6 +722,7 @@ struct reply_pb {
                 Dlxp__ListReply list;
                 Dlxp__StatReply stat;
                 Dlxp__WatchReply watch;
+                Dlxp__TrackReply track;
                 Dlxp__AllocReply alloc;
                 Dlxp__StatsReply stats;
                 Dlxp__Pong pong;
@@ -843,6 +872,15 @@ static int reply_to_pb(const struct wire_reply *p, struct reply_pb *s)
                 s->watch.watch = p->watch.watch;
                 r->body_case = DLXP__REPLY__BODY_WATCH;
                 r->watch = &s->watch;
+                return 0;
+        case WIRE_REP_TRACK:
+                dlxp__track_reply__init(&s->track);
+                s->track.slot = p->track.slot;
+                s->track.version = p->track.version;
+                s->track.slots = p->track.slots;
+                s->track.page = p->track.page;
+                r->body_case = DLXP__REPLY__BODY_TRACK;
+                r->track = &s->track;
                 return 0;
         case WIRE_REP_ALLOC:
                 dlxp__alloc_reply__init(&s->alloc);
@@ -1014,6 +1052,13 @@ static int reply_from_pb(const Dlxp__Reply *r, struct wire_reply *p, char *why, 
         case DLXP__REPLY__BODY_WATCH:
                 p->type = WIRE_REP_WATCH;
                 p->watch.watch = r->watch->watch;
+                return 0;
+        case DLXP__REPLY__BODY_TRACK:
+                p->type = WIRE_REP_TRACK;
+                p->track.slot = r->track->slot;
+                p->track.version = r->track->version;
+                p->track.slots = r->track->slots;
+                p->track.page = r->track->page;
                 return 0;
         case DLXP__REPLY__BODY_ALLOC:
                 p->type = WIRE_REP_ALLOC;

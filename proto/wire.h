@@ -111,6 +111,8 @@ enum wire_request_type {
         WIRE_REQ_STATS,
         WIRE_REQ_PING,
         WIRE_REQ_BYE,
+        WIRE_REQ_TRACK,
+        WIRE_REQ_UNTRACK,
         WIRE_REQ_COUNT
 };
 
@@ -146,7 +148,10 @@ struct wire_request {
                 } release;
                 struct {
                         char name[DLX_NAME_MAX + 1];
-                } unpublish, stat;
+                } unpublish, stat, track;
+                struct {
+                        uint32_t slot;
+                } untrack;
                 struct {
                         char prefix[DLX_NAME_MAX + 1];
                         char after[DLX_NAME_MAX + 1];
@@ -187,6 +192,7 @@ enum wire_reply_type {
         WIRE_REP_STATS,
         WIRE_REP_PONG,
         WIRE_REP_EVENT,
+        WIRE_REP_TRACK,
 };
 
 enum wire_event_kind {
@@ -264,6 +270,12 @@ struct wire_reply {
                 struct {
                         uint64_t watch;
                 } watch;
+                struct {
+                        uint32_t slot;
+                        uint64_t version;
+                        uint32_t slots;
+                        bool page; /* the version page's fd is attached */
+                } track;
                 struct {
                         uint64_t segment;
                         uint64_t size;

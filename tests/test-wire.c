@@ -347,6 +347,12 @@ static void expect_request_eq(const struct wire_request *a, const struct wire_re
         case WIRE_REQ_UNWATCH:
                 ck_assert_uint_eq(a->unwatch.watch, b->unwatch.watch);
                 break;
+        case WIRE_REQ_TRACK:
+                ck_assert_str_eq(a->track.name, b->track.name);
+                break;
+        case WIRE_REQ_UNTRACK:
+                ck_assert_uint_eq(a->untrack.slot, b->untrack.slot);
+                break;
         case WIRE_REQ_ALLOC:
                 ck_assert_uint_eq(a->alloc.size, b->alloc.size);
                 break;
@@ -415,6 +421,11 @@ static const struct request_row {
         {"watch, every name", {REQ(9, WATCH)}},
         {"release", {REQ(4, RELEASE), .release.lease = UINT64_MAX}},
         {"unwatch", {REQ(10, UNWATCH), .unwatch.watch = 0x1234}},
+        {"track, the longest name",
+         {REQ(16, TRACK)},
+         .longest = LONGEST(struct wire_request, track.name, DLX_NAME_MAX, 't')},
+        {"untrack, the last slot", {REQ(17, UNTRACK), .untrack.slot = UINT32_MAX}},
+        {"untrack, slot 0", {REQ(17, UNTRACK)}},
         {"alloc, the largest segment", {REQ(11, ALLOC), .alloc.size = DLX_MAX_SEGMENT}},
         {"free", {REQ(12, FREE), .free.segment = 99}},
         {"forget, two segments", {REQ(13, FORGET), .forget = {{UINT64_MAX - 1, 7}, 2}}},
@@ -531,6 +542,12 @@ static void expect_reply_eq(const struct wire_reply *a, const struct wire_reply 
         case WIRE_REP_WATCH:
                 ck_assert_uint_eq(a->watch.watch, b->watch.watch);
                 break;
+        case WIRE_REP_TRACK:
+                ck_assert_uint_eq(a->track.slot, b->track.slot);
+                ck_assert_uint_eq(a->track.version, b->track.version);
+                ck_assert_uint_eq(a->track.slots, b->track.slots);
+                ck_assert_int_eq(a->track.page, b->track.page);
+                break;
         case WIRE_REP_ALLOC:
                 ck_assert_uint_eq(a->alloc.segment, b->alloc.segment);
                 ck_assert_uint_eq(a->alloc.size, b->alloc.size);
@@ -627,6 +644,8 @@ static const struct reply_row {
                                    4294967294u, DLX_MAX_FRAME, DLX_MAX_INFLIGHT}}},
         {"publish", {REP(2, PUBLISH), .publish = {41, UINT64_MAX}}},
         {"watch", {REP(3, WATCH), .watch.watch = 12}},
+        {"track, with the page", {REP(3, TRACK), .track = {UINT32_MAX, UINT64_MAX, 65536, true}}},
+        {"track, zeros", {REP(3, TRACK)}},
         {"alloc", {REP(4, ALLOC), .alloc = {5, DLX_MAX_SEGMENT}}},
         {"pong", {REP(5, PONG), .pong.nonce = UINT64_C(0x0123456789abcdef)}},
         {"acquire, writable, a 4-bit dtype, the maximum rank",

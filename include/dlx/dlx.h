@@ -536,6 +536,53 @@ int dlx_fd(const dlx_client *client);
  */
 int dlx_process_events(dlx_client *client);
 
+/* ---- tracking: the current version without a round trip ------------------------------------ */
+
+/*
+ * Follows name's current version in this client's version page: memory the
+ * daemon shares with this client alone, read-only here, and keeps current.
+ * name need not be published yet. Tracking a name this client already tracks
+ * returns the same track, and each dlx_track() needs its own dlx_untrack().
+ * Returns 0 with *ret_track (never 0), or:
+ *   -EINVAL   NULL argument, or a bad name
+ *   -EAGAIN   this client tracks dlxd --max-watches names already (65536 at most;
+ *             tracks and watches are counted apart)
+ *   -ENOTSUP  a daemon older than this library's protocol 1.2
+ * and the errors common to every call.
+ */
+int dlx_track(dlx_client *client, const char *name, uint32_t *ret_track);
+
+/*
+ * The tracked name's current version, 0 when it has none (not published, or
+ * unpublished since): a load from memory, no system call. The daemon changes
+ * it before it answers the publish or unpublish that changed it, so once
+ * dlx_publish() returns in any process, every tracker reads that version or a
+ * newer one. Returns 0 with *ret_version, or:
+ *   -EINVAL      NULL argument, or not a track of this client (untracked)
+ *   -ECONNRESET  the session has ended (closed, or dlxd stopped): *ret_version
+ *                is the last version seen, and will not change any more
+ *   -ESTALE      the client was connected by the parent process
+ */
+int dlx_track_version(dlx_client *client, uint32_t track, uint64_t *ret_version);
+
+/*
+ * Waits until the tracked version is no longer version (a newer one, or 0
+ * once unpublished), up to timeout_ms (0: no wait, < 0: no limit), asleep on
+ * a futex in the version page: the daemon wakes it without sending a
+ * message, and nothing runs meanwhile but a look, once a second, at whether
+ * the connection to the daemon is still there. Any number of threads may wait
+ * on one track. Returns 0 with *ret_version (ret_version may be NULL), or:
+ *   -ETIMEDOUT   still version after timeout_ms (-EAGAIN when timeout_ms is 0)
+ *   -ECONNRESET  the session ended, or the daemon is gone
+ *   -EINVAL      NULL client, not a track of this client, or untracked while waited on
+ *   -ESTALE      the client was connected by the parent process
+ */
+int dlx_track_wait(dlx_client *client, uint32_t track, uint64_t version, int64_t timeout_ms,
+                   uint64_t *ret_version);
+
+/* Ends one dlx_track() of a name. Returns 0, or -EINVAL (not a track of this client). */
+int dlx_untrack(dlx_client *client, uint32_t track);
+
 /* ---- errors ------------------------------------------------------------------------------ */
 
 /* Text for a (negative or positive) errno value; static storage. */

@@ -117,7 +117,11 @@ static void check_request(const struct wire_request *q)
                 FUZZ_CHECK(q->forget.count >= 1 && q->forget.count <= DLX_FORGET_MAX,
                            "forget of %u segments", q->forget.count);
                 break;
+        case WIRE_REQ_TRACK:
+                check_name(q->track.name, sizeof(q->track.name), "track name");
+                break;
         case WIRE_REQ_RELEASE:
+        case WIRE_REQ_UNTRACK:
         case WIRE_REQ_UNWATCH:
         case WIRE_REQ_ALLOC:
         case WIRE_REQ_FREE:
@@ -145,6 +149,7 @@ static void check_reply(const struct wire_reply *p)
         case WIRE_REP_NONE:
         case WIRE_REP_PUBLISH:
         case WIRE_REP_WATCH:
+        case WIRE_REP_TRACK:
         case WIRE_REP_ALLOC:
         case WIRE_REP_STATS:
         case WIRE_REP_PONG:

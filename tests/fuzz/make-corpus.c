@@ -195,6 +195,9 @@ static struct wire_request *named(enum wire_request_type type, const char *name)
         case WIRE_REQ_LIST:
                 wire_strcpy(q->list.prefix, sizeof(q->list.prefix), name);
                 break;
+        case WIRE_REQ_TRACK:
+                wire_strcpy(q->track.name, sizeof(q->track.name), name);
+                break;
         default:
                 break;
         }
@@ -233,6 +236,9 @@ static struct wire_request *with_u64(enum wire_request_type type, uint64_t v)
         case WIRE_REQ_FORGET:
                 q->forget.count = 1;
                 q->forget.segments[0] = v;
+                break;
+        case WIRE_REQ_UNTRACK:
+                q->untrack.slot = (uint32_t)v;
                 break;
         default:
                 break;
@@ -387,6 +393,12 @@ static struct wire_request *sample_request(unsigned i, const char **ret_name, un
         case 27:
                 *ret_name = "bye";
                 return req(WIRE_REQ_BYE);
+        case 28:
+                *ret_name = "track";
+                return named(WIRE_REQ_TRACK, "model/weights");
+        case 29:
+                *ret_name = "untrack";
+                return with_u64(WIRE_REQ_UNTRACK, 0);
         default:
                 return NULL;
         }
