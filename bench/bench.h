@@ -35,6 +35,8 @@ enum scenario {
         SC_CUDA = 1u << 8,
         SC_WATCHES = 1u << 9,
         SC_PLACEMENT = 1u << 10,
+        SC_IDLE = 1u << 11,
+        SC_TRACK = 1u << 12,
 };
 
 /* Where latency measurements run: see pin_self(). */
@@ -316,5 +318,7 @@ int run_throughput(void);
 int run_exchange(void);
 int run_cuda(void);
 int run_placement(void);
+int run_idle(void);
+int run_track(void);
 
 #endif /* DLX_BENCH_H */

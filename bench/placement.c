@@ -13,12 +13,17 @@
  *     version, and a producer that publishes it; from the producer's clock just
  *     before dlx_publish() to the consumer's just after dlx_acquire() returns,
  *   - the relay floor of the same hand-off without dlx: producer -> broker ->
- *     consumer over AF_UNIX sockets, the broker a plain blocking read/write loop.
- * The hand-off and its relay floor run in alternating blocks. Each row also shows
+ *     consumer over AF_UNIX sockets, the broker a plain blocking read/write loop,
+ *   - the tracked hand-off: the consumer asleep in dlx_track_wait() on the name,
+ *     until the producer's dlx_publish() changes its version (the daemon wakes it
+ *     through the version page's futex, with no message; no lease is taken),
+ *   - its floor, the bare pipe: the producer writes, the consumer blocked reading.
+ * The hand-offs and their floors run in alternating blocks. Each row also shows
  * the CPU time per operation of the clients and of the server (dlxd, the echo or
  * the broker), from /proc/PID/schedstat.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,13 +43,13 @@
 
 static volatile uint8_t sink;
 
-enum via { VIA_DLX, VIA_RELAY };
+enum via { VIA_DLX, VIA_RELAY, VIA_PIPE, VIA_TRACK };
 
 /* One hand-off: a producer, a consumer and (VIA_RELAY) a broker. */
 struct handoff {
         enum via via;
         int ack[2]; /* the consumer's acknowledgements: producer's end, consumer's end */
-        int in[2];  /* producer -> broker: producer's end, broker's end */
+        int in[2];  /* producer -> broker (or consumer: a pipe): producer's end, the other */
         int out[2]; /* broker -> consumer: broker's end, consumer's end */
         long warm, n;
         double *samples;  /* the consumer's, n */
@@ -87,6 +92,32 @@ static int recv_all(int fd, void *buf, size_t len)
         return n == (ssize_t)len ? 0 : -1;
 }
 
+/* The pipe floor's ends are a pipe's: plain read and write. */
+static int write_all(int fd, const void *buf, size_t len)
+{
+        ssize_t n;
+
+        do
+                n = write(fd, buf, len);
+        while (n < 0 && errno == EINTR);
+        return n == (ssize_t)len ? 0 : -1;
+}
+
+static int read_all(int fd, void *buf, size_t len)
+{
+        size_t got = 0;
+
+        while (got < len) {
+                ssize_t n = read(fd, (uint8_t *)buf + got, len - got);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n <= 0)
+                        return -1;
+                got += (size_t)n;
+        }
+        return 0;
+}
+
 static int broker(int ctl, void *p)
 {
         struct handoff *h = p;
@@ -110,15 +141,33 @@ static int handoff_consumer(int ctl, void *p)
         uint64_t next = 1;
         int err = 0;
 
+        uint32_t track = 0;
+        uint64_t seen = 0;
+
         (void)ctl;
         pin_self(ROLE_CLIENT);
-        keep_only(h, h->ack[1], h->out[1]);
-        if (h->via == VIA_DLX && !(c = bench_connect("bench-handoff-consumer")))
+        keep_only(h, h->ack[1], h->via == VIA_PIPE ? h->in[1] : h->out[1]);
+        if ((h->via == VIA_DLX || h->via == VIA_TRACK) &&
+            !(c = bench_connect("bench-handoff-consumer")))
                 return 1;
+        if (h->via == VIA_TRACK && (err = dlx_track(c, h->name, &track)) < 0) {
+                dlx_close(c);
+                return dlx_fail("handoff: dlx_track", err) < 0;
+        }
         for (long i = 0; i < h->warm + h->n && err == 0; i++) {
                 uint64_t t1;
 
-                if (h->via == VIA_DLX) {
+                if (h->via == VIA_TRACK) {
+                        err = dlx_track_wait(c, track, seen, 30000, &seen);
+                        t1 = now_ns();
+                        if (err < 0) {
+                                dlx_fail("handoff: dlx_track_wait", err);
+                                break;
+                        }
+                } else if (h->via == VIA_PIPE) {
+                        err = read_all(h->in[1], buf, sizeof(buf));
+                        t1 = now_ns();
+                } else if (h->via == VIA_DLX) {
                         struct dlx_acquire_options o = {.timeout_ms = 30000, .min_version = next};
                         DLManagedTensorVersioned *t;
                         uint64_t version = 0;
@@ -157,7 +206,7 @@ static int handoff_op(void *ctx, long i)
         int err;
 
         (void)i;
-        if (h->via == VIA_DLX) {
+        if (h->via == VIA_DLX || h->via == VIA_TRACK) {
                 DLManagedTensorVersioned *v = view_new(h->t->dl_tensor.data, HANDOFF_SIZE, CPU);
                 if (!v)
                         return -1;
@@ -167,7 +216,7 @@ static int handoff_op(void *ctx, long i)
                         return dlx_fail("handoff: dlx_publish", err);
         } else {
                 __atomic_store_n(&h->stamps[h->seq++], now_ns(), __ATOMIC_RELEASE);
-                if (send_all(h->in[0], buf, sizeof(buf)) < 0)
+                if ((h->via == VIA_PIPE ? write_all : send_all)(h->in[0], buf, sizeof(buf)) < 0)
                         return -1;
         }
         if (msg_recv(h->ack[0], &ack, LONG_MS) < 0)
@@ -185,7 +234,7 @@ static int handoff_producer(int ctl, void *p)
 
         pin_self(ROLE_CLIENT);
         keep_only(h, h->ack[0], h->in[0]);
-        if (h->via == VIA_DLX) {
+        if (h->via == VIA_DLX || h->via == VIA_TRACK) {
                 h->c = bench_connect("bench-handoff-producer");
                 if (!h->c)
                         return 1;
@@ -231,7 +280,17 @@ static int handoff_start(struct handoff *h, const char *placement)
 
         h->samples = shm_alloc((size_t)n * sizeof(double));
         h->stamps = shm_alloc((size_t)(h->warm + n) * sizeof(uint64_t));
-        bench_name(h->name, sizeof(h->name), "handoff/%s", placement);
+        bench_name(h->name, sizeof(h->name), "handoff/%s%s", placement,
+                   via == VIA_TRACK ? "/tracked" : "");
+        if (via == VIA_PIPE) {
+                int fds[2];
+                if (pipe2(fds, O_CLOEXEC) < 0) {
+                        report_error("placement", "pipe: %s", strerror(errno));
+                        return -1;
+                }
+                h->in[0] = fds[1]; /* the producer writes */
+                h->in[1] = fds[0];
+        }
         if (!h->samples || !h->stamps || pair(h->ack) < 0 ||
             (via == VIA_RELAY && (pair(h->in) < 0 || pair(h->out) < 0))) {
                 report_error("placement", "out of memory or sockets");
@@ -264,36 +323,55 @@ static int handoff_end(struct handoff *h, int paced, struct cpu_use *ret)
         return err;
 }
 
-/* A block of the relay's hand-offs, before each block of dlx's. */
-static int relay_block(void *ctx, long lo, long hi)
+/* The hand-offs that run a block before each of dlx's: the floors and the tracked one. */
+struct others {
+        struct handoff *h[3];
+        uint64_t track_daemon_cpu; /* dlxd's CPU time during the tracked blocks */
+};
+
+static int others_block(void *ctx, long lo, long hi)
 {
-        struct handoff *relay = ctx;
+        struct others *o = ctx;
         uint64_t done;
 
         (void)lo;
         (void)hi;
-        if (msg_send(relay->prod.ctl, 1) < 0 || msg_recv(relay->prod.ctl, &done, LONG_MS) < 0)
-                return -1;
+        for (size_t i = 0; i < sizeof(o->h) / sizeof(o->h[0]); i++) {
+                struct handoff *h = o->h[i];
+                uint64_t d0 = cpu_ns(opt.daemon_pid);
+                if (msg_send(h->prod.ctl, 1) < 0 || msg_recv(h->prod.ctl, &done, LONG_MS) < 0)
+                        return -1;
+                if (h->via == VIA_TRACK)
+                        o->track_daemon_cpu += cpu_ns(opt.daemon_pid) - d0;
+        }
         return 0;
 }
 
 static int handoffs(const char *placement)
 {
         long n = opt.iterations < 2000 ? opt.iterations : 2000;
-        struct handoff dlx, relay;
-        struct cpu_use dlx_cpu = {0}, relay_cpu = {0};
+        struct handoff dlx, relay, pipe_, track;
+        struct others o = {.h = {&relay, &pipe_, &track}};
+        struct cpu_use dlx_cpu = {0}, relay_cpu = {0}, pipe_cpu = {0}, track_cpu = {0};
         uint64_t daemon_cpu = cpu_ns(opt.daemon_pid), warm;
         int err = -1;
 
         handoff_init(&relay, VIA_RELAY, n);
+        handoff_init(&pipe_, VIA_PIPE, n);
+        handoff_init(&track, VIA_TRACK, n);
         handoff_init(&dlx, VIA_DLX, n);
-        if (handoff_start(&relay, placement) == 0 && handoff_start(&dlx, placement) == 0) {
-                err = msg_recv(relay.prod.ctl, &warm, LONG_MS);
+        if (handoff_start(&relay, placement) == 0 && handoff_start(&pipe_, placement) == 0 &&
+            handoff_start(&track, placement) == 0 && handoff_start(&dlx, placement) == 0) {
+                err = 0;
+                for (size_t i = 0; i < sizeof(o.h) / sizeof(o.h[0]) && err == 0; i++)
+                        err = msg_recv(o.h[i]->prod.ctl, &warm, LONG_MS);
                 if (err == 0)
-                        err = paced_run_with(&dlx.prod, n, relay_block, &relay);
+                        err = paced_run_with(&dlx.prod, n, others_block, &o);
         }
-        dlx_cpu.server = cpu_ns(opt.daemon_pid) - daemon_cpu;
-        if (handoff_end(&relay, err, &relay_cpu) < 0 || handoff_end(&dlx, err, &dlx_cpu) < 0)
+        dlx_cpu.server = cpu_ns(opt.daemon_pid) - daemon_cpu - o.track_daemon_cpu;
+        track_cpu.server = o.track_daemon_cpu;
+        if (handoff_end(&relay, err, &relay_cpu) < 0 || handoff_end(&pipe_, err, &pipe_cpu) < 0 ||
+            handoff_end(&track, err, &track_cpu) < 0 || handoff_end(&dlx, err, &dlx_cpu) < 0)
                 err = -1;
         if (err == 0) {
                 struct latency l = {.scenario = "placement",
@@ -312,8 +390,23 @@ static int handoffs(const char *placement)
                 l.floor_name = "relay";
                 l.cpu = &dlx_cpu;
                 latency_row(&l, NULL);
+                l.key = "pipe";
+                l.label = "pipe floor: prod>cons";
+                l.v = pipe_.samples;
+                l.floor = NULL;
+                l.cpu = &pipe_cpu;
+                latency_row(&l, NULL);
+                l.key = "tracked";
+                l.label = "tracked: publish>track_wait";
+                l.v = track.samples;
+                l.floor = pipe_.samples;
+                l.floor_name = "pipe";
+                l.cpu = &track_cpu;
+                latency_row(&l, NULL);
         }
         handoff_close(&relay);
+        handoff_close(&pipe_);
+        handoff_close(&track);
         handoff_close(&dlx);
         return err;
 }

@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: MIT
 """Hand a tensor to another Python process: dlx against torch.multiprocessing.
 
-    python bench/py-handoff.py [--iters N] [--sizes 1MiB,1GiB] [--scenarios reused,fresh]
-                               [--pin same|none] [--json]
+    python bench/py-handoff.py [--iters N] [--sizes 4KiB,64MiB,1GiB] [--scenarios reused,fresh]
+                               [--pin none|same] [--json]
 
 One hand-off is: the producer process has a tensor ready and hands it over; the
 consumer process ends up with a torch tensor on the very same memory and reads
@@ -31,7 +31,8 @@ On the consumer side every method ends with a torch tensor on the shared pages
 
 The floor, measured per size in the same run: the producer writes its clock (8 bytes)
 into a pipe, and a process blocked reading it takes the difference. Every figure is
-also given over it. --pin same (the default) keeps every process, dlxd too, on one CPU.
+also given over it. --pin none (the default) leaves placement to the scheduler, as users
+do; --pin same keeps every process, dlxd too, on one CPU.
 
 It starts its own dlxd ($DLXD, else build/daemon/dlxd) on a private socket.
 """
@@ -47,7 +48,7 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SIZES = {"1MiB": 1 << 20, "1GiB": 1 << 30}
+SIZES = {"4KiB": 4 << 10, "1MiB": 1 << 20, "64MiB": 64 << 20, "1GiB": 1 << 30}
 
 
 # ---- consumers (run in a spawned process) --------------------------------------------------------
@@ -212,14 +213,15 @@ def summary(lat, warmup):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--iters", type=int, default=200, help="hand-offs per method and size")
-    ap.add_argument("--sizes", default="1MiB,1GiB", help="comma-separated: " + ", ".join(SIZES))
+    ap.add_argument("--sizes", default="4KiB,64MiB,1GiB",
+                    help="comma-separated: " + ", ".join(SIZES))
     ap.add_argument("--fresh-iters", type=int, default=20,
                     help="hand-offs per method in the fresh scenario at 1 GiB (each copies 1 GiB)")
     ap.add_argument("--scenarios", default="reused,fresh")
-    ap.add_argument("--pin", choices=("same", "none"), default="same",
-                    help="same: every process (dlxd too) on one CPU, the steadiest figures, "
-                         "like dlx-bench's default; none: where the scheduler puts them, which "
-                         "adds the machine's cross-CPU wake-ups to every method")
+    ap.add_argument("--pin", choices=("same", "none"), default="none",
+                    help="none (the default): where the scheduler puts them, what users get, "
+                         "cross-CPU wake-ups included; same: every process (dlxd too) on one "
+                         "CPU, the steadiest figures, like dlx-bench --pin same")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.pin == "same":

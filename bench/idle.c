@@ -1,0 +1,198 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * idle: what waiting costs. A dlxd that nobody asks anything should not run, and
+ * neither should a client blocked in a wait. This connects IDLE_CLIENTS clients
+ * (each published a tensor, acquired and released it, half of them watch a
+ * prefix), one client blocked in dlx_acquire() on a version that never comes and
+ * one blocked in dlx_next_event() on a watch that never fires, lets them settle,
+ * and then counts, over a window (10 s, --quick 1 s), the CPU time and the times
+ * each process ran (context switches): dlxd's, and each blocked client's.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench.h"
+
+#define IDLE_CLIENTS 64
+/* After the last client is ready: the daemon takes deferred releases within ~20 ms. */
+#define SETTLE_MS 500
+#define LONG_MS 600000
+
+static void sleep_ms(long ms)
+{
+        struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+                ;
+}
+
+/* A connected client that has done something (published, acquired, released; watches if odd),
+ * then waits on its control socket, not on the daemon, until the parent says stop. */
+static int sitter(int ctl, void *arg)
+{
+        long i = (long)(intptr_t)arg;
+        int64_t shape[1] = {64};
+        DLTensor proto = {.device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLUInt, 8, 1}};
+        DLManagedTensorVersioned *t = NULL;
+        char name[128];
+        uint64_t stop;
+        dlx_client *c = bench_connect("bench-idle");
+        int err;
+
+        proto.shape = shape;
+        if (!c)
+                return 1;
+        bench_name(name, sizeof(name), "idle/%ld", i);
+        err = dlx_alloc(c, &proto, &t);
+        if (err == 0)
+                err = dlx_publish(c, name, t, NULL, NULL);
+        if (err == 0)
+                err = dlx_acquire(c, name, NULL, &t);
+        if (err == 0) {
+                t->deleter(t);
+                if (i % 2)
+                        err = dlx_watch(c, name, NULL);
+        }
+        if (err < 0) {
+                dlx_close(c);
+                return dlx_fail("idle: a client's setup", err) < 0;
+        }
+        err = msg_send(ctl, 1);
+        if (err == 0)
+                err = msg_recv(ctl, &stop, LONG_MS);
+        dlx_close(c);
+        return err < 0;
+}
+
+/* Blocked in the daemon's call until the parent kills it. */
+static int blocked(int ctl, void *arg)
+{
+        bool in_acquire = arg != NULL;
+        dlx_client *c = bench_connect(in_acquire ? "bench-idle-acquire" : "bench-idle-event");
+        char name[128];
+        int err;
+
+        if (!c)
+                return 1;
+        bench_name(name, sizeof(name), "idle-never/%s", in_acquire ? "acquire" : "event");
+        if (!in_acquire && (err = dlx_watch(c, name, NULL)) < 0)
+                return dlx_fail("idle: dlx_watch", err) < 0;
+        if (msg_send(ctl, 1) < 0)
+                return 1;
+        if (in_acquire) {
+                struct dlx_acquire_options o = {.timeout_ms = -1, .min_version = 1};
+                DLManagedTensorVersioned *t;
+                err = dlx_acquire(c, name, &o, &t);
+                dlx_fail("idle: dlx_acquire returned", err);
+        } else {
+                struct dlx_event ev;
+                err = dlx_next_event(c, &ev, -1);
+                dlx_fail("idle: dlx_next_event returned", err);
+        }
+        return 1; /* it should not have returned */
+}
+
+struct probe {
+        pid_t pid;
+        uint64_t cpu;
+        long runs;
+};
+
+static void probe_start(struct probe *p, pid_t pid)
+{
+        p->pid = pid;
+        p->cpu = cpu_ns(pid);
+        p->runs = switches(pid);
+}
+
+/* CPU ns and runs since probe_start() into p. */
+static void probe_end(struct probe *p)
+{
+        long runs = switches(p->pid);
+
+        p->cpu = cpu_ns(p->pid) - p->cpu;
+        p->runs = runs < 0 || p->runs < 0 ? -1 : runs - p->runs;
+}
+
+static void value_row(const char *key, const char *label, double value, const char *unit)
+{
+        struct row r = {.scenario = "idle", .has_value = true, .value = value, .unit = unit};
+
+        snprintf(r.key, sizeof(r.key), "%s", key);
+        snprintf(r.label, sizeof(r.label), "%s", label);
+        report_row(&r);
+}
+
+int run_idle(void)
+{
+        static struct child kids[IDLE_CLIENTS], acq, ev;
+        long window_ms = opt.quick ? 1000 : 10000;
+        struct probe d, pa, pe;
+        uint64_t ready, t0;
+        double secs;
+        int started = 0, err = 0;
+
+        report_heading("idle", "nothing asked: CPU and times run over the window, per process");
+        if (opt.daemon_pid <= 0) {
+                report_skip("idle", "", "dlxd's pid is unknown");
+                return 0;
+        }
+        for (; started < IDLE_CLIENTS && err == 0; started++)
+                err = child_start(&kids[started], "idle client", sitter, (void *)(intptr_t)started);
+        if (err == 0)
+                err = child_start(&acq, "client blocked in acquire", blocked, &acq);
+        if (err == 0)
+                err = child_start(&ev, "client blocked in next_event", blocked, NULL);
+        if (err < 0) {
+                report_error("idle", "fork failed");
+                goto out;
+        }
+        for (int i = 0; i < started && err == 0; i++)
+                err = msg_recv(kids[i].ctl, &ready, 30000);
+        if (err == 0)
+                err = msg_recv(acq.ctl, &ready, 30000);
+        if (err == 0)
+                err = msg_recv(ev.ctl, &ready, 30000);
+        if (err < 0) {
+                report_error("idle", "a client did not become ready (%s)", strerror(-err));
+                goto out;
+        }
+        /* the blocked calls are sent and answered with nothing: give them time to block */
+        sleep_ms(SETTLE_MS);
+        t0 = now_ns();
+        probe_start(&d, opt.daemon_pid);
+        probe_start(&pa, acq.pid);
+        probe_start(&pe, ev.pid);
+        sleep_ms(window_ms);
+        probe_end(&d);
+        probe_end(&pa);
+        probe_end(&pe);
+        secs = (double)(now_ns() - t0) / 1e9;
+        value_row("dlxd_cpu", "dlxd, 64 clients connected: CPU", 100.0 * (double)d.cpu / 1e9 / secs,
+                  "% of a CPU");
+        value_row("dlxd_runs", "dlxd: times it ran", (double)d.runs / secs, "per s");
+        value_row("acquire_cpu", "client blocked in acquire: CPU", (double)pa.cpu / 1e3 / secs,
+                  "us per s");
+        value_row("acquire_runs", "client blocked in acquire: ran", (double)pa.runs / secs,
+                  "per s");
+        value_row("event_cpu", "client blocked in next_event: CPU", (double)pe.cpu / 1e3 / secs,
+                  "us per s");
+        value_row("event_runs", "client blocked in next_event: ran", (double)pe.runs / secs,
+                  "per s");
+        report_target("idle_dlxd", "idle dlxd with 64 clients < 0.5% of a CPU",
+                      100.0 * (double)d.cpu / 1e9 / secs, true, 0.5, "%");
+        report_target("idle_blocked", "clients blocked in acquire/next_event run (times)",
+                      (double)(pa.runs + pe.runs), true, 0, "runs");
+out:
+        child_kill(&acq);
+        child_kill(&ev);
+        for (int i = 0; i < started; i++)
+                if (kids[i].pid > 0 && msg_send(kids[i].ctl, 1) == 0 &&
+                    child_done(&kids[i], 30000, "idle") < 0)
+                        err = -1;
+        for (int i = 0; i < started; i++)
+                child_kill(&kids[i]);
+        return err < 0 ? -1 : 0;
+}
