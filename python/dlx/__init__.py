@@ -33,6 +33,7 @@ from ._dlx import (
     Tensor,
     Timeout,
     Watch,
+    Track,
     WouldCopy,
     __version__,
     exchange_api,
@@ -40,7 +41,7 @@ from ._dlx import (
 )
 
 __all__ = [
-    "Client", "Tensor", "Watch", "Event", "Info", "Error", "NotFound", "Timeout",
+    "Client", "Tensor", "Watch", "Track", "Event", "Info", "Error", "NotFound", "Timeout",
     "PermissionDenied", "Disconnected", "InvalidArgument", "LimitExceeded", "NotSupported",
     "WouldCopy", "ProtocolError", "exchange_api", "strerror", "__version__",
 ]

@@ -581,6 +581,26 @@ static PyObject *client_watch(DlxPy_Client *self, PyObject *args, PyObject *kwar
         return dlxpy_watch_new(self, id, prefix, ms);
 }
 
+static PyObject *client_track(DlxPy_Client *self, PyObject *args)
+{
+        PyObject *name;
+        const char *n;
+        uint32_t id = 0;
+        struct dlxpy_err e;
+
+        if (!PyArg_ParseTuple(args, "U:track", &name) || !(n = PyUnicode_AsUTF8(name)))
+                return NULL;
+        if (dlxpy_client_enter(self) < 0)
+                return NULL;
+        Py_BEGIN_ALLOW_THREADS;
+        dlxpy_err_take(&e, dlx_track(self->c, n, &id));
+        Py_END_ALLOW_THREADS;
+        dlxpy_client_leave(self);
+        if (e.err < 0)
+                return dlxpy_raise(e.err, e.msg);
+        return dlxpy_track_new(self, id, name);
+}
+
 static PyObject *client_fileno(DlxPy_Client *self, PyObject *unused)
 {
         (void)unused;
@@ -652,6 +672,11 @@ static PyMethodDef client_methods[] = {
          "watch(prefix='', *, timeout=None)\n--\n\n"
          "Events for names starting with prefix: an iterator of dlx.Event that stops when\n"
          "no event comes within timeout seconds (None: waits without limit)."},
+        {"track", (PyCFunction)client_track, METH_VARARGS,
+         "track(name)\n--\n\n"
+         "A dlx.Track: name's current version, which the daemon keeps in this client's\n"
+         "version page, read without a round trip (track.version), and waited for\n"
+         "(track.wait()). name need not exist yet."},
         {"fileno", (PyCFunction)client_fileno, METH_NOARGS,
          "fileno()\n--\n\nA descriptor that polls readable when process_events() has work."},
         {"process_events", (PyCFunction)client_process_events, METH_NOARGS,

@@ -127,6 +127,12 @@ int dlxpy_timeout_ms(PyObject *timeout, int64_t dflt, int64_t *ret_ms);
 extern PyTypeObject DlxPy_WatchType;
 int dlxpy_watch_init(PyObject *module);
 PyObject *dlxpy_watch_new(DlxPy_Client *client, uint64_t id, PyObject *prefix, int64_t timeout_ms);
+/* ---- track.c ---- */
+extern PyTypeObject DlxPy_TrackType;
+int dlxpy_track_init(PyObject *module);
+/* A dlx.Track of client's track id, for name (a str). New reference, or NULL raised. */
+PyObject *dlxpy_track_new(DlxPy_Client *client, uint32_t id, PyObject *name);
+
 /* Turns an event into a dlx.Event. New reference. */
 PyObject *dlxpy_event_new(const struct dlx_event *ev);
 /* dlx.Info from a struct dlx_info. New reference. */

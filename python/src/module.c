@@ -48,7 +48,7 @@ PyMODINIT_FUNC PyInit__dlx(void)
         if (!m)
                 return NULL;
         if (dlxpy_exchange_init() < 0 || dlxpy_errors_init(m) < 0 || dlxpy_tensor_init(m) < 0 ||
-            dlxpy_client_init(m) < 0 || dlxpy_watch_init(m) < 0 ||
+            dlxpy_client_init(m) < 0 || dlxpy_watch_init(m) < 0 || dlxpy_track_init(m) < 0 ||
             PyModule_AddStringConstant(m, "__version__", DLXPY_VERSION) < 0 ||
             PyModule_AddIntConstant(m, "DLPACK_MAJOR", DLX_DLPACK_MAJOR) < 0 ||
             PyModule_AddIntConstant(m, "DLPACK_MINOR", DLX_DLPACK_MINOR) < 0) {

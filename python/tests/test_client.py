@@ -293,6 +293,33 @@ def test_watch(client, name, daemon):
         w.next()
 
 
+def test_track(client, name, daemon):
+    with client.track(name) as t:
+        assert t.name == name
+        assert t.version == 0
+        assert t.wait(timeout=0) is None
+        with dlx.Client(daemon.socket) as other:
+            other.publish(name, np.zeros(1))
+            # the page is written before the publish is answered
+            assert t.version == 1
+            assert t.wait(0) == 1
+            assert t.wait(timeout=0.05) is None
+            done = []
+            waiter = threading.Thread(target=lambda: done.append(t.wait(1, timeout=10)))
+            waiter.start()
+            time.sleep(0.05)
+            other.publish(name, np.ones(1))
+            waiter.join(10)
+            assert done == [2]
+            other.unpublish(name)
+            assert t.version == 0
+        assert client.track(name).version == 0  # the same name again: one more track
+    with pytest.raises(ValueError):
+        t.version
+    with pytest.raises(dlx.Error):
+        client.track("bad\nname")
+
+
 def test_two_watches_on_one_client_each_get_their_own(client, name):
     wa = client.watch(name + "/a/", timeout=0.3)
     wb = client.watch(name + "/b/", timeout=0.3)
