@@ -58,18 +58,21 @@ def dlx_consumer(socket, name, iters, ready, acks, results):
     import torch
     import dlx
 
-    lat = []
+    lat, parts = [], []
     with dlx.Client(socket) as c:
         ready.send(True)
         for k in range(1, iters + 1):
             t = c.acquire(name, min_version=k, timeout=60)
+            t_acq = time.perf_counter()
             x = torch.from_dlpack(t)
             sent = x[0].item()
-            lat.append(time.perf_counter() - sent)
+            t_end = time.perf_counter()
+            lat.append(t_end - sent)
+            parts.append((t_acq - sent, t_end - t_acq))
             del x
             t.close()
             acks.send(k)
-    results.send(lat)
+    results.send((lat, parts))
 
 
 def pipe_consumer(conn, iters, ready, acks, results):
@@ -137,8 +140,10 @@ def run_dlx(ctx, socket, nbytes, iters, mode):
                 del src
                 t.close()
             assert acks_r.recv() == k
-        lat = res_r.recv()
+        lat, parts = res_r.recv()
         p.join(60)
+    # where a hand-off's time goes: until acquire() returns, then torch.from_dlpack + a read
+    run_dlx.parts = parts
     return lat
 
 
@@ -257,6 +262,10 @@ def main():
                     lat = run(nbytes, iters)
                     results.append({"size": size, "scenario": scenario, "method": method,
                                     **summary(lat, warmup)})
+                    if method == "dlx":
+                        parts = run_dlx.parts[warmup:]
+                        results[-1]["acquire_us"] = statistics.median(a for a, _ in parts) * 1e6
+                        results[-1]["torch_us"] = statistics.median(b for _, b in parts) * 1e6
                     if not args.json:
                         r = results[-1]
                         print(f"  {size:>5} {scenario:<6} {method:<9} median "
@@ -285,6 +294,13 @@ def main():
               f"{fmt(r['median_us'])} | "
               f"{fmt(r['p90_us'])} | {fmt(r['min_us'])} | {r['n']} | {x_dlx} | "
               f"{r['x_floor']:.1f}x |")
+    print()
+    print("dlx's hand-off, median of each part: from the producer's clock until acquire()")
+    print("returns in the consumer, then torch.from_dlpack() and reading the element")
+    for r in results:
+        if "acquire_us" in r:
+            print(f"  {r['size']:>5} {r['scenario']:<6} until acquire returns {fmt(r['acquire_us'])}, "
+                  f"from_dlpack + read {fmt(r['torch_us'])}")
 
 
 def fmt(us):
