@@ -179,6 +179,7 @@ void dlx__client_unref(dlx_client *c)
         frame_reader_done(&c->reader);
         pthread_mutex_destroy(&c->lock);
         pthread_mutex_destroy(&c->send_lock);
+        pthread_mutex_destroy(&c->track_lock);
         pthread_cond_destroy(&c->cond);
         free(c);
 }
@@ -979,6 +980,7 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
         avl_init(&c->maps);
         pthread_mutex_init(&c->lock, NULL);
         pthread_mutex_init(&c->send_lock, NULL);
+        pthread_mutex_init(&c->track_lock, NULL);
         pthread_cond_init(&c->cond, NULL);
         if (opts) {
                 c->log = opts->log;

@@ -183,6 +183,8 @@ struct dlx_client {
         const struct version_page *vpage;
         size_t vpage_size;
         uint32_t *track_refs; /* per slot: dlx_track()s not yet untracked; atomic reads */
+        uint32_t *track_gen;  /* per slot: bumped when its last track ends (a wait's ABA guard) */
+        pthread_mutex_t track_lock; /* one first dlx_track() at a time: the page comes once */
 
         /* --- under exchange.c's lock: the process's open clients --- */
         /* --- under client.c's fork lock: clients whose connection is open (fork closes it) --- */

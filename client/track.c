@@ -37,7 +37,7 @@ static int page_map(dlx_client *c, int fd, uint32_t slots)
         const unsigned need = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE;
         size_t size = VERPAGE_SIZE(slots);
         const struct version_page *p;
-        uint32_t *refs;
+        uint32_t *refs, *gen;
         struct stat st;
         int seals;
 
@@ -48,21 +48,28 @@ static int page_map(dlx_client *c, int fd, uint32_t slots)
                 return dlx__fail(-EPROTO, "the daemon's version page is smaller than its %u slots",
                                  slots);
         refs = calloc(slots, sizeof(*refs));
-        if (!refs)
+        gen = calloc(slots, sizeof(*gen));
+        if (!refs || !gen) {
+                free(refs);
+                free(gen);
                 return dlx__fail(-ENOMEM, "out of memory");
+        }
         p = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
         if (p == MAP_FAILED) {
                 int err = -errno;
                 free(refs);
+                free(gen);
                 return dlx__fail(err, "cannot map the version page: %s", strerror(-err));
         }
         if (p->magic != VERPAGE_MAGIC || p->slots != slots) {
                 munmap((void *)p, size);
                 free(refs);
+                free(gen);
                 return dlx__fail(-EPROTO, "the daemon's version page is not one");
         }
         c->vpage_size = size;
         c->track_refs = refs;
+        c->track_gen = gen;
         /* readers load the page first: its refs are in place by then */
         __atomic_store_n(&c->vpage, p, __ATOMIC_RELEASE);
         return 0;
@@ -73,6 +80,7 @@ static int held_track(dlx_client *c, const char *name, uint32_t *ret_track)
         struct wire_request req = {.type = WIRE_REQ_TRACK};
         const char *why = NULL;
         struct pending p;
+        bool first;
         int err;
 
         if (!name || !ret_track)
@@ -86,6 +94,14 @@ static int held_track(dlx_client *c, const char *name, uint32_t *ret_track)
                 return dlx__fail(-ENOTSUP, "%s does not keep version pages (protocol 1.2)",
                                  c->server);
         snprintf(req.track.name, sizeof(req.track.name), "%s", name);
+        /*
+         * The page comes with the session's first track only: while there is
+         * none, one track at a time, or a second one's reply (no page) could
+         * be taken before the first's (the page).
+         */
+        first = !__atomic_load_n(&c->vpage, __ATOMIC_ACQUIRE);
+        if (first)
+                pthread_mutex_lock(&c->track_lock);
         err = dlx__call(c, &req, -1, &p);
         if (err == 0 && p.rep.type != WIRE_REP_TRACK)
                 err = dlx__fail(-EPROTO, "the daemon answered track with something else");
@@ -105,7 +121,17 @@ static int held_track(dlx_client *c, const char *name, uint32_t *ret_track)
                         *ret_track = p.rep.track.slot + 1;
                 }
                 pthread_mutex_unlock(&c->lock);
+                if (err < 0 && p.rep.type == WIRE_REP_TRACK) {
+                        /* the daemon counts the track: give its slot back, keep the error */
+                        struct wire_request un = {.type = WIRE_REQ_UNTRACK};
+                        struct pending u;
+                        un.untrack.slot = p.rep.track.slot;
+                        dlx__call(c, &un, -1, &u);
+                        dlx__pending_done(c, &u);
+                }
         }
+        if (first)
+                pthread_mutex_unlock(&c->track_lock);
         dlx__pending_done(c, &p);
         return err;
 }
@@ -130,10 +156,18 @@ static const struct verpage_slot *slot_of(const dlx_client *c, uint32_t track, i
         return &p->slot[track - 1];
 }
 
-static int page_closed(const dlx_client *c)
+/* -ECONNRESET once the session has ended or the connection to the daemon has: else 0. */
+static int ended(dlx_client *c)
 {
+        int broken = __atomic_load_n(&c->broken, __ATOMIC_RELAXED);
+
         if (__atomic_load_n(&c->vpage->closed, __ATOMIC_ACQUIRE))
                 return dlx__fail(-ECONNRESET, "the session has ended: its tracks no longer change");
+        if (broken)
+                return dlx__fail(-ECONNRESET,
+                                 "the connection to the daemon has ended (%s): its tracks no "
+                                 "longer change",
+                                 dlx_strerror(broken));
         return 0;
 }
 
@@ -150,7 +184,7 @@ int dlx_track_version(dlx_client *c, uint32_t track, uint64_t *ret_version)
         if (!s)
                 return err;
         *ret_version = __atomic_load_n(&s->version, __ATOMIC_ACQUIRE);
-        return page_closed(c);
+        return ended(c);
 }
 
 /* Whether the connection has ended under us (the daemon died without closing the page). */
@@ -166,6 +200,7 @@ static int held_track_wait(dlx_client *c, uint32_t track, uint64_t version, int6
 {
         int64_t deadline = timeout_ms > 0 ? dlx__now_ms() + timeout_ms : 0;
         const struct verpage_slot *s;
+        uint32_t gen;
         int err = dlx__usable(c);
 
         if (err < 0)
@@ -173,21 +208,22 @@ static int held_track_wait(dlx_client *c, uint32_t track, uint64_t version, int6
         s = slot_of(c, track, &err);
         if (!s)
                 return err;
+        /* the slot may go to another name once untracked: its generation says so */
+        gen = __atomic_load_n(&c->track_gen[track - 1], __ATOMIC_ACQUIRE);
         for (;;) {
                 uint32_t seq = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
                 uint64_t now = __atomic_load_n(&s->version, __ATOMIC_ACQUIRE);
                 int64_t left = TRACK_CHECK_MS;
                 struct timespec ts;
 
-                if (now != version) {
+                if (__atomic_load_n(&c->track_gen[track - 1], __ATOMIC_ACQUIRE) != gen)
+                        return dlx__fail(-EINVAL, "track %u was untracked while waited on", track);
+                /* an ended session says so first, with the last version, as dlx_track_version */
+                if ((err = ended(c)) < 0 || now != version) {
                         if (ret_version)
                                 *ret_version = now;
-                        return 0;
-                }
-                if ((err = page_closed(c)) < 0)
                         return err;
-                if (__atomic_load_n(&c->track_refs[track - 1], __ATOMIC_ACQUIRE) == 0)
-                        return dlx__fail(-EINVAL, "track %u was untracked while waited for", track);
+                }
                 if (timeout_ms == 0)
                         return dlx__fail(-EAGAIN, "still version %llu",
                                          (unsigned long long)version);
@@ -226,8 +262,10 @@ static int held_untrack(dlx_client *c, uint32_t track)
         int err = 0;
 
         pthread_mutex_lock(&c->lock);
-        if (slot_of(c, track, &err))
-                __atomic_sub_fetch(&c->track_refs[track - 1], 1, __ATOMIC_RELEASE);
+        if (slot_of(c, track, &err) &&
+            __atomic_sub_fetch(&c->track_refs[track - 1], 1, __ATOMIC_RELEASE) == 0)
+                /* before the daemon can give the slot to another name */
+                __atomic_add_fetch(&c->track_gen[track - 1], 1, __ATOMIC_RELEASE);
         pthread_mutex_unlock(&c->lock);
         if (err < 0)
                 return err;
@@ -249,6 +287,8 @@ void dlx__track_final(dlx_client *c)
         if (c->vpage)
                 munmap((void *)c->vpage, c->vpage_size);
         free(c->track_refs);
+        free(c->track_gen);
         c->vpage = NULL;
         c->track_refs = NULL;
+        c->track_gen = NULL;
 }

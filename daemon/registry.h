@@ -85,6 +85,11 @@ void registry_stat(struct session *s, const struct wire_request *req);
 void registry_watch(struct session *s, const struct wire_request *req);
 void registry_unwatch(struct session *s, const struct wire_request *req);
 void registry_track(struct session *s, const struct wire_request *req);
+/*
+ * The daemon stops: every version page stays as it is now, closed, so that no
+ * tracker sees the names of sessions closed before its own as unpublished.
+ */
+void registry_pages_close(struct registry *reg);
 void registry_untrack(struct session *s, const struct wire_request *req);
 void registry_alloc(struct session *s, const struct wire_request *req, int fd);
 void registry_free(struct session *s, const struct wire_request *req);

@@ -455,6 +455,7 @@ void server_stop(struct server *srv)
         uv_timer_stop(&srv->backoff);
         uv_close((uv_handle_t *)&srv->backoff, NULL);
         unlink(srv->path);
+        registry_pages_close(srv->reg);
         /* closing sessions sends events to the others: the handles that send them go last */
         list_for_each_safe(pos, tmp, &srv->conns) conn_goodbye(
                 list_entry(pos, struct conn, link), -ESHUTDOWN, "the daemon is stopping");

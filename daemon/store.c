@@ -328,8 +328,14 @@ int store_adopt(struct store *st, int fd, uint32_t kind, uint64_t declared_size,
                         close(fd);
                         return err;
                 }
-                /* either write seal leaves no way to map it writable from here on */
-                (*ret)->write_sealed = (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0;
+                /*
+                 * Only F_SEAL_WRITE proves no writable mapping exists. A peer's
+                 * memfd sealed F_SEAL_FUTURE_WRITE may still be mapped writable
+                 * by whoever mapped it before (its sender; the daemon, for a
+                 * version page sent back to it): segment_seal_ro() tries
+                 * F_SEAL_WRITE on it like on any other.
+                 */
+                (*ret)->write_sealed = (seals & F_SEAL_WRITE) != 0;
                 (*ret)->fd_readonly = (mode & O_ACCMODE) == O_RDONLY;
                 return 0;
         }

@@ -34,14 +34,42 @@ struct track {
         uint32_t refs; /* tracks of the name by this session: one slot */
 };
 
-static void slot_set(struct session *s, uint32_t slot, uint64_t version)
+/* Wakes whoever sleeps on slot: something there changed. */
+static void slot_wake(struct session *s, uint32_t slot)
 {
         struct verpage_slot *v = &s->vpage->slot[slot];
 
-        __atomic_store_n(&v->version, version, __ATOMIC_RELEASE);
         __atomic_add_fetch(&v->seq, 1, __ATOMIC_RELEASE);
         /* nothing to check: no waiter is fine, and the page is ours */
         syscall(SYS_futex, &v->seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* A closed page keeps the versions it had: nothing is written there any more. */
+static void slot_set(struct session *s, uint32_t slot, uint64_t version)
+{
+        if (s->vpage->closed)
+                return;
+        __atomic_store_n(&s->vpage->slot[slot].version, version, __ATOMIC_RELEASE);
+        slot_wake(s, slot);
+}
+
+/* Closes s's page, its versions as they are, and wakes its waiters to see it. */
+static void page_close(struct session *s)
+{
+        if (!s->vpage || s->vpage->closed)
+                return;
+        __atomic_store_n(&s->vpage->closed, 1, __ATOMIC_RELEASE);
+        for (uint32_t i = 0; i < s->vpage->slots; i++)
+                if (s->tracks[i])
+                        slot_wake(s, i);
+}
+
+void registry_pages_close(struct registry *reg)
+{
+        struct list *pos, *tmp;
+
+        list_for_each_safe(pos, tmp, &reg->sessions)
+                page_close(list_entry(pos, struct session, link));
 }
 
 void tracks_update(struct entry *e)
@@ -180,7 +208,8 @@ out:
                 close(fd);
 }
 
-static void track_end(struct track *t)
+/* Ends t: an untrack clears its slot for the next name; a session's end leaves it as it was. */
+static void track_end(struct track *t, bool clear)
 {
         struct session *s = t->s;
         struct entry *e = t->e;
@@ -188,7 +217,8 @@ static void track_end(struct track *t)
         s->tracks[t->slot] = NULL;
         s->ntracks--;
         list_remove(&t->elink);
-        slot_set(s, t->slot, 0);
+        if (clear)
+                slot_set(s, t->slot, 0);
         free(t);
         entry_maybe_free(s->reg, e);
 }
@@ -204,7 +234,7 @@ void registry_untrack(struct session *s, const struct wire_request *req)
                 return;
         }
         if (--t->refs == 0)
-                track_end(t);
+                track_end(t, true);
         reply_init(&rep, req->id, WIRE_REP_NONE);
         session_send(s, &rep, -1);
 }
@@ -213,11 +243,10 @@ void track_session_drop(struct session *s, bool unmap)
 {
         if (!s->vpage)
                 return;
-        /* first: whoever the ends below wake sees that nothing will change any more */
-        __atomic_store_n(&s->vpage->closed, 1, __ATOMIC_RELEASE);
+        page_close(s);
         for (uint32_t i = 0; i < s->vpage->slots && s->ntracks; i++)
                 if (s->tracks[i])
-                        track_end(s->tracks[i]);
+                        track_end(s->tracks[i], false);
         if (!unmap)
                 return;
         munmap(s->vpage, s->vpage_size);

@@ -15,10 +15,14 @@
  * increments seq (release) and wakes seq's futex waiters. A reader loads seq
  * (acquire), then version: if version is not what it has, it has news; else it
  * may FUTEX_WAIT on seq with the value it loaded, which returns at once if a
- * change came in between. When the session ends (dlx_close, a daemon that
- * stops), the daemon sets closed, bumps every slot's seq and wakes them all.
- * A daemon that dies without that wakes no one: readers wait in slices and
- * look at the connection between them.
+ * change came in between. An Untrack sets its slot's version to 0 (and bumps,
+ * and wakes) before the slot may go to another name. When the session ends
+ * (bye, hang-up, dropped) or the daemon stops (every page at once, before any
+ * session ends, so that no name reads as unpublished for it), the daemon sets
+ * closed, bumps every tracked slot's seq and wakes them all; the versions stay
+ * what they were, and nothing is written there after. A daemon that dies
+ * without that wakes no one: readers wait in slices and look at the
+ * connection between them.
  */
 #ifndef DLX_PROTO_VERPAGE_H
 #define DLX_PROTO_VERPAGE_H

@@ -480,7 +480,7 @@ END_TEST
 START_TEST(raw_refcount_does_not_wrap)
 {
         enum { N = 70000, CHUNK = 5000 };
-        int sock = rp_connect(fx.socket, "dup"), fd = -1;
+        int sock, fd = -1;
         struct wire_request req;
         struct wire_reply rep;
         uint8_t *buf = NULL;
@@ -488,6 +488,10 @@ START_TEST(raw_refcount_does_not_wrap)
         uint32_t slot;
         uint64_t id = 10;
 
+        /* counting, not memory: 140000 requests take minutes under valgrind (ASan runs it) */
+        if (fx_slowdown() > 1)
+                return;
+        sock = rp_connect(fx.socket, "dup");
         ck_assert_int_eq(raw_track(sock, 2, "dup/x", &rep, &fd), WIRE_OK);
         slot = rep.track.slot;
         close(fd);
@@ -760,7 +764,8 @@ START_TEST(raw_page_published_as_segment)
                               "tracker published its own version page read-only and dlxd took it",
                               (unsigned long long)before, (unsigned long long)after);
         }
-        ck_assert_msg(rep.status == WIRE_BUSY, "read-only publish of the page: status %d (%s)",
+        /* README: a memfd dlxd cannot seal (F_SEAL_SEAL, as the page is) is -EBADF */
+        ck_assert_msg(rep.status == WIRE_BAD_FD, "read-only publish of the page: status %d (%s)",
                       rep.status, rep.error);
         publish_copy(p, "seg/x", NULL);
         ck_assert_uint_eq(slot_version(pg.pg, slot), 1);
@@ -1768,7 +1773,7 @@ START_TEST(untrack_under_wait_no_aba)
         static const char *const args[] = {"--max-watches", "1", NULL};
         dlx_client *p, *q;
         char name[32];
-        enum { ROUNDS = 200 };
+        const int ROUNDS = fx_slowdown() > 1 ? 40 : 200; /* under valgrind, fewer */
         int wrong = 0, reused = 0;
         uint64_t wrong_seen = 0;
 
@@ -1940,7 +1945,7 @@ START_TEST(threads_track_untrack_same_name)
         /* the page is in place first (concurrent first tracks: concurrent_first_tracks) */
         DLXV(dlx_untrack(q, track_ok(q, "same/x")));
         for (int i = 0; i < NT; i++) {
-                c[i] = (struct churner){.q = q, .iters = 1500};
+                c[i] = (struct churner){.q = q, .iters = fx_slowdown() > 1 ? 300 : 1500};
                 ck_assert_int_eq(pthread_create(&th[i], NULL, track_churn, &c[i]), 0);
         }
         for (int i = 0; i < NT; i++) {
@@ -2241,7 +2246,7 @@ START_TEST(no_leak_after_many_sessions)
         fx_wait_clients(p, 1, 5000);
         maps0 = memfd_maps(fx.pid);
         rss0 = proc_status_kb(fx.pid, "VmRSS:");
-        for (int round = 0; round < 200; round++) {
+        for (int round = 0; round < (fx_slowdown() > 1 ? 40 : 200); round++) {
                 switch (round % 4) {
                 case 0:
                         s = fx_connect(&fx, "closer");
@@ -2279,8 +2284,10 @@ START_TEST(no_leak_after_many_sessions)
         maps = wait_memfd_maps(fx.pid, maps0, 3000);
         ck_assert_msg(maps <= maps0, "dlxd maps %d memfds, %d before 200 sessions", maps, maps0);
         rss = proc_status_kb(fx.pid, "VmRSS:");
-        ck_assert_msg(rss - rss0 < 8192, "dlxd grew from %ld to %ld kB over 200 sessions", rss0,
-                      rss);
+        /* a sanitizer's quarantine, or valgrind, keeps freed memory: RSS says nothing there */
+        if (!TOOLKIT_SANITIZED && fx_slowdown() == 1)
+                ck_assert_msg(rss - rss0 < 8192, "dlxd grew from %ld to %ld kB over 200 sessions",
+                              rss0, rss);
         ck_assert_uint_eq(fx_stats(p).names, 1);
         dlx_close(p);
 }
@@ -2290,7 +2297,8 @@ END_TEST
  * daemon's memory comes back, and no name stays behind. */
 START_TEST(no_leak_track_untrack_cycles)
 {
-        enum { BATCH = 200, ROUNDS = 250 };
+        enum { BATCH = 200 };
+        const int ROUNDS = fx_slowdown() > 1 ? 25 : 250; /* under valgrind, fewer */
         int sock = rp_connect(fx.socket, "cycler"), fd = -1;
         dlx_client *q = fx_connect(&fx, "lib");
         struct wire_request req;
@@ -2337,8 +2345,11 @@ START_TEST(no_leak_track_untrack_cycles)
                 id += BATCH;
         }
         rss = proc_status_kb(fx.pid, "VmRSS:");
-        ck_assert_msg(rss - rss0 < 4096, "dlxd grew from %ld to %ld kB over %d tracked names", rss0,
-                      rss, BATCH * ROUNDS);
+        /* a sanitizer's quarantine, or valgrind, keeps freed memory: RSS says nothing there */
+        if (!TOOLKIT_SANITIZED && fx_slowdown() == 1)
+                ck_assert_msg(rss - rss0 < 4096,
+                              "dlxd grew from %ld to %ld kB over %d tracked names", rss0, rss,
+                              BATCH * ROUNDS);
         /* libdlx too: distinct names, tracked and untracked */
         for (int i = 0; i < 2000; i++) {
                 uint32_t t;
@@ -2357,6 +2368,9 @@ END_TEST
  * --max-watches 0 (none) and 100000 both stop a client at 65536 tracked names, not before. */
 START_TEST(max_watches_none_and_big)
 {
+        /* counting, not memory: 2 x 65536 tracks take minutes under valgrind (ASan runs it) */
+        if (fx_slowdown() > 1)
+                return;
         static const char *const none[] = {"--max-watches", "0", NULL};
         static const char *const big[] = {"--max-watches", "100000", NULL};
         enum { MAXT = 65536, CHUNK = 4096 };

@@ -543,6 +543,8 @@ int dlx_process_events(dlx_client *client);
  * daemon shares with this client alone, read-only here, and keeps current.
  * name need not be published yet. Tracking a name this client already tracks
  * returns the same track, and each dlx_track() needs its own dlx_untrack().
+ * Like a file descriptor, a track number may be given again, to another name,
+ * once its last dlx_untrack() is done.
  * Returns 0 with *ret_track (never 0), or:
  *   -EINVAL   NULL argument, or a bad name
  *   -EAGAIN   this client tracks dlxd --max-watches names already (65536 at most;
@@ -559,8 +561,10 @@ int dlx_track(dlx_client *client, const char *name, uint32_t *ret_track);
  * dlx_publish() returns in any process, every tracker reads that version or a
  * newer one. Returns 0 with *ret_version, or:
  *   -EINVAL      NULL argument, or not a track of this client (untracked)
- *   -ECONNRESET  the session has ended (closed, or dlxd stopped): *ret_version
- *                is the last version seen, and will not change any more
+ *   -ECONNRESET  the session has ended (dlxd stopped, or ended it), or the
+ *                client's connection has (lost, or given up on: a call timed
+ *                out): *ret_version is the last version the page held, and
+ *                will not change any more
  *   -ESTALE      the client was connected by the parent process
  */
 int dlx_track_version(dlx_client *client, uint32_t track, uint64_t *ret_version);
@@ -573,8 +577,10 @@ int dlx_track_version(dlx_client *client, uint32_t track, uint64_t *ret_version)
  * the connection to the daemon is still there. Any number of threads may wait
  * on one track. Returns 0 with *ret_version (ret_version may be NULL), or:
  *   -ETIMEDOUT   still version after timeout_ms (-EAGAIN when timeout_ms is 0)
- *   -ECONNRESET  the session ended, or the daemon is gone
- *   -EINVAL      NULL client, not a track of this client, or untracked while waited on
+ *   -ECONNRESET  as dlx_track_version(), *ret_version likewise; a daemon
+ *                killed outright is noticed within about a second
+ *   -EINVAL      NULL client, not a track of this client, or untracked while
+ *                waited on (even if the number was given to another name since)
  *   -ESTALE      the client was connected by the parent process
  */
 int dlx_track_wait(dlx_client *client, uint32_t track, uint64_t version, int64_t timeout_ms,
