@@ -3,10 +3,13 @@
  * idle: what waiting costs. A dlxd that nobody asks anything should not run, and
  * neither should a client blocked in a wait. This connects IDLE_CLIENTS clients
  * (each published a tensor, acquired and released it, half of them watch a
- * prefix), one client blocked in dlx_acquire() on a version that never comes and
- * one blocked in dlx_next_event() on a watch that never fires, lets them settle,
- * and then counts, over a window (10 s, --quick 1 s), the CPU time and the times
- * each process ran (context switches): dlxd's, and each blocked client's.
+ * prefix), clients blocked in dlx_acquire() on a version that never comes and in
+ * dlx_next_event() on a watch that never fires, lets them settle, and then
+ * counts, over a window (10 s, --quick 1 s), the CPU time and the times each
+ * process ran (context switches): dlxd's, and each blocked client's. Blocked
+ * clients come in two kinds: with the default timeout_ms, which pings a silent
+ * daemon once per timeout (10 s) to see it is still there ("no call waits
+ * forever"), and with timeout_ms < 0, which never looks.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -66,17 +69,29 @@ static int sitter(int ctl, void *arg)
         return err < 0;
 }
 
+/* How a blocked client waits: in acquire or next_event, pinging a silent daemon or not. */
+struct how {
+        bool in_acquire;
+        bool no_timeout;
+};
+
 /* Blocked in the daemon's call until the parent kills it. */
 static int blocked(int ctl, void *arg)
 {
-        bool in_acquire = arg != NULL;
-        dlx_client *c = bench_connect(in_acquire ? "bench-idle-acquire" : "bench-idle-event");
+        const struct how *how = arg;
+        bool in_acquire = how->in_acquire;
+        struct dlx_connect_options co = {.socket_path = opt.socket,
+                                         .client_name = "bench-idle-blocked",
+                                         .timeout_ms = how->no_timeout ? -1 : 0};
+        dlx_client *c = NULL;
         char name[128];
         int err;
 
-        if (!c)
-                return 1;
-        bench_name(name, sizeof(name), "idle-never/%s", in_acquire ? "acquire" : "event");
+        err = dlx_connect(&co, &c);
+        if (err < 0)
+                return dlx_fail("idle: connect", err) < 0;
+        bench_name(name, sizeof(name), "idle-never/%s%s", in_acquire ? "acquire" : "event",
+                   how->no_timeout ? "-nt" : "");
         if (!in_acquire && (err = dlx_watch(c, name, NULL)) < 0)
                 return dlx_fail("idle: dlx_watch", err) < 0;
         if (msg_send(ctl, 1) < 0)
@@ -127,12 +142,21 @@ static void value_row(const char *key, const char *label, double value, const ch
 
 int run_idle(void)
 {
-        static struct child kids[IDLE_CLIENTS], acq, ev;
+        static const struct how hows[4] = {
+                {true, false}, {false, false}, {true, true}, {false, true}};
+        static const char *const labels[4][2] = {
+                {"blocked in acquire: CPU", "blocked in acquire: ran"},
+                {"blocked in next_event: CPU", "blocked in next_event: ran"},
+                {"... timeout_ms < 0, acquire: CPU", "... timeout_ms < 0, acquire: ran"},
+                {"... timeout_ms < 0, next_event: CPU", "... timeout_ms < 0, next_event: ran"},
+        };
+        static struct child kids[IDLE_CLIENTS], waits[4];
         long window_ms = opt.quick ? 1000 : 10000;
-        struct probe d, pa, pe;
+        struct probe d, pw[4];
         uint64_t ready, t0;
-        double secs;
-        int started = 0, err = 0;
+        double secs, pinging = 0, silent = 0;
+        int started = 0, nwaits = 0, err = 0;
+        char key[32];
 
         report_heading("idle", "nothing asked: CPU and times run over the window, per process");
         if (opt.daemon_pid <= 0) {
@@ -141,20 +165,16 @@ int run_idle(void)
         }
         for (; started < IDLE_CLIENTS && err == 0; started++)
                 err = child_start(&kids[started], "idle client", sitter, (void *)(intptr_t)started);
-        if (err == 0)
-                err = child_start(&acq, "client blocked in acquire", blocked, &acq);
-        if (err == 0)
-                err = child_start(&ev, "client blocked in next_event", blocked, NULL);
+        for (; nwaits < 4 && err == 0; nwaits++)
+                err = child_start(&waits[nwaits], "blocked client", blocked, (void *)&hows[nwaits]);
         if (err < 0) {
                 report_error("idle", "fork failed");
                 goto out;
         }
         for (int i = 0; i < started && err == 0; i++)
                 err = msg_recv(kids[i].ctl, &ready, 30000);
-        if (err == 0)
-                err = msg_recv(acq.ctl, &ready, 30000);
-        if (err == 0)
-                err = msg_recv(ev.ctl, &ready, 30000);
+        for (int i = 0; i < nwaits && err == 0; i++)
+                err = msg_recv(waits[i].ctl, &ready, 30000);
         if (err < 0) {
                 report_error("idle", "a client did not become ready (%s)", strerror(-err));
                 goto out;
@@ -163,31 +183,36 @@ int run_idle(void)
         sleep_ms(SETTLE_MS);
         t0 = now_ns();
         probe_start(&d, opt.daemon_pid);
-        probe_start(&pa, acq.pid);
-        probe_start(&pe, ev.pid);
+        for (int i = 0; i < 4; i++)
+                probe_start(&pw[i], waits[i].pid);
         sleep_ms(window_ms);
         probe_end(&d);
-        probe_end(&pa);
-        probe_end(&pe);
+        for (int i = 0; i < 4; i++)
+                probe_end(&pw[i]);
         secs = (double)(now_ns() - t0) / 1e9;
         value_row("dlxd_cpu", "dlxd, 64 clients connected: CPU", 100.0 * (double)d.cpu / 1e9 / secs,
                   "% of a CPU");
         value_row("dlxd_runs", "dlxd: times it ran", (double)d.runs / secs, "per s");
-        value_row("acquire_cpu", "client blocked in acquire: CPU", (double)pa.cpu / 1e3 / secs,
-                  "us per s");
-        value_row("acquire_runs", "client blocked in acquire: ran", (double)pa.runs / secs,
-                  "per s");
-        value_row("event_cpu", "client blocked in next_event: CPU", (double)pe.cpu / 1e3 / secs,
-                  "us per s");
-        value_row("event_runs", "client blocked in next_event: ran", (double)pe.runs / secs,
-                  "per s");
+        for (int i = 0; i < 4; i++) {
+                snprintf(key, sizeof(key), "blocked_%d_cpu", i);
+                value_row(key, labels[i][0], (double)pw[i].cpu / 1e3 / secs, "us per s");
+                snprintf(key, sizeof(key), "blocked_%d_runs", i);
+                value_row(key, labels[i][1], (double)pw[i].runs / secs, "per s");
+                if (hows[i].no_timeout)
+                        silent += (double)pw[i].runs;
+                else if ((double)pw[i].runs / secs > pinging)
+                        pinging = (double)pw[i].runs / secs;
+        }
         report_target("idle_dlxd", "idle dlxd with 64 clients < 0.5% of a CPU",
                       100.0 * (double)d.cpu / 1e9 / secs, true, 0.5, "%");
-        report_target("idle_blocked", "clients blocked in acquire/next_event run (times)",
-                      (double)(pa.runs + pe.runs), true, 0, "runs");
+        report_target("idle_blocked", "blocked clients (timeout_ms < 0) run (times in window)",
+                      silent, true, 0, "runs");
+        /* its liveness ping: a send, then a wake for the pong, once per 10 s of silence */
+        report_target("idle_pinging", "blocked clients (10 s timeout) run <= 0.3 per s, most",
+                      pinging, true, 0.3, "per s");
 out:
-        child_kill(&acq);
-        child_kill(&ev);
+        for (int i = 0; i < nwaits; i++)
+                child_kill(&waits[i]);
         for (int i = 0; i < started; i++)
                 if (kids[i].pid > 0 && msg_send(kids[i].ctl, 1) == 0 &&
                     child_done(&kids[i], 30000, "idle") < 0)
