@@ -290,6 +290,50 @@ static PyObject *wrap_tensor(DLManagedTensorVersioned *mt, const char *storage)
         return dlxpy_tensor_new(h, mt->flags, name, version, st);
 }
 
+/*
+ * For acquire(): sleeps on the version page until track shows a version that
+ * will do (>= min_version, any with 0), up to ms. Returns 1 when there is one,
+ * 0 when ms passed first (e: -ETIMEDOUT), -1 when the page cannot say (the
+ * session ended, an old daemon...). GIL held on entry and return.
+ */
+static int wait_tracked(DlxPy_Client *self, uint32_t track, uint64_t min_version, int64_t ms,
+                        struct dlxpy_err *e)
+{
+        uint64_t want = min_version ? min_version : 1, v = 0;
+        int r = 0;
+
+        Py_BEGIN_ALLOW_THREADS;
+        e->err = dlx_track_version(self->c, track, &v);
+        while (e->err == 0 && v < want) {
+                /* versions only grow while tracked: each change is a look, then a wait */
+                e->err = dlx_track_wait(self->c, track, v, ms, &v);
+                if (e->err == 0 && v < want)
+                        continue;
+                break;
+        }
+        if (e->err == 0)
+                r = 1;
+        else if (e->err == -ETIMEDOUT || e->err == -EAGAIN)
+                dlxpy_err_take(e, -ETIMEDOUT);
+        else
+                r = -1;
+        Py_END_ALLOW_THREADS;
+        return r;
+}
+
+/* Ends acquire()'s track, if it has one (GIL held). */
+static void untrack(DlxPy_Client *self, uint32_t *track)
+{
+        uint32_t t = *track;
+
+        if (!t)
+                return;
+        *track = 0;
+        Py_BEGIN_ALLOW_THREADS;
+        dlx_untrack(self->c, t);
+        Py_END_ALLOW_THREADS;
+}
+
 static PyObject *client_acquire(DlxPy_Client *self, PyObject *args, PyObject *kwargs)
 {
         static char *kwlist[] = {"name", "timeout", "min_version", "stream", NULL};
@@ -298,6 +342,7 @@ static PyObject *client_acquire(DlxPy_Client *self, PyObject *args, PyObject *kw
         struct dlx_acquire_options o = {0};
         DLManagedTensorVersioned *mt = NULL;
         int64_t total, deadline = 0;
+        uint32_t track = 0;
         struct dlxpy_err e;
 
         if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|$OOO:acquire", kwlist, &name, &timeout,
@@ -324,22 +369,44 @@ static PyObject *client_acquire(DlxPy_Client *self, PyObject *args, PyObject *kw
                 if (total > 0 && left <= 0)
                         break; /* e holds the last slice's -ETIMEDOUT */
                 o.timeout_ms = left < DLXPY_SLICE_MS ? left : DLXPY_SLICE_MS;
+                if (track) {
+                        int r = wait_tracked(self, track, o.min_version, o.timeout_ms, &e);
+                        if (r < 0) {
+                                untrack(self, &track);
+                                continue; /* the page cannot help: wait the plain way */
+                        }
+                        if (r == 0)
+                                goto slice_end;
+                        /* a version that will do is there: take it, at once as a rule */
+                }
                 Py_BEGIN_ALLOW_THREADS;
                 dlxpy_err_take(&e, dlx_acquire(self->c, name, &o, &mt));
+                /*
+                 * Each slice of a waiting acquire is a request dlxd answers: a
+                 * wait longer than one goes on in the version page instead,
+                 * asleep on its futex, and acquires once a version will do.
+                 */
+                if (e.err == -ETIMEDOUT && !track && total != 0 &&
+                    (total < 0 || deadline - now_ms() > 0) && dlx_track(self->c, name, &track) < 0)
+                        track = 0;
                 Py_END_ALLOW_THREADS;
                 if (e.err != -ETIMEDOUT)
                         break;
+        slice_end:
                 /* a slice ran out: let Ctrl-C and close() in, then wait on */
                 if (PyErr_CheckSignals() < 0) {
+                        untrack(self, &track);
                         dlxpy_client_leave(self);
                         return NULL;
                 }
                 if (self->closing) {
+                        untrack(self, &track);
                         dlxpy_client_leave(self);
                         PyErr_SetString(PyExc_ValueError, "the dlx.Client was closed");
                         return NULL;
                 }
         }
+        untrack(self, &track);
         if (e.err == -ETIMEDOUT) {
                 /* say what was waited for, not what the last slice was */
                 if (o.min_version)

@@ -220,6 +220,32 @@ def test_wait_for_min_version_releases_the_gil(client, name, daemon):
     assert got["v"] == 3
 
 
+def test_a_long_wait_asks_the_daemon_nothing(client, name, daemon):
+    """acquire() past its first 200 ms slice sleeps on the version page, not in
+    a new waiting acquire per slice: the daemon counts a handful of requests for
+    a 1.5 s wait, not one per slice."""
+    got = {}
+
+    def waiter():
+        with dlx.Client(daemon.socket) as c2:
+            got["t"] = c2.acquire(name, timeout=10, min_version=2)
+            got["v"] = got["t"].version
+            got["t"].close()
+
+    client.publish(name, np.zeros(2))
+    th = threading.Thread(target=waiter)
+    th.start()
+    time.sleep(0.3)  # past the first slice
+    before = client.stats()["requests"]
+    time.sleep(1.5)
+    during = client.stats()["requests"] - before
+    client.publish(name, np.ones(2))
+    th.join(10)
+    assert got["v"] == 2
+    # the stats call itself is one; slices would have been seven more
+    assert during <= 2, f"{during} requests while one client waited 1.5 s"
+
+
 def test_close_from_another_thread_ends_a_wait(daemon, name):
     c = dlx.Client(daemon.socket)
     err = {}
