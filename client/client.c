@@ -656,6 +656,13 @@ int64_t dlx__now_ms(void)
         return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+int64_t dlx__deadline_ms(int64_t timeout_ms)
+{
+        int64_t now = dlx__now_ms();
+
+        return timeout_ms > INT64_MAX - now ? INT64_MAX : now + timeout_ms;
+}
+
 /*
  * Makes progress on the socket for up to timeout_ms (< 0: until something
  * arrives). Lock held on entry and exit. If another thread is reading, waits
@@ -1258,7 +1265,7 @@ int dlx_process_events(dlx_client *c)
 
 static int held_next_event(dlx_client *c, struct dlx_event *ret_event, int64_t timeout_ms)
 {
-        int64_t deadline = timeout_ms > 0 ? dlx__now_ms() + timeout_ms : 0;
+        int64_t deadline = timeout_ms > 0 ? dlx__deadline_ms(timeout_ms) : 0;
         int err = 0;
 
         if (!c || !ret_event)

@@ -932,7 +932,7 @@ int dlx__gpu_wait_producer(struct gpu_acq *acq, int64_t timeout_ms)
         const struct timespec most = {0, 10 * 1000 * 1000};
         const struct dlx_cuda_driver *cu;
         struct timespec nap = {0, 50 * 1000};
-        int64_t deadline = timeout_ms < 0 ? -1 : dlx__now_ms() + timeout_ms;
+        int64_t deadline = timeout_ms < 0 ? -1 : dlx__deadline_ms(timeout_ms);
         CUresult r;
         int err;
 

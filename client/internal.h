@@ -272,6 +272,8 @@ DLX_HIDDEN void dlx__run_deleters(dlx_client *c);
 DLX_HIDDEN void dlx__poll_notices(dlx_client *c);
 /* Monotonic milliseconds. */
 DLX_HIDDEN int64_t dlx__now_ms(void);
+/* dlx__now_ms() + timeout_ms (>= 0), saturated: INT64_MAX is a timeout too. */
+DLX_HIDDEN int64_t dlx__deadline_ms(int64_t timeout_ms);
 /*
  * The reader (see above): makes progress on the socket for up to timeout_ms
  * (< 0: until something arrives), or waits for the thread reading. Lock held

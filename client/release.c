@@ -37,7 +37,7 @@ static bool still_held(dlx_client *c, const char *name, uint64_t version)
 static int held_wait_released(dlx_client *c, const char *name, uint64_t version, void *stream,
                               int64_t timeout_ms)
 {
-        int64_t deadline = timeout_ms > 0 ? dlx__now_ms() + timeout_ms : 0;
+        int64_t deadline = timeout_ms > 0 ? dlx__deadline_ms(timeout_ms) : 0;
         struct released *r;
         const char *why;
         int err = 0;

@@ -198,7 +198,7 @@ static bool connection_gone(dlx_client *c)
 static int held_track_wait(dlx_client *c, uint32_t track, uint64_t version, int64_t timeout_ms,
                            uint64_t *ret_version)
 {
-        int64_t deadline = timeout_ms > 0 ? dlx__now_ms() + timeout_ms : 0;
+        int64_t deadline = timeout_ms > 0 ? dlx__deadline_ms(timeout_ms) : 0;
         const struct verpage_slot *s;
         uint32_t gen;
         int err = dlx__usable(c);

@@ -1628,6 +1628,32 @@ START_TEST(wait_released_only_when_replaced_and_unleased)
 }
 END_TEST
 
+/*
+ * dlx.h: a timeout is any int64_t; INT64_MAX is one too, and must not overflow
+ * the deadline (UBSan caught dlx_track_wait's; these are its siblings). The
+ * waits end at once: what they wait for is already there.
+ */
+START_TEST(largest_timeouts)
+{
+        dlx_client *p = fx_connect(&fx, "producer"), *w = fx_connect(&fx, "watcher");
+        struct dlx_event ev;
+        DLManagedTensorVersioned *t;
+        uint64_t v1 = 0;
+
+        ck_assert_int_eq(dlx_watch(w, "huge/", NULL), 0);
+        publish_ok(p, "huge/x", fx_vec_f32(p, 4, 0), NULL, &v1);
+        ck_assert_int_eq(dlx_next_event(w, &ev, INT64_MAX), 0);
+        ck_assert_uint_eq(ev.version, v1);
+        publish_ok(p, "huge/x", fx_vec_f32(p, 4, 1), NULL, NULL);
+        ck_assert_int_eq(dlx_wait_released(p, "huge/x", v1, NULL, INT64_MAX), 0);
+        t = acquire_ok(w, "huge/x", NULL);
+        ck_assert_int_eq(dlx_tensor_wait(t, INT64_MAX), 0);
+        t->deleter(t);
+        dlx_close(w);
+        dlx_close(p);
+}
+END_TEST
+
 Suite *pubsub_suite(void)
 {
         Suite *s = suite_create("pubsub");
@@ -1637,6 +1663,7 @@ Suite *pubsub_suite(void)
         tcase_add_checked_fixture(tc, fx_setup, fx_teardown);
         tcase_set_timeout(tc, 60);
         tcase_add_test(tc, publish_acquire_same_pages);
+        tcase_add_test(tc, largest_timeouts);
         tcase_add_test(tc, read_only_is_enforced);
         tcase_add_test(tc, persist_outlives_producer);
         tcase_add_test(tc, replace_while_leased);
