@@ -515,3 +515,22 @@ void fx_stop_daemon(const struct dlxd_fixture *f)
         }
         ck_abort_msg("dlxd did not stop");
 }
+
+uint32_t track_ok(dlx_client *c, const char *name)
+{
+        uint32_t t = 0;
+        int err = dlx_track(c, name, &t);
+
+        ck_assert_msg(err == 0, "dlx_track %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
+        ck_assert_uint_ne(t, 0);
+        return t;
+}
+
+uint64_t tracked_version(dlx_client *c, uint32_t track)
+{
+        uint64_t v = ~0ull;
+        int err = dlx_track_version(c, track, &v);
+
+        ck_assert_msg(err == 0, "dlx_track_version: %s (%s)", dlx_strerror(err), dlx_last_error());
+        return v;
+}

@@ -110,6 +110,9 @@ void publish_ok(dlx_client *c, const char *name, DLManagedTensorVersioned *t,
 /* dlx_acquire() (o may be NULL); the test fails if it does. */
 DLManagedTensorVersioned *acquire_ok(dlx_client *c, const char *name,
                                      const struct dlx_acquire_options *o);
+/* dlx_track() (the track, never 0), and dlx_track_version(); the test fails if they do. */
+uint32_t track_ok(dlx_client *c, const char *name);
+uint64_t tracked_version(dlx_client *c, uint32_t track);
 /* The thread's dlx_last_error() contains what; else the test fails, showing it. */
 void expect_last_error(const char *what);
 

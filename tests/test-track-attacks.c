@@ -62,25 +62,6 @@
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
-static uint64_t version_of(dlx_client *c, uint32_t track)
-{
-        uint64_t v = ~0ull;
-        int err = dlx_track_version(c, track, &v);
-
-        ck_assert_msg(err == 0, "dlx_track_version: %s (%s)", dlx_strerror(err), dlx_last_error());
-        return v;
-}
-
-static uint32_t track_ok(dlx_client *c, const char *name)
-{
-        uint32_t t = 0;
-        int err = dlx_track(c, name, &t);
-
-        ck_assert_msg(err == 0, "dlx_track %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
-        ck_assert_uint_ne(t, 0);
-        return t;
-}
-
 /* A copy publish (plain heap memory): no allocator segment stays behind. */
 static void publish_copy(dlx_client *c, const char *name, uint64_t *ret_version)
 {
@@ -565,12 +546,12 @@ START_TEST(raw_slot_reuse_starts_clean)
         publish_copy(p, "re/c", NULL);
         publish_copy(p, "re/c", NULL);
         ta = track_ok(q, "re/c");
-        ck_assert_uint_eq(version_of(q, ta), 2);
+        ck_assert_uint_eq(tracked_version(q, ta), 2);
         DLXV(dlx_untrack(q, ta));
         tb = track_ok(q, "re/d");
-        ck_assert_uint_eq(version_of(q, tb), 0);
+        ck_assert_uint_eq(tracked_version(q, tb), 0);
         publish_copy(p, "re/c", NULL);
-        ck_assert_uint_eq(version_of(q, tb), 0);
+        ck_assert_uint_eq(tracked_version(q, tb), 0);
         dlx_close(q);
         dlx_close(p);
 }
@@ -923,7 +904,7 @@ START_TEST(raw_stalled_peer_page_current)
                 publish_copy(p, "stall/x", &got);
                 ck_assert_uint_eq(got, (uint64_t)v);
                 ck_assert_uint_eq(slot_version(pg.pg, slot), (uint64_t)v);
-                ck_assert_uint_eq(version_of(q, tq), (uint64_t)v);
+                ck_assert_uint_eq(tracked_version(q, tq), (uint64_t)v);
         }
         ck_assert_int_lt(fx_now_ms() - t0, 5000);
         /* dropped for not reading: its session ends, and says so */
@@ -931,7 +912,7 @@ START_TEST(raw_stalled_peer_page_current)
                 fx_sleep_ms(10);
         ck_assert_msg(page_closed(pg.pg) == 1, "a dropped peer's page is not marked closed");
         publish_copy(p, "stall/x", NULL);
-        ck_assert_uint_eq(version_of(q, tq), 21);
+        ck_assert_uint_eq(tracked_version(q, tq), 21);
         ck_assert_msg(slot_version(pg.pg, slot) == 20,
                       "a dropped session's page lost its last version: reads %llu, was 20",
                       (unsigned long long)slot_version(pg.pg, slot));
@@ -980,8 +961,8 @@ START_TEST(raw_pipelined_publish_ordering)
                 ck_assert_msg(rep.status == WIRE_OK, "request %d: %d %s", i, rep.status, rep.error);
                 want = rep.publish.version;
                 ck_assert_uint_eq(want, (uint64_t)i + 1);
-                v1 = version_of(q, t1);
-                v2 = version_of(q2, t2);
+                v1 = tracked_version(q, t1);
+                v2 = tracked_version(q2, t2);
                 v3 = slot_version(pg.pg, slot);
                 ck_assert_msg(v1 >= want && v2 >= want && v3 >= want,
                               "publish answered v%llu, trackers read %llu %llu %llu",
@@ -1007,8 +988,8 @@ START_TEST(raw_pipelined_publish_ordering)
                 ck_assert_int_eq(rp_read_answer(prod, &rep, REPLY_MS, NULL), 1);
                 ck_assert_int_eq(rep.status, WIRE_OK);
         }
-        ck_assert_uint_eq(version_of(q, t1), 0);
-        ck_assert_uint_eq(version_of(q2, t2), 0);
+        ck_assert_uint_eq(tracked_version(q, t1), 0);
+        ck_assert_uint_eq(tracked_version(q2, t2), 0);
         ck_assert_uint_eq(slot_version(pg.pg, slot), 0);
         free(buf);
         rpage_unmap(&pg);
@@ -1075,11 +1056,11 @@ START_TEST(visible_after_publish_in_any_process)
         for (int i = 0; i < 100; i++) {
                 ck_assert_int_eq(read(up[0], &v, sizeof(v)), (ssize_t)sizeof(v));
                 for (int k = 0; k < NT; k++)
-                        ck_assert_msg(version_of(t[k], tr[k]) == v,
+                        ck_assert_msg(tracked_version(t[k], tr[k]) == v,
                                       "step %d: the child's call returned %llu, tracker %d reads "
                                       "%llu",
                                       i, (unsigned long long)v, k,
-                                      (unsigned long long)version_of(t[k], tr[k]));
+                                      (unsigned long long)tracked_version(t[k], tr[k]));
                 ck_assert_int_eq(write(down[1], "k", 1), 1);
         }
         ck_assert_int_eq(fx_wait(pid), 0);
@@ -1121,7 +1102,7 @@ START_TEST(tracked_version_is_acquirable)
         publish_copy(p, "acq/x", NULL);
         ck_assert_int_eq(pthread_create(&th, NULL, churn_thread, &c), 0);
         for (int i = 0; i < 300; i++) {
-                uint64_t v = version_of(q, t), got = 0;
+                uint64_t v = tracked_version(q, t), got = 0;
                 struct dlx_acquire_options o = {.min_version = v};
                 DLManagedTensorVersioned *x = NULL;
                 int err = dlx_acquire(q, "acq/x", &o, &x);
@@ -1157,12 +1138,12 @@ START_TEST(close_unpublishes_before_return)
 
                 publish_ok(p, "close/a", fx_vec_f32(p, 16, 1), NULL, &va);
                 publish_copy(p, "close/b", &vb);
-                ck_assert_uint_eq(version_of(q, ta), va);
+                ck_assert_uint_eq(tracked_version(q, ta), va);
                 dlx_close(p);
-                ck_assert_msg(version_of(q, ta) == 0 && version_of(q, tb) == 0,
+                ck_assert_msg(tracked_version(q, ta) == 0 && tracked_version(q, tb) == 0,
                               "round %d: dlx_close() returned, tracker still reads %llu/%llu",
-                              round, (unsigned long long)version_of(q, ta),
-                              (unsigned long long)version_of(q, tb));
+                              round, (unsigned long long)tracked_version(q, ta),
+                              (unsigned long long)tracked_version(q, tb));
         }
         dlx_close(q);
 }
@@ -1207,8 +1188,8 @@ START_TEST(producer_killed_and_persistent)
         args[1] = &pfd[1];
         pid = fx_spawn(child_publish_then_hang, args);
         ck_assert_int_eq(read(pfd[0], &b, 1), 1);
-        ck_assert_uint_eq(version_of(q, tx), 1);
-        ck_assert_uint_eq(version_of(q, tp), 1);
+        ck_assert_uint_eq(tracked_version(q, tx), 1);
+        ck_assert_uint_eq(tracked_version(q, tp), 1);
         w = (struct waiter){.c = q, .track = tx, .after = 1, .timeout_ms = 20000};
         start_waiter(&th, &w);
         fx_sleep_ms(50);
@@ -1219,16 +1200,16 @@ START_TEST(producer_killed_and_persistent)
         ck_assert_int_eq(w.err, 0);
         ck_assert_uint_eq(w.seen, 0);
         ck_assert_int_lt(w.ended_ms - t0, 2000 * fx_slowdown());
-        ck_assert_uint_eq(version_of(q, tp), 1);
+        ck_assert_uint_eq(tracked_version(q, tp), 1);
         p2 = fx_connect(&fx, "producer2");
         publish_copy(p2, "kill/x", &v);
         ck_assert_uint_eq(v, 2);
-        ck_assert_uint_eq(version_of(q, tx), 2);
+        ck_assert_uint_eq(tracked_version(q, tx), 2);
         publish_copy(p2, "kill/p", &v);
         ck_assert_uint_eq(v, 2);
-        ck_assert_uint_eq(version_of(q, tp), 2);
+        ck_assert_uint_eq(tracked_version(q, tp), 2);
         DLXV(dlx_unpublish(p2, "kill/p"));
-        ck_assert_uint_eq(version_of(q, tp), 0);
+        ck_assert_uint_eq(tracked_version(q, tp), 0);
         close(pfd[0]);
         close(pfd[1]);
         dlx_close(p2);
@@ -1249,10 +1230,10 @@ START_TEST(replaced_then_old_producer_leaves)
         publish_copy(p2, "rep/x", &v);
         ck_assert_uint_eq(v, 2);
         dlx_close(p1);
-        ck_assert_uint_eq(version_of(q, t), 2);
+        ck_assert_uint_eq(tracked_version(q, t), 2);
         ck_assert_int_eq(dlx_track_wait(q, t, 2, 200, &v), -ETIMEDOUT);
         dlx_close(p2);
-        ck_assert_uint_eq(version_of(q, t), 0);
+        ck_assert_uint_eq(tracked_version(q, t), 0);
         dlx_close(q);
 }
 END_TEST
@@ -1272,23 +1253,23 @@ START_TEST(counting_survives_tracker_churn)
         for (int i = 0; i < 3; i++)
                 publish_copy(p, "cnt/x", NULL);
         DLXV(dlx_unpublish(p, "cnt/x"));
-        ck_assert_uint_eq(version_of(a, ta), 0);
+        ck_assert_uint_eq(tracked_version(a, ta), 0);
         DLXV(dlx_untrack(a, ta));
         dlx_close(a);
         publish_copy(p, "cnt/x", &v);
         ck_assert_uint_eq(v, 4);
-        ck_assert_uint_eq(version_of(b, tb), 4);
+        ck_assert_uint_eq(tracked_version(b, tb), 4);
         DLXV(dlx_stat(b, "cnt/x", &info));
         ck_assert_uint_eq(info.version, 4);
         x = acquire_ok(b, "cnt/x", &o);
         x->deleter(x);
         /* the producer leaves (name gone), a new one publishes: still counting */
         dlx_close(p);
-        ck_assert_uint_eq(version_of(b, tb), 0);
+        ck_assert_uint_eq(tracked_version(b, tb), 0);
         p = fx_connect(&fx, "producer2");
         publish_copy(p, "cnt/x", &v);
         ck_assert_uint_eq(v, 5);
-        ck_assert_uint_eq(version_of(b, tb), 5);
+        ck_assert_uint_eq(tracked_version(b, tb), 5);
         dlx_close(b);
         dlx_close(p);
 }
@@ -1324,10 +1305,10 @@ START_TEST(failed_changes_do_not_bump)
         pthread_join(th, NULL);
         ck_assert_msg(w.err == -ETIMEDOUT, "a failed publish woke the waiter: %s, v%llu",
                       dlx_strerror(w.err), (unsigned long long)w.seen);
-        ck_assert_uint_eq(version_of(q, t), 2);
+        ck_assert_uint_eq(tracked_version(q, t), 2);
         publish_copy(p, "fail/x", &v);
         ck_assert_uint_eq(v, 3);
-        ck_assert_uint_eq(version_of(q, t), 3);
+        ck_assert_uint_eq(tracked_version(q, t), 3);
         dlx_close(q);
         dlx_close(p);
         dlxd_stop(&fx);
@@ -1345,12 +1326,12 @@ START_TEST(leased_but_gone_reads_current)
         publish_copy(p, "lease/x", NULL);
         x = acquire_ok(q, "lease/x", NULL);
         publish_copy(p, "lease/x", NULL);
-        ck_assert_uint_eq(version_of(q, t), 2);
+        ck_assert_uint_eq(tracked_version(q, t), 2);
         DLXV(dlx_unpublish(p, "lease/x"));
-        ck_assert_uint_eq(version_of(q, t), 0);
+        ck_assert_uint_eq(tracked_version(q, t), 0);
         x->deleter(x);
         ck_assert_int_eq(fx_wait_leases(q, 0, 2000), 0);
-        ck_assert_uint_eq(version_of(q, t), 0);
+        ck_assert_uint_eq(tracked_version(q, t), 0);
         dlx_close(q);
         dlx_close(p);
 }
@@ -1384,7 +1365,7 @@ START_TEST(tracking_holds_no_lease_or_memory)
         ck_assert_uint_eq(s.uid_names, base.uid_names + 1);
         ck_assert_uint_eq(s.versions, base.versions + 1);
         DLXV(dlx_unpublish(p, "mem/a"));
-        ck_assert_uint_eq(version_of(q, t), 0);
+        ck_assert_uint_eq(tracked_version(q, t), 0);
         s = fx_stats(q);
         ck_assert_uint_eq(s.names, base.names);
         ck_assert_uint_eq(s.uid_names, base.uid_names);
@@ -1409,7 +1390,7 @@ START_TEST(tracking_holds_no_lease_or_memory)
                 fx_sleep_ms(1);
         }
         ck_assert_int_eq(deleted, 2);
-        ck_assert_uint_eq(version_of(q, t), 0);
+        ck_assert_uint_eq(tracked_version(q, t), 0);
         dlx_close(q);
         dlx_close(p);
 }
@@ -1578,7 +1559,7 @@ START_TEST(other_uid_tracking_does_not_own)
         publish_copy(p, "own/y", NULL);
         DLXV(dlx_unpublish(p, "own/y"));
         ck_assert_int_eq(fx_wait(fx_spawn(publish_as_nobody, (void *)"own/y")), 2);
-        ck_assert_uint_eq(version_of(q, t), 2);
+        ck_assert_uint_eq(tracked_version(q, t), 2);
         /* refused for ownership: no change, no wake */
         t = track_ok(q, "own/z");
         publish_copy(p, "own/z", NULL);
@@ -1588,7 +1569,7 @@ START_TEST(other_uid_tracking_does_not_own)
         pthread_join(th, NULL);
         ck_assert_int_eq(w.err, -ETIMEDOUT);
         publish_copy(p, "own/z", NULL);
-        ck_assert_uint_eq(version_of(q, t), 2);
+        ck_assert_uint_eq(tracked_version(q, t), 2);
         dlx_close(q);
         dlx_close(p);
         dlxd_stop(&fx);
@@ -1997,10 +1978,10 @@ START_TEST(own_publish_visible)
 
         for (int i = 0; i < 20; i++) {
                 publish_ok(q, "self/x", fx_vec_f32(q, 8, (float)i), NULL, &v);
-                ck_assert_uint_eq(version_of(q, t), v);
+                ck_assert_uint_eq(tracked_version(q, t), v);
         }
         DLXV(dlx_unpublish(q, "self/x"));
-        ck_assert_uint_eq(version_of(q, t), 0);
+        ck_assert_uint_eq(tracked_version(q, t), 0);
         dlx_close(q);
 }
 END_TEST
@@ -2029,7 +2010,7 @@ START_TEST(daemon_stopped_wait)
         publish_copy(p, "stop/x", NULL);
         fx_stop_daemon(&fx);
         for (int i = 0; i < 1000; i++)
-                ck_assert_uint_eq(version_of(q, t), 1);
+                ck_assert_uint_eq(tracked_version(q, t), 1);
         t0 = fx_now_ms();
         ck_assert_int_eq(dlx_track_wait(q, t, 1, 1500, &v), -ETIMEDOUT);
         ck_assert_int_ge(fx_now_ms() - t0, 1500);
@@ -2107,10 +2088,10 @@ START_TEST(daemon_gone_last_version)
                 p = fx_connect(&fx, "producer");
                 q = fx_connect(&fx, "tracker");
                 t = track_ok(q, "gone/x");
-                ck_assert_uint_eq(version_of(q, t), 0);
+                ck_assert_uint_eq(tracked_version(q, t), 0);
                 publish_copy(p, "gone/x", &v);
                 ck_assert_uint_eq(v, 1);
-                ck_assert_uint_eq(version_of(q, t), 1);
+                ck_assert_uint_eq(tracked_version(q, t), 1);
                 dlx_close(q);
                 dlx_close(p);
                 dlxd_stop(&fx);
@@ -2157,9 +2138,9 @@ START_TEST(fork_child_cannot_touch_parent_tracks)
 
         publish_copy(p, "fork/x", NULL);
         ck_assert_int_eq(fx_wait(fx_spawn(child_meddles, args)), 0);
-        ck_assert_uint_eq(version_of(q, t), 1);
+        ck_assert_uint_eq(tracked_version(q, t), 1);
         publish_copy(p, "fork/x", &v);
-        ck_assert_uint_eq(version_of(q, t), 2);
+        ck_assert_uint_eq(tracked_version(q, t), 2);
         ck_assert_int_eq(dlx_track_wait(q, t, 1, 1000, &v), 0);
         ck_assert_uint_eq(v, 2);
         DLXV(dlx_untrack(q, t));
@@ -2468,9 +2449,9 @@ START_TEST(other_client_track_id)
         }
         publish_copy(p, "oc/1", NULL);
         publish_copy(p, "oc/2", NULL);
-        ck_assert_uint_eq(version_of(a, t1), 1);
-        ck_assert_uint_eq(version_of(a, t2), 1);
-        ck_assert_uint_eq(version_of(b, tb), 0);
+        ck_assert_uint_eq(tracked_version(a, t1), 1);
+        ck_assert_uint_eq(tracked_version(a, t2), 1);
+        ck_assert_uint_eq(tracked_version(b, tb), 0);
         dlx_close(b);
         dlx_close(a);
         dlx_close(p);
@@ -2692,7 +2673,7 @@ START_TEST(one_page_per_session)
         ck_assert_int_eq(dlx_track(q, name, &t), -EINVAL);
         name[DLX_NAME_MAX] = '\0';
         t = track_ok(q, name);
-        ck_assert_uint_eq(version_of(q, t), 0);
+        ck_assert_uint_eq(tracked_version(q, t), 0);
         dlx_close(q);
 }
 END_TEST

@@ -28,25 +28,6 @@
 
 #define DLXV(call) ck_assert_int_eq((call), 0)
 
-static uint64_t version_of(dlx_client *c, uint32_t track)
-{
-        uint64_t v = ~0ull;
-        int err = dlx_track_version(c, track, &v);
-
-        ck_assert_msg(err == 0, "dlx_track_version: %s (%s)", dlx_strerror(err), dlx_last_error());
-        return v;
-}
-
-static uint32_t track_ok(dlx_client *c, const char *name)
-{
-        uint32_t t = 0;
-        int err = dlx_track(c, name, &t);
-
-        ck_assert_msg(err == 0, "dlx_track %s: %s (%s)", name, dlx_strerror(err), dlx_last_error());
-        ck_assert_uint_ne(t, 0);
-        return t;
-}
-
 static void publish_vec(dlx_client *c, const char *name, uint64_t *ret_version)
 {
         publish_ok(c, name, fx_vec_f32(c, 16, 1), NULL, ret_version);
@@ -62,18 +43,18 @@ START_TEST(version_follows_every_change)
         publish_vec(p, "tr/a", &v);
         ck_assert_uint_eq(v, 1);
         t = track_ok(q, "tr/a");
-        ck_assert_uint_eq(version_of(q, t), 1);
+        ck_assert_uint_eq(tracked_version(q, t), 1);
         for (uint64_t want = 2; want < 50; want++) {
                 publish_vec(p, "tr/a", &v);
                 ck_assert_uint_eq(v, want);
-                ck_assert_uint_eq(version_of(q, t), want);
+                ck_assert_uint_eq(tracked_version(q, t), want);
         }
         DLXV(dlx_unpublish(p, "tr/a"));
-        ck_assert_uint_eq(version_of(q, t), 0);
+        ck_assert_uint_eq(tracked_version(q, t), 0);
         /* a tracked name keeps counting: the next version is not 1 again */
         publish_vec(p, "tr/a", &v);
         ck_assert_uint_eq(v, 50);
-        ck_assert_uint_eq(version_of(q, t), 50);
+        ck_assert_uint_eq(tracked_version(q, t), 50);
         DLXV(dlx_untrack(q, t));
         dlx_close(q);
         dlx_close(p);
@@ -86,13 +67,13 @@ START_TEST(tracked_before_published_and_after_producer)
         dlx_client *q = fx_connect(&fx, "tracker"), *p;
         uint32_t t = track_ok(q, "tr/later");
 
-        ck_assert_uint_eq(version_of(q, t), 0);
+        ck_assert_uint_eq(tracked_version(q, t), 0);
         p = fx_connect(&fx, "producer");
         publish_vec(p, "tr/later", NULL);
-        ck_assert_uint_eq(version_of(q, t), 1);
+        ck_assert_uint_eq(tracked_version(q, t), 1);
         /* not persistent: gone with its producer, once dlx_close() has returned */
         dlx_close(p);
-        ck_assert_uint_eq(version_of(q, t), 0);
+        ck_assert_uint_eq(tracked_version(q, t), 0);
         dlx_close(q);
 }
 END_TEST
@@ -108,11 +89,11 @@ START_TEST(same_name_is_one_track)
         ck_assert_uint_ne(a, c);
         publish_vec(p, "tr/x", NULL);
         DLXV(dlx_untrack(q, a));
-        ck_assert_uint_eq(version_of(q, b), 1);
+        ck_assert_uint_eq(tracked_version(q, b), 1);
         DLXV(dlx_untrack(q, b));
         ck_assert_int_eq(dlx_track_version(q, a, &v), -EINVAL);
         ck_assert_int_eq(dlx_untrack(q, a), -EINVAL);
-        ck_assert_uint_eq(version_of(q, c), 0);
+        ck_assert_uint_eq(tracked_version(q, c), 0);
         dlx_close(q);
         dlx_close(p);
 }
@@ -273,7 +254,7 @@ START_TEST(tracks_are_limited)
         DLXV(dlx_untrack(q, t[1]));
         DLXV(dlx_untrack(q, t[1]));
         extra = track_ok(q, "lim/3");
-        ck_assert_uint_eq(version_of(q, extra), 0);
+        ck_assert_uint_eq(tracked_version(q, extra), 0);
         dlx_close(q);
         dlxd_stop(&fx);
 }
@@ -353,7 +334,7 @@ START_TEST(forked_child_refused)
         void *args[2] = {q, &t};
 
         ck_assert_int_eq(fx_wait(fx_spawn(child_reads, args)), 0);
-        ck_assert_uint_eq(version_of(q, t), 0);
+        ck_assert_uint_eq(tracked_version(q, t), 0);
         dlx_close(q);
 }
 END_TEST
@@ -429,8 +410,8 @@ START_TEST(pages_are_per_session)
         /* both got slot 1 of their own page */
         ck_assert_uint_eq(ta, tb);
         publish_vec(p, "tr/only-a", NULL);
-        ck_assert_uint_eq(version_of(a, ta), 1);
-        ck_assert_uint_eq(version_of(b, tb), 0);
+        ck_assert_uint_eq(tracked_version(a, ta), 1);
+        ck_assert_uint_eq(tracked_version(b, tb), 0);
         ck_assert_int_eq(dlx_track_wait(b, tb, 0, 50, &v), -ETIMEDOUT);
         dlx_close(a);
         dlx_close(b);
@@ -456,14 +437,14 @@ START_TEST(many_names)
                         publish_vec(p, name, NULL);
         }
         for (int i = 0; i < N; i++)
-                ck_assert_uint_eq(version_of(q, t[i]), (uint64_t)(i % 3 + 1));
+                ck_assert_uint_eq(tracked_version(q, t[i]), (uint64_t)(i % 3 + 1));
         for (int i = 0; i < N; i += 2)
                 DLXV(dlx_untrack(q, t[i]));
         for (int i = 0; i < N; i++) {
                 snprintf(name, sizeof(name), "many/%d", i);
                 DLXV(dlx_unpublish(p, name));
                 if (i % 2)
-                        ck_assert_uint_eq(version_of(q, t[i]), 0);
+                        ck_assert_uint_eq(tracked_version(q, t[i]), 0);
         }
         dlx_close(q);
         dlx_close(p);
