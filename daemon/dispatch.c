@@ -25,6 +25,7 @@ static enum dispatch_result hello(struct session *s, const struct wire_request *
                 return DISPATCH_CLOSE;
         }
         s->greeted = true;
+        s->minor = req->hello.minor;
         snprintf(s->name, sizeof(s->name), "%s", req->hello.client_name);
         log_session(info, s, "hello from '%s' (protocol %u.%u)", s->name, req->hello.major,
                     req->hello.minor);

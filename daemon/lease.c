@@ -20,7 +20,7 @@ static int cmp_lease(const void *key, const struct avl_node *n)
         return avl_cmp_u64(*(const uint64_t *)key, avl_entry(n, struct lease, node)->id);
 }
 
-void grant(struct session *s, uint64_t req_id, struct version *v)
+void grant(struct session *s, uint64_t req_id, struct version *v, bool group)
 {
         struct registry *reg = s->reg;
         struct segment *seg = v->seg;
@@ -30,6 +30,18 @@ void grant(struct session *s, uint64_t req_id, struct version *v)
         struct lease *l;
         struct known *k;
 
+        if (group != (v->members > 0)) {
+                /* a client of 1.2 or older knows neither status: it gets EINVAL */
+                int err = s->minor < 3 ? -EINVAL : v->members ? -EISDIR : -ENOTDIR;
+                if (v->members)
+                        session_fail(s, req_id, err,
+                                     "'%s' is a group of %u members: acquire it as a group",
+                                     v->entry->name, v->members);
+                else
+                        session_fail(s, req_id, err, "'%s' is a tensor, not a group",
+                                     v->entry->name);
+                return;
+        }
         if (reg->lim.max_leases && s->leases.count >= reg->lim.max_leases) {
                 session_fail(s, req_id, -EAGAIN, "this client holds %u leases already (the limit)",
                              reg->lim.max_leases);
@@ -181,12 +193,13 @@ void wake_waiters(struct entry *e)
                 struct waiter *w = list_entry(pos, struct waiter, elink);
                 struct session *s = w->s;
                 uint64_t id = w->req_id;
+                bool group = w->group;
 
                 if (!e->current || e->current->version < w->min_version)
                         continue;
                 /* keep the entry alive across waiter_end: it has a current version */
                 waiter_end(w);
-                grant(s, id, e->current);
+                grant(s, id, e->current, group);
         }
 }
 
@@ -198,7 +211,7 @@ void registry_acquire(struct session *s, const struct wire_request *req)
         struct waiter *w;
 
         if (e && e->current && e->current->version >= req->acquire.min_version) {
-                grant(s, req->id, e->current);
+                grant(s, req->id, e->current, req->acquire.group);
                 return;
         }
         if (req->acquire.timeout_ms == 0) {
@@ -207,7 +220,8 @@ void registry_acquire(struct session *s, const struct wire_request *req)
                                      name, (unsigned long long)e->current->version,
                                      (unsigned long long)req->acquire.min_version);
                 else
-                        session_fail(s, req->id, -ENOENT, "no tensor named '%s'", name);
+                        session_fail(s, req->id, -ENOENT, "no %s named '%s'",
+                                     req->acquire.group ? "group" : "tensor", name);
                 return;
         }
         if (s->nwaiters >= DLX_MAX_INFLIGHT) {
@@ -227,6 +241,7 @@ void registry_acquire(struct session *s, const struct wire_request *req)
         w->e = e;
         w->req_id = req->id;
         w->min_version = req->acquire.min_version;
+        w->group = req->acquire.group;
         if (req->acquire.timeout_ms > 0) {
                 int err = uv_timer_init(reg->loop, &w->timer);
                 if (err < 0) {

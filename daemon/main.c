@@ -59,6 +59,9 @@ static const struct limit_opt limit_opts[] = {
         LIMIT(max_watches, "N", "watches of one client"),
         LIMIT(max_fds, "N", "descriptors held for segments"),
         LIMIT(max_fds_per_uid, "N|fair", "descriptors held for the segments of one uid"),
+        LIMIT(max_group_members, "N", "members of one group (0 or over 1048576: 1048576)"),
+        LIMIT(max_group_table, "SIZE",
+              "bytes of one group's table: its members' names and layouts, padded to 4 KiB"),
         LIMIT(max_queued, "SIZE",
               "output queued for a client before its requests wait (and its watch events "
               "are dropped)"),

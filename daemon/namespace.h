@@ -52,6 +52,7 @@ struct version {
         int32_t ndim;
         int32_t device_type, device_id;
         uint32_t storage;
+        uint32_t members; /* a group's (proto/group.h); 0: a tensor */
         uint32_t leases;
         pid_t producer_pid;
         bool persist;
@@ -87,6 +88,7 @@ struct waiter {
         struct entry *e;
         uint64_t req_id;
         uint64_t min_version;
+        bool group; /* a group is wanted (1.3) */
         bool timed;
         uv_timer_t timer;
 };
@@ -121,9 +123,10 @@ void notify_watchers(struct registry *reg, enum wire_event_kind kind, struct ent
 
 /*
  * Creates a lease on v for s and sends the acquire reply, attaching the
- * segment's fd unless the peer already holds a suitable one.
+ * segment's fd unless the peer already holds a suitable one. group: what the
+ * acquire asked for; a version of the other kind is refused (EISDIR, ENOTDIR).
  */
-void grant(struct session *s, uint64_t req_id, struct version *v);
+void grant(struct session *s, uint64_t req_id, struct version *v, bool group);
 void lease_drop(struct session *s, struct lease *l);
 /* Drops s's lease id if it holds one; returns whether it did. */
 bool lease_drop_id(struct session *s, uint64_t id);

@@ -9,10 +9,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "fd.h"
+#include "group.h"
 #include "invariant.h"
 #include "layout.h"
 #include "log.h"
@@ -149,6 +151,7 @@ void version_describe(const struct version *v, struct wire_tensor *t)
         t->device_id = v->device_id;
         t->flags = v->flags;
         t->storage = v->storage;
+        t->members = v->members;
         t->segment = v->seg->id;
         t->offset = v->offset;
         t->length = v->length;
@@ -197,6 +200,8 @@ void registry_default_limits(struct wire_limit_set *lim)
         lim->max_fds_per_uid = DLX_LIMIT_FAIR;
         lim->max_queued = DLX_DEFAULT_MAX_QUEUED;
         lim->timeout_ms = DLX_DEFAULT_DAEMON_TIMEOUT_MS;
+        lim->max_group_members = DLX_DEFAULT_MAX_GROUP_MEMBERS;
+        lim->max_group_table = DLX_DEFAULT_MAX_GROUP_TABLE;
 }
 
 void registry_init(struct registry *reg, uv_loop_t *loop, struct store *st,
@@ -307,6 +312,55 @@ static int check_access(const struct wire_tensor *t, struct segment *seg, char *
         if (err < 0)
                 snprintf(why, whysz, "'%s' cannot be writable: %s", t->name, reason);
         return err;
+}
+
+/*
+ * A group's table, checked once, here, after its segment was sealed against
+ * writing (check_access): nothing reads it in dlxd again, and no peer can
+ * change it under its readers. The publish's tensor must describe the
+ * table's data area as bytes, so that the version reads the same to a peer
+ * that knows no groups.
+ */
+static int check_group(struct session *s, const struct wire_request *req, int fd,
+                       struct segment *seg, char *why, size_t whysz)
+{
+        const struct wire_tensor *t = &req->publish.tensor;
+        const struct wire_limit_set *lim = &s->reg->lim;
+        struct group_summary sum;
+        void *base;
+        int err;
+
+        if (fd < 0 || req->publish.hold || t->storage != WIRE_STORAGE_MEMFD) {
+                snprintf(why, whysz, "a group travels in a memfd of its own, attached");
+                return -EINVAL;
+        }
+        if (!(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY) || !seg->write_sealed) {
+                snprintf(why, whysz, "a group is read-only: writable groups are not supported");
+                return -ENOTSUP;
+        }
+        base = mmap(NULL, seg->size, PROT_READ, MAP_SHARED, seg->fd, 0);
+        if (base == MAP_FAILED) {
+                err = -errno;
+                snprintf(why, whysz, "cannot map the group's table: %s", strerror(-err));
+                return err;
+        }
+        err = group_check(base, seg->size, lim->max_group_members, lim->max_group_table, &sum, why,
+                          whysz);
+        munmap(base, seg->size);
+        if (err < 0)
+                return err;
+        if (sum.count != t->members || t->dtype.code != kDLUInt || t->dtype.bits != 8 ||
+            t->dtype.lanes != 1 || t->ndim != 1 || (uint64_t)t->shape[0] != sum.data_bytes ||
+            t->strides[0] != 1 || t->byte_offset || t->offset != sum.data_off ||
+            t->length != sum.data_bytes) {
+                snprintf(why, whysz,
+                         "the group's tensor must describe its %u members' data area as %llu "
+                         "bytes from offset %llu",
+                         sum.count, (unsigned long long)sum.data_bytes,
+                         (unsigned long long)sum.data_off);
+                return -EINVAL;
+        }
+        return 0;
 }
 
 /*
@@ -447,6 +501,8 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
         err = check_extent(t, seg, why, sizeof(why));
         if (err == 0)
                 err = check_access(t, seg, why, sizeof(why));
+        if (err == 0 && t->members)
+                err = check_group(s, req, fd, seg, why, sizeof(why));
         /*
          * The entry and the version before the hold: a publish failing after
          * it would leave the segment held, its bytes charged, and the peer
@@ -488,6 +544,7 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
         v->device_type = t->device_type;
         v->device_id = t->device_id;
         v->storage = t->storage;
+        v->members = t->members;
         v->producer_pid = s->pid;
         v->persist = req->publish.persist;
         v->has_event = t->has_event;
@@ -512,9 +569,10 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
                 e->owner = s->uid; /* a free name (or one only waited for) is taken */
         entry_set_current(reg, e, v, s->use);
 
-        log_session(info, s, "published %s v%llu (%llu bytes, segment %llu%s)", e->name,
-                    (unsigned long long)v->version, (unsigned long long)v->length,
-                    (unsigned long long)seg->id, v->persist ? ", persistent" : "");
+        log_session(info, s, "published %s%s v%llu (%llu bytes, segment %llu%s)",
+                    v->members ? "group " : "", e->name, (unsigned long long)v->version,
+                    (unsigned long long)v->length, (unsigned long long)seg->id,
+                    v->persist ? ", persistent" : "");
 
         reply_init(&rep, req->id, WIRE_REP_PUBLISH);
         rep.publish.version = v->version;

@@ -50,9 +50,10 @@ struct session {
         gid_t gid;
         pid_t pid;
         char name[DLX_CLIENT_NAME_MAX + 1];
-        bool greeted; /* hello done: other requests are allowed */
-        bool retired; /* bye done: only its leases are left; it may release them and ping */
-        bool broken;  /* its state broke an invariant: its connection is ending */
+        bool greeted;   /* hello done: other requests are allowed */
+        uint32_t minor; /* the protocol minor its hello gave */
+        bool retired;   /* bye done: only its leases are left; it may release them and ping */
+        bool broken;    /* its state broke an invariant: its connection is ending */
         struct registry *reg;
         struct session_io io;
 

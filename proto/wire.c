@@ -31,6 +31,8 @@ static const int status_errno[WIRE_STATUS_COUNT] = {
         [WIRE_NOT_SUPPORTED] = ENOTSUP,
         [WIRE_SHUTDOWN] = ESHUTDOWN,
         [WIRE_CLOSED] = ECONNRESET,
+        [WIRE_IS_GROUP] = EISDIR,
+        [WIRE_NOT_GROUP] = ENOTDIR,
 };
 
 int wire_status_errno(int status)
@@ -236,6 +238,7 @@ static int tensor_to_pb(const struct wire_tensor *src, struct tensor_pb *pb)
         pb->t.device_uuid = give_fixed(src->device_uuid, DLX_CUDA_UUID, src->has_device_uuid);
         pb->t.pid_namespace = src->pid_namespace;
         pb->t.event_session = src->event_session;
+        pb->t.members = src->members;
         return 0;
 }
 
@@ -306,6 +309,7 @@ static int tensor_from_pb(const Dlxp__Tensor *src, struct wire_tensor *dst, char
                 return fail(why, whysz, -EINVAL, "a device UUID must be %d bytes", DLX_CUDA_UUID);
         dst->pid_namespace = src->pid_namespace;
         dst->event_session = src->event_session;
+        dst->members = src->members;
         return 0;
 }
 
@@ -427,6 +431,7 @@ static int request_to_pb(const struct wire_request *q, struct request_pb *s)
                 s->acquire.name = give_bytes(q->acquire.name);
                 s->acquire.min_version = q->acquire.min_version;
                 s->acquire.timeout_ms = q->acquire.timeout_ms;
+                s->acquire.group = q->acquire.group;
                 r->body_case = DLXP__REQUEST__BODY_ACQUIRE;
                 r->acquire = &s->acquire;
                 return 0;
@@ -593,6 +598,7 @@ static int request_from_pb(const Dlxp__Request *r, struct wire_request *q, char 
                 q->type = WIRE_REQ_ACQUIRE;
                 q->acquire.min_version = r->acquire->min_version;
                 q->acquire.timeout_ms = r->acquire->timeout_ms;
+                q->acquire.group = r->acquire->group;
                 if (take_bytes(q->acquire.name, sizeof(q->acquire.name), r->acquire->name) < 0)
                         return fail(why, whysz, -EINVAL, "name too long or contains NUL");
                 if (layout_name_check(q->acquire.name, strlen(q->acquire.name), &reason) < 0)
@@ -754,6 +760,8 @@ static void limits_to_pb(const struct wire_limit_set *l, Dlxp__Limits *pb)
         pb->timeout_ms = l->timeout_ms;
         pb->max_fds = l->max_fds;
         pb->max_fds_per_uid = l->max_fds_per_uid;
+        pb->max_group_members = l->max_group_members;
+        pb->max_group_table = l->max_group_table;
 }
 
 /* An older daemon sends none: all zero, "no limit known". */
@@ -774,6 +782,8 @@ static void limits_from_pb(const Dlxp__Limits *pb, struct wire_limit_set *l)
         l->timeout_ms = pb->timeout_ms;
         l->max_fds = pb->max_fds;
         l->max_fds_per_uid = pb->max_fds_per_uid;
+        l->max_group_members = pb->max_group_members;
+        l->max_group_table = pb->max_group_table;
 }
 
 static void reply_pb_done(struct reply_pb *s)

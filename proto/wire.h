@@ -49,6 +49,8 @@ enum wire_status {
         WIRE_NOT_SUPPORTED = 15,
         WIRE_SHUTDOWN = 16,
         WIRE_CLOSED = 17,
+        WIRE_IS_GROUP = 18,
+        WIRE_NOT_GROUP = 19,
         WIRE_STATUS_COUNT
 };
 
@@ -80,6 +82,7 @@ struct wire_tensor {
         uint8_t device_uuid[DLX_CUDA_UUID];
         uint64_t pid_namespace;
         uint64_t event_session;
+        uint32_t members; /* a group's (1.3); 0: a tensor */
 };
 
 struct wire_info {
@@ -140,6 +143,7 @@ struct wire_request {
                         char name[DLX_NAME_MAX + 1];
                         uint64_t min_version;
                         int64_t timeout_ms;
+                        bool group; /* 1.3 */
                 } acquire;
                 struct {
                         uint64_t lease;
@@ -219,6 +223,8 @@ struct wire_limit_set {
         uint32_t timeout_ms;          /* for hello, a started frame, and a peer not reading */
         uint64_t max_fds;             /* descriptors held for segments, in all */
         uint64_t max_fds_per_uid;     /* ... charged to one uid */
+        uint32_t max_group_members;   /* members of one group (1.3) */
+        uint64_t max_group_table;     /* bytes of one group's table (1.3) */
 };
 
 struct wire_stats {

@@ -8,7 +8,7 @@
 
 /* Protocol version spoken by this build; a different major is refused. */
 #define DLX_PROTO_MAJOR 1
-#define DLX_PROTO_MINOR 2
+#define DLX_PROTO_MINOR 3
 
 /* Largest frame payload either side accepts (a full list page fits easily). */
 #define DLX_MAX_FRAME (1u << 20)
@@ -40,6 +40,8 @@
 #define DLX_DEFAULT_MAX_NAMES 1000000
 #define DLX_DEFAULT_MAX_WATCHES 256
 #define DLX_DEFAULT_MAX_QUEUED (16u << 20)
+#define DLX_DEFAULT_MAX_GROUP_MEMBERS (1u << 20)
+#define DLX_DEFAULT_MAX_GROUP_TABLE (UINT64_C(256) << 20)
 #define DLX_DEFAULT_DAEMON_TIMEOUT_MS 10000 /* dlxd --timeout-ms */
 /* --max-fds by default: derived from the descriptor limit at start. */
 #define DLX_FDS_AUTO UINT64_MAX

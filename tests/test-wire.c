@@ -49,6 +49,7 @@ static void make_tensor(struct wire_tensor *t, const char *name, int32_t ndim)
                 t->device_uuid[i] = (uint8_t)(0xf0 + i);
         t->pid_namespace = UINT64_MAX - 5;
         t->event_session = UINT64_MAX - 9;
+        t->members = UINT32_MAX - 3;
 }
 
 static void expect_tensor_eq(const struct wire_tensor *a, const struct wire_tensor *b)
@@ -79,6 +80,7 @@ static void expect_tensor_eq(const struct wire_tensor *a, const struct wire_tens
         ck_assert(!a->has_device_uuid || !memcmp(a->device_uuid, b->device_uuid, DLX_CUDA_UUID));
         ck_assert_uint_eq(a->pid_namespace, b->pid_namespace);
         ck_assert_uint_eq(a->event_session, b->event_session);
+        ck_assert_uint_eq(a->members, b->members);
 }
 
 static void make_info(struct wire_info *info, const char *name, int32_t ndim, uint32_t salt)
@@ -326,6 +328,7 @@ static void expect_request_eq(const struct wire_request *a, const struct wire_re
                 ck_assert_str_eq(a->acquire.name, b->acquire.name);
                 ck_assert_uint_eq(a->acquire.min_version, b->acquire.min_version);
                 ck_assert_int_eq(a->acquire.timeout_ms, b->acquire.timeout_ms);
+                ck_assert_int_eq(a->acquire.group, b->acquire.group);
                 break;
         case WIRE_REQ_UNPUBLISH:
                 ck_assert_str_eq(a->unpublish.name, b->unpublish.name);
@@ -379,7 +382,7 @@ static void expect_request_eq(const struct wire_request *a, const struct wire_re
         }
 #define ACQUIRE(timeout)                                                                           \
         {                                                                                          \
-                .min_version = UINT64_MAX - 5, .timeout_ms = (timeout)                             \
+                .min_version = UINT64_MAX - 5, .timeout_ms = (timeout), .group = true              \
         }
 #define TOKEN UINT64_C(0xfeedfacecafebeef)
 
@@ -786,9 +789,13 @@ START_TEST(test_status_table)
                 [WIRE_NOT_SUPPORTED] = ENOTSUP,
                 [WIRE_SHUTDOWN] = ESHUTDOWN,
                 [WIRE_CLOSED] = ECONNRESET,
+                [WIRE_IS_GROUP] = EISDIR,
+                [WIRE_NOT_GROUP] = ENOTDIR,
         };
 
-        ck_assert_int_eq(WIRE_STATUS_COUNT, 18);
+        ck_assert_int_eq(WIRE_STATUS_COUNT, 20);
+        ck_assert_int_eq(WIRE_IS_GROUP, DLXP__STATUS__STATUS_IS_GROUP);
+        ck_assert_int_eq(WIRE_NOT_GROUP, DLXP__STATUS__STATUS_NOT_GROUP);
         ck_assert_int_eq(WIRE_SHUTDOWN, DLXP__STATUS__STATUS_SHUTDOWN);
         ck_assert_int_eq(WIRE_CLOSED, DLXP__STATUS__STATUS_CLOSED);
         for (int s = 0; s < WIRE_STATUS_COUNT; s++) {
