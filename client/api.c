@@ -83,6 +83,7 @@ void dlx__info_from_wire(const struct wire_info *w, struct dlx_info *info)
         info->persist = w->persist;
         info->leases = w->leases;
         info->live_versions = w->live_versions;
+        info->members = t->members;
         info->published_ns = w->published_ns;
 }
 
@@ -247,6 +248,8 @@ static int held_stats(dlx_client *c, struct dlx_stats *ret_stats)
                         .timeout_ms = s->limits.timeout_ms,
                         .max_fds = s->limits.max_fds,
                         .max_fds_per_uid = s->limits.max_fds_per_uid,
+                        .max_group_members = s->limits.max_group_members,
+                        .max_group_table = s->limits.max_group_table,
                 };
                 ret_stats->uid = s->uid;
                 ret_stats->uid_clients = s->uid_clients;

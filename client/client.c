@@ -322,6 +322,16 @@ int dlx__send(dlx_client *c, struct wire_request *req, int fd)
         return send_locked(c, req, fd);
 }
 
+void dlx__give_back(dlx_client *c, uint64_t lease)
+{
+        struct wire_request rel = {.type = WIRE_REQ_RELEASE};
+
+        rel.release.lease = lease;
+        pthread_mutex_lock(&c->lock);
+        dlx__send(c, &rel, -1);
+        pthread_mutex_unlock(&c->lock);
+}
+
 void dlx__release(dlx_client *c, struct wire_request *req)
 {
         struct release_ring *r = c->ring;

@@ -545,6 +545,8 @@ static int limit_rows(const struct dlx_limits *l, struct limit_row *rows)
         rows[n++] = (struct limit_row){"max-fds-per-uid", l->max_fds_per_uid, false};
         rows[n++] = (struct limit_row){"max-queued", l->max_queued, true};
         rows[n++] = (struct limit_row){"timeout-ms", l->timeout_ms, false};
+        rows[n++] = (struct limit_row){"max-group-members", l->max_group_members, false};
+        rows[n++] = (struct limit_row){"max-group-table", l->max_group_table, true};
         return n;
 }
 

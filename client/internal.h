@@ -261,6 +261,8 @@ DLX_HIDDEN void dlx__pending_done(dlx_client *c, struct pending *p);
 /* Releases a lease: posted in the release ring when there is room (no syscall), else sent.
  * Lock held. */
 DLX_HIDDEN void dlx__release(dlx_client *c, struct wire_request *req);
+/* Releases a lease granted to a call that then failed here, by frame (takes the lock). */
+DLX_HIDDEN void dlx__give_back(dlx_client *c, uint64_t lease);
 /* Sends without waiting (release, free, forget). Lock may be held. Returns id or -errno. */
 DLX_HIDDEN int dlx__send(dlx_client *c, struct wire_request *req, int fd);
 /* Runs queued deleters; lock not held. */
@@ -356,6 +358,15 @@ DLX_HIDDEN void dlx__track_final(dlx_client *c);
 
 /* ---- exchange.c ---- */
 /* The tensor an exchange-API export (of an export...) stands for; t itself otherwise. */
+/*
+ * A tensor of its own for t, a group member (tensor.c) with its DLPack flags: an acquired tensor
+ * whose deleter calls drop(hold) instead of releasing a lease, so that
+ * dlx_tensor_info() and the exchange API treat it as any acquired tensor.
+ * t's shape and strides are copied; its data stays. Returns 0 or -ENOMEM.
+ */
+DLX_HIDDEN int dlx__acquired_member(const DLTensor *t, uint64_t flags, const char *name,
+                                    uint64_t version, void (*drop)(void *hold), void *hold,
+                                    DLManagedTensorVersioned **ret);
 DLX_HIDDEN const DLManagedTensorVersioned *dlx__exchange_unwrap(const DLManagedTensorVersioned *t);
 
 #endif /* DLX_CLIENT_INTERNAL_H */

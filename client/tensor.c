@@ -24,6 +24,9 @@ struct acquired {
         uint64_t version;
         uint32_t storage;
         bool write_protected; /* its mapping refuses writes (dlx_tensor_write_protected) */
+        /* a group's member (dlx_group_take): the group's hold, dropped instead of a lease */
+        void (*drop)(void *hold);
+        void *hold;
         char name[DLX_NAME_MAX + 1];
         int64_t dims[]; /* shape[ndim], strides[ndim] */
 };
@@ -63,6 +66,11 @@ static void acquired_deleter(DLManagedTensorVersioned *t)
          * bookkeeping and the client's lock are the parent's. Only this copy
          * of the tensor goes; the pages stay mapped until the child exits.
          */
+        if (a->drop) {
+                a->drop(a->hold); /* the group knows about forks itself */
+                free(a);
+                return;
+        }
         if (dlx__forked(c)) {
                 free(a);
                 return;
@@ -80,6 +88,22 @@ static void acquired_deleter(DLManagedTensorVersioned *t)
         pthread_mutex_unlock(&c->lock);
         free(a);
         dlx__client_unref(c);
+}
+
+/* Fills a's tensor as t over data, with t's shape and strides copied into a. */
+static void acquired_init(struct acquired *a, const DLTensor *t, uint64_t flags)
+{
+        memcpy(a->dims, t->shape, (size_t)t->ndim * sizeof(int64_t));
+        memcpy(a->dims + t->ndim, t->strides, (size_t)t->ndim * sizeof(int64_t));
+        a->mt.version.major = DLX_DLPACK_MAJOR;
+        a->mt.version.minor = DLX_DLPACK_MINOR;
+        a->mt.manager_ctx = a;
+        a->mt.deleter = acquired_deleter;
+        a->mt.flags = flags &
+                      (DLPACK_FLAG_BITMASK_READ_ONLY | DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED);
+        a->mt.dl_tensor = *t;
+        a->mt.dl_tensor.shape = t->ndim ? a->dims : NULL;
+        a->mt.dl_tensor.strides = t->ndim ? a->dims + t->ndim : NULL;
 }
 
 static int build_acquired(dlx_client *c, struct pending *p, void *stream,
@@ -146,31 +170,39 @@ static int build_acquired(dlx_client *c, struct pending *p, void *stream,
                 m && m->ro && data >= m->ro && data < m->ro + m->size &&
                 (kind->host_mapped || (t->storage == WIRE_STORAGE_CUDA_VMM && !m->ro_writable));
         wire_strcpy(a->name, sizeof(a->name), t->name);
-        memcpy(a->dims, t->shape, (size_t)t->ndim * sizeof(int64_t));
-        memcpy(a->dims + t->ndim, t->strides, (size_t)t->ndim * sizeof(int64_t));
-
-        a->mt.version.major = DLX_DLPACK_MAJOR;
-        a->mt.version.minor = DLX_DLPACK_MINOR;
-        a->mt.manager_ctx = a;
-        a->mt.deleter = acquired_deleter;
-        a->mt.flags = t->flags &
-                      (DLPACK_FLAG_BITMASK_READ_ONLY | DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED);
-        if (!p->rep.acquire.writable)
-                a->mt.flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
-        a->mt.dl_tensor.data = data;
-        a->mt.dl_tensor.device.device_type = (DLDeviceType)t->device_type;
-        a->mt.dl_tensor.device.device_id = t->device_id;
-        a->mt.dl_tensor.ndim = t->ndim;
-        a->mt.dl_tensor.dtype = t->dtype;
-        a->mt.dl_tensor.shape = t->ndim ? a->dims : NULL;
-        a->mt.dl_tensor.strides = t->ndim ? a->dims + t->ndim : NULL;
-        a->mt.dl_tensor.byte_offset = t->byte_offset;
+        acquired_init(a,
+                      &(DLTensor){.data = data,
+                                  .device = {(DLDeviceType)t->device_type, t->device_id},
+                                  .ndim = t->ndim,
+                                  .dtype = t->dtype,
+                                  .shape = (int64_t *)t->shape,
+                                  .strides = (int64_t *)t->strides,
+                                  .byte_offset = t->byte_offset},
+                      t->flags | (p->rep.acquire.writable ? 0 : DLPACK_FLAG_BITMASK_READ_ONLY));
         /* the mapping reference moves from the reply to the tensor */
         p->map = NULL;
         dlx__client_ref(c);
         pthread_mutex_lock(&c->lock);
         c->nacquired++;
         pthread_mutex_unlock(&c->lock);
+        *ret = &a->mt;
+        return 0;
+}
+
+int dlx__acquired_member(const DLTensor *t, uint64_t flags, const char *name, uint64_t version,
+                         void (*drop)(void *hold), void *hold, DLManagedTensorVersioned **ret)
+{
+        struct acquired *a = calloc(1, sizeof(*a) + 2 * (size_t)t->ndim * sizeof(int64_t));
+
+        if (!a)
+                return dlx__fail(-ENOMEM, "out of memory");
+        a->drop = drop;
+        a->hold = hold;
+        a->version = version;
+        a->storage = WIRE_STORAGE_MEMFD;
+        a->write_protected = true; /* a group's segment is sealed, and mapped read-only */
+        wire_strcpy(a->name, sizeof(a->name), name);
+        acquired_init(a, t, flags | DLPACK_FLAG_BITMASK_READ_ONLY);
         *ret = &a->mt;
         return 0;
 }
@@ -197,14 +229,8 @@ static int held_acquire(dlx_client *c, const char *name, const struct dlx_acquir
                 err = dlx__fail(-EPROTO, "the daemon answered acquire with something else");
         if (err == 0)
                 err = build_acquired(c, &p, opts ? opts->stream : NULL, ret_tensor);
-        if (err < 0 && p.rep.status == WIRE_OK && p.rep.type == WIRE_REP_ACQUIRE) {
-                /* granted but unusable here: give the lease back */
-                struct wire_request rel = {.type = WIRE_REQ_RELEASE};
-                rel.release.lease = p.rep.acquire.lease;
-                pthread_mutex_lock(&c->lock);
-                dlx__send(c, &rel, -1);
-                pthread_mutex_unlock(&c->lock);
-        }
+        if (err < 0 && p.rep.status == WIRE_OK && p.rep.type == WIRE_REP_ACQUIRE)
+                dlx__give_back(c, p.rep.acquire.lease); /* granted but unusable here */
         dlx__pending_done(c, &p);
         return err;
 }

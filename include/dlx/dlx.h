@@ -394,6 +394,96 @@ void *dlx_get_stream(dlx_client *client, int device_id);
 int dlx_wait_released(dlx_client *client, const char *name, uint64_t version, void *stream,
                       int64_t timeout_ms);
 
+/* ---- groups ----------------------------------------------------------------------------- */
+
+/*
+ * A group is many named tensors under one name, published as one version and
+ * acquired as one: a consumer sees every member of version N or none of it
+ * (a model's state dict, a batch of named inputs). A group's name lives in
+ * the same namespace as tensors' names and follows the same rules; its
+ * members' names follow them too (state-dict keys such as
+ * "layers.0.attn.weight" do) and are its own: they make no names of their
+ * own in the namespace. Watches and tracks see one version per group
+ * version; dlx_stat() and dlx_list() show a group with its member count.
+ */
+struct dlx_member {
+        const char *name;                 /* within the group: 1-255 bytes, as a name */
+        DLManagedTensorVersioned *tensor; /* taken by dlx_publish_group() */
+};
+
+/*
+ * Publishes count members (1 to the daemon's max_group_members) as version
+ * N of the group name, atomically: the new version replaces the old one
+ * whole. opts as for dlx_publish() (NULL: defaults); a group is read-only
+ * (opts->writable gives -ENOTSUP) and its members are kDLCPU tensors.
+ *
+ * Every member's bytes are copied once, into one fresh sealed segment that
+ * holds the whole version; members that share storage (tied weights, views
+ * of one buffer, whose bytes overlap or touch) share it in the copy too, at
+ * the same distance apart. Each member keeps its dtype, shape, strides and
+ * byte_offset. Takes ownership of every member's tensor on every path: each
+ * deleter has run when this returns.
+ *
+ * Returns 0 with *ret_version (may be NULL), or:
+ *   -EINVAL   bad group or member name, two members of one name, no members,
+ *             a member as dlx_publish() refuses it (dtype, ndim, shape, NULL)
+ *   -E2BIG    more members than max_group_members, or a table over
+ *             max_group_table bytes (dlx_stats() gives both limits)
+ *   -ENOTSUP  a member not on kDLCPU, or opts->writable
+ *   -EXDEV    opts->copy is DLX_COPY_NEVER (a group is always copied)
+ *   -EACCES, -ENOSPC, -EAGAIN and -EOVERFLOW as for dlx_publish(); -ENOMEM
+ * A group name that holds a tensor becomes a group, and the other way round.
+ */
+int dlx_publish_group(dlx_client *client, const char *name, struct dlx_member *members,
+                      size_t count, const struct dlx_publish_options *opts, uint64_t *ret_version);
+
+typedef struct dlx_group dlx_group;
+
+/*
+ * Takes one lease on the current version of the group name and maps it: one
+ * round trip, one descriptor at most, whatever the member count. opts as for
+ * dlx_acquire() (timeout_ms, min_version; NULL: do not wait, any version).
+ * With member_names (count names), only those members are in the group, in
+ * that order; NULL takes every member, in name order.
+ *
+ * Returns 0 with *ret_group, or:
+ *   -ENOENT     no such group (or not the wanted version) and no waiting
+ *               asked, or a listed member is not in the group (the message
+ *               names it)
+ *   -ENOTDIR    name holds a tensor, not a group (dlx_acquire() on a group
+ *               gives -EISDIR)
+ *   -ETIMEDOUT, -EINVAL, -EAGAIN as for dlx_acquire(); -ENOMEM
+ */
+int dlx_acquire_group(dlx_client *client, const char *name, const char *const *member_names,
+                      size_t count, const struct dlx_acquire_options *opts, dlx_group **ret_group);
+
+/* The version acquired, and the members in the group (all, or those listed). */
+uint64_t dlx_group_version(const dlx_group *group);
+size_t dlx_group_count(const dlx_group *group);
+/*
+ * Member i (below dlx_group_count()): its name, and its tensor, read-only,
+ * borrowed: both live as long as the group. NULL when i is out of range.
+ */
+const char *dlx_group_name(const dlx_group *group, size_t i);
+const DLTensor *dlx_group_tensor(const dlx_group *group, size_t i);
+/* The index of the member called name, or -ENOENT. */
+int64_t dlx_group_find(const dlx_group *group, const char *name);
+/*
+ * Member i as a DLPack tensor of its own, for a framework to take
+ * (torch.from_dlpack): owned by the caller, READ_ONLY, and it keeps the
+ * group's lease alive until its deleter runs, whenever that is: after
+ * dlx_group_release(), or after dlx_close() too. dlx_tensor_info() gives its
+ * member name, the group's version and "memfd". Each call makes a new one.
+ * Returns 0, -EINVAL (out of range, NULL) or -ENOMEM.
+ */
+int dlx_group_take(dlx_group *group, size_t i, DLManagedTensorVersioned **ret_tensor);
+/*
+ * Drops the caller's hold: the lease is released (without a system call, as
+ * for a tensor) once the group and every tensor taken from it are gone.
+ * Borrowed names and tensors die now. NULL-safe.
+ */
+void dlx_group_release(dlx_group *group);
+
 /* ---- inspecting ------------------------------------------------------------------------ */
 
 struct dlx_info {
@@ -417,6 +507,12 @@ struct dlx_info {
         uint32_t leases; /* on the current version */
         uint32_t live_versions;
         uint64_t published_ns; /* CLOCK_REALTIME */
+        /*
+         * A group's member count; 0 for a tensor. A group is described as
+         * its data: dtype uint8, ndim 1, nbytes the bytes its members' data
+         * takes (storage they share counted once).
+         */
+        uint32_t members;
 };
 
 /* Returns 0 with *ret_info, -ENOENT or -EINVAL. */
@@ -449,6 +545,8 @@ struct dlx_limits {
         /* for hello, a started frame, and a client reading nothing while output waits */
         uint32_t timeout_ms;
         uint64_t max_fds, max_fds_per_uid; /* descriptors held for segments */
+        uint32_t max_group_members;        /* members of one group */
+        uint64_t max_group_table;          /* bytes of one group's table (names and layouts) */
 };
 
 /*

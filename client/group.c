@@ -1,0 +1,589 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Groups: many named tensors published and acquired as one version. A group
+ * version is one sealed memfd, a group segment (proto/group.h): its table
+ * first, then the members' bytes, copied once. Publish builds it and sends
+ * it as one publish; acquire is one acquire, whose segment is mapped as any
+ * other, and the members are read from the table in place.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "fd.h"
+#include "group.h"
+#include "internal.h"
+#include "layout.h"
+
+/* ---- publish -------------------------------------------------------------------------- */
+
+/* One member being published. */
+struct pub_member {
+        const char *name;
+        size_t len;
+        const DLTensor *t;
+        uint64_t flags;
+        int64_t lo, hi;  /* its elements, from its data pointer */
+        uintptr_t start; /* the first byte its elements touch (data + lo) */
+        uint64_t offset; /* its data pointer in the segment */
+        uint32_t block;  /* the run of source bytes it lies in */
+};
+
+/* A run of source bytes that members share or touch: copied once, as one. */
+struct block {
+        uintptr_t start, end;
+        uint64_t at; /* where it goes in the segment */
+};
+
+static int cmp_member_name(const void *a, const void *b)
+{
+        const struct pub_member *x = *(struct pub_member *const *)a;
+        const struct pub_member *y = *(struct pub_member *const *)b;
+        return group_name_cmp(x->name, x->len, y->name, y->len);
+}
+
+static int cmp_member_start(const void *a, const void *b)
+{
+        const struct pub_member *x = *(struct pub_member *const *)a;
+        const struct pub_member *y = *(struct pub_member *const *)b;
+        return x->start < y->start ? -1 : x->start > y->start;
+}
+
+static uint64_t align_up(uint64_t v, uint64_t a)
+{
+        return (v + a - 1) / a * a;
+}
+
+static void delete_members(struct dlx_member *members, size_t count)
+{
+        for (size_t i = 0; members && i < count; i++) {
+                DLManagedTensorVersioned *t = members[i].tensor;
+                members[i].tensor = NULL;
+                if (t && t->deleter)
+                        t->deleter(t);
+        }
+}
+
+/* Checks member i and fills m; the detail goes to dlx__fail. */
+static int check_member(const struct dlx_member *src, size_t i, struct pub_member *m)
+{
+        const DLManagedTensorVersioned *mt = src->tensor;
+        const char *why = NULL;
+        uint64_t numel = 0;
+        const DLTensor *t;
+        int err;
+
+        if (!src->name || !mt)
+                return dlx__fail(-EINVAL, "group member %zu: NULL name or tensor", i);
+        m->name = src->name;
+        m->len = strlen(src->name);
+        if (layout_name_check(m->name, m->len, &why) < 0)
+                return dlx__fail(-EINVAL, "group member %zu: bad name '%s': %s", i, m->name, why);
+        if (mt->version.major != DLX_DLPACK_MAJOR)
+                return dlx__fail(-ENOTSUP, "group member '%s': DLPack major version %u", m->name,
+                                 mt->version.major);
+        t = &mt->dl_tensor;
+        if (t->device.device_type != kDLCPU)
+                return dlx__fail(-ENOTSUP,
+                                 "group member '%s': device type %d; a group's members are "
+                                 "kDLCPU tensors",
+                                 m->name, (int)t->device.device_type);
+        if (t->ndim < 0 || t->ndim > DLX_MAX_NDIM || (t->ndim && !t->shape))
+                return dlx__fail(-EINVAL, "group member '%s': bad ndim or shape", m->name);
+        m->flags = mt->flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED;
+        err = layout_extent(t->dtype, t->ndim, t->shape, t->strides, t->byte_offset, m->flags,
+                            &m->lo, &m->hi, &why);
+        if (err < 0)
+                return dlx__fail(err, "group member '%s': %s", m->name, why);
+        if (!t->data && (layout_numel(t->ndim, t->shape, &numel) < 0 || numel))
+                return dlx__fail(-EINVAL, "group member '%s': NULL data", m->name);
+        m->t = t;
+        m->start = (uintptr_t)t->data + (uintptr_t)m->lo;
+        return 0;
+}
+
+/*
+ * Lays the copied bytes out: members whose bytes overlap or touch form one
+ * block, copied once, so that tied storage stays tied. Each block keeps its
+ * first byte's address modulo GROUP_MEMBER_ALIGN. Returns the data bytes.
+ */
+static uint64_t lay_out(struct pub_member **by_start, size_t n, struct block *blocks,
+                        size_t *ret_nblocks, uint64_t data_off)
+{
+        size_t nb = 0;
+        uint64_t at = data_off;
+
+        for (size_t i = 0; i < n; i++) {
+                struct pub_member *m = by_start[i];
+                uintptr_t end = m->start + (uintptr_t)(m->hi - m->lo);
+                if (nb && m->start <= blocks[nb - 1].end) {
+                        if (end > blocks[nb - 1].end)
+                                blocks[nb - 1].end = end;
+                } else {
+                        blocks[nb].start = m->start;
+                        blocks[nb].end = end;
+                        nb++;
+                }
+                m->block = (uint32_t)(nb - 1);
+        }
+        for (size_t b = 0; b < nb; b++) {
+                at = align_up(at, GROUP_MEMBER_ALIGN) + (blocks[b].start % GROUP_MEMBER_ALIGN);
+                blocks[b].at = at;
+                at += blocks[b].end - blocks[b].start;
+        }
+        for (size_t i = 0; i < n; i++) {
+                struct pub_member *m = by_start[i];
+                const struct block *b = &blocks[m->block];
+                /* the data pointer: its first element's place, less lo */
+                m->offset = b->at + (m->start - b->start) - (uint64_t)m->lo;
+        }
+        *ret_nblocks = nb;
+        return at - data_off;
+}
+
+/* Writes the group segment into a fresh sealed memfd; returns the fd. */
+static int write_segment(struct pub_member **sorted, size_t count, const struct block *blocks,
+                         size_t nblocks, uint64_t members_off, uint64_t dims_off, uint64_t ndims,
+                         uint64_t names_off, uint64_t names_size, uint64_t data_off, uint64_t size)
+{
+        uint64_t dim_at = 0, name_at = 0;
+        uint8_t *base;
+        int fd, err;
+
+        fd = memfd_create("dlx-group", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0)
+                return -errno;
+        if (ftruncate(fd, (off_t)size) < 0)
+                goto fail;
+        /* populated at once: no page fault per page as the bytes go in */
+        base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+        if (base == MAP_FAILED)
+                goto fail;
+
+        struct group_head *h = (struct group_head *)base;
+        memcpy(h->magic, GROUP_MAGIC, sizeof(h->magic));
+        h->format = GROUP_FORMAT;
+        h->count = (uint32_t)count;
+        h->members_off = members_off;
+        h->dims_off = dims_off;
+        h->ndims = ndims;
+        h->names_off = names_off;
+        h->names_size = names_size;
+        h->data_off = data_off;
+        struct group_member *gm = (struct group_member *)(base + members_off);
+        int64_t *dims = (int64_t *)(base + dims_off);
+        char *names = (char *)(base + names_off);
+        for (size_t i = 0; i < count; i++) {
+                const struct pub_member *m = sorted[i];
+                const DLTensor *t = m->t;
+                gm[i] = (struct group_member){
+                        .offset = m->offset,
+                        .byte_offset = t->byte_offset,
+                        .flags = DLPACK_FLAG_BITMASK_READ_ONLY | m->flags,
+                        .dims = dim_at,
+                        .name_off = (uint32_t)name_at,
+                        .name_len = (uint16_t)m->len,
+                        .ndim = (uint8_t)t->ndim,
+                        .dtype_code = t->dtype.code,
+                        .dtype_bits = t->dtype.bits,
+                        .dtype_lanes = t->dtype.lanes,
+                };
+                if (t->ndim) {
+                        memcpy(dims + dim_at, t->shape, (size_t)t->ndim * sizeof(int64_t));
+                        if (t->strides)
+                                memcpy(dims + dim_at + t->ndim, t->strides,
+                                       (size_t)t->ndim * sizeof(int64_t));
+                        else
+                                layout_compact_strides(t->ndim, t->shape, dims + dim_at + t->ndim);
+                }
+                dim_at += 2 * (uint64_t)t->ndim;
+                memcpy(names + name_at, m->name, m->len + 1);
+                name_at += m->len + 1;
+        }
+        for (size_t b = 0; b < nblocks; b++)
+                memcpy(base + blocks[b].at, (const void *)blocks[b].start,
+                       blocks[b].end - blocks[b].start);
+        munmap(base, size);
+        /* no writable mapping is left: the pages can be sealed against writing */
+        if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0)
+                goto fail;
+        return fd;
+fail:
+        err = -errno;
+        close(fd);
+        return err;
+}
+
+static int held_publish_group(dlx_client *c, const char *name, struct dlx_member *members,
+                              size_t count, const struct dlx_publish_options *opts,
+                              uint64_t *ret_version)
+{
+        struct dlx_publish_options o = {0};
+        struct wire_request req = {.type = WIRE_REQ_PUBLISH};
+        struct wire_tensor *w = &req.publish.tensor;
+        struct pub_member *ms = NULL, **sorted = NULL, **by_start = NULL;
+        struct block *blocks = NULL;
+        const char *why = NULL;
+        size_t nblocks = 0, nspans = 0;
+        uint64_t ndims = 0, names_size = 0;
+        uint32_t max_count;
+        struct pending p;
+        int fd = -1, err;
+
+        if (opts)
+                o = *opts;
+        if (!c || !name || (!members && count))
+                return dlx__fail(-EINVAL, "NULL argument");
+        if ((err = dlx__usable(c)) < 0)
+                return err;
+        if (layout_name_check(name, strlen(name), &why) < 0)
+                return dlx__fail(-EINVAL, "bad group name '%s': %s", name, why);
+        if (count == 0)
+                return dlx__fail(-EINVAL, "group '%s' has no members", name);
+        if (o.copy != DLX_COPY_IF_NEEDED && o.copy != DLX_COPY_NEVER && o.copy != DLX_COPY_ALWAYS)
+                return dlx__fail(-EINVAL, "publish group '%s': copy mode %d is not a dlx_copy",
+                                 name, (int)o.copy);
+        if (o.copy == DLX_COPY_NEVER)
+                return dlx__fail(-EXDEV,
+                                 "publish group '%s': a group is copied once into its own "
+                                 "segment, and copying is not allowed",
+                                 name);
+        if (o.writable)
+                return dlx__fail(-ENOTSUP, "publish group '%s': a group is read-only", name);
+        max_count = c->limits.max_group_members;
+        if (max_count == 0 || max_count > GROUP_MEMBERS_MAX)
+                max_count = GROUP_MEMBERS_MAX;
+        if (count > max_count)
+                return dlx__fail(-E2BIG, "group '%s' has %zu members, over the limit of %u", name,
+                                 count, max_count);
+
+        ms = calloc(count, sizeof(*ms));
+        sorted = calloc(count, sizeof(*sorted));
+        by_start = calloc(count, sizeof(*by_start));
+        blocks = calloc(count, sizeof(*blocks));
+        if (!ms || !sorted || !by_start || !blocks) {
+                err = dlx__fail(-ENOMEM, "out of memory");
+                goto out;
+        }
+        for (size_t i = 0; i < count; i++) {
+                if ((err = check_member(&members[i], i, &ms[i])) < 0)
+                        goto out;
+                sorted[i] = &ms[i];
+                ndims += 2 * (uint64_t)ms[i].t->ndim;
+                names_size += ms[i].len + 1;
+                if (ms[i].hi > ms[i].lo)
+                        by_start[nspans++] = &ms[i];
+        }
+        qsort(sorted, count, sizeof(*sorted), cmp_member_name);
+        for (size_t i = 1; i < count; i++)
+                if (cmp_member_name(&sorted[i - 1], &sorted[i]) == 0) {
+                        err = dlx__fail(-EINVAL, "group '%s' names member '%s' twice", name,
+                                        sorted[i]->name);
+                        goto out;
+                }
+
+        uint64_t members_off = align_up(sizeof(struct group_head), 8);
+        uint64_t dims_off = members_off + count * sizeof(struct group_member);
+        uint64_t names_off = dims_off + ndims * sizeof(int64_t);
+        uint64_t data_off = align_up(names_off + names_size, GROUP_DATA_ALIGN);
+        if (c->limits.max_group_table && data_off > c->limits.max_group_table) {
+                err = dlx__fail(-E2BIG,
+                                "group '%s': its table of %llu bytes is over the limit of %llu",
+                                name, (unsigned long long)data_off,
+                                (unsigned long long)c->limits.max_group_table);
+                goto out;
+        }
+        qsort(by_start, nspans, sizeof(*by_start), cmp_member_start);
+        uint64_t data_bytes = lay_out(by_start, nspans, blocks, &nblocks, data_off);
+        /* empty members point at the data area's start */
+        for (size_t i = 0; i < count; i++)
+                if (ms[i].hi <= ms[i].lo)
+                        ms[i].offset = data_off;
+        if (data_bytes > DLX_MAX_SEGMENT) {
+                err = dlx__fail(-EOVERFLOW, "group '%s': %llu bytes of data", name,
+                                (unsigned long long)data_bytes);
+                goto out;
+        }
+
+        fd = write_segment(sorted, count, blocks, nblocks, members_off, dims_off, ndims, names_off,
+                           names_size, data_off, data_off + data_bytes);
+        if (fd < 0) {
+                err = dlx__fail(fd, "publish group '%s': cannot copy into shared memory: %s", name,
+                                strerror(-fd));
+                goto out;
+        }
+        /* the copy is all the daemon needs: the originals go now */
+        delete_members(members, count);
+
+        wire_strcpy(w->name, sizeof(w->name), name);
+        w->dtype = (DLDataType){.code = kDLUInt, .bits = 8, .lanes = 1};
+        w->ndim = 1;
+        w->shape[0] = (int64_t)data_bytes;
+        w->strides[0] = 1;
+        w->device_type = kDLCPU;
+        w->flags = DLPACK_FLAG_BITMASK_READ_ONLY;
+        w->storage = WIRE_STORAGE_MEMFD;
+        w->offset = data_off;
+        w->length = data_bytes;
+        w->members = (uint32_t)count;
+        req.publish.persist = o.persist;
+
+        err = dlx__call(c, &req, fd, &p);
+        /* a copy counts against the byte limits: not beside our own empty segments */
+        if (err == -ENOSPC && dlx__arena_give_back_empty(c) > 0) {
+                dlx__pending_done(c, &p);
+                err = dlx__call(c, &req, fd, &p);
+        }
+        if (err == -EMSGSIZE)
+                err = -E2BIG; /* a group limit of the daemon's, which this client did not know */
+        if (err == 0 && p.rep.type != WIRE_REP_PUBLISH)
+                err = dlx__fail(-EPROTO, "the daemon answered publish with something else");
+        if (err == 0 && ret_version)
+                *ret_version = p.rep.publish.version;
+        dlx__pending_done(c, &p);
+out:
+        fd_drop(&fd);
+        delete_members(members, count);
+        free(ms);
+        free(sorted);
+        free(by_start);
+        free(blocks);
+        return err;
+}
+
+int dlx_publish_group(dlx_client *c, const char *name, struct dlx_member *members, size_t count,
+                      const struct dlx_publish_options *opts, uint64_t *ret_version)
+{
+        int err;
+
+        if (!c) {
+                delete_members(members, count);
+                return dlx__fail(-EINVAL, "NULL client");
+        }
+        err = DLX_HOLDING(c, held_publish_group(c, name, members, count, opts, ret_version));
+        delete_members(members, count); /* every path: those a failure left */
+        return err;
+}
+
+/* ---- acquire -------------------------------------------------------------------------- */
+
+struct dlx_group {
+        dlx_client *c;
+        struct seg_map *map;
+        const uint8_t *base; /* the segment, mapped read-only */
+        uint64_t lease;
+        uint64_t version;
+        atomic_uint refs; /* the caller's, and one per tensor taken */
+        size_t count;
+        bool whole;        /* every member, in the table's order: index[i] == i */
+        uint32_t *index;   /* the members in the group, as indices into the table */
+        DLTensor *tensors; /* count of them, over the mapping */
+};
+
+static void group_free(dlx_group *g)
+{
+        dlx_client *c = g->c;
+        struct wire_request req = {.type = WIRE_REQ_RELEASE};
+
+        /* in a child of the process that acquired it: the lease and the mapping are the parent's */
+        if (!dlx__forked(c)) {
+                req.release.lease = g->lease;
+                pthread_mutex_lock(&c->lock);
+                dlx__release(c, &req);
+                dlx__map_unref(c, g->map);
+                dlx__acquired_gone(c);
+                pthread_mutex_unlock(&c->lock);
+                dlx__client_unref(c);
+        }
+        free(g->index);
+        free(g->tensors);
+        free(g);
+}
+
+static void group_unref(void *hold)
+{
+        dlx_group *g = hold;
+
+        if (atomic_fetch_sub(&g->refs, 1) == 1)
+                group_free(g);
+}
+
+/* Builds the group over an acquire reply's mapping; the mapping's reference moves to it. */
+static int build_group(dlx_client *c, struct pending *p, const char *name,
+                       const char *const *wanted, size_t nwanted, dlx_group **ret)
+{
+        const struct wire_tensor *t = &p->rep.acquire.tensor;
+        struct seg_map *m = p->map;
+        struct group_summary sum;
+        char why[DLX_ERROR_MAX + 1];
+        dlx_group *g;
+        int err;
+
+        if (!m || !m->ro || t->storage != WIRE_STORAGE_MEMFD)
+                return dlx__fail(-EPROTO, "the daemon gave group '%s' as no group segment", name);
+        /* dlxd checked it, and it is sealed: this check is against a daemon gone wrong */
+        err = group_check(m->ro, m->size, 0, 0, &sum, why, sizeof(why));
+        if (err < 0)
+                return dlx__fail(-EPROTO, "group '%s' from the daemon: %s", name, why);
+        g = calloc(1, sizeof(*g));
+        size_t n = wanted ? nwanted : sum.count;
+        if (g) {
+                g->index = calloc(n ? n : 1, sizeof(*g->index));
+                g->tensors = calloc(n ? n : 1, sizeof(*g->tensors));
+        }
+        if (!g || !g->index || !g->tensors) {
+                err = dlx__fail(-ENOMEM, "out of memory");
+                goto fail;
+        }
+        for (size_t i = 0; i < n; i++) {
+                int64_t k = (int64_t)i;
+                if (wanted) {
+                        k = wanted[i] ? group_find(m->ro, wanted[i], strlen(wanted[i])) : -1;
+                        if (k < 0) {
+                                err = dlx__fail(-ENOENT, "group '%s' v%llu has no member '%s'",
+                                                name, (unsigned long long)t->version,
+                                                wanted[i] ? wanted[i] : "(NULL)");
+                                goto fail;
+                        }
+                }
+                const struct group_member *gm = group_member_at(m->ro, (uint32_t)k);
+                int64_t *dims = (int64_t *)group_member_dims(m->ro, gm);
+                g->index[i] = (uint32_t)k;
+                g->tensors[i] = (DLTensor){
+                        .data = (void *)(m->ro + gm->offset),
+                        .device = {kDLCPU, 0},
+                        .ndim = gm->ndim,
+                        .dtype = {gm->dtype_code, gm->dtype_bits, gm->dtype_lanes},
+                        .shape = gm->ndim ? dims : NULL,
+                        .strides = gm->ndim ? dims + gm->ndim : NULL,
+                        .byte_offset = gm->byte_offset,
+                };
+        }
+        g->c = c;
+        g->map = m;
+        g->base = m->ro;
+        g->lease = p->rep.acquire.lease;
+        g->version = t->version;
+        g->count = n;
+        g->whole = !wanted;
+        atomic_init(&g->refs, 1);
+        p->map = NULL;
+        dlx__client_ref(c);
+        pthread_mutex_lock(&c->lock);
+        c->nacquired++;
+        pthread_mutex_unlock(&c->lock);
+        *ret = g;
+        return 0;
+fail:
+        if (g) {
+                free(g->index);
+                free(g->tensors);
+                free(g);
+        }
+        return err;
+}
+
+static int held_acquire_group(dlx_client *c, const char *name, const char *const *wanted,
+                              size_t nwanted, const struct dlx_acquire_options *opts,
+                              dlx_group **ret_group)
+{
+        struct wire_request req = {.type = WIRE_REQ_ACQUIRE};
+        const char *why = NULL;
+        struct pending p;
+        int err;
+
+        if (!name || !ret_group || (!wanted && nwanted))
+                return dlx__fail(-EINVAL, "NULL argument");
+        if (layout_name_check(name, strlen(name), &why) < 0)
+                return dlx__fail(-EINVAL, "bad group name: %s", why);
+        if (c->server_minor < 3)
+                return dlx__fail(-ENOTSUP, "the daemon (protocol 1.%u) has no groups: 1.3 does",
+                                 c->server_minor);
+        wire_strcpy(req.acquire.name, sizeof(req.acquire.name), name);
+        req.acquire.group = true;
+        if (opts) {
+                req.acquire.min_version = opts->min_version;
+                req.acquire.timeout_ms = opts->timeout_ms < 0 ? -1 : opts->timeout_ms;
+        }
+        err = dlx__call(c, &req, -1, &p);
+        if (err == 0 && (p.rep.type != WIRE_REP_ACQUIRE || !p.rep.acquire.tensor.members))
+                err = dlx__fail(-EPROTO, "the daemon answered a group acquire with something else");
+        if (err == 0)
+                err = build_group(c, &p, name, wanted, nwanted, ret_group);
+        if (err < 0 && p.rep.status == WIRE_OK && p.rep.type == WIRE_REP_ACQUIRE)
+                dlx__give_back(c, p.rep.acquire.lease); /* granted but unusable here */
+        dlx__pending_done(c, &p);
+        return err;
+}
+
+int dlx_acquire_group(dlx_client *c, const char *name, const char *const *member_names,
+                      size_t count, const struct dlx_acquire_options *opts, dlx_group **ret_group)
+{
+        if (!c)
+                return dlx__fail(-EINVAL, "NULL client");
+        return DLX_HOLDING(c, held_acquire_group(c, name, member_names, count, opts, ret_group));
+}
+
+uint64_t dlx_group_version(const dlx_group *g)
+{
+        return g ? g->version : 0;
+}
+
+size_t dlx_group_count(const dlx_group *g)
+{
+        return g ? g->count : 0;
+}
+
+const char *dlx_group_name(const dlx_group *g, size_t i)
+{
+        if (!g || i >= g->count)
+                return NULL;
+        return group_member_name(g->base, group_member_at(g->base, g->index[i]));
+}
+
+const DLTensor *dlx_group_tensor(const dlx_group *g, size_t i)
+{
+        return g && i < g->count ? &g->tensors[i] : NULL;
+}
+
+int64_t dlx_group_find(const dlx_group *g, const char *name)
+{
+        if (!g || !name)
+                return -ENOENT;
+        size_t len = strlen(name);
+        if (g->whole) {
+                int64_t k = group_find(g->base, name, len);
+                return k < 0 ? -ENOENT : k;
+        }
+        for (size_t i = 0; i < g->count; i++) {
+                const struct group_member *gm = group_member_at(g->base, g->index[i]);
+                if (group_name_cmp(group_member_name(g->base, gm), gm->name_len, name, len) == 0)
+                        return (int64_t)i;
+        }
+        return -ENOENT;
+}
+
+int dlx_group_take(dlx_group *g, size_t i, DLManagedTensorVersioned **ret_tensor)
+{
+        int err;
+
+        if (!g || i >= g->count || !ret_tensor)
+                return dlx__fail(-EINVAL, "no member %zu in the group", i);
+        const struct group_member *gm = group_member_at(g->base, g->index[i]);
+        atomic_fetch_add(&g->refs, 1);
+        err = dlx__acquired_member(&g->tensors[i], gm->flags, group_member_name(g->base, gm),
+                                   g->version, group_unref, g, ret_tensor);
+        if (err < 0)
+                group_unref(g);
+        return err;
+}
+
+void dlx_group_release(dlx_group *g)
+{
+        if (g)
+                group_unref(g);
+}
