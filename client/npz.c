@@ -339,7 +339,11 @@ int npz_open(const char *path, struct tfile **ret, char *why, size_t whysz)
                 rd.za = zip_open_from_source(src, ZIP_RDONLY | ZIP_CHECKCONS, &zerr);
         if (!rd.za) {
                 r = zip_errno(&zerr);
-                tfile_fail(why, whysz, r, "malformed .npz: %s", zip_error_strerror(&zerr));
+                /* libzip's words for it, "File already exists", would puzzle a reader. */
+                tfile_fail(why, whysz, r, "malformed .npz: %s",
+                           zip_error_code_zip(&zerr) == ZIP_ER_EXISTS
+                                   ? "two entries have the same name"
+                                   : zip_error_strerror(&zerr));
                 zip_source_free(src);
                 zip_error_fini(&zerr);
                 munmap(map, (size_t)st.st_size);
