@@ -123,8 +123,10 @@ static int check_entry(struct reader *rd, zip_uint64_t i, struct entry *e)
         e->size = st.size;
         e->at = rd->total;
         e->name_len = len - NPY_SUFFIX_LEN;
-        if (__builtin_add_overflow(rd->total, align_up(st.size), &rd->total) ||
-            st.size > UINT64_MAX - NPZ_ALIGN || rd->total > INT64_MAX)
+        /* NPZ_ALIGN more than the entry: room to align data whose header is not padded. */
+        if (st.size > INT64_MAX ||
+            __builtin_add_overflow(rd->total, align_up(st.size) + NPZ_ALIGN, &rd->total) ||
+            rd->total > INT64_MAX)
                 return tfile_fail(rd->why, rd->whysz, -EOVERFLOW,
                                   "the .npz entries' total size does not fit 63 bits");
         rd->name_sum += e->name_len + 1;
@@ -197,6 +199,17 @@ static int read_npy(struct reader *rd, struct entry *e, const char *shown)
                                   (unsigned long long)(e->info.data_offset + e->info.data_bytes));
         if (r < 0)
                 return tfile_fail(rd->why, rd->whysz, r, "entry '%s': %s", shown, nwhy);
+        /*
+         * numpy pads headers so that data is 64-byte aligned; another writer may not. Such
+         * data moves up to the next boundary, inside the room check_entry() left for it.
+         */
+        if ((e->at + e->info.data_offset) % NPZ_ALIGN) {
+                uint64_t to = align_up(e->at + e->info.data_offset);
+
+                memmove(rd->mem + to, rd->mem + e->at + e->info.data_offset,
+                        (size_t)e->info.data_bytes);
+                e->info.data_offset = to - e->at;
+        }
         npy_to_native(rd->mem + e->at + e->info.data_offset, &e->info);
         return 0;
 }
@@ -272,7 +285,7 @@ static int read_archive(struct reader *rd, struct tfile **ret)
         rd->memfd = memfd_create("dlx-npz", MFD_CLOEXEC);
         if (rd->memfd < 0)
                 return tfile_fail(rd->why, rd->whysz, -errno, "memfd_create: %s", strerror(errno));
-        /* + NPZ_ALIGN: never a zero-length mapping, and a short .npy reads zeros, not EOF. */
+        /* Never a zero-length mapping, even for an archive without entries. */
         rd->total += NPZ_ALIGN;
         if (ftruncate(rd->memfd, (off_t)rd->total) < 0)
                 return tfile_fail(rd->why, rd->whysz, -errno, "sizing the memfd: %s",

@@ -495,6 +495,9 @@ START_TEST(test_foreign_archive)
         ck_assert_str_eq(t->members[0].name, "be");
         ck_assert_str_eq(t->members[1].name, "big");
         ck_assert_str_eq(t->members[2].name, "layer/fo");
+        /* Every array's data is aligned, even where its .npy header was not padded for it. */
+        for (size_t i = 0; i < t->n; i++)
+                ck_assert_uint_eq((uintptr_t)t->members[i].tensor.data % 64, 0);
         m = find(t, "be");
         ck_assert_int_eq(((int32_t *)m->tensor.data)[0], 1);
         ck_assert_int_eq(((int32_t *)m->tensor.data)[1], -2);
