@@ -1,0 +1,214 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A tensor file's storage and the checks every multi-tensor format shares:
+ * member names, their order, their uniqueness. See tfile.h.
+ */
+#include "tfile.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+int tfile_fail(char *why, size_t whysz, int code, const char *fmt, ...)
+{
+        if (why && whysz > 0) {
+                va_list ap;
+
+                va_start(ap, fmt);
+                vsnprintf(why, whysz, fmt, ap);
+                va_end(ap);
+        }
+        return code;
+}
+
+void tfile_quote(const char *s, size_t len, char *buf, size_t bufsz)
+{
+        size_t keep = len < bufsz - 1 ? len : bufsz - 4;
+        size_t i;
+
+        for (i = 0; i < keep; i++)
+                buf[i] = (s[i] >= 0x20 && s[i] < 0x7f) ? s[i] : '?';
+        if (keep < len) {
+                memcpy(buf + i, "...", 3);
+                i += 3;
+        }
+        buf[i] = '\0';
+}
+
+struct tfile *tfile_new(size_t n, size_t ndims, size_t name_bytes)
+{
+        struct tfile *t = calloc(1, sizeof(*t));
+
+        if (!t)
+                return NULL;
+        /* calloc checks n * size for overflow; +1 keeps an empty file's pools non-NULL. */
+        t->members = calloc(n + 1, sizeof(*t->members));
+        t->dims = calloc(ndims + 1, sizeof(*t->dims));
+        t->names = malloc(name_bytes + 1);
+        if (!t->members || !t->dims || !t->names) {
+                tfile_free(t);
+                return NULL;
+        }
+        t->n = n;
+        t->dims_cap = ndims;
+        t->names_cap = name_bytes;
+        return t;
+}
+
+void tfile_free(struct tfile *t)
+{
+        if (!t)
+                return;
+        if (t->map)
+                munmap(t->map, t->map_len);
+        free(t->members);
+        free(t->dims);
+        free(t->names);
+        free(t);
+}
+
+int64_t *tfile_dims(struct tfile *t, size_t count)
+{
+        int64_t *d;
+
+        if (count > t->dims_cap - t->dims_used)
+                return NULL;
+        d = t->dims + t->dims_used;
+        t->dims_used += count;
+        return d;
+}
+
+const char *tfile_name(struct tfile *t, const char *name, size_t len)
+{
+        char *s;
+
+        if (len >= t->names_cap - t->names_used)
+                return NULL;
+        s = t->names + t->names_used;
+        memcpy(s, name, len);
+        s[len] = '\0';
+        t->names_used += len + 1;
+        return s;
+}
+
+static int by_name(const void *a, const void *b)
+{
+        return strcmp(((const struct tfile_member *)a)->name,
+                      ((const struct tfile_member *)b)->name);
+}
+
+int tfile_sort(struct tfile *t, char *why, size_t whysz)
+{
+        char shown[64];
+
+        qsort(t->members, t->n, sizeof(*t->members), by_name);
+        for (size_t i = 1; i < t->n; i++) {
+                if (strcmp(t->members[i - 1].name, t->members[i].name) == 0) {
+                        tfile_quote(t->members[i].name, strlen(t->members[i].name), shown,
+                                    sizeof(shown));
+                        return tfile_fail(why, whysz, -EINVAL, "two tensors are named '%s'", shown);
+                }
+        }
+        return 0;
+}
+
+static bool utf8_valid(const unsigned char *s, size_t len)
+{
+        size_t i = 0;
+
+        while (i < len) {
+                unsigned char c = s[i];
+                uint32_t cp, min;
+                size_t need;
+
+                if (c < 0x80) {
+                        i++;
+                        continue;
+                }
+                if ((c & 0xe0) == 0xc0) {
+                        need = 1;
+                        cp = c & 0x1f;
+                        min = 0x80;
+                } else if ((c & 0xf0) == 0xe0) {
+                        need = 2;
+                        cp = c & 0x0f;
+                        min = 0x800;
+                } else if ((c & 0xf8) == 0xf0) {
+                        need = 3;
+                        cp = c & 0x07;
+                        min = 0x10000;
+                } else {
+                        return false;
+                }
+                if (len - i <= need)
+                        return false;
+                for (size_t j = 1; j <= need; j++) {
+                        if ((s[i + j] & 0xc0) != 0x80)
+                                return false;
+                        cp = cp << 6 | (s[i + j] & 0x3f);
+                }
+                if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+                        return false;
+                i += need + 1;
+        }
+        return true;
+}
+
+int tfile_name_check(const char *name, size_t len, const char **ret_why)
+{
+        const char *why = NULL;
+
+        if (!name || len == 0)
+                why = "a tensor name is empty";
+        else if (len > TFILE_NAME_MAX)
+                why = "a tensor name is longer than 255 bytes";
+        else if (memchr(name, '\0', len))
+                why = "a tensor name contains a NUL byte";
+        else if (!utf8_valid((const unsigned char *)name, len))
+                why = "a tensor name is not valid UTF-8";
+        if (!why)
+                return 0;
+        if (ret_why)
+                *ret_why = why;
+        return -EINVAL;
+}
+
+static int by_member_name(const void *a, const void *b, void *arg)
+{
+        const struct tfile_member *m = arg;
+
+        return strcmp(m[*(const size_t *)a].name, m[*(const size_t *)b].name);
+}
+
+int tfile_check_names(const struct tfile_member *members, size_t n, size_t *ret_order, char *why,
+                      size_t whysz)
+{
+        char shown[64];
+
+        for (size_t i = 0; i < n; i++) {
+                const char *name = members[i].name;
+                const char *reason;
+                /* strnlen: a name longer than the limit is refused without reading all of it. */
+                size_t len = name ? strnlen(name, TFILE_NAME_MAX + 1) : 0;
+
+                if (tfile_name_check(name, len, &reason) < 0) {
+                        tfile_quote(name ? name : "", len, shown, sizeof(shown));
+                        return tfile_fail(why, whysz, -EINVAL, "tensor %zu ('%s'): %s", i, shown,
+                                          reason);
+                }
+                ret_order[i] = i;
+        }
+        qsort_r(ret_order, n, sizeof(*ret_order), by_member_name, (void *)members);
+        for (size_t i = 1; i < n; i++) {
+                const char *name = members[ret_order[i]].name;
+
+                if (strcmp(members[ret_order[i - 1]].name, name) == 0) {
+                        tfile_quote(name, strlen(name), shown, sizeof(shown));
+                        return tfile_fail(why, whysz, -EINVAL, "two tensors are named '%s'", shown);
+                }
+        }
+        return 0;
+}
