@@ -18,6 +18,9 @@
 
 #include "layout.h"
 #include "npy.h"
+#include "npz.h"
+#include "safetensors.h"
+#include "tfile.h"
 
 #define EXIT_USAGE 2
 
@@ -46,7 +49,12 @@ static void usage(FILE *f)
               "  stat NAME                        everything the daemon knows of NAME\n"
               "  put NAME FILE.npy [--writable]   publish a .npy file (persistent: it stays\n"
               "                                   after dlxctl exits, until rm or replaced)\n"
+              "  put NAME FILE.safetensors|FILE.npz\n"
+              "                                   publish every tensor in the file as one\n"
+              "                                   group (persistent, read-only)\n"
               "  get NAME FILE.npy [--timeout MS] write NAME to a .npy file, waiting up to MS\n"
+              "  get NAME FILE.safetensors|FILE.npz [--timeout MS]\n"
+              "                                   write the group NAME to one file\n"
               "  rm NAME                          unpublish NAME\n"
               "  watch [PREFIX] [--count N] [--timeout MS]\n"
               "                                   print events as names change\n"
@@ -145,12 +153,14 @@ static void print_info_json(const struct dlx_info *in)
         printf(",\"strides\":");
         json_dims(in->strides, in->ndim);
         printf(",\"byte_offset\":%" PRIu64 ",\"device\":[%d,%d],\"device_name\":\"%s\","
-               "\"read_only\":%s,\"storage\":\"%s\",\"nbytes\":%" PRIu64 ",\"segment\":%" PRIu64
-               ",\"segment_size\":%" PRIu64 ",\"owner_uid\":%u,\"producer_pid\":%d,"
+               "\"read_only\":%s,\"storage\":\"%s\",\"members\":%u,\"nbytes\":%" PRIu64
+               ",\"segment\":%" PRIu64 ",\"segment_size\":%" PRIu64
+               ",\"owner_uid\":%u,\"producer_pid\":%d,"
                "\"producer\":",
                in->byte_offset, (int)in->device.device_type, in->device.device_id, dev,
                in->flags & DLPACK_FLAG_BITMASK_READ_ONLY ? "true" : "false", in->storage,
-               in->nbytes, in->segment, in->segment_size, in->owner_uid, in->producer_pid);
+               in->members, in->nbytes, in->segment, in->segment_size, in->owner_uid,
+               in->producer_pid);
         json_str(in->producer_name);
         printf(",\"persist\":%s,\"leases\":%u,\"live_versions\":%u,\"published_ns\":%" PRIu64 "}",
                in->persist ? "true" : "false", in->leases, in->live_versions, in->published_ns);
@@ -174,6 +184,10 @@ static int list_one(void *ctx, const struct dlx_info *in)
                 layout_dtype_name(in->dtype, dt, sizeof(dt));
                 layout_device_name(in->device, dev, sizeof(dev));
                 dims_str(in->shape, in->ndim, shape, sizeof(shape));
+                if (in->members) {
+                        snprintf(dt, sizeof(dt), "group");
+                        snprintf(shape, sizeof(shape), "%u members", in->members);
+                }
                 printf("%-32s %8" PRIu64 " %-14s %-20s %-11s %12" PRIu64 " %6u %s%s%s\n", in->name,
                        in->version, dt, shape, dev, in->nbytes, in->leases, in->storage,
                        in->persist ? ",persist" : "",
@@ -215,6 +229,23 @@ static int cmd_stat(const struct cmdline *cl)
         if (json) {
                 print_info_json(&in);
                 putchar('\n');
+                return 0;
+        }
+        if (in.members) {
+                printf("name:          %s\n"
+                       "version:       %" PRIu64 "\n"
+                       "group:         %u members, %" PRIu64 " bytes of data\n"
+                       "access:        read-only\n"
+                       "storage:       %s (segment %" PRIu64 ", %" PRIu64 " bytes)\n"
+                       "owner uid:     %u\n"
+                       "producer:      %s (pid %d%s)\n"
+                       "persistent:    %s\n"
+                       "leases:        %u\n"
+                       "live versions: %u\n",
+                       in.name, in.version, in.members, in.nbytes, in.storage, in.segment,
+                       in.segment_size, in.owner_uid, in.producer_name, in.producer_pid,
+                       in.producer_pid ? "" : ", gone", in.persist ? "yes" : "no", in.leases,
+                       in.live_versions);
                 return 0;
         }
         layout_dtype_name(in.dtype, dt, sizeof(dt));
@@ -305,6 +336,84 @@ static DLManagedTensorVersioned *heap_tensor(const DLTensor *proto, uint64_t byt
         return &h->mt;
 }
 
+/* A multi-tensor file, by its name's suffix: a group's, or NULL for .npy (anything else). */
+static const char *group_file_kind(const char *path)
+{
+        size_t len = strlen(path);
+        static const char *const kinds[] = {".safetensors", ".npz"};
+
+        for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+                size_t k = strlen(kinds[i]);
+                if (len > k && strcmp(path + len - k, kinds[i]) == 0)
+                        return kinds[i];
+        }
+        return NULL;
+}
+
+/* A file's member, borrowed by the group publish: the file outlives it. */
+static void borrowed_deleter(DLManagedTensorVersioned *t)
+{
+        (void)t;
+}
+
+static int put_group(const char *name, const char *path, const char *kind, bool writable)
+{
+        struct dlx_publish_options o = {.persist = true};
+        DLManagedTensorVersioned *mts = NULL;
+        struct dlx_member *ms = NULL;
+        struct tfile *f = NULL;
+        char why[512];
+        uint64_t version;
+        int err;
+
+        if (writable) {
+                fprintf(stderr, "dlxctl: %s: a group is read-only: put it without --writable\n",
+                        path);
+                return EXIT_FAILURE;
+        }
+        err = strcmp(kind, ".npz") == 0 ? npz_open(path, &f, why, sizeof(why))
+                                        : st_open(path, &f, why, sizeof(why));
+        if (err < 0) {
+                fprintf(stderr, "dlxctl: %s: %s\n", path, why);
+                return EXIT_FAILURE;
+        }
+        if (f->n == 0) {
+                fprintf(stderr, "dlxctl: %s: no tensors in it: a group needs one at least\n", path);
+                tfile_free(f);
+                return EXIT_FAILURE;
+        }
+        mts = calloc(f->n, sizeof(*mts));
+        ms = calloc(f->n, sizeof(*ms));
+        if (!mts || !ms) {
+                free(mts);
+                free(ms);
+                tfile_free(f);
+                return fail(-ENOMEM, name);
+        }
+        for (size_t i = 0; i < f->n; i++) {
+                mts[i].version.major = 1;
+                mts[i].version.minor = 3;
+                mts[i].deleter = borrowed_deleter;
+                mts[i].dl_tensor = f->members[i].tensor;
+                ms[i] = (struct dlx_member){f->members[i].name, &mts[i]};
+        }
+        /* the one copy: from the file's pages into the group's segment */
+        err = dlx_publish_group(ctl_client(), name, ms, f->n, &o, &version);
+        size_t n = f->n;
+        free(mts);
+        free(ms);
+        tfile_free(f);
+        if (err < 0)
+                return fail(err, name);
+        if (json) {
+                printf("{\"name\":");
+                json_str(name);
+                printf(",\"version\":%" PRIu64 ",\"members\":%zu}\n", version, n);
+        } else
+                printf("%s v%" PRIu64 " (%zu members)\n", name, version, n);
+        return 0;
+}
+
 static int cmd_put(const struct cmdline *cl)
 {
         struct dlx_publish_options o = {.persist = true, .writable = cl->writable};
@@ -316,6 +425,8 @@ static int cmd_put(const struct cmdline *cl)
         uint64_t version;
         int fd, err;
 
+        if (group_file_kind(path))
+                return put_group(name, path, group_file_kind(path), cl->writable);
         fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0) {
                 fprintf(stderr, "dlxctl: %s: %s\n", path, strerror(errno));
@@ -379,6 +490,71 @@ static int parse_ms(const char *s, int64_t *ret)
         return 0;
 }
 
+static int get_group(const char *name, const char *path, const char *kind,
+                     const struct dlx_acquire_options *o)
+{
+        struct tfile_member *ms = NULL;
+        dlx_group *g = NULL;
+        char why[512];
+        size_t n;
+        int err, fd = -1;
+
+        err = dlx_acquire_group(ctl_client(), name, NULL, 0, o, &g);
+        if (err == -ENOTDIR) {
+                fprintf(stderr, "dlxctl: %s is not a group but a tensor: get it into a .npy file\n",
+                        name);
+                return EXIT_FAILURE;
+        }
+        if (err < 0)
+                return fail(err, name);
+        n = dlx_group_count(g);
+        ms = calloc(n, sizeof(*ms));
+        if (!ms) {
+                dlx_group_release(g);
+                return fail(-ENOMEM, name);
+        }
+        for (size_t i = 0; i < n; i++) {
+                const DLTensor *t = dlx_group_tensor(g, i);
+                uint64_t numel = 1;
+                for (int32_t d = 0; d < t->ndim; d++)
+                        numel *= (uint64_t)t->shape[d];
+                ms[i] = (struct tfile_member){dlx_group_name(g, i), *t,
+                                              (numel * t->dtype.bits * t->dtype.lanes + 7) / 8};
+        }
+        if (strcmp(kind, ".npz") == 0) {
+                err = npz_write(path, ms, n, why, sizeof(why));
+        } else {
+                fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+                if (fd < 0) {
+                        err = -errno;
+                        snprintf(why, sizeof(why), "%s", strerror(errno));
+                } else {
+                        err = st_write(fd, ms, n, why, sizeof(why));
+                        if (close(fd) < 0 && err == 0) {
+                                err = -EIO;
+                                snprintf(why, sizeof(why), "%s", strerror(errno));
+                        }
+                        if (err < 0)
+                                unlink(path);
+                }
+        }
+        uint64_t version = dlx_group_version(g);
+        free(ms);
+        dlx_group_release(g);
+        if (err < 0) {
+                fprintf(stderr, "dlxctl: %s: %s\n", path, why);
+                return EXIT_FAILURE;
+        }
+        if (json) {
+                printf("{\"name\":");
+                json_str(name);
+                printf(",\"version\":%" PRIu64 ",\"members\":%zu,\"file\":", version, n);
+                json_str(path);
+                printf("}\n");
+        }
+        return 0;
+}
+
 static int cmd_get(const struct cmdline *cl)
 {
         struct dlx_acquire_options o = {0};
@@ -392,7 +568,14 @@ static int cmd_get(const struct cmdline *cl)
                 fprintf(stderr, "dlxctl: bad --timeout '%s'\n", cl->timeout);
                 return EXIT_USAGE;
         }
+        if (group_file_kind(path))
+                return get_group(name, path, group_file_kind(path), &o);
         err = dlx_acquire(ctl_client(), name, &o, &t);
+        if (err == -EISDIR) {
+                fprintf(stderr, "dlxctl: %s is a group: get it into a .safetensors or .npz file\n",
+                        name);
+                return EXIT_FAILURE;
+        }
         if (err < 0)
                 return fail(err, name);
         dlx_tensor_info(t, NULL, &version, NULL);
@@ -653,8 +836,8 @@ static const struct command commands[] = {
         {"list", cmd_list, 0, 1, 0, "list [PREFIX]"},
         {"ls", cmd_list, 0, 1, 0, "ls [PREFIX]"},
         {"stat", cmd_stat, 1, 1, 0, "stat NAME"},
-        {"put", cmd_put, 2, 2, OPT_WRITABLE, "put NAME FILE.npy [--writable]"},
-        {"get", cmd_get, 2, 2, OPT_TIMEOUT, "get NAME FILE.npy [--timeout MS]"},
+        {"put", cmd_put, 2, 2, OPT_WRITABLE, "put NAME FILE.npy|.safetensors|.npz [--writable]"},
+        {"get", cmd_get, 2, 2, OPT_TIMEOUT, "get NAME FILE.npy|.safetensors|.npz [--timeout MS]"},
         {"rm", cmd_rm, 1, 1, 0, "rm NAME"},
         {"watch", cmd_watch, 0, 1, OPT_COUNT | OPT_TIMEOUT,
          "watch [PREFIX] [--count N] [--timeout MS]"},

@@ -28,6 +28,9 @@
 
 #include "fixture.h"
 #include "npy.h"
+#include "npz.h"
+#include "safetensors.h"
+#include "tfile.h"
 
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #define HOST '<'
@@ -1015,6 +1018,195 @@ START_TEST(test_put_bad_files)
 }
 END_TEST
 
+/* ---- groups: safetensors and .npz ---------------------------------------------------------- */
+
+/* A safetensors file by hand: its header as given, then len bytes of data. */
+static void make_safetensors(const char *path, const char *header, const void *data, size_t len)
+{
+        size_t hlen = strlen(header);
+        uint8_t *buf = malloc(8 + hlen + len);
+
+        ck_assert_ptr_nonnull(buf);
+        for (int i = 0; i < 8; i++)
+                buf[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+        memcpy(buf + 8, header, hlen);
+        memcpy(buf + 8 + hlen, data, len);
+        write_file(path, buf, 8 + hlen + len);
+        free(buf);
+}
+
+/* Opens a file as a tfile by its suffix, or fails the test. */
+static struct tfile *open_tfile(const char *path)
+{
+        struct tfile *f = NULL;
+        char why[256];
+        size_t len = strlen(path);
+        int err = len > 4 && strcmp(path + len - 4, ".npz") == 0
+                          ? npz_open(path, &f, why, sizeof(why))
+                          : st_open(path, &f, why, sizeof(why));
+
+        ck_assert_msg(err == 0, "%s: %s", path, why);
+        return f;
+}
+
+/* Two tensor files hold the same members: names, dtypes, shapes and bytes. */
+static void expect_same_tensors(const char *a_path, const char *b_path)
+{
+        struct tfile *a = open_tfile(a_path), *b = open_tfile(b_path);
+
+        ck_assert_uint_eq(a->n, b->n);
+        for (size_t i = 0; i < a->n; i++) {
+                const DLTensor *x = &a->members[i].tensor, *y = &b->members[i].tensor;
+                ck_assert_str_eq(a->members[i].name, b->members[i].name);
+                ck_assert(memcmp(&x->dtype, &y->dtype, sizeof(x->dtype)) == 0);
+                ck_assert_int_eq(x->ndim, y->ndim);
+                for (int d = 0; d < x->ndim; d++)
+                        ck_assert_int_eq(x->shape[d], y->shape[d]);
+                ck_assert_uint_eq(a->members[i].nbytes, b->members[i].nbytes);
+                ck_assert_msg(memcmp(x->data, y->data, a->members[i].nbytes) == 0,
+                              "member %s differs", a->members[i].name);
+        }
+        tfile_free(a);
+        tfile_free(b);
+}
+
+static const char st_header[] =
+        "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]},"
+        "\"emb\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[24,32]},"
+        "\"q8\":{\"dtype\":\"F8_E4M3\",\"shape\":[3],\"data_offsets\":[32,35]},"
+        "\"step\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[35,43]},"
+        "\"__metadata__\":{\"format\":\"pt\"}}";
+
+static const char st_numpy_header[] =
+        "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]},"
+        "\"step\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[24,32]}}";
+
+/* put publishes a safetensors or .npz file as one group; get writes either back, same tensors. */
+START_TEST(group_files_round_trip)
+{
+        uint8_t data[43];
+
+        for (size_t i = 0; i < sizeof(data); i++)
+                data[i] = (uint8_t)(i * 7 + 1);
+        make_safetensors(tpath("m.safetensors"), st_header, data, sizeof(data));
+        CTL_EXPECT_STR("model v1 (4 members)\n", "put", "model", tpath("m.safetensors"));
+        CTL_EXPECT(strstr(ctl_out, "group:         4 members, ") != NULL, "stat", "model");
+        CTL_EXPECT(json_has(ctl_out, "\"members\":4") && json_has(ctl_out, "\"persist\":true"),
+                   "--json", "stat", "model");
+        CTL_EXPECT(strstr(ctl_out, "4 members") != NULL, "list");
+        CTL_EXPECT_STR("", "get", "model", tpath("out.safetensors"));
+        expect_same_tensors(tpath("m.safetensors"), tpath("out.safetensors"));
+        /* numpy has no bfloat16 nor fp8: .npz refuses this group, and leaves no file */
+        char *out, *err;
+        int rc = run_ctl(&out, &err, "get", "model", tpath("out.npz"), NULL);
+        expect_fail(1, "bfloat16", "get of a bfloat16 member into .npz", rc, out, err);
+        ck_assert_int_ne(access(tpath("out.npz"), F_OK), 0);
+
+        /* what numpy holds goes through .npz, and back as a second version of a group */
+        make_safetensors(tpath("n.safetensors"), st_numpy_header, data, 32);
+        CTL_EXPECT_STR("np v1 (2 members)\n", "put", "np", tpath("n.safetensors"));
+        CTL_EXPECT(json_has(ctl_out, "\"members\":2"), "--json", "get", "np", tpath("n.npz"));
+        expect_same_tensors(tpath("n.safetensors"), tpath("n.npz"));
+        CTL_EXPECT_STR("np v2 (2 members)\n", "put", "np", tpath("n.npz"));
+        CTL_EXPECT_STR("", "get", "np", tpath("again.safetensors"));
+        expect_same_tensors(tpath("n.safetensors"), tpath("again.safetensors"));
+
+        /* through libdlx: one group, the bytes as the file held them */
+        dlx_client *c = fx_connect(&fx, "reader");
+        dlx_group *g = NULL;
+        ck_assert_int_eq(dlx_acquire_group(c, "model", NULL, 0, NULL, &g), 0);
+        ck_assert_uint_eq(dlx_group_count(g), 4);
+        int64_t w = dlx_group_find(g, "w");
+        ck_assert_int_ge(w, 0);
+        ck_assert(memcmp(dlx_group_tensor(g, (size_t)w)->data, data, 24) == 0);
+        dlx_group_release(g);
+        dlx_close(c);
+}
+END_TEST
+
+/* A group is not a tensor: get says which file it wants, and put --writable says no. */
+START_TEST(group_and_tensor_files_do_not_mix)
+{
+        uint8_t data[43] = {0};
+        float f[4] = {1, 2, 3, 4};
+        char *out, *err;
+        int rc;
+
+        make_safetensors(tpath("m.safetensors"), st_header, data, sizeof(data));
+        make_npy(tpath("t.npy"), "<f4", false, "(4,)", f, sizeof(f));
+        CTL_EXPECT_STR("g v1 (4 members)\n", "put", "g", tpath("m.safetensors"));
+        CTL_EXPECT_STR("t v1\n", "put", "t", tpath("t.npy"));
+        rc = run_ctl(&out, &err, "get", "g", tpath("g.npy"), NULL);
+        expect_fail(1, "group", "get of a group into .npy", rc, out, err);
+        rc = run_ctl(&out, &err, "get", "t", tpath("t.safetensors"), NULL);
+        expect_fail(1, "not a group", "get of a tensor into .safetensors", rc, out, err);
+        ck_assert_int_ne(access(tpath("t.safetensors"), F_OK), 0);
+        rc = run_ctl(&out, &err, "put", "g2", tpath("m.safetensors"), "--writable", NULL);
+        expect_fail(1, "read-only", "put --writable of a group", rc, out, err);
+}
+END_TEST
+
+/* Malformed files get a clear error and publish nothing. */
+START_TEST(bad_group_files_publish_nothing)
+{
+        static const struct {
+                const char *what, *header, *needle;
+                size_t len; /* data bytes after the header */
+        } rows[] = {
+                {"offsets past the data",
+                 "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", NULL, 8},
+                {"overlapping tensors",
+                 "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                 "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+                 NULL, 12},
+                {"size that lies",
+                 "{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", NULL, 8},
+                {"unknown dtype", "{\"a\":{\"dtype\":\"Q7\",\"shape\":[1],\"data_offsets\":[0,1]}}",
+                 "Q7", 1},
+                {"not an object", "[1,2,3]", NULL, 0},
+                {"duplicate name",
+                 "{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
+                 "\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}",
+                 NULL, 2},
+                {"huge shape",
+                 "{\"a\":{\"dtype\":\"F64\",\"shape\":[4294967296,4294967296],"
+                 "\"data_offsets\":[0,8]}}",
+                 NULL, 8},
+        };
+        uint8_t data[16] = {0};
+        char *out, *err;
+        int rc;
+
+        for (size_t i = 0; i < N_ELEMS(rows); i++) {
+                make_safetensors(tpath("bad.safetensors"), rows[i].header, data, rows[i].len);
+                rc = run_ctl(&out, &err, "put", "bad", tpath("bad.safetensors"), NULL);
+                expect_fail(1, rows[i].needle, rows[i].what, rc, out, err);
+        }
+        /* a header length that lies: past the end of the file */
+        make_safetensors(tpath("cut.safetensors"), st_header, data, sizeof(data));
+        uint8_t *file;
+        size_t len;
+        file = slurp(tpath("cut.safetensors"), &len);
+        write_file(tpath("cut.safetensors"), file, 20);
+        rc = run_ctl(&out, &err, "put", "bad", tpath("cut.safetensors"), NULL);
+        expect_fail(1, NULL, "a truncated safetensors file", rc, out, err);
+        file[0] = 0xff;
+        file[5] = 0x7f;
+        write_file(tpath("lie.safetensors"), file, len);
+        rc = run_ctl(&out, &err, "put", "bad", tpath("lie.safetensors"), NULL);
+        expect_fail(1, NULL, "a header length that lies", rc, out, err);
+        free(file);
+        /* not a zip */
+        write_file(tpath("bad.npz"), "PK\3\4 not really", 17);
+        rc = run_ctl(&out, &err, "put", "bad", tpath("bad.npz"), NULL);
+        expect_fail(1, NULL, "a broken .npz", rc, out, err);
+
+        CTL_EXPECT_STR("[]\n", "--json", "list");
+        CTL_EXPECT(json_has(ctl_out, "\"names\":0") && json_has(ctl_out, "\"publishes\":0"),
+                   "--json", "stats");
+}
+END_TEST
+
 /* ---- persistence, writable -------------------------------------------------------------- */
 
 /* Acquires name through libdlx and compares its bytes; returns the tensor's flags. */
@@ -1828,12 +2020,15 @@ Suite *dlxctl_suite(void)
         tcase_add_test(rt, test_put_from_fifo);
         tcase_add_test(rt, test_put_persistent);
         tcase_add_test(rt, test_put_writable);
+        tcase_add_test(rt, group_files_round_trip);
+        tcase_add_test(rt, group_and_tensor_files_do_not_mix);
         tcase_add_unchecked_fixture(rt, base_setup, base_teardown);
         suite_add_tcase(s, rt);
 
         tcase_add_checked_fixture(bad, setup, teardown);
         tcase_add_loop_test(bad, test_put_unsupported_dtype, 0, (int)(N_ELEMS(unsupported)));
         tcase_add_test(bad, test_put_bad_files);
+        tcase_add_test(bad, bad_group_files_publish_nothing);
         tcase_add_unchecked_fixture(bad, base_setup, base_teardown);
         suite_add_tcase(s, bad);
 
