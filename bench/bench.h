@@ -37,6 +37,7 @@ enum scenario {
         SC_PLACEMENT = 1u << 10,
         SC_IDLE = 1u << 11,
         SC_TRACK = 1u << 12,
+        SC_GROUP = 1u << 13,
 };
 
 /* Where latency measurements run: see pin_self(). */
@@ -320,5 +321,6 @@ int run_cuda(void);
 int run_placement(void);
 int run_idle(void);
 int run_track(void);
+int run_group(void);
 
 #endif /* DLX_BENCH_H */

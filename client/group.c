@@ -29,6 +29,7 @@ struct pub_member {
         uint64_t flags;
         int64_t lo, hi;  /* its elements, from its data pointer */
         uintptr_t start; /* the first byte its elements touch (data + lo) */
+        uint64_t key;    /* the name's first 8 bytes, big-endian: most comparisons end here */
         uint64_t offset; /* its data pointer in the segment */
         uint32_t block;  /* the run of source bytes it lies in */
 };
@@ -43,7 +44,28 @@ static int cmp_member_name(const void *a, const void *b)
 {
         const struct pub_member *x = *(struct pub_member *const *)a;
         const struct pub_member *y = *(struct pub_member *const *)b;
+        if (x->key != y->key)
+                return x->key < y->key ? -1 : 1;
         return group_name_cmp(x->name, x->len, y->name, y->len);
+}
+
+/* The first 8 bytes of a name as a number that orders as the bytes do (NUL-padded). */
+static uint64_t name_key(const char *name, size_t len)
+{
+        uint64_t k = 0;
+        for (size_t i = 0; i < 8; i++)
+                k = k << 8 | (i < len ? (uint8_t)name[i] : 0);
+        return k;
+}
+
+/* Sorts v unless it is sorted already, as state dicts and buffers often are. */
+static void sort_members(struct pub_member **v, size_t n, int (*cmp)(const void *, const void *))
+{
+        for (size_t i = 1; i < n; i++)
+                if (cmp(&v[i - 1], &v[i]) > 0) {
+                        qsort(v, n, sizeof(*v), cmp);
+                        return;
+                }
 }
 
 static int cmp_member_start(const void *a, const void *b)
@@ -103,6 +125,7 @@ static int check_member(const struct dlx_member *src, size_t i, struct pub_membe
                 return dlx__fail(-EINVAL, "group member '%s': NULL data", m->name);
         m->t = t;
         m->start = (uintptr_t)t->data + (uintptr_t)m->lo;
+        m->key = name_key(m->name, m->len);
         return 0;
 }
 
@@ -278,7 +301,7 @@ static int held_publish_group(dlx_client *c, const char *name, struct dlx_member
                 if (ms[i].hi > ms[i].lo)
                         by_start[nspans++] = &ms[i];
         }
-        qsort(sorted, count, sizeof(*sorted), cmp_member_name);
+        sort_members(sorted, count, cmp_member_name);
         for (size_t i = 1; i < count; i++)
                 if (cmp_member_name(&sorted[i - 1], &sorted[i]) == 0) {
                         err = dlx__fail(-EINVAL, "group '%s' names member '%s' twice", name,
@@ -297,7 +320,7 @@ static int held_publish_group(dlx_client *c, const char *name, struct dlx_member
                                 (unsigned long long)c->limits.max_group_table);
                 goto out;
         }
-        qsort(by_start, nspans, sizeof(*by_start), cmp_member_start);
+        sort_members(by_start, nspans, cmp_member_start);
         uint64_t data_bytes = lay_out(by_start, nspans, blocks, &nblocks, data_off);
         /* empty members point at the data area's start */
         for (size_t i = 0; i < count; i++)

@@ -690,13 +690,15 @@ static void legacy_deleter(DLManagedTensorVersioned *t)
         free(l);
 }
 
-int dlx_publish_legacy(dlx_client *c, const char *name, DLManagedTensor *tensor,
-                       const struct dlx_publish_options *opts, uint64_t *ret_version)
+int dlx_tensor_from_legacy(DLManagedTensor *tensor, DLManagedTensorVersioned **ret_tensor)
 {
         struct legacy *l;
 
-        if (!tensor)
+        if (!tensor || !ret_tensor) {
+                if (tensor && tensor->deleter)
+                        tensor->deleter(tensor);
                 return dlx__fail(-EINVAL, "NULL tensor");
+        }
         l = calloc(1, sizeof(*l));
         if (!l) {
                 if (tensor->deleter)
@@ -709,7 +711,19 @@ int dlx_publish_legacy(dlx_client *c, const char *name, DLManagedTensor *tensor,
         l->mt.manager_ctx = l;
         l->mt.deleter = legacy_deleter;
         l->mt.dl_tensor = tensor->dl_tensor;
-        return dlx_publish(c, name, &l->mt, opts, ret_version);
+        *ret_tensor = &l->mt;
+        return 0;
+}
+
+int dlx_publish_legacy(dlx_client *c, const char *name, DLManagedTensor *tensor,
+                       const struct dlx_publish_options *opts, uint64_t *ret_version)
+{
+        DLManagedTensorVersioned *mt;
+        int err = dlx_tensor_from_legacy(tensor, &mt);
+
+        if (err < 0)
+                return err;
+        return dlx_publish(c, name, mt, opts, ret_version);
 }
 
 int dlx_publish_from(dlx_client *c, const char *name, const DLPackExchangeAPI *api, void *object,

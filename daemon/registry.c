@@ -338,7 +338,17 @@ static int check_group(struct session *s, const struct wire_request *req, int fd
                 snprintf(why, whysz, "a group is read-only: writable groups are not supported");
                 return -ENOTSUP;
         }
-        base = mmap(NULL, seg->size, PROT_READ, MAP_SHARED, seg->fd, 0);
+        /*
+         * Only the table is mapped, and all of it at once: group_check()
+         * reads nothing past data_off, which the head gives, and it checks
+         * the head's own numbers first.
+         */
+        struct group_head head;
+        uint64_t len = seg->size;
+        if (pread(seg->fd, &head, sizeof(head), 0) == (ssize_t)sizeof(head) &&
+            head.data_off >= sizeof(head) && head.data_off <= seg->size)
+                len = head.data_off;
+        base = mmap(NULL, len, PROT_READ, MAP_SHARED | MAP_POPULATE, seg->fd, 0);
         if (base == MAP_FAILED) {
                 err = -errno;
                 snprintf(why, whysz, "cannot map the group's table: %s", strerror(-err));
@@ -346,7 +356,7 @@ static int check_group(struct session *s, const struct wire_request *req, int fd
         }
         err = group_check(base, seg->size, lim->max_group_members, lim->max_group_table, &sum, why,
                           whysz);
-        munmap(base, seg->size);
+        munmap(base, len);
         if (err < 0)
                 return err;
         if (sum.count != t->members || t->dtype.code != kDLUInt || t->dtype.bits != 8 ||

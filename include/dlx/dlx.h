@@ -218,6 +218,13 @@ int dlx_publish_legacy(dlx_client *client, const char *name, DLManagedTensor *te
                        const struct dlx_publish_options *opts, uint64_t *ret_version);
 
 /*
+ * A DLPack 1.x tensor over a legacy one (a group member, say), not read-only
+ * and of the same layout; its deleter runs the legacy one's. Takes ownership
+ * on every path. Returns 0 with *ret_tensor, -EINVAL (NULL) or -ENOMEM.
+ */
+int dlx_tensor_from_legacy(DLManagedTensor *tensor, DLManagedTensorVersioned **ret_tensor);
+
+/*
  * Publishes a framework's tensor through that framework's exchange-API table:
  * api->managed_tensor_from_py_object_no_sync(object) gives the tensor, and for
  * device tensors api->current_work_stream() the stream to order on (unless

@@ -25,8 +25,10 @@ from ._dlx import (
     Event,
     Info,
     InvalidArgument,
+    IsGroup,
     LimitExceeded,
     NotFound,
+    NotGroup,
     NotSupported,
     PermissionDenied,
     ProtocolError,
@@ -43,7 +45,8 @@ from ._dlx import (
 __all__ = [
     "Client", "Tensor", "Watch", "Track", "Event", "Info", "Error", "NotFound", "Timeout",
     "PermissionDenied", "Disconnected", "InvalidArgument", "LimitExceeded", "NotSupported",
-    "WouldCopy", "ProtocolError", "exchange_api", "strerror", "__version__",
+    "WouldCopy", "ProtocolError", "IsGroup", "NotGroup", "exchange_api", "strerror",
+    "__version__",
 ]
 
 

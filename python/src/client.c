@@ -334,43 +334,30 @@ static void untrack(DlxPy_Client *self, uint32_t *track)
         Py_END_ALLOW_THREADS;
 }
 
-static PyObject *client_acquire(DlxPy_Client *self, PyObject *args, PyObject *kwargs)
-{
-        static char *kwlist[] = {"name", "timeout", "min_version", "stream", NULL};
-        const char *name;
-        PyObject *timeout = Py_None, *min_version = Py_None, *stream = Py_None;
-        struct dlx_acquire_options o = {0};
-        DLManagedTensorVersioned *mt = NULL;
-        int64_t total, deadline = 0;
-        uint32_t track = 0;
-        struct dlxpy_err e;
+/* One try of a waiting acquire, GIL released: dlx_acquire or dlx_acquire_group. */
+typedef int (*acquire_fn)(DlxPy_Client *self, const char *name,
+                          const struct dlx_acquire_options *o, void *ctx);
 
-        if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|$OOO:acquire", kwlist, &name, &timeout,
-                                         &min_version, &stream))
-                return NULL;
-        if (dlxpy_timeout_ms(timeout, -1, &total) < 0)
-                return NULL;
-        if (min_version != Py_None) {
-                o.min_version = PyLong_AsUnsignedLongLong(min_version);
-                if (PyErr_Occurred())
-                        return NULL;
-        }
-        if (stream != Py_None) {
-                o.stream = PyLong_AsVoidPtr(stream);
-                if (PyErr_Occurred())
-                        return NULL;
-        }
-        if (dlxpy_client_enter(self) < 0)
-                return NULL;
-        if (total > 0)
-                deadline = now_ms() + total;
+/*
+ * A wait of total ms (< 0: none; 0: do not wait) for name, try() in slices of
+ * DLXPY_SLICE_MS so that Ctrl-C and close() get in; a wait longer than one
+ * slice goes on in the version page (asleep on its futex), not in requests
+ * dlxd answers. Returns 0 (try() succeeded) or -1 (raised).
+ */
+static int acquire_wait(DlxPy_Client *self, const char *name, int64_t total,
+                        struct dlx_acquire_options *o, acquire_fn try, void *ctx)
+{
+        int64_t deadline = total > 0 ? now_ms() + total : 0;
+        uint32_t track = 0;
+        struct dlxpy_err e = {0};
+
         for (;;) {
                 int64_t left = total < 0 ? DLXPY_SLICE_MS : total == 0 ? 0 : deadline - now_ms();
                 if (total > 0 && left <= 0)
                         break; /* e holds the last slice's -ETIMEDOUT */
-                o.timeout_ms = left < DLXPY_SLICE_MS ? left : DLXPY_SLICE_MS;
+                o->timeout_ms = left < DLXPY_SLICE_MS ? left : DLXPY_SLICE_MS;
                 if (track) {
-                        int r = wait_tracked(self, track, o.min_version, o.timeout_ms, &e);
+                        int r = wait_tracked(self, track, o->min_version, o->timeout_ms, &e);
                         if (r < 0) {
                                 untrack(self, &track);
                                 continue; /* the page cannot help: wait the plain way */
@@ -380,12 +367,7 @@ static PyObject *client_acquire(DlxPy_Client *self, PyObject *args, PyObject *kw
                         /* a version that will do is there: take it, at once as a rule */
                 }
                 Py_BEGIN_ALLOW_THREADS;
-                dlxpy_err_take(&e, dlx_acquire(self->c, name, &o, &mt));
-                /*
-                 * Each slice of a waiting acquire is a request dlxd answers: a
-                 * wait longer than one goes on in the version page instead,
-                 * asleep on its futex, and acquires once a version will do.
-                 */
+                dlxpy_err_take(&e, try(self, name, o, ctx));
                 if (e.err == -ETIMEDOUT && !track && total != 0 &&
                     (total < 0 || deadline - now_ms() > 0) && dlx_track(self->c, name, &track) < 0)
                         track = 0;
@@ -396,30 +378,244 @@ static PyObject *client_acquire(DlxPy_Client *self, PyObject *args, PyObject *kw
                 /* a slice ran out: let Ctrl-C and close() in, then wait on */
                 if (PyErr_CheckSignals() < 0) {
                         untrack(self, &track);
-                        dlxpy_client_leave(self);
-                        return NULL;
+                        return -1;
                 }
                 if (self->closing) {
                         untrack(self, &track);
-                        dlxpy_client_leave(self);
                         PyErr_SetString(PyExc_ValueError, "the dlx.Client was closed");
-                        return NULL;
+                        return -1;
                 }
         }
         untrack(self, &track);
         if (e.err == -ETIMEDOUT) {
                 /* say what was waited for, not what the last slice was */
-                if (o.min_version)
+                if (o->min_version)
                         snprintf(e.msg, sizeof(e.msg), "no version >= %llu of '%s' within %.3f s",
-                                 (unsigned long long)o.min_version, name, (double)total / 1000);
+                                 (unsigned long long)o->min_version, name, (double)total / 1000);
                 else
                         snprintf(e.msg, sizeof(e.msg), "'%s' was not published within %.3f s", name,
                                  (double)total / 1000);
         }
+        if (e.err < 0) {
+                dlxpy_raise(e.err, e.msg);
+                return -1;
+        }
+        return 0;
+}
+
+/* The options acquire() and acquire_dict() share: timeout, min_version, stream. */
+static int acquire_options(PyObject *timeout, PyObject *min_version, PyObject *stream,
+                           int64_t *ret_total, struct dlx_acquire_options *o)
+{
+        if (dlxpy_timeout_ms(timeout, -1, ret_total) < 0)
+                return -1;
+        if (min_version != Py_None) {
+                o->min_version = PyLong_AsUnsignedLongLong(min_version);
+                if (PyErr_Occurred())
+                        return -1;
+        }
+        if (stream != Py_None) {
+                o->stream = PyLong_AsVoidPtr(stream);
+                if (PyErr_Occurred())
+                        return -1;
+        }
+        return 0;
+}
+
+static int try_acquire(DlxPy_Client *self, const char *name, const struct dlx_acquire_options *o,
+                       void *ctx)
+{
+        return dlx_acquire(self->c, name, o, ctx);
+}
+
+static PyObject *client_acquire(DlxPy_Client *self, PyObject *args, PyObject *kwargs)
+{
+        static char *kwlist[] = {"name", "timeout", "min_version", "stream", NULL};
+        const char *name;
+        PyObject *timeout = Py_None, *min_version = Py_None, *stream = Py_None;
+        struct dlx_acquire_options o = {0};
+        DLManagedTensorVersioned *mt = NULL;
+        int64_t total;
+        int rc;
+
+        if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|$OOO:acquire", kwlist, &name, &timeout,
+                                         &min_version, &stream))
+                return NULL;
+        if (acquire_options(timeout, min_version, stream, &total, &o) < 0)
+                return NULL;
+        if (dlxpy_client_enter(self) < 0)
+                return NULL;
+        rc = acquire_wait(self, name, total, &o, try_acquire, &mt);
         dlxpy_client_leave(self);
+        if (rc < 0)
+                return NULL;
+        return wrap_tensor(mt, NULL);
+}
+
+/* ---- groups ----------------------------------------------------------------------------------
+ */
+
+/* Deletes the tensors taken so far (GIL held or not: deleters of producers' tensors may need it). */
+static void delete_members(struct dlx_member *ms, size_t n)
+{
+        for (size_t i = 0; i < n; i++)
+                if (ms[i].tensor && ms[i].tensor->deleter)
+                        ms[i].tensor->deleter(ms[i].tensor);
+}
+
+static PyObject *client_publish_dict(DlxPy_Client *self, PyObject *args, PyObject *kwargs)
+{
+        static char *kwlist[] = {"name", "mapping", "persist", NULL};
+        const char *name;
+        PyObject *mapping, *items = NULL, *keys = NULL;
+        struct dlx_publish_options o = {0};
+        struct dlx_member *ms = NULL;
+        Py_ssize_t n = 0, taken = 0;
+        int persist = 0;
+        uint64_t version = 0;
+        struct dlxpy_err e;
+
+        if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sO|$p:publish_dict", kwlist, &name,
+                                         &mapping, &persist))
+                return NULL;
+        o.persist = persist;
+        items = PyMapping_Items(mapping);
+        if (!items)
+                return NULL;
+        n = PyList_GET_SIZE(items);
+        ms = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*ms));
+        keys = PyList_New(n); /* the names, alive until the publish returns */
+        if (!ms || !keys) {
+                PyErr_NoMemory();
+                goto fail;
+        }
+        for (; taken < n; taken++) {
+                PyObject *item = PyList_GET_ITEM(items, taken);
+                PyObject *key = PyTuple_GET_ITEM(item, 0), *value = PyTuple_GET_ITEM(item, 1);
+                DLManagedTensor *legacy = NULL;
+                void *stream = NULL;
+                const char *member;
+
+                if (!PyUnicode_Check(key)) {
+                        PyErr_Format(PyExc_TypeError,
+                                     "publish_dict '%s': member names are str, not %s", name,
+                                     Py_TYPE(key)->tp_name);
+                        goto fail;
+                }
+                member = PyUnicode_AsUTF8(key);
+                if (!member)
+                        goto fail;
+                Py_INCREF(key);
+                PyList_SET_ITEM(keys, taken, key);
+                if (dlxpy_take_tensor(value, member, Py_None, &ms[taken].tensor, &legacy,
+                                      &stream) < 0)
+                        goto fail;
+                if (legacy) {
+                        int err = dlx_tensor_from_legacy(legacy, &ms[taken].tensor);
+                        if (err < 0) {
+                                dlxpy_raise(err, dlx_last_error());
+                                goto fail;
+                        }
+                }
+                ms[taken].name = member;
+        }
+        if (dlxpy_client_enter(self) < 0)
+                goto fail;
+        /* takes every tensor on every path; their deleters run in here */
+        Py_BEGIN_ALLOW_THREADS;
+        dlxpy_err_take(&e, dlx_publish_group(self->c, name, ms, (size_t)n, &o, &version));
+        Py_END_ALLOW_THREADS;
+        dlxpy_client_leave(self);
+        PyMem_Free(ms);
+        Py_DECREF(keys);
+        Py_DECREF(items);
         if (e.err < 0)
                 return dlxpy_raise(e.err, e.msg);
-        return wrap_tensor(mt, NULL);
+        return PyLong_FromUnsignedLongLong(version);
+fail:
+        if (ms)
+                delete_members(ms, (size_t)taken);
+        PyMem_Free(ms);
+        Py_XDECREF(keys);
+        Py_XDECREF(items);
+        return NULL;
+}
+
+struct group_try {
+        const char *const *names;
+        size_t count;
+        dlx_group *g;
+};
+
+static int try_acquire_group(DlxPy_Client *self, const char *name,
+                             const struct dlx_acquire_options *o, void *ctx)
+{
+        struct group_try *t = ctx;
+        return dlx_acquire_group(self->c, name, t->names, t->count, o, &t->g);
+}
+
+static PyObject *client_acquire_dict(DlxPy_Client *self, PyObject *args, PyObject *kwargs)
+{
+        static char *kwlist[] = {"name", "members", "timeout", "min_version", NULL};
+        const char *name;
+        PyObject *members = Py_None, *timeout = Py_None, *min_version = Py_None;
+        PyObject *seq = NULL, *dict = NULL;
+        struct dlx_acquire_options o = {0};
+        struct group_try t = {0};
+        const char **names = NULL;
+        int64_t total;
+        int rc;
+
+        if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|O$OO:acquire_dict", kwlist, &name,
+                                         &members, &timeout, &min_version))
+                return NULL;
+        if (acquire_options(timeout, min_version, Py_None, &total, &o) < 0)
+                return NULL;
+        if (members != Py_None) {
+                seq = PySequence_Fast(members, "acquire_dict: members is a sequence of str");
+                if (!seq)
+                        return NULL;
+                t.count = (size_t)PySequence_Fast_GET_SIZE(seq);
+                names = PyMem_Calloc(t.count ? t.count : 1, sizeof(*names));
+                if (!names) {
+                        Py_DECREF(seq);
+                        return PyErr_NoMemory();
+                }
+                for (size_t i = 0; i < t.count; i++) {
+                        PyObject *k = PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i);
+                        names[i] = PyUnicode_Check(k) ? PyUnicode_AsUTF8(k) : NULL;
+                        if (!names[i]) {
+                                if (!PyErr_Occurred())
+                                        PyErr_Format(PyExc_TypeError,
+                                                     "acquire_dict: member names are str, not %s",
+                                                     Py_TYPE(k)->tp_name);
+                                goto out;
+                        }
+                }
+                t.names = names;
+        }
+        if (dlxpy_client_enter(self) < 0)
+                goto out;
+        rc = acquire_wait(self, name, total, &o, try_acquire_group, &t);
+        dlxpy_client_leave(self);
+        if (rc < 0)
+                goto out;
+        /* one dlx.Tensor per member: each keeps the group's lease while it lives */
+        dict = PyDict_New();
+        for (size_t i = 0; dict && i < dlx_group_count(t.g); i++) {
+                DLManagedTensorVersioned *mt = NULL;
+                int err = dlx_group_take(t.g, i, &mt);
+                PyObject *tensor = err < 0 ? dlxpy_raise(err, dlx_last_error())
+                                           : wrap_tensor(mt, NULL);
+                if (!tensor || PyDict_SetItemString(dict, dlx_group_name(t.g, i), tensor) < 0)
+                        Py_CLEAR(dict);
+                Py_XDECREF(tensor);
+        }
+        dlx_group_release(t.g);
+out:
+        PyMem_Free(names);
+        Py_XDECREF(seq);
+        return dict;
 }
 
 /* ---- alloc ------------------------------------------------------------------------------------
@@ -717,6 +913,18 @@ static PyMethodDef client_methods[] = {
          "once into shared memory (copy='never' refuses instead, copy='always' always\n"
          "copies). persist keeps it after this client closes; read_only=False lets\n"
          "consumers write. stream: the producer's CUDA stream (an int), for CUDA tensors."},
+        {"publish_dict", (PyCFunction)(void (*)(void))client_publish_dict,
+         METH_VARARGS | METH_KEYWORDS,
+         "publish_dict(name, mapping, *, persist=False)\n--\n\n"
+         "Publishes every tensor of mapping (str -> DLPack object: a torch state_dict(),\n"
+         "numpy arrays...) as one version of the group name, atomically, copied once.\n"
+         "Returns the version."},
+        {"acquire_dict", (PyCFunction)(void (*)(void))client_acquire_dict,
+         METH_VARARGS | METH_KEYWORDS,
+         "acquire_dict(name, members=None, *, timeout=None, min_version=None)\n--\n\n"
+         "Acquires the current version of the group name in one round trip: a dict of\n"
+         "member name -> dlx.Tensor (read-only, zero-copy; all of one version). members:\n"
+         "only these, in this order. The group's lease lives while any of them does."},
         {"acquire", (PyCFunction)(void (*)(void))client_acquire, METH_VARARGS | METH_KEYWORDS,
          "acquire(name, *, timeout=None, min_version=None, stream=None)\n--\n\n"
          "Leases the current version of name and maps it: a dlx.Tensor. timeout: seconds\n"

@@ -12,7 +12,7 @@
 
 PyObject *DlxPy_Error;
 static PyObject *not_found, *timeout, *permission, *disconnected, *invalid, *limit, *not_supported,
-        *would_copy, *protocol;
+        *would_copy, *protocol, *is_group, *not_group;
 
 static const struct {
         PyObject **slot;
@@ -32,14 +32,18 @@ static const struct {
         {&invalid, "dlx.InvalidArgument", &PyExc_ValueError,
          "A bad name, dtype, shape or option (EINVAL, ENAMETOOLONG, EOVERFLOW)."},
         {&limit, "dlx.LimitExceeded", NULL,
-         "A daemon limit was reached: clients, names, leases, watches (EAGAIN) or "
-         "shared bytes (ENOSPC)."},
+         "A daemon limit was reached: clients, names, leases, watches (EAGAIN), "
+         "shared bytes (ENOSPC) or a group's members or table (E2BIG)."},
         {&not_supported, "dlx.NotSupported", NULL,
          "A device, dtype or operation this build or machine cannot share (ENOTSUP, ENODEV, "
          "EPROTONOSUPPORT)."},
         {&would_copy, "dlx.WouldCopy", NULL,
          "copy='never' and the memory did not come from alloc() on this client (EXDEV)."},
         {&protocol, "dlx.ProtocolError", NULL, "The daemon sent something malformed (EPROTO)."},
+        {&is_group, "dlx.IsGroup", &PyExc_IsADirectoryError,
+         "A tensor was asked of a group's name: use acquire_dict() (EISDIR)."},
+        {&not_group, "dlx.NotGroup", &PyExc_NotADirectoryError,
+         "A group was asked of a tensor's name: use acquire() (ENOTDIR)."},
 };
 
 int dlxpy_errors_init(PyObject *module)
@@ -90,7 +94,12 @@ static PyObject *class_for(int err)
                 return invalid;
         case EAGAIN:
         case ENOSPC:
+        case E2BIG:
                 return limit;
+        case EISDIR:
+                return is_group;
+        case ENOTDIR:
+                return not_group;
         case ENOTSUP:
         case ENODEV:
         case EPROTONOSUPPORT:

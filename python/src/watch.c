@@ -49,6 +49,7 @@ static PyStructSequence_Field info_fields[] = {
         {"leases", "Leases on the current version."},
         {"live_versions", NULL},
         {"published", "When, in seconds since the epoch."},
+        {"members", "A group's member count (publish_dict); 0 for a tensor."},
         {NULL, NULL},
 };
 
@@ -56,7 +57,7 @@ static PyStructSequence_Desc info_desc = {
         "dlx.Info",
         "What the daemon knows of a name (Client.stat, Client.list).",
         info_fields,
-        19,
+        20,
 };
 
 static PyObject *int64_tuple(const int64_t *v, int32_t n)
@@ -114,7 +115,7 @@ PyObject *dlxpy_event_new(const struct dlx_event *ev)
 
 PyObject *dlxpy_info_new(const struct dlx_info *i)
 {
-        PyObject *v[19] = {
+        PyObject *v[20] = {
                 PyUnicode_FromString(i->name),
                 PyLong_FromUnsignedLongLong(i->version),
                 dlxpy_dtype_name(i->dtype),
@@ -136,9 +137,10 @@ PyObject *dlxpy_info_new(const struct dlx_info *i)
                 PyLong_FromUnsignedLong(i->leases),
                 PyLong_FromUnsignedLong(i->live_versions),
                 PyFloat_FromDouble((double)i->published_ns / 1e9),
+                PyLong_FromUnsignedLong(i->members),
         };
 
-        return fill(&info_type, v, 19);
+        return fill(&info_type, v, 20);
 }
 
 /* ---- dlx.Watch ----------------------------------------------------------------------------------
