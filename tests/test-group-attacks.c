@@ -1631,6 +1631,93 @@ START_TEST(odd_overlaps_stay_shared)
 }
 END_TEST
 
+/*
+ * byte_offsets a member may come with, its data pointer at data_at past a
+ * 64-aligned address, its elements byte_offset bytes after it. The last row
+ * is test-group.c's "offset" member (byte_offset 24) when malloc() put its
+ * buffer 48 past a 64-byte boundary.
+ */
+static const struct {
+        uint64_t data_at, byte_offset;
+} byte_offsets[] = {{0, 8}, {0, 64}, {0, 200}, {0, 4096}, {48, 24}};
+
+START_TEST(members_keep_any_byte_offset)
+{
+        const uint64_t off = byte_offsets[_i].byte_offset, at = byte_offsets[_i].data_at;
+        dlx_client *p = fx_connect(&fx, "producer"), *q = fx_connect(&fx, "consumer");
+        uint8_t *buf = aligned_alloc(4096, 8192 + 4096);
+        float *far = aligned_alloc(64, 64);
+        int64_t four = 4;
+        int err;
+
+        ck_assert(buf && far);
+        float *elems = (float *)(buf + at + off);
+        for (int i = 0; i < 4; i++) {
+                elems[i] = 10.0f + (float)i;
+                far[i] = 20.0f + (float)i;
+        }
+        /* alone */
+        struct dlx_member one = {
+                "w", view_of(buf + at, DT(kDLFloat, 32, 1), 1, &four, NULL, off, 0, NULL)};
+        err = dlx_publish_group(p, "bo1", &one, 1, NULL, NULL);
+        ck_assert_msg(err == 0, "a member of byte_offset %" PRIu64 " alone: %s (%s)", off,
+                      dlx_strerror(err), dlx_last_error());
+        dlx_group *g = acquire_group_ok(q, "bo1", NULL, 0, NULL);
+        const DLTensor *t = dlx_group_tensor(g, 0);
+        ck_assert_uint_eq(t->byte_offset, off);
+        for (int i = 0; i < 4; i++)
+                ck_assert_float_eq(((const float *)((const uint8_t *)t->data + off))[i],
+                                   10.0f + (float)i);
+        dlx_group_release(g);
+        /* beside another member in memory of its own, the lowest or not */
+        struct dlx_member two[] = {
+                {"a", view_of(buf + at, DT(kDLFloat, 32, 1), 1, &four, NULL, off, 0, NULL)},
+                {"b", vec_f32(far, 4, NULL)},
+        };
+        err = dlx_publish_group(p, "bo2", two, 2, NULL, NULL);
+        ck_assert_msg(err == 0, "a member of byte_offset %" PRIu64 " beside another: %s (%s)", off,
+                      dlx_strerror(err), dlx_last_error());
+        g = acquire_group_ok(q, "bo2", NULL, 0, NULL);
+        t = dlx_group_tensor(g, 0);
+        ck_assert_uint_eq(t->byte_offset, off);
+        ck_assert_float_eq(((const float *)((const uint8_t *)t->data + off))[3], 13.0f);
+        ck_assert_float_eq(((const float *)dlx_group_tensor(g, 1)->data)[3], 23.0f);
+        dlx_group_release(g);
+        free(buf);
+        free(far);
+        dlx_close(q);
+        dlx_close(p);
+}
+END_TEST
+
+/*
+ * G4/G5: tensors taken from one group publish again, as members of another
+ * group (a subset re-shared), their bytes copied out of the read-only
+ * mapping; the first group's lease goes when they do.
+ */
+START_TEST(taken_members_publish_as_a_new_group)
+{
+        dlx_client *p = fx_connect(&fx, "producer"), *q = fx_connect(&fx, "relay");
+        DLManagedTensorVersioned *t0, *t2;
+
+        publish_small_group(p, "src", 4, 5, NULL, NULL);
+        dlx_group *g = acquire_group_ok(q, "src", NULL, 0, NULL);
+        DLXV(dlx_group_take(g, 0, &t0));
+        DLXV(dlx_group_take(g, 2, &t2));
+        dlx_group_release(g);
+        struct dlx_member ms[] = {{"m0", t0}, {"m2", t2}};
+        int err = dlx_publish_group(q, "relayed", ms, 2, NULL, NULL);
+        ck_assert_msg(err == 0, "%s (%s)", dlx_strerror(err), dlx_last_error());
+        ck_assert_int_eq(fx_wait_leases(p, 0, 5000), 0);
+        g = acquire_group_ok(p, "relayed", NULL, 0, NULL);
+        ck_assert_float_eq(*(const float *)dlx_group_tensor(g, 0)->data, 5);
+        ck_assert_float_eq(*(const float *)dlx_group_tensor(g, 1)->data, 7);
+        dlx_group_release(g);
+        dlx_close(q);
+        dlx_close(p);
+}
+END_TEST
+
 /* ---- G3: many threads, other uids ------------------------------------------------------------ */
 
 struct puller {
@@ -1961,6 +2048,8 @@ Suite *group_attacks_suite(void)
         tcase_add_test(tc, empty_members_with_null_data);
         tcase_add_test(tc, subbyte_members_keep_bytes_and_flags);
         tcase_add_test(tc, odd_overlaps_stay_shared);
+        tcase_add_rows(tc, members_keep_any_byte_offset, byte_offsets);
+        tcase_add_test(tc, taken_members_publish_as_a_new_group);
         tcase_add_test(tc, threads_acquire_whole_versions);
         tcase_add_test(tc, many_members_one_lease);
         suite_add_tcase(s, tc);
