@@ -37,7 +37,8 @@ struct pub_member {
 /* A run of source bytes that members share or touch: copied once, as one. */
 struct block {
         uintptr_t start, end;
-        uint64_t at; /* where it goes in the segment */
+        uint64_t before; /* how far before start a member's data pointer lies, at most */
+        uint64_t at;     /* where it goes in the segment */
 };
 
 static int cmp_member_name(const void *a, const void *b)
@@ -149,12 +150,21 @@ static uint64_t lay_out(struct pub_member **by_start, size_t n, struct block *bl
                 } else {
                         blocks[nb].start = m->start;
                         blocks[nb].end = end;
+                        blocks[nb].before = 0;
                         nb++;
                 }
                 m->block = (uint32_t)(nb - 1);
+                /* a byte_offset puts the data pointer lo bytes before the first element */
+                struct block *b = &blocks[nb - 1];
+                if (m->lo > 0 && (uint64_t)m->lo > m->start - b->start &&
+                    (uint64_t)m->lo - (m->start - b->start) > b->before)
+                        b->before = (uint64_t)m->lo - (m->start - b->start);
         }
         for (size_t b = 0; b < nb; b++) {
                 at = align_up(at, GROUP_MEMBER_ALIGN) + (blocks[b].start % GROUP_MEMBER_ALIGN);
+                /* room for every data pointer inside the segment (a hole, if it comes to that) */
+                if (at < blocks[b].before)
+                        at += align_up(blocks[b].before - at, GROUP_MEMBER_ALIGN);
                 blocks[b].at = at;
                 at += blocks[b].end - blocks[b].start;
         }
@@ -465,11 +475,10 @@ static int build_group(dlx_client *c, struct pending *p, const char *name,
         for (size_t i = 0; i < n; i++) {
                 int64_t k = (int64_t)i;
                 if (wanted) {
-                        k = wanted[i] ? group_find(m->ro, wanted[i], strlen(wanted[i])) : -1;
+                        k = group_find(m->ro, wanted[i], strlen(wanted[i]));
                         if (k < 0) {
                                 err = dlx__fail(-ENOENT, "group '%s' v%llu has no member '%s'",
-                                                name, (unsigned long long)t->version,
-                                                wanted[i] ? wanted[i] : "(NULL)");
+                                                name, (unsigned long long)t->version, wanted[i]);
                                 goto fail;
                         }
                 }
@@ -521,6 +530,10 @@ static int held_acquire_group(dlx_client *c, const char *name, const char *const
 
         if (!name || !ret_group || (!wanted && nwanted))
                 return dlx__fail(-EINVAL, "NULL argument");
+        for (size_t i = 0; i < nwanted; i++)
+                if (!wanted[i])
+                        return dlx__fail(-EINVAL, "acquire group '%s': member name %zu is NULL",
+                                         name, i);
         if (layout_name_check(name, strlen(name), &why) < 0)
                 return dlx__fail(-EINVAL, "bad group name: %s", why);
         if (c->server_minor < 3)

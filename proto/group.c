@@ -67,9 +67,11 @@ static int check_member(const uint8_t *base, const struct group_head *h, uint64_
                             &reason);
         if (err < 0)
                 FAIL(err, "member '%s': %s", name, reason);
-        /* the data pointer, and the elements [offset + lo, offset + hi), lie in the data area */
-        if (!within(m->offset, 0, h->data_off, size))
-                FAIL(-EINVAL, "member '%s': its data pointer lies outside the group's data", name);
+        /* the elements, [offset + lo, offset + hi), lie in the data area */
+        /* (a byte_offset may put the pointer itself before the data area, in the segment) */
+        if (m->offset > size)
+                FAIL(-EINVAL, "member '%s': its data pointer lies outside the group's segment",
+                     name);
         if (hi > lo) {
                 uint64_t neg = lo < 0 ? 0 - (uint64_t)lo : 0;
                 /* offset <= size < 2^63 and lo < 2^63: no overflow */

@@ -69,10 +69,11 @@ struct group_summary {
 /*
  * Checks a group segment of size bytes mapped at base: every offset, name,
  * dtype and layout, names sorted and distinct, members' elements within the
- * data area, at most max_count members (0: GROUP_MEMBERS_MAX) and a table of
- * at most max_table bytes (0: no limit). flags_ro: every member must be
- * READ_ONLY (a read-only group). Returns 0 with *ret, or -EINVAL (with a
- * reason in why), -E2BIG (a count or table over a limit) or -EOVERFLOW.
+ * data area (their data pointers within the segment: a byte_offset may put
+ * one before the data area), at most max_count members (0:
+ * GROUP_MEMBERS_MAX) and a table of at most max_table bytes (0: no limit).
+ * Returns 0 with *ret, or -EINVAL (with a reason in why), -E2BIG (a count or
+ * table over a limit) or -EOVERFLOW.
  */
 int group_check(const void *base, uint64_t size, uint32_t max_count, uint64_t max_table,
                 struct group_summary *ret, char *why, size_t whysz);

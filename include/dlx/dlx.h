@@ -459,7 +459,9 @@ typedef struct dlx_group dlx_group;
  *               names it)
  *   -ENOTDIR    name holds a tensor, not a group (dlx_acquire() on a group
  *               gives -EISDIR)
- *   -ETIMEDOUT, -EINVAL, -EAGAIN as for dlx_acquire(); -ENOMEM
+ *   -EINVAL     a bad name, or a NULL among member_names
+ *   -ETIMEDOUT, -EAGAIN as for dlx_acquire(); -ENOMEM
+ * A name listed twice is in the group twice.
  */
 int dlx_acquire_group(dlx_client *client, const char *name, const char *const *member_names,
                       size_t count, const struct dlx_acquire_options *opts, dlx_group **ret_group);

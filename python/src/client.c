@@ -335,8 +335,8 @@ static void untrack(DlxPy_Client *self, uint32_t *track)
 }
 
 /* One try of a waiting acquire, GIL released: dlx_acquire or dlx_acquire_group. */
-typedef int (*acquire_fn)(DlxPy_Client *self, const char *name,
-                          const struct dlx_acquire_options *o, void *ctx);
+typedef int (*acquire_fn)(DlxPy_Client *self, const char *name, const struct dlx_acquire_options *o,
+                          void *ctx);
 
 /*
  * A wait of total ms (< 0: none; 0: do not wait) for name, try() in slices of
@@ -455,7 +455,8 @@ static PyObject *client_acquire(DlxPy_Client *self, PyObject *args, PyObject *kw
 /* ---- groups ----------------------------------------------------------------------------------
  */
 
-/* Deletes the tensors taken so far (GIL held or not: deleters of producers' tensors may need it). */
+/* Deletes the tensors taken so far (GIL held or not: deleters of producers' tensors may need it).
+ */
 static void delete_members(struct dlx_member *ms, size_t n)
 {
         for (size_t i = 0; i < n; i++)
@@ -507,8 +508,8 @@ static PyObject *client_publish_dict(DlxPy_Client *self, PyObject *args, PyObjec
                         goto fail;
                 Py_INCREF(key);
                 PyList_SET_ITEM(keys, taken, key);
-                if (dlxpy_take_tensor(value, member, Py_None, &ms[taken].tensor, &legacy,
-                                      &stream) < 0)
+                if (dlxpy_take_tensor(value, member, Py_None, &ms[taken].tensor, &legacy, &stream) <
+                    0)
                         goto fail;
                 if (legacy) {
                         int err = dlx_tensor_from_legacy(legacy, &ms[taken].tensor);
@@ -605,8 +606,8 @@ static PyObject *client_acquire_dict(DlxPy_Client *self, PyObject *args, PyObjec
         for (size_t i = 0; dict && i < dlx_group_count(t.g); i++) {
                 DLManagedTensorVersioned *mt = NULL;
                 int err = dlx_group_take(t.g, i, &mt);
-                PyObject *tensor = err < 0 ? dlxpy_raise(err, dlx_last_error())
-                                           : wrap_tensor(mt, NULL);
+                PyObject *tensor =
+                        err < 0 ? dlxpy_raise(err, dlx_last_error()) : wrap_tensor(mt, NULL);
                 if (!tensor || PyDict_SetItemString(dict, dlx_group_name(t.g, i), tensor) < 0)
                         Py_CLEAR(dict);
                 Py_XDECREF(tensor);
