@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "fd.h"
@@ -29,7 +30,7 @@ struct pub_member {
         uint64_t flags;
         int64_t lo, hi;  /* its elements, from its data pointer */
         uintptr_t start; /* the first byte its elements touch (data + lo) */
-        uint64_t key;    /* the name's first 8 bytes, big-endian: most comparisons end here */
+        uint64_t key[2]; /* the name's first 16 bytes, big-endian: most comparisons end here */
         uint64_t offset; /* its data pointer in the segment */
         uint32_t block;  /* the run of source bytes it lies in */
 };
@@ -45,16 +46,20 @@ static int cmp_member_name(const void *a, const void *b)
 {
         const struct pub_member *x = *(struct pub_member *const *)a;
         const struct pub_member *y = *(struct pub_member *const *)b;
-        if (x->key != y->key)
-                return x->key < y->key ? -1 : 1;
-        return group_name_cmp(x->name, x->len, y->name, y->len);
+        if (x->key[0] != y->key[0])
+                return x->key[0] < y->key[0] ? -1 : 1;
+        if (x->key[1] != y->key[1])
+                return x->key[1] < y->key[1] ? -1 : 1;
+        if (x->len <= 16 || y->len <= 16)
+                return x->len < y->len ? -1 : x->len > y->len; /* the keys held them whole */
+        return group_name_cmp(x->name + 16, x->len - 16, y->name + 16, y->len - 16);
 }
 
-/* The first 8 bytes of a name as a number that orders as the bytes do (NUL-padded). */
-static uint64_t name_key(const char *name, size_t len)
+/* 8 bytes of a name from at, as a number that orders as the bytes do (NUL-padded). */
+static uint64_t name_key(const char *name, size_t len, size_t at)
 {
         uint64_t k = 0;
-        for (size_t i = 0; i < 8; i++)
+        for (size_t i = at; i < at + 8; i++)
                 k = k << 8 | (i < len ? (uint8_t)name[i] : 0);
         return k;
 }
@@ -126,7 +131,8 @@ static int check_member(const struct dlx_member *src, size_t i, struct pub_membe
                 return dlx__fail(-EINVAL, "group member '%s': NULL data", m->name);
         m->t = t;
         m->start = (uintptr_t)t->data + (uintptr_t)m->lo;
-        m->key = name_key(m->name, m->len);
+        m->key[0] = name_key(m->name, m->len, 0);
+        m->key[1] = name_key(m->name, m->len, 8);
         return 0;
 }
 
@@ -178,25 +184,152 @@ static uint64_t lay_out(struct pub_member **by_start, size_t n, struct block *bl
         return at - data_off;
 }
 
+/* Writes len bytes at off, whatever the short writes. Returns 0 or -errno. */
+static int pwrite_all(int fd, const void *buf, uint64_t len, uint64_t off)
+{
+        const uint8_t *p = buf;
+
+        while (len) {
+                ssize_t n = pwrite(fd, p, len, (off_t)off);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n <= 0)
+                        return n < 0 ? -errno : -EIO;
+                p += n;
+                off += (uint64_t)n;
+                len -= (uint64_t)n;
+        }
+        return 0;
+}
+
+/* Writes the iovecs (total bytes) at off: one system call as a rule. Returns 0 or -errno. */
+static int pwritev_all(int fd, struct iovec *iov, int n, uint64_t total, uint64_t off)
+{
+        ssize_t done = n ? pwritev(fd, iov, n, (off_t)off) : 0;
+
+        if (done < 0 && errno != EINTR)
+                return -errno;
+        if (done == (ssize_t)total)
+                return 0;
+        /* a short write (a signal, say): the rest one piece at a time */
+        uint64_t skip = done > 0 ? (uint64_t)done : 0;
+        for (int i = 0; i < n; i++) {
+                uint64_t len = iov[i].iov_len;
+                if (skip >= len) {
+                        skip -= len;
+                        off += len;
+                        continue;
+                }
+                int err = pwrite_all(fd, (const uint8_t *)iov[i].iov_base + skip, len - skip,
+                                     off + skip);
+                if (err < 0)
+                        return err;
+                off += len;
+                skip = 0;
+        }
+        return 0;
+}
+
+/* Blocks below this are gathered into a staging buffer, bigger ones written from where they are. */
+#define GATHER_BELOW 4096
+#define STAGE_SIZE (UINT64_C(1) << 20)
+#define WRITE_IOVS 256
+
+/* Runs of the segment's data being written: iovecs over one contiguous range of it. */
+struct data_writer {
+        int fd;
+        struct iovec iov[WRITE_IOVS];
+        int n;
+        uint64_t run_at, run_len; /* the range in the segment */
+        uint8_t *stage;           /* STAGE_SIZE bytes, or NULL: every block as is */
+        uint64_t staged;
+        bool tail_staged; /* iov[n - 1] ends at stage + staged */
+};
+
+static int writer_flush(struct data_writer *w)
+{
+        int err = pwritev_all(w->fd, w->iov, w->n, w->run_len, w->run_at);
+
+        w->n = 0;
+        w->run_len = 0;
+        w->staged = 0;
+        w->tail_staged = false;
+        return err;
+}
+
+/* Appends len bytes (from src, or zeros when src is NULL) to the run, staged or as they are. */
+static void writer_add(struct data_writer *w, const void *src, uint64_t len, bool stage)
+{
+        static const uint8_t zeros[GROUP_DATA_ALIGN];
+
+        if (stage) {
+                uint8_t *dst = w->stage + w->staged;
+                if (src)
+                        memcpy(dst, src, len);
+                else
+                        memset(dst, 0, len);
+                if (w->tail_staged)
+                        w->iov[w->n - 1].iov_len += len;
+                else
+                        w->iov[w->n++] = (struct iovec){dst, len};
+                w->staged += len;
+        } else {
+                w->iov[w->n++] = (struct iovec){src ? (void *)src : (void *)zeros, len};
+        }
+        w->tail_staged = stage;
+        w->run_len += len;
+}
+
+/*
+ * The blocks' bytes, into the segment, a run of them (and the zeros between:
+ * alignment) at a time, each one pwritev: write() fills the page cache
+ * directly, with no page faults and no mapping to make and tear down. Small
+ * blocks (a state dict's biases and norms) are gathered into a staging
+ * buffer first, so that a system call carries thousands of them; big ones go
+ * from where they are, copied once. A gap wider than a page (room for a
+ * byte_offset) stays a hole.
+ */
+static int write_blocks(int fd, const struct block *blocks, size_t nblocks)
+{
+        struct data_writer w = {.fd = fd, .stage = malloc(STAGE_SIZE)};
+        int err = 0;
+
+        for (size_t b = 0; b < nblocks && err == 0; b++) {
+                uint64_t len = blocks[b].end - blocks[b].start;
+                uint64_t gap = w.n ? blocks[b].at - (w.run_at + w.run_len) : 0;
+                bool stage = w.stage && len < GATHER_BELOW;
+                if (w.n && (gap > GROUP_DATA_ALIGN || w.n + 2 > WRITE_IOVS ||
+                            (stage && w.staged + gap + len > STAGE_SIZE))) {
+                        err = writer_flush(&w);
+                        gap = 0;
+                }
+                if (w.n == 0)
+                        w.run_at = blocks[b].at;
+                if (gap)
+                        writer_add(&w, NULL, gap, stage && w.tail_staged);
+                writer_add(&w, (const void *)blocks[b].start, len, stage);
+        }
+        if (err == 0)
+                err = writer_flush(&w);
+        free(w.stage);
+        return err;
+}
+
 /* Writes the group segment into a fresh sealed memfd; returns the fd. */
 static int write_segment(struct pub_member **sorted, size_t count, const struct block *blocks,
                          size_t nblocks, uint64_t members_off, uint64_t dims_off, uint64_t ndims,
                          uint64_t names_off, uint64_t names_size, uint64_t data_off, uint64_t size)
 {
-        uint64_t dim_at = 0, name_at = 0;
+        uint64_t dim_at = 0, name_at = 0, table_len = names_off + names_size;
         uint8_t *base;
         int fd, err;
 
-        fd = memfd_create("dlx-group", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-        if (fd < 0)
-                return -errno;
-        if (ftruncate(fd, (off_t)size) < 0)
-                goto fail;
-        /* populated at once: no page fault per page as the bytes go in */
-        base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-        if (base == MAP_FAILED)
-                goto fail;
-
+        /* the table in the heap first (glibc reuses it from one publish to the next) */
+        base = malloc(table_len);
+        if (!base)
+                return -ENOMEM;
+        /* every byte of the head and the records is written: no memset of the whole table */
+        memset(base, 0, members_off);
         struct group_head *h = (struct group_head *)base;
         memcpy(h->magic, GROUP_MAGIC, sizeof(h->magic));
         h->format = GROUP_FORMAT;
@@ -213,18 +346,19 @@ static int write_segment(struct pub_member **sorted, size_t count, const struct 
         for (size_t i = 0; i < count; i++) {
                 const struct pub_member *m = sorted[i];
                 const DLTensor *t = m->t;
-                gm[i] = (struct group_member){
-                        .offset = m->offset,
-                        .byte_offset = t->byte_offset,
-                        .flags = DLPACK_FLAG_BITMASK_READ_ONLY | m->flags,
-                        .dims = dim_at,
-                        .name_off = (uint32_t)name_at,
-                        .name_len = (uint16_t)m->len,
-                        .ndim = (uint8_t)t->ndim,
-                        .dtype_code = t->dtype.code,
-                        .dtype_bits = t->dtype.bits,
-                        .dtype_lanes = t->dtype.lanes,
-                };
+                struct group_member *g = &gm[i];
+                g->offset = m->offset;
+                g->byte_offset = t->byte_offset;
+                g->flags = DLPACK_FLAG_BITMASK_READ_ONLY | m->flags;
+                g->dims = dim_at;
+                g->name_off = (uint32_t)name_at;
+                g->name_len = (uint16_t)m->len;
+                g->ndim = (uint8_t)t->ndim;
+                g->dtype_code = t->dtype.code;
+                g->dtype_bits = t->dtype.bits;
+                g->dtype_lanes = t->dtype.lanes;
+                g->reserved = 0;
+                g->reserved2 = 0;
                 if (t->ndim) {
                         memcpy(dims + dim_at, t->shape, (size_t)t->ndim * sizeof(int64_t));
                         if (t->strides)
@@ -237,18 +371,28 @@ static int write_segment(struct pub_member **sorted, size_t count, const struct 
                 memcpy(names + name_at, m->name, m->len + 1);
                 name_at += m->len + 1;
         }
-        for (size_t b = 0; b < nblocks; b++)
-                memcpy(base + blocks[b].at, (const void *)blocks[b].start,
-                       blocks[b].end - blocks[b].start);
-        munmap(base, size);
-        /* no writable mapping is left: the pages can be sealed against writing */
-        if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0)
-                goto fail;
+
+        fd = memfd_create("dlx-group", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0) {
+                err = -errno;
+                free(base);
+                return err;
+        }
+        err = ftruncate(fd, (off_t)size) < 0 ? -errno : 0;
+        if (err == 0)
+                err = pwrite_all(fd, base, table_len, 0);
+        free(base);
+        if (err == 0)
+                err = write_blocks(fd, blocks, nblocks);
+        /* nothing ever mapped it writable: the pages can be sealed against writing */
+        if (err == 0 &&
+            fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0)
+                err = -errno;
+        if (err < 0) {
+                close(fd);
+                return err;
+        }
         return fd;
-fail:
-        err = -errno;
-        close(fd);
-        return err;
 }
 
 static int held_publish_group(dlx_client *c, const char *name, struct dlx_member *members,

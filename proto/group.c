@@ -38,9 +38,9 @@ static int check_member(const uint8_t *base, const struct group_head *h, uint64_
         int64_t lo, hi;
         int err;
 
-        if (m->name_len == 0 || m->name_len > DLX_NAME_MAX || m->reserved)
-                FAIL(-EINVAL, "member %u: name length %u or reserved byte %u", i, m->name_len,
-                     m->reserved);
+        if (m->name_len == 0 || m->name_len > DLX_NAME_MAX || m->reserved || m->reserved2)
+                FAIL(-EINVAL, "member %u: name length %u, or reserved fields not 0", i,
+                     m->name_len);
         if (!within(m->name_off, (uint64_t)m->name_len + 1, 0, h->names_size))
                 FAIL(-EINVAL, "member %u: its name lies outside the names", i);
         name = group_member_name(base, m);

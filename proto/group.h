@@ -57,7 +57,11 @@ struct group_member {
         uint8_t dtype_bits;
         uint8_t reserved; /* 0 */
         uint16_t dtype_lanes;
+        uint32_t reserved2; /* 0: the record has no padding, every byte is written */
 };
+
+_Static_assert(sizeof(struct group_head) == 64, "the head has no padding");
+_Static_assert(sizeof(struct group_member) == 48, "a member record has no padding");
 
 /* What group_check() learned of a group table. */
 struct group_summary {

@@ -76,6 +76,11 @@ static int printable_utf8(const char *str, size_t len, const char **ret_why)
                 uint32_t cp;
                 size_t n;
 
+                /* printable ASCII, most names' every byte: nothing invisible is ASCII */
+                if (s[i] >= 0x20 && s[i] < 0x7f) {
+                        i++;
+                        continue;
+                }
                 if (utf8_next(s + i, len - i, &cp, &n) < 0)
                         return why(ret_why, "not valid UTF-8", -EINVAL);
                 if (cp < 0x20 || cp == 0x7f || (cp >= 0x80 && cp <= 0x9f))

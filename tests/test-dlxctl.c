@@ -1197,7 +1197,8 @@ START_TEST(bad_group_files_publish_nothing)
         expect_fail(1, NULL, "a header length that lies", rc, out, err);
         free(file);
         /* not a zip */
-        write_file(tpath("bad.npz"), "PK\3\4 not really", 17);
+        static const char not_zip[] = "PK\3\4 not really";
+        write_file(tpath("bad.npz"), not_zip, sizeof(not_zip) - 1);
         rc = run_ctl(&out, &err, "put", "bad", tpath("bad.npz"), NULL);
         expect_fail(1, NULL, "a broken .npz", rc, out, err);
 
