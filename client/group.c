@@ -315,34 +315,83 @@ static int write_blocks(int fd, const struct block *blocks, size_t nblocks)
         return err;
 }
 
-/* Writes the group segment into a fresh sealed memfd; returns the fd. */
-static int write_segment(struct pub_member **sorted, size_t count, const struct block *blocks,
-                         size_t nblocks, uint64_t members_off, uint64_t dims_off, uint64_t ndims,
-                         uint64_t names_off, uint64_t names_size, uint64_t data_off, uint64_t size)
+/* A member count the daemon takes: 1 to its --max-group-members (hello said which). */
+static int check_count(dlx_client *c, const char *name, size_t count)
 {
-        uint64_t dim_at = 0, name_at = 0, table_len = names_off + names_size;
-        uint8_t *base;
-        int fd, err;
+        uint32_t max = c->limits.max_group_members;
 
-        /* the table in the heap first (glibc reuses it from one publish to the next) */
-        base = malloc(table_len);
+        if (max == 0 || max > GROUP_MEMBERS_MAX)
+                max = GROUP_MEMBERS_MAX;
+        if (count == 0)
+                return dlx__fail(-EINVAL, "group '%s' has no members", name);
+        if (count > max)
+                return dlx__fail(-E2BIG, "group '%s' has %zu members, over the limit of %u", name,
+                                 count, max);
+        return 0;
+}
+
+/* Where a group's table puts its areas, and the data area's start. */
+struct table_plan {
+        uint64_t members_off, dims_off, ndims, names_off, names_size, data_off;
+};
+
+/*
+ * Sorts the members by name, refuses a name given twice, and plans the
+ * table; the detail goes to dlx__fail. Returns 0, -EINVAL or -E2BIG.
+ */
+static int plan_table(dlx_client *c, const char *name, struct pub_member **sorted, size_t count,
+                      struct table_plan *tp)
+{
+        tp->ndims = 0;
+        tp->names_size = 0;
+        for (size_t i = 0; i < count; i++) {
+                tp->ndims += 2 * (uint64_t)sorted[i]->t->ndim;
+                tp->names_size += sorted[i]->len + 1;
+        }
+        sort_members(sorted, count, cmp_member_name);
+        for (size_t i = 1; i < count; i++)
+                if (cmp_member_name(&sorted[i - 1], &sorted[i]) == 0)
+                        return dlx__fail(-EINVAL, "group '%s' names member '%s' twice", name,
+                                         sorted[i]->name);
+        tp->members_off = align_up(sizeof(struct group_head), 8);
+        tp->dims_off = tp->members_off + count * sizeof(struct group_member);
+        tp->names_off = tp->dims_off + tp->ndims * sizeof(int64_t);
+        tp->data_off = align_up(tp->names_off + tp->names_size, GROUP_DATA_ALIGN);
+        if (c->limits.max_group_table && tp->data_off > c->limits.max_group_table)
+                return dlx__fail(-E2BIG,
+                                 "group '%s': its table of %llu bytes is over the limit of %llu",
+                                 name, (unsigned long long)tp->data_off,
+                                 (unsigned long long)c->limits.max_group_table);
+        return 0;
+}
+
+/*
+ * The table, in the heap (glibc reuses it from one publish to the next):
+ * names_off + names_size bytes, the rest up to data_off being zeros (a hole
+ * in the segment). Returns NULL when out of memory.
+ */
+static uint8_t *table_build(struct pub_member **sorted, size_t count, const struct table_plan *tp)
+{
+        uint64_t dim_at = 0, name_at = 0;
+        uint8_t *base = malloc(tp->names_off + tp->names_size);
+
         if (!base)
-                return -ENOMEM;
+                return NULL;
         /* every byte of the head and the records is written: no memset of the whole table */
-        memset(base, 0, members_off);
+        memset(base, 0, tp->members_off);
         struct group_head *h = (struct group_head *)base;
         memcpy(h->magic, GROUP_MAGIC, sizeof(h->magic));
         h->format = GROUP_FORMAT;
         h->count = (uint32_t)count;
-        h->members_off = members_off;
-        h->dims_off = dims_off;
-        h->ndims = ndims;
-        h->names_off = names_off;
-        h->names_size = names_size;
-        h->data_off = data_off;
-        struct group_member *gm = (struct group_member *)(base + members_off);
-        int64_t *dims = (int64_t *)(base + dims_off);
-        char *names = (char *)(base + names_off);
+        h->members_off = tp->members_off;
+        h->dims_off = tp->dims_off;
+        h->ndims = tp->ndims;
+        h->names_off = tp->names_off;
+        h->names_size = tp->names_size;
+        h->data_off = tp->data_off;
+        struct group_member *gm = (struct group_member *)(base + tp->members_off);
+        int64_t *dims = (int64_t *)(base + tp->dims_off);
+        char *names = (char *)(base + tp->names_off);
         for (size_t i = 0; i < count; i++) {
                 const struct pub_member *m = sorted[i];
                 const DLTensor *t = m->t;
@@ -371,28 +420,77 @@ static int write_segment(struct pub_member **sorted, size_t count, const struct 
                 memcpy(names + name_at, m->name, m->len + 1);
                 name_at += m->len + 1;
         }
+        return base;
+}
 
+/* A fresh memfd of size bytes with the table written in; returns the fd or -errno. */
+static int segment_new(struct pub_member **sorted, size_t count, const struct table_plan *tp,
+                       uint64_t size)
+{
+        uint8_t *table = table_build(sorted, count, tp);
+        int fd, err;
+
+        if (!table)
+                return -ENOMEM;
         fd = memfd_create("dlx-group", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-        if (fd < 0) {
+        err = fd < 0 ? -errno : 0;
+        if (err == 0 && ftruncate(fd, (off_t)size) < 0)
                 err = -errno;
-                free(base);
-                return err;
-        }
-        err = ftruncate(fd, (off_t)size) < 0 ? -errno : 0;
         if (err == 0)
-                err = pwrite_all(fd, base, table_len, 0);
-        free(base);
-        if (err == 0)
-                err = write_blocks(fd, blocks, nblocks);
-        /* nothing ever mapped it writable: the pages can be sealed against writing */
-        if (err == 0 &&
-            fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0)
-                err = -errno;
+                err = pwrite_all(fd, table, tp->names_off + tp->names_size, 0);
+        free(table);
         if (err < 0) {
-                close(fd);
+                if (fd >= 0)
+                        close(fd);
                 return err;
         }
         return fd;
+}
+
+/* Seals a group segment nothing maps writable any more: shared, it can change no more. */
+static int segment_seal(int fd)
+{
+        if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0)
+                return -errno;
+        return 0;
+}
+
+/* Publishes a sealed group segment (fd, borrowed) as the next version of name. */
+static int send_group(dlx_client *c, const char *name, int fd, size_t count, uint64_t data_off,
+                      uint64_t data_bytes, bool persist, uint64_t *ret_version)
+{
+        struct wire_request req = {.type = WIRE_REQ_PUBLISH};
+        struct wire_tensor *w = &req.publish.tensor;
+        struct pending p;
+        int err;
+
+        wire_strcpy(w->name, sizeof(w->name), name);
+        w->dtype = (DLDataType){.code = kDLUInt, .bits = 8, .lanes = 1};
+        w->ndim = 1;
+        w->shape[0] = (int64_t)data_bytes;
+        w->strides[0] = 1;
+        w->device_type = kDLCPU;
+        w->flags = DLPACK_FLAG_BITMASK_READ_ONLY;
+        w->storage = WIRE_STORAGE_MEMFD;
+        w->offset = data_off;
+        w->length = data_bytes;
+        w->members = (uint32_t)count;
+        req.publish.persist = persist;
+
+        err = dlx__call(c, &req, fd, &p);
+        /* a group counts against the byte limits: not beside our own empty segments */
+        if (err == -ENOSPC && dlx__arena_give_back_empty(c) > 0) {
+                dlx__pending_done(c, &p);
+                err = dlx__call(c, &req, fd, &p);
+        }
+        if (err == -EMSGSIZE)
+                err = -E2BIG; /* a group limit of the daemon's, which this client did not know */
+        if (err == 0 && p.rep.type != WIRE_REP_PUBLISH)
+                err = dlx__fail(-EPROTO, "the daemon answered publish with something else");
+        if (err == 0 && ret_version)
+                *ret_version = p.rep.publish.version;
+        dlx__pending_done(c, &p);
+        return err;
 }
 
 static int held_publish_group(dlx_client *c, const char *name, struct dlx_member *members,
@@ -400,15 +498,11 @@ static int held_publish_group(dlx_client *c, const char *name, struct dlx_member
                               uint64_t *ret_version)
 {
         struct dlx_publish_options o = {0};
-        struct wire_request req = {.type = WIRE_REQ_PUBLISH};
-        struct wire_tensor *w = &req.publish.tensor;
         struct pub_member *ms = NULL, **sorted = NULL, **by_start = NULL;
         struct block *blocks = NULL;
+        struct table_plan tp = {0};
         const char *why = NULL;
         size_t nblocks = 0, nspans = 0;
-        uint64_t ndims = 0, names_size = 0;
-        uint32_t max_count;
-        struct pending p;
         int fd = -1, err;
 
         if (opts)
@@ -419,24 +513,19 @@ static int held_publish_group(dlx_client *c, const char *name, struct dlx_member
                 return err;
         if (layout_name_check(name, strlen(name), &why) < 0)
                 return dlx__fail(-EINVAL, "bad group name '%s': %s", name, why);
-        if (count == 0)
-                return dlx__fail(-EINVAL, "group '%s' has no members", name);
+        if ((err = check_count(c, name, count)) < 0)
+                return err;
         if (o.copy != DLX_COPY_IF_NEEDED && o.copy != DLX_COPY_NEVER && o.copy != DLX_COPY_ALWAYS)
                 return dlx__fail(-EINVAL, "publish group '%s': copy mode %d is not a dlx_copy",
                                  name, (int)o.copy);
         if (o.copy == DLX_COPY_NEVER)
                 return dlx__fail(-EXDEV,
                                  "publish group '%s': a group is copied once into its own "
-                                 "segment, and copying is not allowed",
+                                 "segment, and copying is not allowed (dlx_alloc_group() "
+                                 "memory publishes without a copy)",
                                  name);
         if (o.writable)
                 return dlx__fail(-ENOTSUP, "publish group '%s': a group is read-only", name);
-        max_count = c->limits.max_group_members;
-        if (max_count == 0 || max_count > GROUP_MEMBERS_MAX)
-                max_count = GROUP_MEMBERS_MAX;
-        if (count > max_count)
-                return dlx__fail(-E2BIG, "group '%s' has %zu members, over the limit of %u", name,
-                                 count, max_count);
 
         ms = calloc(count, sizeof(*ms));
         sorted = calloc(count, sizeof(*sorted));
@@ -450,78 +539,36 @@ static int held_publish_group(dlx_client *c, const char *name, struct dlx_member
                 if ((err = check_member(&members[i], i, &ms[i])) < 0)
                         goto out;
                 sorted[i] = &ms[i];
-                ndims += 2 * (uint64_t)ms[i].t->ndim;
-                names_size += ms[i].len + 1;
                 if (ms[i].hi > ms[i].lo)
                         by_start[nspans++] = &ms[i];
         }
-        sort_members(sorted, count, cmp_member_name);
-        for (size_t i = 1; i < count; i++)
-                if (cmp_member_name(&sorted[i - 1], &sorted[i]) == 0) {
-                        err = dlx__fail(-EINVAL, "group '%s' names member '%s' twice", name,
-                                        sorted[i]->name);
-                        goto out;
-                }
-
-        uint64_t members_off = align_up(sizeof(struct group_head), 8);
-        uint64_t dims_off = members_off + count * sizeof(struct group_member);
-        uint64_t names_off = dims_off + ndims * sizeof(int64_t);
-        uint64_t data_off = align_up(names_off + names_size, GROUP_DATA_ALIGN);
-        if (c->limits.max_group_table && data_off > c->limits.max_group_table) {
-                err = dlx__fail(-E2BIG,
-                                "group '%s': its table of %llu bytes is over the limit of %llu",
-                                name, (unsigned long long)data_off,
-                                (unsigned long long)c->limits.max_group_table);
+        if ((err = plan_table(c, name, sorted, count, &tp)) < 0)
                 goto out;
-        }
         sort_members(by_start, nspans, cmp_member_start);
-        uint64_t data_bytes = lay_out(by_start, nspans, blocks, &nblocks, data_off);
+        uint64_t data_bytes = lay_out(by_start, nspans, blocks, &nblocks, tp.data_off);
         /* empty members point at the data area's start */
         for (size_t i = 0; i < count; i++)
                 if (ms[i].hi <= ms[i].lo)
-                        ms[i].offset = data_off;
+                        ms[i].offset = tp.data_off;
         if (data_bytes > DLX_MAX_SEGMENT) {
                 err = dlx__fail(-EOVERFLOW, "group '%s': %llu bytes of data", name,
                                 (unsigned long long)data_bytes);
                 goto out;
         }
 
-        fd = write_segment(sorted, count, blocks, nblocks, members_off, dims_off, ndims, names_off,
-                           names_size, data_off, data_off + data_bytes);
-        if (fd < 0) {
-                err = dlx__fail(fd, "publish group '%s': cannot copy into shared memory: %s", name,
-                                strerror(-fd));
+        fd = segment_new(sorted, count, &tp, tp.data_off + data_bytes);
+        err = fd < 0 ? fd : write_blocks(fd, blocks, nblocks);
+        /* nothing ever mapped it writable: it can be sealed against writing */
+        if (err == 0)
+                err = segment_seal(fd);
+        if (err < 0) {
+                err = dlx__fail(err, "publish group '%s': cannot copy into shared memory: %s", name,
+                                strerror(-err));
                 goto out;
         }
         /* the copy is all the daemon needs: the originals go now */
         delete_members(members, count);
-
-        wire_strcpy(w->name, sizeof(w->name), name);
-        w->dtype = (DLDataType){.code = kDLUInt, .bits = 8, .lanes = 1};
-        w->ndim = 1;
-        w->shape[0] = (int64_t)data_bytes;
-        w->strides[0] = 1;
-        w->device_type = kDLCPU;
-        w->flags = DLPACK_FLAG_BITMASK_READ_ONLY;
-        w->storage = WIRE_STORAGE_MEMFD;
-        w->offset = data_off;
-        w->length = data_bytes;
-        w->members = (uint32_t)count;
-        req.publish.persist = o.persist;
-
-        err = dlx__call(c, &req, fd, &p);
-        /* a copy counts against the byte limits: not beside our own empty segments */
-        if (err == -ENOSPC && dlx__arena_give_back_empty(c) > 0) {
-                dlx__pending_done(c, &p);
-                err = dlx__call(c, &req, fd, &p);
-        }
-        if (err == -EMSGSIZE)
-                err = -E2BIG; /* a group limit of the daemon's, which this client did not know */
-        if (err == 0 && p.rep.type != WIRE_REP_PUBLISH)
-                err = dlx__fail(-EPROTO, "the daemon answered publish with something else");
-        if (err == 0 && ret_version)
-                *ret_version = p.rep.publish.version;
-        dlx__pending_done(c, &p);
+        err = send_group(c, name, fd, count, tp.data_off, data_bytes, o.persist, ret_version);
 out:
         fd_drop(&fd);
         delete_members(members, count);
@@ -559,12 +606,29 @@ struct dlx_group {
         bool whole;        /* every member, in the table's order: index[i] == i */
         uint32_t *index;   /* the members in the group, as indices into the table */
         DLTensor *tensors; /* count of them, over the mapping */
+        /* dlx_group_alloc(): the group's own segment, mapped writable until published */
+        bool alloc;
+        bool sealed; /* mapped read-only, sealed: publishable, no more writable */
+        int fd;
+        uint64_t size, data_off, data_bytes;
+        pthread_mutex_t lock; /* alloc: serialises dlx_group_publish() */
 };
 
 static void group_free(dlx_group *g)
 {
         dlx_client *c = g->c;
         struct wire_request req = {.type = WIRE_REQ_RELEASE};
+
+        if (g->alloc) {
+                /* no lease: the memory is the process's own, and the daemon holds its copy's fd */
+                munmap((void *)g->base, g->size);
+                fd_drop(&g->fd);
+                pthread_mutex_destroy(&g->lock);
+                free(g->index);
+                free(g->tensors);
+                free(g);
+                return;
+        }
 
         /* in a child of the process that acquired it: the lease and the mapping are the parent's */
         if (!dlx__forked(c)) {
@@ -755,8 +819,10 @@ int dlx_group_take(dlx_group *g, size_t i, DLManagedTensorVersioned **ret_tensor
                 return dlx__fail(-EINVAL, "no member %zu in the group", i);
         const struct group_member *gm = group_member_at(g->base, g->index[i]);
         atomic_fetch_add(&g->refs, 1);
-        err = dlx__acquired_member(&g->tensors[i], gm->flags, group_member_name(g->base, gm),
-                                   g->version, group_unref, g, ret_tensor);
+        bool writable = g->alloc && !g->sealed;
+        err = dlx__acquired_member(&g->tensors[i], gm->flags, writable,
+                                   group_member_name(g->base, gm), g->version, group_unref, g,
+                                   ret_tensor);
         if (err < 0)
                 group_unref(g);
         return err;
@@ -766,4 +832,185 @@ void dlx_group_release(dlx_group *g)
 {
         if (g)
                 group_unref(g);
+}
+
+/* ---- groups to fill in place ------------------------------------------------------------ */
+
+int dlx_group_alloc(dlx_client *c, const struct dlx_member_layout *layouts, size_t count,
+                    dlx_group **ret_group)
+{
+        struct pub_member *ms = NULL, **sorted = NULL;
+        DLTensor *protos = NULL;
+        struct table_plan tp = {0};
+        dlx_group *g = NULL;
+        uint8_t *base = MAP_FAILED;
+        int fd = -1, err;
+
+        if (!c || !ret_group || (!layouts && count))
+                return dlx__fail(-EINVAL, "NULL argument");
+        if ((err = check_count(c, "(allocated)", count)) < 0)
+                return err;
+        ms = calloc(count, sizeof(*ms));
+        sorted = calloc(count, sizeof(*sorted));
+        protos = calloc(count, sizeof(*protos));
+        g = calloc(1, sizeof(*g));
+        if (g) {
+                g->index = calloc(count, sizeof(*g->index));
+                g->tensors = calloc(count, sizeof(*g->tensors));
+        }
+        if (!ms || !sorted || !protos || !g || !g->index || !g->tensors) {
+                err = dlx__fail(-ENOMEM, "out of memory");
+                goto fail;
+        }
+        /* each a compact kDLCPU tensor: checked as a member of a publish would be */
+        for (size_t i = 0; i < count; i++) {
+                DLManagedTensorVersioned mt = {.version = {DLX_DLPACK_MAJOR, DLX_DLPACK_MINOR}};
+                struct dlx_member m = {layouts[i].name, &mt};
+                mt.dl_tensor = (DLTensor){.data = (void *)GROUP_DATA_ALIGN,
+                                          .device = {kDLCPU, 0},
+                                          .ndim = layouts[i].ndim,
+                                          .dtype = layouts[i].dtype,
+                                          .shape = (int64_t *)layouts[i].shape};
+                protos[i] = mt.dl_tensor;
+                m.tensor = &mt;
+                if ((err = check_member(&m, i, &ms[i])) < 0)
+                        goto fail;
+                ms[i].t = &protos[i];
+                sorted[i] = &ms[i];
+        }
+        if ((err = plan_table(c, "(allocated)", sorted, count, &tp)) < 0)
+                goto fail;
+        /* in name order, each GROUP_MEMBER_ALIGN-aligned, the empty ones at the start */
+        uint64_t at = tp.data_off;
+        for (size_t i = 0; i < count; i++) {
+                struct pub_member *m = sorted[i];
+                if (m->hi <= m->lo) {
+                        m->offset = tp.data_off;
+                        continue;
+                }
+                at = align_up(at, GROUP_MEMBER_ALIGN);
+                m->offset = at;
+                at += (uint64_t)m->hi;
+        }
+        if (at - tp.data_off > DLX_MAX_SEGMENT) {
+                err = dlx__fail(-EOVERFLOW, "a group of %llu bytes of data",
+                                (unsigned long long)(at - tp.data_off));
+                goto fail;
+        }
+        fd = segment_new(sorted, count, &tp, at);
+        if (fd < 0) {
+                err = dlx__fail(fd, "cannot make the group's shared memory: %s", strerror(-fd));
+                goto fail;
+        }
+        base = mmap(NULL, at, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (base == MAP_FAILED) {
+                err = dlx__fail(-errno, "cannot map the group's shared memory: %s",
+                                strerror(errno));
+                goto fail;
+        }
+        for (size_t i = 0; i < count; i++) {
+                const struct group_member *gm = group_member_at(base, (uint32_t)i);
+                int64_t *dims = (int64_t *)group_member_dims(base, gm);
+                g->index[i] = (uint32_t)i;
+                g->tensors[i] = (DLTensor){
+                        .data = base + gm->offset,
+                        .device = {kDLCPU, 0},
+                        .ndim = gm->ndim,
+                        .dtype = {gm->dtype_code, gm->dtype_bits, gm->dtype_lanes},
+                        .shape = gm->ndim ? dims : NULL,
+                        .strides = gm->ndim ? dims + gm->ndim : NULL,
+                };
+        }
+        g->alloc = true;
+        g->base = base;
+        g->fd = fd;
+        g->size = at;
+        g->data_off = tp.data_off;
+        g->data_bytes = at - tp.data_off;
+        g->count = count;
+        g->whole = true;
+        atomic_init(&g->refs, 1);
+        pthread_mutex_init(&g->lock, NULL);
+        free(ms);
+        free(sorted);
+        free(protos);
+        *ret_group = g;
+        return 0;
+fail:
+        if (base != MAP_FAILED)
+                munmap(base, at);
+        fd_drop(&fd);
+        if (g) {
+                free(g->index);
+                free(g->tensors);
+                free(g);
+        }
+        free(ms);
+        free(sorted);
+        free(protos);
+        return err;
+}
+
+static int held_group_publish(dlx_client *c, const char *name, dlx_group *g,
+                              const struct dlx_publish_options *opts, uint64_t *ret_version)
+{
+        struct dlx_publish_options o = {0};
+        const char *why = NULL;
+        int err = 0;
+
+        if (opts)
+                o = *opts;
+        if (!name || !g)
+                return dlx__fail(-EINVAL, "NULL argument");
+        if (!g->alloc)
+                return dlx__fail(-EINVAL, "publish group '%s': not a group from dlx_group_alloc()",
+                                 name);
+        if ((err = dlx__usable(c)) < 0)
+                return err;
+        if (layout_name_check(name, strlen(name), &why) < 0)
+                return dlx__fail(-EINVAL, "bad group name '%s': %s", name, why);
+        if (o.writable)
+                return dlx__fail(-ENOTSUP, "publish group '%s': a group is read-only", name);
+        if (o.copy == DLX_COPY_ALWAYS)
+                return dlx__fail(-EINVAL,
+                                 "publish group '%s': an allocated group goes as it is, "
+                                 "never copied (DLX_COPY_ALWAYS)",
+                                 name);
+        pthread_mutex_lock(&g->lock);
+        if (!g->sealed) {
+                /*
+                 * The same pages, read-only at the same addresses: every pointer
+                 * into them stays good for reading. Private, because a shared
+                 * mapping of a read-write descriptor may be made writable again
+                 * (mprotect), and the kernel refuses F_SEAL_WRITE while one
+                 * exists; a private one reads the same pages, and can never
+                 * write them.
+                 */
+                void *ro = mmap((void *)g->base, g->size, PROT_READ, MAP_PRIVATE | MAP_FIXED, g->fd,
+                                0);
+                if (ro == MAP_FAILED)
+                        err = dlx__fail(-errno, "publish group '%s': cannot map it read-only: %s",
+                                        name, strerror(errno));
+                else if ((err = segment_seal(g->fd)) < 0)
+                        err = dlx__fail(err, "publish group '%s': cannot seal it: %s", name,
+                                        strerror(-err));
+                else
+                        g->sealed = true;
+        }
+        pthread_mutex_unlock(&g->lock);
+        if (err < 0)
+                return err;
+        err = send_group(c, name, g->fd, g->count, g->data_off, g->data_bytes, o.persist,
+                         ret_version);
+        if (err == 0 && ret_version)
+                g->version = *ret_version;
+        return err;
+}
+
+int dlx_group_publish(dlx_client *c, const char *name, dlx_group *group,
+                      const struct dlx_publish_options *opts, uint64_t *ret_version)
+{
+        if (!c)
+                return dlx__fail(-EINVAL, "NULL client");
+        return DLX_HOLDING(c, held_group_publish(c, name, group, opts, ret_version));
 }

@@ -364,9 +364,9 @@ DLX_HIDDEN void dlx__track_final(dlx_client *c);
  * dlx_tensor_info() and the exchange API treat it as any acquired tensor.
  * t's shape and strides are copied; its data stays. Returns 0 or -ENOMEM.
  */
-DLX_HIDDEN int dlx__acquired_member(const DLTensor *t, uint64_t flags, const char *name,
-                                    uint64_t version, void (*drop)(void *hold), void *hold,
-                                    DLManagedTensorVersioned **ret);
+DLX_HIDDEN int dlx__acquired_member(const DLTensor *t, uint64_t flags, bool writable,
+                                    const char *name, uint64_t version, void (*drop)(void *hold),
+                                    void *hold, DLManagedTensorVersioned **ret);
 DLX_HIDDEN const DLManagedTensorVersioned *dlx__exchange_unwrap(const DLManagedTensorVersioned *t);
 
 #endif /* DLX_CLIENT_INTERNAL_H */

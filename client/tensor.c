@@ -189,8 +189,9 @@ static int build_acquired(dlx_client *c, struct pending *p, void *stream,
         return 0;
 }
 
-int dlx__acquired_member(const DLTensor *t, uint64_t flags, const char *name, uint64_t version,
-                         void (*drop)(void *hold), void *hold, DLManagedTensorVersioned **ret)
+int dlx__acquired_member(const DLTensor *t, uint64_t flags, bool writable, const char *name,
+                         uint64_t version, void (*drop)(void *hold), void *hold,
+                         DLManagedTensorVersioned **ret)
 {
         struct acquired *a = calloc(1, sizeof(*a) + 2 * (size_t)t->ndim * sizeof(int64_t));
 
@@ -200,9 +201,12 @@ int dlx__acquired_member(const DLTensor *t, uint64_t flags, const char *name, ui
         a->hold = hold;
         a->version = version;
         a->storage = WIRE_STORAGE_MEMFD;
-        a->write_protected = true; /* a group's segment is sealed, and mapped read-only */
+        /* a group's segment is sealed, and mapped read-only (but one being filled in place) */
+        a->write_protected = !writable;
         wire_strcpy(a->name, sizeof(a->name), name);
-        acquired_init(a, t, flags | DLPACK_FLAG_BITMASK_READ_ONLY);
+        acquired_init(a, t,
+                      writable ? flags & ~(uint64_t)DLPACK_FLAG_BITMASK_READ_ONLY
+                               : flags | DLPACK_FLAG_BITMASK_READ_ONLY);
         *ret = &a->mt;
         return 0;
 }

@@ -90,6 +90,23 @@ static const float *member_f32(const dlx_group *g, const char *name)
         return dlx_group_tensor(g, (size_t)i)->data;
 }
 
+/* A write of a byte at p, in a child, dies of SIGSEGV. */
+static void expect_write_faults(void *p)
+{
+        pid_t pid = fork();
+
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                /* the default action, not a sanitizer's handler, and no core */
+                struct rlimit no_core = {0, 0};
+                setrlimit(RLIMIT_CORE, &no_core);
+                signal(SIGSEGV, SIG_DFL);
+                *(volatile uint8_t *)p = 9;
+                _exit(0);
+        }
+        ck_assert_int_eq(fx_wait(pid), 128 + SIGSEGV);
+}
+
 /* Every layout a member may have comes back as it went, with its bytes. */
 START_TEST(members_keep_their_layout)
 {
@@ -182,17 +199,7 @@ START_TEST(members_are_read_only)
         DLXV(dlx_group_take(g, 0, &t));
         ck_assert(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
         ck_assert_int_eq(dlx_tensor_write_protected(t), 1);
-        pid_t pid = fork();
-        ck_assert_int_ge(pid, 0);
-        if (pid == 0) {
-                /* the default action, not a sanitizer's handler, and no core */
-                struct rlimit no_core = {0, 0};
-                setrlimit(RLIMIT_CORE, &no_core);
-                signal(SIGSEGV, SIG_DFL);
-                ((volatile float *)t->dl_tensor.data)[0] = 9;
-                _exit(0);
-        }
-        ck_assert_int_eq(fx_wait(pid), 128 + SIGSEGV);
+        expect_write_faults(t->dl_tensor.data);
         t->deleter(t);
         dlx_group_release(g);
         dlx_close(p);
@@ -285,6 +292,131 @@ START_TEST(large_byte_offset_kept)
         ck_assert_ptr_eq(x, member_f32(g, "near"));
         DLXV(dlx_stat(p, "far", &info));
         ck_assert_uint_ge(info.segment_size, off);
+        dlx_group_release(g);
+        dlx_close(p);
+}
+END_TEST
+
+/* A group allocated in shared memory, filled in place, goes out without a copy and then is
+ * read-only. */
+START_TEST(allocated_group_publishes_in_place)
+{
+        dlx_client *p = fx_connect(&fx, "producer"), *q = fx_connect(&fx, "consumer");
+        static const int64_t s_w[2] = {3, 5}, s_b[1] = {7}, s_e[1] = {0};
+        const struct dlx_member_layout layouts[] = {
+                {"w", DT(kDLFloat, 32, 1), 2, s_w},
+                {"b", DT(kDLFloat, 64, 1), 1, s_b},
+                {"empty", DT(kDLInt, 8, 1), 1, s_e},
+                {"scalar", DT(kDLInt, 32, 1), 0, NULL},
+        };
+        DLManagedTensorVersioned *taken = NULL, *after = NULL;
+        dlx_group *g = NULL;
+        uint64_t v;
+
+        DLXV(dlx_group_alloc(p, layouts, N_ELEMS(layouts), &g));
+        ck_assert_uint_eq(dlx_group_count(g), 4);
+        ck_assert_uint_eq(dlx_group_version(g), 0);
+        /* zeroed, 64-byte aligned, writable: fill in place */
+        for (size_t i = 0; i < dlx_group_count(g); i++) {
+                const DLTensor *t = dlx_group_tensor(g, i);
+                ck_assert_uint_eq((uintptr_t)t->data % 64, 0);
+                ck_assert(is_compact(t));
+        }
+        float *w = dlx_group_tensor(g, (size_t)dlx_group_find(g, "w"))->data;
+        double *b = dlx_group_tensor(g, (size_t)dlx_group_find(g, "b"))->data;
+        for (int i = 0; i < 15; i++) {
+                ck_assert_float_eq(w[i], 0);
+                w[i] = (float)i;
+        }
+        for (int i = 0; i < 7; i++)
+                b[i] = 0.5 * i;
+        *(int32_t *)dlx_group_tensor(g, (size_t)dlx_group_find(g, "scalar"))->data = 42;
+        /* a taken tensor is writable until the group is published */
+        DLXV(dlx_group_take(g, (size_t)dlx_group_find(g, "w"), &taken));
+        ck_assert(!(taken->flags & DLPACK_FLAG_BITMASK_READ_ONLY));
+        ck_assert_int_eq(dlx_tensor_write_protected(taken), 0);
+        ((float *)taken->dl_tensor.data)[14] = 99;
+
+        DLXV(dlx_group_publish(p, "alloc", g, NULL, &v));
+        ck_assert_uint_eq(v, 1);
+        ck_assert_uint_eq(dlx_group_version(g), 1);
+        /* the same pages, read-only now, here too */
+        ck_assert_float_eq(w[14], 99);
+        DLXV(dlx_group_take(g, (size_t)dlx_group_find(g, "w"), &after));
+        ck_assert(after->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
+        expect_write_faults(w);
+
+        /* a consumer sees what was written */
+        dlx_group *r = acquire_group_ok(q, "alloc", NULL, 0, NULL);
+        ck_assert_uint_eq(dlx_group_count(r), 4);
+        const float *rw = member_f32(r, "w");
+        for (int i = 0; i < 14; i++)
+                ck_assert_float_eq(rw[i], (float)i);
+        ck_assert_float_eq(rw[14], 99);
+        const double *rb = dlx_group_tensor(r, (size_t)dlx_group_find(r, "b"))->data;
+        ck_assert(rb[6] == 3.0);
+        ck_assert_int_eq(
+                *(const int32_t *)dlx_group_tensor(r, (size_t)dlx_group_find(r, "scalar"))->data,
+                42);
+        dlx_group_release(r);
+
+        /* published again, as it is: another version of the same bytes */
+        DLXV(dlx_group_publish(p, "alloc", g, NULL, &v));
+        ck_assert_uint_eq(v, 2);
+        DLXV(dlx_group_publish(p, "alloc/copy2", g, NULL, &v));
+        ck_assert_uint_eq(v, 1);
+        /* the group and its tensors go in any order */
+        dlx_group_release(g);
+        ck_assert_float_eq(((const float *)after->dl_tensor.data)[1], 1);
+        after->deleter(after);
+        taken->deleter(taken);
+        r = acquire_group_ok(q, "alloc", NULL, 0, NULL);
+        ck_assert_float_eq(member_f32(r, "w")[3], 3);
+        dlx_group_release(r);
+        dlx_close(q);
+        dlx_close(p);
+}
+END_TEST
+
+/* What dlx_group_alloc() and dlx_group_publish() refuse. */
+START_TEST(allocated_group_refusals)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        static const int64_t n4[1] = {4}, neg[1] = {-1};
+        const struct dlx_member_layout twice[] = {{"a", DT(kDLFloat, 32, 1), 1, n4},
+                                                  {"a", DT(kDLFloat, 32, 1), 1, n4}};
+        const struct dlx_member_layout bad_dtype[] = {{"a", DT(kDLFloat, 0, 1), 1, n4}};
+        const struct dlx_member_layout bad_shape[] = {{"a", DT(kDLFloat, 32, 1), 1, neg}};
+        const struct dlx_member_layout bad_name[] = {{"../a", DT(kDLFloat, 32, 1), 1, n4}};
+        const struct dlx_member_layout one[] = {{"a", DT(kDLFloat, 32, 1), 1, n4}};
+        struct dlx_publish_options always = {.copy = DLX_COPY_ALWAYS};
+        struct dlx_publish_options writable = {.writable = true};
+        dlx_group *g = NULL, *acq = NULL;
+        float a[1] = {1};
+        struct dlx_member m = {"a", vec_f32(a, 1, NULL)};
+
+        ck_assert_int_eq(dlx_group_alloc(p, twice, 2, &g), -EINVAL);
+        ck_assert_int_eq(dlx_group_alloc(p, bad_dtype, 1, &g), -EINVAL);
+        ck_assert_int_eq(dlx_group_alloc(p, bad_shape, 1, &g), -EINVAL);
+        ck_assert_int_eq(dlx_group_alloc(p, bad_name, 1, &g), -EINVAL);
+        ck_assert_int_eq(dlx_group_alloc(p, one, 0, &g), -EINVAL);
+        ck_assert_int_eq(dlx_group_alloc(p, NULL, 1, &g), -EINVAL);
+        ck_assert_ptr_null(g);
+        DLXV(dlx_group_alloc(p, one, 1, &g));
+        ck_assert_int_eq(dlx_group_publish(p, "x", g, &always, NULL), -EINVAL);
+        ck_assert_int_eq(dlx_group_publish(p, "x", g, &writable, NULL), -ENOTSUP);
+        ck_assert_int_eq(dlx_group_publish(p, "x//y", g, NULL, NULL), -EINVAL);
+        ck_assert_int_eq(dlx_group_publish(p, "x", NULL, NULL, NULL), -EINVAL);
+        /* an acquired group is not one to publish */
+        DLXV(dlx_publish_group(p, "acq", &m, 1, NULL, NULL));
+        acq = acquire_group_ok(p, "acq", NULL, 0, NULL);
+        ck_assert_int_eq(dlx_group_publish(p, "x", acq, NULL, NULL), -EINVAL);
+        dlx_group_release(acq);
+        /* the refusals above published nothing and left the group writable */
+        struct dlx_info info;
+        ck_assert_int_eq(dlx_stat(p, "x", &info), -ENOENT);
+        ((float *)dlx_group_tensor(g, 0)->data)[0] = 5;
+        DLXV(dlx_group_publish(p, "x", g, NULL, NULL));
         dlx_group_release(g);
         dlx_close(p);
 }
@@ -624,6 +756,8 @@ Suite *group_suite(void)
         tcase_add_test(tc, members_are_read_only);
         tcase_add_test(tc, tied_storage_stays_tied);
         tcase_add_test(tc, large_byte_offset_kept);
+        tcase_add_test(tc, allocated_group_publishes_in_place);
+        tcase_add_test(tc, allocated_group_refusals);
         tcase_add_test(tc, subset_in_order_asked);
         tcase_add_test(tc, tensor_and_group_kinds);
         tcase_add_test(tc, taken_tensors_outlive_group_and_client);

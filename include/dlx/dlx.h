@@ -425,7 +425,8 @@ struct dlx_member {
  * (opts->writable gives -ENOTSUP) and its members are kDLCPU tensors.
  *
  * Every member's bytes are copied once, into one fresh sealed segment that
- * holds the whole version; members that share storage (tied weights, views
+ * holds the whole version (dlx_group_alloc() memory is published without
+ * a copy, by dlx_group_publish()); members that share storage (tied weights, views
  * of one buffer, whose bytes overlap or touch) share it in the copy too, at
  * the same distance apart. Each member keeps its dtype, shape, strides and
  * byte_offset. Takes ownership of every member's tensor on every path: each
@@ -437,7 +438,7 @@ struct dlx_member {
  *   -E2BIG    more members than max_group_members, or a table over
  *             max_group_table bytes (dlx_stats() gives both limits)
  *   -ENOTSUP  a member not on kDLCPU, or opts->writable
- *   -EXDEV    opts->copy is DLX_COPY_NEVER (a group is always copied)
+ *   -EXDEV    opts->copy is DLX_COPY_NEVER (this call always copies)
  *   -EACCES, -ENOSPC, -EAGAIN and -EOVERFLOW as for dlx_publish(); -ENOMEM
  * A group name that holds a tensor becomes a group, and the other way round.
  */
@@ -492,6 +493,44 @@ int dlx_group_take(dlx_group *group, size_t i, DLManagedTensorVersioned **ret_te
  * Borrowed names and tensors die now. NULL-safe.
  */
 void dlx_group_release(dlx_group *group);
+
+/* A member of a group to fill in place: a compact row-major kDLCPU tensor. */
+struct dlx_member_layout {
+        const char *name; /* as for struct dlx_member */
+        DLDataType dtype;
+        int32_t ndim;
+        const int64_t *shape;
+};
+
+/*
+ * A group to fill in place and publish without a copy: one memfd laid out
+ * as a published group is, each member compact and 64-byte aligned, zeroed.
+ * dlx_group_tensor() gives the members (in name order) and their data is
+ * writable until dlx_group_publish(); dlx_group_take() gives writable
+ * tensors of their own until then too (not READ_ONLY), read-only ones
+ * after. The daemon sees nothing of it before it is published; its memory
+ * is this process's until dlx_group_release() and the last taken tensor.
+ * Returns 0 with *ret_group, or -EINVAL (a bad name, dtype, shape, a name
+ * twice, none), -E2BIG (members or table over the daemon's limits, as for
+ * dlx_publish_group()), -EOVERFLOW or -ENOMEM.
+ */
+int dlx_group_alloc(dlx_client *client, const struct dlx_member_layout *layouts, size_t count,
+                    dlx_group **ret_group);
+
+/*
+ * Publishes a group from dlx_group_alloc() as the next version of name,
+ * without copying it: its pages become read-only at the same addresses, in
+ * this process too (a write through any pointer into them faults from the
+ * first publish on), and are sealed, so that readers see exactly what was
+ * written. It may be published again, under this name or another, as it is.
+ * dlx_group_version() then gives the last version published. opts as for
+ * dlx_publish_group() (NULL: defaults; persist is honoured, DLX_COPY_ALWAYS
+ * is -EINVAL). Returns 0 with *ret_version (may be NULL), or -EINVAL (NULL,
+ * a bad name, a group not from dlx_group_alloc()), -ENOTSUP (writable), and
+ * the daemon's errors as for dlx_publish_group().
+ */
+int dlx_group_publish(dlx_client *client, const char *name, dlx_group *group,
+                      const struct dlx_publish_options *opts, uint64_t *ret_version);
 
 /* ---- inspecting ------------------------------------------------------------------------ */
 
