@@ -5,9 +5,10 @@
  * in pieces with descriptors (fuzz-frame), and whole conversations of three
  * clients with a daemon (fuzz-session): publish, acquire, release through
  * frames and through the ring, replace, unpublish, list pages, watch events,
- * waiting acquires, alloc/free/forget, CUDA kinds, persist, errors.
+ * waiting acquires, alloc/free/forget, CUDA kinds, persist, errors; and group
+ * segments as libdlx lays them out (fuzz-group).
  *
- * Usage: make-corpus frame|request|session DIR   (DIR is created if missing)
+ * Usage: make-corpus frame|request|session|group DIR   (DIR is created if missing)
  */
 #include <errno.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@
 
 #include "frame.h"
 #include "fuzz.h"
+#include "group.h"
 #include "layout.h"
 #include "pbwrite.h"
 #include "ring.h"
@@ -934,10 +936,90 @@ static void corpus_session(void)
         save("session-tight", &b);
 }
 
+/* ---- group segments --------------------------------------------------------------------- */
+
+struct seed_member {
+        const char *name;
+        DLDataType dtype;
+        int ndim;
+        int64_t shape[3], strides[3];
+        uint64_t byte_offset, at; /* at: the data pointer, from the data area's start */
+};
+
+/* A group segment of the members (sorted by name already), limits first. */
+static void group_seed(const char *file, uint32_t max_count, uint32_t max_table,
+                       const struct seed_member *ms, uint32_t n, uint64_t data_bytes)
+{
+        struct buf b = {0};
+        uint64_t ndims = 0, names = 0;
+
+        for (uint32_t i = 0; i < n; i++) {
+                ndims += 2 * (uint64_t)ms[i].ndim;
+                names += strlen(ms[i].name) + 1;
+        }
+        struct group_head h = {.format = GROUP_FORMAT, .count = n};
+        memcpy(h.magic, GROUP_MAGIC, sizeof(h.magic));
+        h.members_off = sizeof(h);
+        h.dims_off = h.members_off + n * sizeof(struct group_member);
+        h.ndims = ndims;
+        h.names_off = h.dims_off + ndims * 8;
+        h.names_size = names;
+        h.data_off = (h.names_off + names + 63) / 64 * 64;
+        put(&b, &max_count, 4);
+        put(&b, &max_table, 4);
+        put(&b, &h, sizeof(h));
+        uint64_t dim = 0, name = 0;
+        for (uint32_t i = 0; i < n; i++) {
+                struct group_member m = {
+                        .offset = h.data_off + ms[i].at,
+                        .byte_offset = ms[i].byte_offset,
+                        .flags = DLPACK_FLAG_BITMASK_READ_ONLY,
+                        .dims = dim,
+                        .name_off = (uint32_t)name,
+                        .name_len = (uint16_t)strlen(ms[i].name),
+                        .ndim = (uint8_t)ms[i].ndim,
+                        .dtype_code = ms[i].dtype.code,
+                        .dtype_bits = ms[i].dtype.bits,
+                        .dtype_lanes = ms[i].dtype.lanes,
+                };
+                put(&b, &m, sizeof(m));
+                dim += 2 * (uint64_t)ms[i].ndim;
+                name += strlen(ms[i].name) + 1;
+        }
+        for (uint32_t i = 0; i < n; i++) {
+                put(&b, ms[i].shape, (size_t)ms[i].ndim * 8);
+                put(&b, ms[i].strides, (size_t)ms[i].ndim * 8);
+        }
+        for (uint32_t i = 0; i < n; i++)
+                put(&b, ms[i].name, strlen(ms[i].name) + 1);
+        while (b.len < 8 + h.data_off + data_bytes)
+                put_u8(&b, (uint8_t)b.len);
+        save(file, &b);
+}
+
+static void corpus_group(void)
+{
+        static const struct seed_member one[] = {
+                {"w", {kDLFloat, 32, 1}, 2, {2, 3}, {3, 1}, 0, 0},
+        };
+        static const struct seed_member several[] = {
+                {"a.bias", {kDLFloat, 16, 1}, 1, {4}, {1}, 0, 0},
+                {"a.weight", {kDLBfloat, 16, 1}, 2, {2, 4}, {1, 2}, 0, 64},
+                {"b/tied", {kDLBfloat, 16, 1}, 2, {4, 2}, {2, 1}, 0, 64},
+                {"c.rev", {kDLInt, 8, 1}, 1, {5}, {-1}, 4, 128},
+                {"d.scalar", {kDLFloat, 64, 1}, 0, {0}, {0}, 0, 192},
+                {"e.empty", {kDLFloat, 32, 1}, 2, {0, 3}, {3, 1}, 0, 0},
+                {"f.offset", {kDLUInt, 8, 1}, 1, {3}, {1}, 16, 200},
+        };
+        group_seed("group-one", 0, 0, one, 1, 64);
+        group_seed("group-several", 0, 0, several, 7, 256);
+        group_seed("group-limited", 4, 4096, several, 7, 256);
+}
+
 int main(int argc, char **argv)
 {
         if (argc != 3) {
-                fprintf(stderr, "usage: %s frame|request|session DIR\n", argv[0]);
+                fprintf(stderr, "usage: %s frame|request|session|group DIR\n", argv[0]);
                 return 2;
         }
         out_dir = argv[2];
@@ -949,8 +1031,10 @@ int main(int argc, char **argv)
                 corpus_request();
         else if (strcmp(argv[1], "session") == 0)
                 corpus_session();
+        else if (strcmp(argv[1], "group") == 0)
+                corpus_group();
         else {
-                fprintf(stderr, "usage: %s frame|request|session DIR\n", argv[0]);
+                fprintf(stderr, "usage: %s frame|request|session|group DIR\n", argv[0]);
                 return 2;
         }
         printf("%u seeds in %s\n", nfiles, out_dir);
