@@ -86,14 +86,48 @@ static uint64_t align_up(uint64_t v, uint64_t a)
         return (v + a - 1) / a * a;
 }
 
+static int cmp_ptr(const void *a, const void *b)
+{
+        uintptr_t x = (uintptr_t) * (void *const *)a, y = (uintptr_t) * (void *const *)b;
+        return (x > y) - (x < y);
+}
+
+/*
+ * Runs each member's deleter once, and clears the members: a tensor given
+ * under two names (tied weights, in C) is one tensor, deleted once.
+ */
 static void delete_members(struct dlx_member *members, size_t count)
 {
-        for (size_t i = 0; members && i < count; i++) {
-                DLManagedTensorVersioned *t = members[i].tensor;
-                members[i].tensor = NULL;
-                if (t && t->deleter)
-                        t->deleter(t);
+        DLManagedTensorVersioned **ts = NULL;
+        size_t n = 0;
+
+        if (!members)
+                return;
+        ts = malloc((count ? count : 1) * sizeof(*ts));
+        if (!ts) {
+                /* out of memory: the slow way, each against those before it */
+                for (size_t i = 0; i < count; i++) {
+                        uintptr_t t = (uintptr_t)members[i].tensor;
+                        bool again = false;
+                        for (size_t k = 0; k < i && !again; k++)
+                                again = (uintptr_t)members[k].tensor == t;
+                        if (t && !again && members[i].tensor->deleter)
+                                members[i].tensor->deleter(members[i].tensor);
+                }
+                for (size_t i = 0; i < count; i++)
+                        members[i].tensor = NULL;
+                return;
         }
+        for (size_t i = 0; i < count; i++) {
+                if (members[i].tensor)
+                        ts[n++] = members[i].tensor;
+                members[i].tensor = NULL;
+        }
+        qsort(ts, n, sizeof(*ts), cmp_ptr);
+        for (size_t i = 0; i < n; i++)
+                if ((i == 0 || ts[i] != ts[i - 1]) && ts[i]->deleter)
+                        ts[i]->deleter(ts[i]);
+        free(ts);
 }
 
 /* Checks member i and fills m; the detail goes to dlx__fail. */

@@ -236,6 +236,14 @@ START_TEST(tied_storage_stays_tied)
         (void)n8;
         DLXV(dlx_publish_group(p, "tied", ms, N_ELEMS(ms), NULL, NULL));
         ck_assert_int_eq(deleted, (int)N_ELEMS(ms));
+        /* one tensor under two names, as C code ties weights: deleted once */
+        int once = 0;
+        DLManagedTensorVersioned *shared = vec_f32(other, 8, &once);
+        struct dlx_member two[] = {{"enc.embed", shared}, {"dec.embed", shared}};
+        DLXV(dlx_publish_group(p, "tied2", two, 2, NULL, NULL));
+        ck_assert_int_eq(once, 1);
+        ck_assert_ptr_null(two[0].tensor);
+        ck_assert_ptr_null(two[1].tensor);
         free(buf);
         free(other);
 

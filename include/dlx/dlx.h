@@ -430,7 +430,8 @@ struct dlx_member {
  * of one buffer, whose bytes overlap or touch) share it in the copy too, at
  * the same distance apart. Each member keeps its dtype, shape, strides and
  * byte_offset. Takes ownership of every member's tensor on every path: each
- * deleter has run when this returns.
+ * deleter has run when this returns, once per tensor (one given under two
+ * names, tied, is deleted once), and members[i].tensor is NULL.
  *
  * Returns 0 with *ret_version (may be NULL), or:
  *   -EINVAL   bad group or member name, two members of one name, no members,
