@@ -516,6 +516,10 @@ START_TEST(fork_before_publish_cannot_change_published_bytes)
                 fprintf(stderr, "fork_before_publish: publish refused: %s (%s)\n",
                         dlx_strerror(err), dlx_last_error());
                 float a1 = member_f32(g, "a")[1];
+                int refused = err;
+                fprintf(stderr, "fork_before_publish: after the refusal a write %s\n",
+                        is_fault(poke_in_child(member_f32(g, "a") + 3, 4)) ? "faults"
+                                                                           : "goes through");
                 err = dlx_group_publish(p, "forked", g, NULL, NULL);
                 ck_assert_msg(err == 0, "after the child is gone: %s (%s)", dlx_strerror(err),
                               dlx_last_error());
@@ -525,6 +529,13 @@ START_TEST(fork_before_publish_cannot_change_published_bytes)
                 dlx_group_release(r);
                 st = poke_in_child(member_f32(g, "a"), 1);
                 ck_assert_msg(is_fault(st), "published, yet writable: child status %d", st);
+                /* dlx.h: -EINVAL, -ENOTSUP, and the daemon's errors as for dlx_publish_group() */
+                ck_assert_msg(refused == -EINVAL || refused == -ENOTSUP || refused == -EACCES ||
+                                      refused == -ENOSPC || refused == -EAGAIN ||
+                                      refused == -EOVERFLOW || refused == -ENOMEM ||
+                                      refused == -E2BIG,
+                              "a publish refused with an error dlx.h does not list: %s (%s)",
+                              dlx_strerror(refused), "a child forked before holds a mapping");
         }
         dlx_group_release(g);
         dlx_close(q);
@@ -642,6 +653,68 @@ START_TEST(republished_versions_share_the_bytes)
         ck_assert(consumer_sees_two(q, "rv2", 4));
         dlx_group_release(held);
         dlx_group_release(g);
+        dlx_close(q);
+        dlx_close(p);
+}
+END_TEST
+
+/*
+ * A4 "dlx_group_version() then gives the last version published", whether
+ * the caller asked for the version (ret_version) or not.
+ */
+START_TEST(group_version_is_last_published_without_ret_version)
+{
+        dlx_client *p = fx_connect(&fx, "producer");
+        dlx_group *g = alloc_two(p);
+        struct dlx_info info;
+
+        ck_assert_uint_eq(dlx_group_version(g), 0);
+        publish_ok_g(p, "nv", g, NULL, NULL);
+        publish_ok_g(p, "nv", g, NULL, NULL);
+        DLXV(dlx_stat(p, "nv", &info));
+        ck_assert_uint_eq(info.version, 2);
+        ck_assert_msg(dlx_group_version(g) == 2,
+                      "dlx_group_version() %" PRIu64 " after publishing version 2 (NULL "
+                      "ret_version)",
+                      dlx_group_version(g));
+        dlx_group_release(g);
+        dlx_close(p);
+}
+END_TEST
+
+/*
+ * A1/A4: a group whose members are all empty (shape 0) and a group of exactly
+ * DLX_MAX_SEGMENT (1 TiB) of data: either refused at alloc, or published and read.
+ */
+START_TEST(edge_sized_groups_publish_or_refuse_at_alloc)
+{
+        dlx_client *p = fx_connect(&fx, "producer"), *q = fx_connect(&fx, "consumer");
+        const int64_t zero = 0, tib = INT64_C(1) << 38;
+        const struct dlx_member_layout e[] = {{"e", DT(kDLFloat, 32, 1), 1, &zero}};
+        const struct dlx_member_layout t[] = {{"t", DT(kDLFloat, 32, 1), 1, &tib}};
+        dlx_group *g = alloc_ok(p, e, 1), *r;
+
+        int err = dlx_group_publish(p, "empty", g, NULL, NULL);
+        ck_assert_msg(err == 0, "all-empty group: %s (%s)", dlx_strerror(err), dlx_last_error());
+        r = acquire_ok_g(q, "empty");
+        ck_assert_int_eq(dlx_group_tensor(r, 0)->shape[0], 0);
+        dlx_group_release(r);
+        dlx_group_release(g);
+        err = dlx_group_alloc(p, t, 1, &g);
+        ck_assert_msg(err == 0 || err == -ENOMEM, "1 TiB: %s (%s)", dlx_strerror(err),
+                      dlx_last_error());
+        if (err == 0) {
+                member_f32(g, "t")[tib - 1] = 3;
+                err = dlx_group_publish(p, "tib", g, NULL, NULL);
+                ck_assert_msg(err == 0 || err == -ENOSPC, "1 TiB publish: %s (%s)",
+                              dlx_strerror(err), dlx_last_error());
+                if (err == 0) {
+                        r = acquire_ok_g(q, "tib");
+                        ck_assert_float_eq(member_f32(r, "t")[tib - 1], 3);
+                        dlx_group_release(r);
+                }
+                dlx_group_release(g);
+        }
         dlx_close(q);
         dlx_close(p);
 }
@@ -836,6 +909,8 @@ Suite *group_alloc_attacks_suite(void)
         tcase_add_test(tc, fork_after_publish_write_faults);
         tcase_add_test(tc, concurrent_publishes_of_one_group_all_succeed);
         tcase_add_test(tc, republished_versions_share_the_bytes);
+        tcase_add_test(tc, group_version_is_last_published_without_ret_version);
+        tcase_add_test(tc, edge_sized_groups_publish_or_refuse_at_alloc);
         tcase_add_test(tc, taken_tensors_outlive_release_and_close);
         tcase_add_test(tc, publish_with_another_client_after_close);
         tcase_add_test(tc, persisted_group_outlives_producer);
