@@ -701,8 +701,9 @@ START_TEST(edge_sized_groups_publish_or_refuse_at_alloc)
         dlx_group_release(r);
         dlx_group_release(g);
         err = dlx_group_alloc(p, t, 1, &g);
-        ck_assert_msg(err == 0 || err == -ENOMEM, "1 TiB: %s (%s)", dlx_strerror(err),
-                      dlx_last_error());
+        /* valgrind maps no TiB (mmap gives EINVAL there) */
+        ck_assert_msg(err == 0 || err == -ENOMEM || fx_slowdown() > 1, "1 TiB: %s (%s)",
+                      dlx_strerror(err), dlx_last_error());
         if (err == 0) {
                 member_f32(g, "t")[tib - 1] = 3;
                 err = dlx_group_publish(p, "tib", g, NULL, NULL);
