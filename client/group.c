@@ -584,9 +584,12 @@ static int held_publish_group(dlx_client *c, const char *name, struct dlx_member
         for (size_t i = 0; i < count; i++)
                 if (ms[i].hi <= ms[i].lo)
                         ms[i].offset = tp.data_off;
-        if (data_bytes > DLX_MAX_SEGMENT) {
-                err = dlx__fail(-EOVERFLOW, "group '%s': %llu bytes of data", name,
-                                (unsigned long long)data_bytes);
+        if (data_bytes > DLX_MAX_SEGMENT - tp.data_off) {
+                err = dlx__fail(-EOVERFLOW,
+                                "group '%s': %llu bytes of data and a %llu-byte table are over "
+                                "the 1 TiB a segment may hold",
+                                name, (unsigned long long)data_bytes,
+                                (unsigned long long)tp.data_off);
                 goto out;
         }
 
@@ -645,7 +648,7 @@ struct dlx_group {
         bool sealed; /* mapped read-only, sealed: publishable, no more writable */
         int fd;
         uint64_t size, data_off, data_bytes;
-        pthread_mutex_t lock; /* alloc: serialises dlx_group_publish() */
+        pthread_mutex_t lock; /* alloc: serialises dlx_group_publish()'s sealing, and version */
 };
 
 static void group_free(dlx_group *g)
@@ -808,7 +811,16 @@ int dlx_acquire_group(dlx_client *c, const char *name, const char *const *member
 
 uint64_t dlx_group_version(const dlx_group *g)
 {
-        return g ? g->version : 0;
+        uint64_t v = 0;
+
+        if (g && g->alloc) {
+                pthread_mutex_lock((pthread_mutex_t *)&g->lock);
+                v = g->version;
+                pthread_mutex_unlock((pthread_mutex_t *)&g->lock);
+        } else if (g) {
+                v = g->version;
+        }
+        return v;
 }
 
 size_t dlx_group_count(const dlx_group *g)
@@ -926,9 +938,11 @@ int dlx_group_alloc(dlx_client *c, const struct dlx_member_layout *layouts, size
                 m->offset = at;
                 at += (uint64_t)m->hi;
         }
-        if (at - tp.data_off > DLX_MAX_SEGMENT) {
-                err = dlx__fail(-EOVERFLOW, "a group of %llu bytes of data",
-                                (unsigned long long)(at - tp.data_off));
+        if (at > DLX_MAX_SEGMENT) {
+                err = dlx__fail(-EOVERFLOW,
+                                "a group of %llu bytes, table included, is over the 1 TiB a "
+                                "segment may hold",
+                                (unsigned long long)at);
                 goto fail;
         }
         fd = segment_new(sorted, count, &tp, at);
@@ -1025,20 +1039,37 @@ static int held_group_publish(dlx_client *c, const char *name, dlx_group *g,
                 if (ro == MAP_FAILED)
                         err = dlx__fail(-errno, "publish group '%s': cannot map it read-only: %s",
                                         name, strerror(errno));
-                else if ((err = segment_seal(g->fd)) < 0)
-                        err = dlx__fail(err, "publish group '%s': cannot seal it: %s", name,
-                                        strerror(-err));
-                else
+                else if ((err = segment_seal(g->fd)) < 0) {
+                        /*
+                         * Someone else maps it writable: a child forked since the
+                         * alloc. Writable again, as it was, and nothing published.
+                         */
+                        if (mmap((void *)g->base, g->size, PROT_READ | PROT_WRITE,
+                                 MAP_SHARED | MAP_FIXED, g->fd, 0) == MAP_FAILED)
+                                dlx__log(c, DLX_LOG_WARNING, "group '%s' stays read-only: %s", name,
+                                         strerror(errno));
+                        err = dlx__fail(err,
+                                        "publish group '%s': cannot seal it (%s): another process "
+                                        "maps it writable, a child forked since dlx_group_alloc(); "
+                                        "publish once it has exited or called exec",
+                                        name, strerror(-err));
+                } else {
                         g->sealed = true;
+                }
         }
         pthread_mutex_unlock(&g->lock);
         if (err < 0)
                 return err;
-        err = send_group(c, name, g->fd, g->count, g->data_off, g->data_bytes, o.persist,
-                         ret_version);
-        if (err == 0 && ret_version)
-                g->version = *ret_version;
-        return err;
+        uint64_t version = 0;
+        err = send_group(c, name, g->fd, g->count, g->data_off, g->data_bytes, o.persist, &version);
+        if (err < 0)
+                return err;
+        pthread_mutex_lock(&g->lock);
+        g->version = version; /* of the publish that returned last */
+        pthread_mutex_unlock(&g->lock);
+        if (ret_version)
+                *ret_version = version;
+        return 0;
 }
 
 int dlx_group_publish(dlx_client *c, const char *name, dlx_group *group,

@@ -508,12 +508,15 @@ struct dlx_member_layout {
  * as a published group is, each member compact and 64-byte aligned, zeroed.
  * dlx_group_tensor() gives the members (in name order) and their data is
  * writable until dlx_group_publish(); dlx_group_take() gives writable
- * tensors of their own until then too (not READ_ONLY), read-only ones
- * after. The daemon sees nothing of it before it is published; its memory
- * is this process's until dlx_group_release() and the last taken tensor.
+ * tensors of their own until then too (not READ_ONLY: a flag a tensor
+ * keeps, though a write through it faults once the group is published),
+ * read-only ones after. A child forked after this call maps it too, and
+ * writable: the group cannot be published while one lives. The daemon sees nothing of it before it
+ * is published; its memory is this process's until dlx_group_release() and the last taken tensor.
  * Returns 0 with *ret_group, or -EINVAL (a bad name, dtype, shape, a name
  * twice, none), -E2BIG (members or table over the daemon's limits, as for
- * dlx_publish_group()), -EOVERFLOW or -ENOMEM.
+ * dlx_publish_group()), -EOVERFLOW (over 1 TiB, the table included: the
+ * most a segment holds) or -ENOMEM.
  */
 int dlx_group_alloc(dlx_client *client, const struct dlx_member_layout *layouts, size_t count,
                     dlx_group **ret_group);
@@ -524,11 +527,13 @@ int dlx_group_alloc(dlx_client *client, const struct dlx_member_layout *layouts,
  * this process too (a write through any pointer into them faults from the
  * first publish on), and are sealed, so that readers see exactly what was
  * written. It may be published again, under this name or another, as it is.
- * dlx_group_version() then gives the last version published. opts as for
- * dlx_publish_group() (NULL: defaults; persist is honoured, DLX_COPY_ALWAYS
- * is -EINVAL). Returns 0 with *ret_version (may be NULL), or -EINVAL (NULL,
- * a bad name, a group not from dlx_group_alloc()), -ENOTSUP (writable), and
- * the daemon's errors as for dlx_publish_group().
+ * dlx_group_version() then gives the version of the publish that returned
+ * last. opts as for dlx_publish_group() (NULL: defaults; persist is
+ * honoured, DLX_COPY_ALWAYS is -EINVAL). Returns 0 with *ret_version (may
+ * be NULL), or -EINVAL (NULL, a bad name, a group not from
+ * dlx_group_alloc()), -ENOTSUP (writable), -EBUSY (a child forked since the
+ * alloc still maps it writable: nothing is published, and the group stays
+ * writable), and the daemon's errors as for dlx_publish_group().
  */
 int dlx_group_publish(dlx_client *client, const char *name, dlx_group *group,
                       const struct dlx_publish_options *opts, uint64_t *ret_version);
