@@ -349,6 +349,20 @@ static int write_blocks(int fd, const struct block *blocks, size_t nblocks)
         return err;
 }
 
+/*
+ * Whether the daemon knows groups (protocol 1.3): an older one would take a
+ * group's publish for a tensor of bytes, and give it to readers as one.
+ */
+static int check_daemon(dlx_client *c, const char *name)
+{
+        if (c->server_minor < 3)
+                return dlx__fail(-ENOTSUP,
+                                 "group '%s': the daemon (protocol 1.%u) has no groups: "
+                                 "1.3 does",
+                                 name, c->server_minor);
+        return 0;
+}
+
 /* A member count the daemon takes: 1 to its --max-group-members (hello said which). */
 static int check_count(dlx_client *c, const char *name, size_t count)
 {
@@ -547,7 +561,7 @@ static int held_publish_group(dlx_client *c, const char *name, struct dlx_member
                 return err;
         if (layout_name_check(name, strlen(name), &why) < 0)
                 return dlx__fail(-EINVAL, "bad group name '%s': %s", name, why);
-        if ((err = check_count(c, name, count)) < 0)
+        if ((err = check_daemon(c, name)) < 0 || (err = check_count(c, name, count)) < 0)
                 return err;
         if (o.copy != DLX_COPY_IF_NEEDED && o.copy != DLX_COPY_NEVER && o.copy != DLX_COPY_ALWAYS)
                 return dlx__fail(-EINVAL, "publish group '%s': copy mode %d is not a dlx_copy",
@@ -781,9 +795,8 @@ static int held_acquire_group(dlx_client *c, const char *name, const char *const
                                          name, i);
         if (layout_name_check(name, strlen(name), &why) < 0)
                 return dlx__fail(-EINVAL, "bad group name: %s", why);
-        if (c->server_minor < 3)
-                return dlx__fail(-ENOTSUP, "the daemon (protocol 1.%u) has no groups: 1.3 does",
-                                 c->server_minor);
+        if ((err = check_daemon(c, name)) < 0)
+                return err;
         wire_strcpy(req.acquire.name, sizeof(req.acquire.name), name);
         req.acquire.group = true;
         if (opts) {
@@ -1019,6 +1032,8 @@ static int held_group_publish(dlx_client *c, const char *name, dlx_group *g,
                 return dlx__fail(-EINVAL, "bad group name '%s': %s", name, why);
         if (o.writable)
                 return dlx__fail(-ENOTSUP, "publish group '%s': a group is read-only", name);
+        if ((err = check_daemon(c, name)) < 0)
+                return err;
         if (o.copy == DLX_COPY_ALWAYS)
                 return dlx__fail(-EINVAL,
                                  "publish group '%s': an allocated group goes as it is, "

@@ -11,7 +11,10 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <pthread.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,9 +24,11 @@
 #include <check.h>
 
 #include "fixture.h"
+#include "frame.h"
 #include "group.h"
 #include "rawpeer.h"
 #include "tensors.h"
+#include "wire.h"
 
 #define DLXV(call) ck_assert_int_eq((call), 0)
 
@@ -705,6 +710,81 @@ START_TEST(stat_and_list_show_groups)
 }
 END_TEST
 
+/* A daemon of protocol 1.2: greets, then reads and answers nothing until the client hangs up. */
+static void *old_daemon(void *arg)
+{
+        int lfd = *(int *)arg, s = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+        uint8_t hdr[FRAME_HEADER_SIZE], payload[4096], out[4096];
+        struct wire_request req;
+        struct wire_reply rep = {.type = WIRE_REP_HELLO};
+        uint32_t len = 0;
+        unsigned nfds = 0;
+        size_t n = 0;
+        char why[128];
+
+        if (s < 0)
+                return NULL;
+        if (recv(s, hdr, sizeof(hdr), MSG_WAITALL) == (ssize_t)sizeof(hdr) &&
+            frame_header_get(hdr, &len, &nfds) == 0 && len <= sizeof(payload) &&
+            recv(s, payload, len, MSG_WAITALL) == (ssize_t)len &&
+            wire_request_decode(payload, len, &req, why, sizeof(why)) == 0) {
+                rep.id = req.id;
+                rep.hello.major = 1;
+                rep.hello.minor = 2;
+                rep.hello.session = 1;
+                rep.hello.max_frame = DLX_MAX_FRAME;
+                rep.hello.max_inflight = DLX_MAX_INFLIGHT;
+                snprintf(rep.hello.server, sizeof(rep.hello.server), "dlxd 0.0 (1.2)");
+                if (wire_reply_encode(&rep, out + FRAME_HEADER_SIZE,
+                                      sizeof(out) - FRAME_HEADER_SIZE, &n) == 0) {
+                        frame_header_put(out, (uint32_t)n, 0);
+                        send(s, out, FRAME_HEADER_SIZE + n, MSG_NOSIGNAL);
+                }
+        }
+        while (recv(s, payload, sizeof(payload), 0) > 0)
+                ; /* whatever comes, no answer: the group calls must not send any */
+        close(s);
+        return NULL;
+}
+
+/* Against a daemon older than groups, every group call says so and sends nothing. */
+START_TEST(old_daemon_has_no_groups)
+{
+        struct sockaddr_un addr = {.sun_family = AF_UNIX};
+        char dir[] = "/tmp/dlx-old-XXXXXX";
+        int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        pthread_t th;
+        dlx_client *c = NULL;
+        dlx_group *g = NULL;
+        float a[2] = {1, 2};
+        int deleted = 0;
+        struct dlx_member m = {"a", vec_f32(a, 2, &deleted)};
+        static const int64_t two[1] = {2};
+        const struct dlx_member_layout l = {"a", DT(kDLFloat, 32, 1), 1, two};
+
+        ck_assert_ptr_nonnull(mkdtemp(dir));
+        snprintf(addr.sun_path, sizeof(addr.sun_path), "%s/s", dir);
+        ck_assert_int_eq(bind(lfd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+        ck_assert_int_eq(listen(lfd, 1), 0);
+        ck_assert_int_eq(pthread_create(&th, NULL, old_daemon, &lfd), 0);
+        struct dlx_connect_options o = {.socket_path = addr.sun_path, .timeout_ms = 300};
+        DLXV(dlx_connect(&o, &c));
+        ck_assert_int_eq(dlx_publish_group(c, "g", &m, 1, NULL, NULL), -ENOTSUP);
+        expect_last_error("1.3");
+        ck_assert_int_eq(deleted, 1);
+        ck_assert_int_eq(dlx_acquire_group(c, "g", NULL, 0, NULL, &g), -ENOTSUP);
+        /* alloc needs no daemon; its publish does */
+        DLXV(dlx_group_alloc(c, &l, 1, &g));
+        ck_assert_int_eq(dlx_group_publish(c, "g", g, NULL, NULL), -ENOTSUP);
+        dlx_group_release(g);
+        dlx_close(c);
+        pthread_join(th, NULL);
+        close(lfd);
+        unlink(addr.sun_path);
+        rmdir(dir);
+}
+END_TEST
+
 /* --max-group-members and --max-group-table hold, at their edges. */
 START_TEST(group_limits)
 {
@@ -773,6 +853,7 @@ Suite *group_suite(void)
         tcase_add_test(tc, readers_never_see_mixed_versions);
         tcase_add_test(tc, bad_publishes_delete_every_member);
         tcase_add_test(tc, stat_and_list_show_groups);
+        tcase_add_test(tc, old_daemon_has_no_groups);
         suite_add_tcase(s, tc);
         tcase_add_unchecked_fixture(own, fx_reaper_init, fx_reaper_run);
         tcase_add_test(own, group_limits);
