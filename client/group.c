@@ -183,7 +183,7 @@ static uint64_t lay_out(struct pub_member **by_start, size_t n, struct block *bl
 
         for (size_t i = 0; i < n; i++) {
                 struct pub_member *m = by_start[i];
-                uintptr_t end = m->start + (uintptr_t)(m->hi - m->lo);
+                uintptr_t end = m->start + ((uintptr_t)m->hi - (uintptr_t)m->lo);
                 if (nb && m->start <= blocks[nb - 1].end) {
                         if (end > blocks[nb - 1].end)
                                 blocks[nb - 1].end = end;
@@ -949,7 +949,10 @@ int dlx_group_alloc(dlx_client *c, const struct dlx_member_layout *layouts, size
                 }
                 at = align_up(at, GROUP_MEMBER_ALIGN);
                 m->offset = at;
+                /* at <= DLX_MAX_SEGMENT + GROUP_MEMBER_ALIGN here, hi < 2^63: no wrap */
                 at += (uint64_t)m->hi;
+                if (at > DLX_MAX_SEGMENT)
+                        break;
         }
         if (at > DLX_MAX_SEGMENT) {
                 err = dlx__fail(-EOVERFLOW,

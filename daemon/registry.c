@@ -318,8 +318,9 @@ static int check_access(const struct wire_tensor *t, struct segment *seg, char *
  * A group's table, checked once, here, after its segment was sealed against
  * writing (check_access): nothing reads it in dlxd again, and no peer can
  * change it under its readers. The publish's tensor must describe the
- * table's data area as bytes, so that the version reads the same to a peer
- * that knows no groups.
+ * table's data area as bytes, so that stat and list describe a group as
+ * they describe a tensor (a peer that knows no groups is refused its
+ * acquire: grant()).
  */
 static int check_group(struct session *s, const struct wire_request *req, int fd,
                        struct segment *seg, char *why, size_t whysz)
@@ -327,7 +328,6 @@ static int check_group(struct session *s, const struct wire_request *req, int fd
         const struct wire_tensor *t = &req->publish.tensor;
         const struct wire_limit_set *lim = &s->reg->lim;
         struct group_summary sum;
-        void *base;
         int err;
 
         if (fd < 0 || req->publish.hold || t->storage != WIRE_STORAGE_MEMFD) {
@@ -339,24 +339,41 @@ static int check_group(struct session *s, const struct wire_request *req, int fd
                 return -ENOTSUP;
         }
         /*
-         * Only the table is mapped, and all of it at once: group_check()
-         * reads nothing past data_off, which the head gives, and it checks
-         * the head's own numbers first.
+         * The table is read, not mapped: a read of a hole in a memfd allocates
+         * nothing, where a mapping's faults would allocate pages that a
+         * peer's sparse memfd keeps, charged to dlxd. The head first, and the
+         * table (up to data_off, within --max-group-table) only once the
+         * head's numbers pass.
          */
         struct group_head head;
-        uint64_t len = seg->size;
-        if (pread(seg->fd, &head, sizeof(head), 0) == (ssize_t)sizeof(head) &&
-            head.data_off >= sizeof(head) && head.data_off <= seg->size)
-                len = head.data_off;
-        base = mmap(NULL, len, PROT_READ, MAP_SHARED | MAP_POPULATE, seg->fd, 0);
-        if (base == MAP_FAILED) {
-                err = -errno;
-                snprintf(why, whysz, "cannot map the group's table: %s", strerror(-err));
-                return err;
+        uint8_t *table = NULL;
+        if (seg->size < sizeof(head) || pread(seg->fd, &head, sizeof(head), 0) != sizeof(head)) {
+                snprintf(why, whysz, "a group segment of %llu bytes has no room for its head",
+                         (unsigned long long)seg->size);
+                return -EINVAL;
         }
-        err = group_check(base, seg->size, lim->max_group_members, lim->max_group_table, &sum, why,
-                          whysz);
-        munmap(base, len);
+        err = group_check_head(&head, seg->size, lim->max_group_members, lim->max_group_table, why,
+                               whysz);
+        if (err == 0 && !(table = malloc(head.data_off))) {
+                snprintf(why, whysz, "out of memory for a %llu-byte group table",
+                         (unsigned long long)head.data_off);
+                err = -ENOMEM;
+        }
+        for (uint64_t done = 0; err == 0 && done < head.data_off;) {
+                ssize_t n = pread(seg->fd, table + done, head.data_off - done, (off_t)done);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n <= 0) {
+                        err = n < 0 ? -errno : -EIO;
+                        snprintf(why, whysz, "cannot read the group's table: %s", strerror(-err));
+                        break;
+                }
+                done += (uint64_t)n;
+        }
+        if (err == 0)
+                err = group_check(table, seg->size, lim->max_group_members, lim->max_group_table,
+                                  &sum, why, whysz);
+        free(table);
         if (err < 0)
                 return err;
         if (sum.count != t->members || t->dtype.code != kDLUInt || t->dtype.bits != 8 ||

@@ -76,7 +76,8 @@ static int check_member(const uint8_t *base, const struct group_head *h, uint64_
                 uint64_t neg = lo < 0 ? 0 - (uint64_t)lo : 0;
                 /* offset <= size < 2^63 and lo < 2^63: no overflow */
                 uint64_t start = lo < 0 ? m->offset - neg : m->offset + (uint64_t)lo;
-                if (neg > m->offset || !within(start, (uint64_t)(hi - lo), h->data_off, size))
+                if (neg > m->offset ||
+                    !within(start, (uint64_t)hi - (uint64_t)lo, h->data_off, size))
                         FAIL(-EINVAL,
                              "member '%s': its elements reach outside the group's data "
                              "(offset %llu, extent [%lld, %lld), data [%llu, %llu))",
@@ -86,11 +87,9 @@ static int check_member(const uint8_t *base, const struct group_head *h, uint64_
         return 0;
 }
 
-int group_check(const void *base_, uint64_t size, uint32_t max_count, uint64_t max_table,
-                struct group_summary *ret, char *why, size_t whysz)
+int group_check_head(const struct group_head *h, uint64_t size, uint32_t max_count,
+                     uint64_t max_table, char *why, size_t whysz)
 {
-        const uint8_t *base = base_;
-        const struct group_head *h = base_;
         uint64_t members_bytes;
 
         if (size < sizeof(*h))
@@ -121,10 +120,24 @@ int group_check(const void *base_, uint64_t size, uint32_t max_count, uint64_t m
             !within(h->names_off, h->names_size, sizeof(*h), h->data_off) ||
             h->names_size > UINT32_MAX)
                 FAIL(-EINVAL, "the group table's areas lie outside it, or are misaligned");
+        return 0;
+}
 
+int group_check(const void *base_, uint64_t size, uint32_t max_count, uint64_t max_table,
+                struct group_summary *ret, char *why, size_t whysz)
+{
+        const uint8_t *base = base_;
+        const struct group_head *h = base_;
+        int err;
+
+        if (size < sizeof(*h))
+                FAIL(-EINVAL, "a group segment of %llu bytes has no room for its head",
+                     (unsigned long long)size);
+        if ((err = group_check_head(h, size, max_count, max_table, why, whysz)) < 0)
+                return err;
         for (uint32_t i = 0; i < h->count; i++) {
-                int err = check_member(base, h, size, i, i ? group_member_at(base, i - 1) : NULL,
-                                       why, whysz);
+                err = check_member(base, h, size, i, i ? group_member_at(base, i - 1) : NULL, why,
+                                   whysz);
                 if (err < 0)
                         return err;
         }

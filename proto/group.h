@@ -102,6 +102,15 @@ static inline const int64_t *group_member_dims(const void *base, const struct gr
 }
 
 /*
+ * The head's own checks, the first group_check() makes: magic, format,
+ * counts and limits, and the table's areas within [sizeof(*h), data_off),
+ * data_off within the segment. What needs no more than the head: dlxd reads
+ * the rest only once these pass. Returns as group_check().
+ */
+int group_check_head(const struct group_head *h, uint64_t size, uint32_t max_count,
+                     uint64_t max_table, char *why, size_t whysz);
+
+/*
  * Index of the member called name (len bytes) in a checked table, or -1:
  * a binary search, the table being sorted.
  */

@@ -2015,6 +2015,69 @@ START_TEST(many_members_one_lease)
 }
 END_TEST
 
+/*
+ * A sparse memfd, sealed, sent as a group: whether its head is garbage or
+ * says its table is the whole segment, dlxd reads what it checks and
+ * allocates none of the segment's pages (which the sender would keep,
+ * charged to dlxd, for as long as it held the fd).
+ */
+START_TEST(sparse_segment_allocates_nothing)
+{
+        static const struct {
+                const char *what;
+                bool good_magic;
+                uint64_t data_off; /* 0: the segment's size */
+        } rows[] = {
+                {"garbage head", false, 4096},
+                {"a table as big as the segment", true, 0},
+                {"a table past the segment", true, UINT64_MAX / 2},
+        };
+        const uint64_t size = UINT64_C(1) << 30;
+        dlx_client *c = fx_connect(&fx, "observer");
+        int sock = rp_connect(fx.socket, "hostile");
+
+        for (size_t i = 0; i < N_ELEMS(rows); i++) {
+                struct group_head h = {.format = GROUP_FORMAT, .count = 1};
+                struct wire_request req = {.id = 100 + i, .type = WIRE_REQ_PUBLISH};
+                struct wire_tensor *t = &req.publish.tensor;
+                struct wire_reply rep;
+                struct stat st;
+                int fd = memfd_create("sparse", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+                memcpy(h.magic, rows[i].good_magic ? GROUP_MAGIC : "NOTAGRUP", 8);
+                h.members_off = sizeof(h);
+                h.dims_off = sizeof(h) + sizeof(struct group_member);
+                h.names_off = h.dims_off;
+                h.names_size = 2;
+                h.data_off = rows[i].data_off ? rows[i].data_off : size;
+                ck_assert_int_ge(fd, 0);
+                ck_assert_int_eq(ftruncate(fd, (off_t)size), 0);
+                ck_assert_int_eq(pwrite(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+                ck_assert_int_eq(fcntl(fd, F_ADD_SEALS,
+                                       F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL),
+                                 0);
+                snprintf(t->name, sizeof(t->name), "sparse/%zu", i);
+                t->dtype = (DLDataType){kDLUInt, 8, 1};
+                t->ndim = 1;
+                t->shape[0] = 0;
+                t->strides[0] = 1;
+                t->device_type = kDLCPU;
+                t->storage = WIRE_STORAGE_MEMFD;
+                t->offset = size;
+                t->flags = DLPACK_FLAG_BITMASK_READ_ONLY;
+                t->members = 1;
+                ck_assert_int_ne(raw_call(sock, &req, fd, &rep, NULL), WIRE_OK);
+                ck_assert_int_eq(fstat(fd, &st), 0);
+                ck_assert_msg((uint64_t)st.st_blocks * 512 <= (UINT64_C(1) << 20),
+                              "%s: %llu bytes of the sparse segment allocated", rows[i].what,
+                              (unsigned long long)st.st_blocks * 512);
+                close(fd);
+        }
+        close(sock);
+        dlx_close(c);
+}
+END_TEST
+
 Suite *group_attacks_suite(void)
 {
         Suite *s = suite_create("group-attacks");
@@ -2028,6 +2091,7 @@ Suite *group_attacks_suite(void)
         tcase_add_test(raw, raw_built_table_is_a_group);
         tcase_add_loop_test(raw, raw_bad_tables_refused, 0, (int)N_ELEMS(mutations));
         tcase_add_test(raw, raw_table_writable_by_sender_refused);
+        tcase_add_test(raw, sparse_segment_allocates_nothing);
         tcase_add_test(raw, raw_group_by_segment_id_table_immutable);
         tcase_add_test(raw, raw_table_checked_is_table_sealed);
         tcase_add_test(raw, raw_held_group_segment_stays_read_only);

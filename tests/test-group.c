@@ -414,6 +414,13 @@ START_TEST(allocated_group_refusals)
         ck_assert_int_eq(dlx_group_alloc(p, bad_name, 1, &g), -EINVAL);
         ck_assert_int_eq(dlx_group_alloc(p, one, 0, &g), -EINVAL);
         ck_assert_int_eq(dlx_group_alloc(p, NULL, 1, &g), -EINVAL);
+        /* sizes that would wrap 64 bits between them, not one by one */
+        static const int64_t huge[1] = {INT64_C(1) << 62};
+        const struct dlx_member_layout wrap[] = {{"a", DT(kDLUInt, 8, 1), 1, huge},
+                                                 {"b", DT(kDLUInt, 8, 1), 1, huge},
+                                                 {"c", DT(kDLUInt, 8, 1), 1, huge},
+                                                 {"d", DT(kDLUInt, 8, 1), 1, huge}};
+        ck_assert_int_eq(dlx_group_alloc(p, wrap, 4, &g), -EOVERFLOW);
         ck_assert_ptr_null(g);
         DLXV(dlx_group_alloc(p, one, 1, &g));
         ck_assert_int_eq(dlx_group_publish(p, "x", g, &always, NULL), -EINVAL);

@@ -492,6 +492,13 @@ static PyObject *client_publish_dict(DlxPy_Client *self, PyObject *args, PyObjec
         }
         for (; taken < n; taken++) {
                 PyObject *item = PyList_GET_ITEM(items, taken);
+                if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {
+                        PyErr_Format(PyExc_TypeError,
+                                     "publish_dict '%s': the mapping's items() gave a %s, not a "
+                                     "(name, tensor) pair",
+                                     name, Py_TYPE(item)->tp_name);
+                        goto fail;
+                }
                 PyObject *key = PyTuple_GET_ITEM(item, 0), *value = PyTuple_GET_ITEM(item, 1);
                 DLManagedTensor *legacy = NULL;
                 void *stream = NULL;
@@ -503,9 +510,16 @@ static PyObject *client_publish_dict(DlxPy_Client *self, PyObject *args, PyObjec
                                      Py_TYPE(key)->tp_name);
                         goto fail;
                 }
-                member = PyUnicode_AsUTF8(key);
+                Py_ssize_t mlen;
+                member = PyUnicode_AsUTF8AndSize(key, &mlen);
                 if (!member)
                         goto fail;
+                if ((size_t)mlen != strlen(member)) {
+                        PyErr_Format(PyExc_ValueError,
+                                     "publish_dict '%s': a member name holds a NUL character",
+                                     name);
+                        goto fail;
+                }
                 Py_INCREF(key);
                 PyList_SET_ITEM(keys, taken, key);
                 if (dlxpy_take_tensor(value, member, Py_None, &ms[taken].tensor, &legacy, &stream) <
@@ -573,17 +587,18 @@ static PyObject *client_acquire_dict(DlxPy_Client *self, PyObject *args, PyObjec
         if (acquire_options(timeout, min_version, Py_None, &total, &o) < 0)
                 return NULL;
         if (members != Py_None) {
-                seq = PySequence_Fast(members, "acquire_dict: members is a sequence of str");
+                /* a tuple of our own: the names live while the GIL is released */
+                seq = PySequence_Tuple(members);
                 if (!seq)
                         return NULL;
-                t.count = (size_t)PySequence_Fast_GET_SIZE(seq);
+                t.count = (size_t)PyTuple_GET_SIZE(seq);
                 names = PyMem_Calloc(t.count ? t.count : 1, sizeof(*names));
                 if (!names) {
                         Py_DECREF(seq);
                         return PyErr_NoMemory();
                 }
                 for (size_t i = 0; i < t.count; i++) {
-                        PyObject *k = PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i);
+                        PyObject *k = PyTuple_GET_ITEM(seq, (Py_ssize_t)i);
                         names[i] = PyUnicode_Check(k) ? PyUnicode_AsUTF8(k) : NULL;
                         if (!names[i]) {
                                 if (!PyErr_Occurred())

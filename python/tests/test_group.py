@@ -73,7 +73,16 @@ def test_kinds_do_not_mix(client, name):
         client.acquire(name)
 
 
+class PairlessItems(dict):
+    def items(self):
+        return [("a",)]
+
+
 def test_bad_dicts_publish_nothing(client, name):
+    with pytest.raises(TypeError, match="pair"):
+        client.publish_dict(name, PairlessItems(a=np.zeros(2)))
+    with pytest.raises(ValueError, match="NUL"):
+        client.publish_dict(name, {"a\x00b": np.zeros(2)})
     with pytest.raises(TypeError, match="str"):
         client.publish_dict(name, {1: np.zeros(2)})
     with pytest.raises(TypeError):
