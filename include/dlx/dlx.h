@@ -439,7 +439,8 @@ struct dlx_member {
  *   -E2BIG    more members than max_group_members, or a table over
  *             max_group_table bytes (dlx_stats() gives both limits)
  *   -ENOTSUP  a member not on kDLCPU, opts->writable, or a daemon older than
- *             protocol 1.3 (every group call says so)
+ *             protocol 1.3 (so does every group call that reaches the daemon;
+ *             dlx_group_alloc() needs none)
  *   -EXDEV    opts->copy is DLX_COPY_NEVER (this call always copies)
  *   -EACCES, -ENOSPC, -EAGAIN and -EOVERFLOW as for dlx_publish(); -ENOMEM
  * A group name that holds a tensor becomes a group, and the other way round.
