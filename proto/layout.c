@@ -95,30 +95,46 @@ static int printable_utf8(const char *str, size_t len, const char **ret_why)
         return 0;
 }
 
+/* Whether [s, s + len), a name's component, is empty, "." or "..": none may be. */
+static int component_check(const char *s, size_t len, const char **ret_why)
+{
+        if (len == 0)
+                return why(ret_why, "empty path component", -EINVAL);
+        if (s[0] == '.' && (len == 1 || (len == 2 && s[1] == '.')))
+                return why(ret_why, "'.' or '..' component", -EINVAL);
+        return 0;
+}
+
 int layout_name_check(const char *name, size_t len, const char **ret_why)
 {
+        const unsigned char *s = (const unsigned char *)name;
+        const char *cwhy = NULL;
         size_t comp = 0; /* start of the current component */
-        int err;
+        bool ascii = true;
+        int err, cerr = 0;
 
         if (len == 0)
                 return why(ret_why, "empty name", -EINVAL);
         if (len > DLX_NAME_MAX)
                 return why(ret_why, "name longer than 255 bytes", -EINVAL);
-        err = printable_utf8(name, len, ret_why);
-        if (err < 0)
-                return err;
-        for (size_t i = 0; i <= len; i++) {
-                if (i < len && name[i] != '/')
-                        continue;
-                size_t clen = i - comp;
-                if (clen == 0)
-                        return why(ret_why, "empty path component", -EINVAL);
-                if ((clen == 1 && name[comp] == '.') ||
-                    (clen == 2 && name[comp] == '.' && name[comp + 1] == '.'))
-                        return why(ret_why, "'.' or '..' component", -EINVAL);
-                comp = i + 1;
+        /*
+         * One pass for printable ASCII, most names' every byte; the rest are
+         * decoded. Encoding errors come first, as the reasons go.
+         */
+        for (size_t i = 0; i < len; i++) {
+                if (s[i] == '/') {
+                        if (!cerr)
+                                cerr = component_check(name + comp, i - comp, &cwhy);
+                        comp = i + 1;
+                } else if (s[i] < 0x20 || s[i] >= 0x7f) {
+                        ascii = false;
+                }
         }
-        return 0;
+        if (!cerr)
+                cerr = component_check(name + comp, len - comp, &cwhy);
+        if (!ascii && (err = printable_utf8(name, len, ret_why)) < 0)
+                return err;
+        return cerr ? why(ret_why, cwhy, cerr) : 0;
 }
 
 int layout_prefix_check(const char *prefix, size_t len, const char **ret_why)
