@@ -142,6 +142,50 @@ static void conn_closed(dlx_client *c)
         pthread_mutex_unlock(&conn_lock);
 }
 
+struct dlx_scratch *dlx__scratch_take(dlx_client *c, struct dlx_scratch *own)
+{
+        *own = (struct dlx_scratch){0};
+        if (pthread_mutex_trylock(&c->scratch_lock) != 0)
+                return own;
+        c->scratch.kept = true;
+        return &c->scratch;
+}
+
+void *dlx__scratch_get(struct dlx_scratch *s, unsigned slot, size_t size)
+{
+        if (slot >= DLX_SCRATCH_SLOTS)
+                return NULL;
+        if (size == 0)
+                size = 1;
+        if (s->cap[slot] < size) {
+                free(s->buf[slot]);
+                s->cap[slot] = 0;
+                s->buf[slot] = malloc(size);
+                if (!s->buf[slot])
+                        return NULL;
+                s->cap[slot] = size;
+        }
+        return s->buf[slot];
+}
+
+void dlx__scratch_give(dlx_client *c, struct dlx_scratch *s)
+{
+        size_t total = 0;
+
+        for (unsigned i = 0; i < DLX_SCRATCH_SLOTS; i++)
+                total += s->cap[i];
+        if (!s->kept || total > DLX_SCRATCH_KEEP)
+                for (unsigned i = 0; i < DLX_SCRATCH_SLOTS; i++) {
+                        free(s->buf[i]);
+                        s->buf[i] = NULL;
+                        s->cap[i] = 0;
+                }
+        if (s->kept) {
+                s->kept = false;
+                pthread_mutex_unlock(&c->scratch_lock);
+        }
+}
+
 bool dlx__forked(const dlx_client *c)
 {
         return c->generation != __atomic_load_n(&fork_generation, __ATOMIC_RELAXED);
@@ -180,6 +224,9 @@ void dlx__client_unref(dlx_client *c)
         pthread_mutex_destroy(&c->lock);
         pthread_mutex_destroy(&c->send_lock);
         pthread_mutex_destroy(&c->track_lock);
+        for (unsigned i = 0; i < DLX_SCRATCH_SLOTS; i++)
+                free(c->scratch.buf[i]);
+        pthread_mutex_destroy(&c->scratch_lock);
         pthread_cond_destroy(&c->cond);
         free(c);
 }
@@ -998,6 +1045,7 @@ int dlx_connect(const struct dlx_connect_options *opts, dlx_client **ret_client)
         pthread_mutex_init(&c->lock, NULL);
         pthread_mutex_init(&c->send_lock, NULL);
         pthread_mutex_init(&c->track_lock, NULL);
+        pthread_mutex_init(&c->scratch_lock, NULL);
         pthread_cond_init(&c->cond, NULL);
         if (opts) {
                 c->log = opts->log;

@@ -141,6 +141,22 @@ struct released {
 /* Interprocess CUDA events libdlx makes per process, at most (dlx.h: publish, release). */
 #define DLX_GPU_IPC_EVENTS 1024
 
+/*
+ * Working memory that a big call (dlx_publish_group()) keeps from one call
+ * to the next: a repeat then touches pages it already has, where fresh
+ * allocations of megabytes come from mmap and fault page by page. One
+ * caller at a time has the client's (scratch_lock, tried, never waited
+ * for); another gets a set of its own, freed when it is done.
+ */
+enum { DLX_SCRATCH_SLOTS = 4 };
+struct dlx_scratch {
+        void *buf[DLX_SCRATCH_SLOTS];
+        size_t cap[DLX_SCRATCH_SLOTS];
+        bool kept; /* the client's: scratch_lock is held */
+};
+/* What a client keeps between calls, at most: bigger buffers go back at once. */
+#define DLX_SCRATCH_KEEP ((size_t)64 << 20)
+
 struct dlx_client {
         int fd;
         int efd;       /* eventfd: readable while watch events wait in the queue */
@@ -184,7 +200,9 @@ struct dlx_client {
         size_t vpage_size;
         uint32_t *track_refs; /* per slot: dlx_track()s not yet untracked; atomic reads */
         uint32_t *track_gen;  /* per slot: bumped when its last track ends (a wait's ABA guard) */
-        pthread_mutex_t track_lock; /* one first dlx_track() at a time: the page comes once */
+        pthread_mutex_t track_lock;   /* one first dlx_track() at a time: the page comes once */
+        pthread_mutex_t scratch_lock; /* the caller that has scratch */
+        struct dlx_scratch scratch;
 
         /* --- under exchange.c's lock: the process's open clients --- */
         /* --- under client.c's fork lock: clients whose connection is open (fork closes it) --- */
@@ -233,6 +251,12 @@ DLX_HIDDEN void dlx__client_unref(dlx_client *c);
                 dlx__client_unref(c);                                                              \
                 held_result__;                                                                     \
         })
+/* The client's scratch, if no other call has it, else an empty set of the caller's own in *own. */
+DLX_HIDDEN struct dlx_scratch *dlx__scratch_take(dlx_client *c, struct dlx_scratch *own);
+/* Buffer slot of s, at least size bytes (its contents not kept), or NULL when out of memory. */
+DLX_HIDDEN void *dlx__scratch_get(struct dlx_scratch *s, unsigned slot, size_t size);
+/* Gives s back: the client's keeps what is under DLX_SCRATCH_KEEP, the caller's own is freed. */
+DLX_HIDDEN void dlx__scratch_give(dlx_client *c, struct dlx_scratch *s);
 /*
  * Whether c was connected by another process (this one forked since): its
  * socket, locks and leases are the parent's, not to be touched here.
