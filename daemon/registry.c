@@ -339,14 +339,18 @@ static int check_group(struct session *s, const struct wire_request *req, int fd
                 return -ENOTSUP;
         }
         /*
-         * The table is read, not mapped: a read of a hole in a memfd allocates
-         * nothing, where a mapping's faults would allocate pages that a
-         * peer's sparse memfd keeps, charged to dlxd. The head first, and the
-         * table (up to data_off, within --max-group-table) only once the
-         * head's numbers pass.
+         * The table is mapped where every page of it exists: the memfd is
+         * write-sealed, so no page can change or turn into a hole (punching
+         * one is a write), and the check reads the pages in place. Where the
+         * table has a hole (a peer's sparse memfd) it is read instead: a
+         * read of a hole allocates nothing, where a mapping's faults would
+         * allocate pages charged to dlxd. The head first, and the rest (up
+         * to data_off, within --max-group-table) only once the head's
+         * numbers pass.
          */
         struct group_head head;
         uint8_t *table = NULL;
+        size_t mapped = 0;
         if (seg->size < sizeof(head) || pread(seg->fd, &head, sizeof(head), 0) != sizeof(head)) {
                 snprintf(why, whysz, "a group segment of %llu bytes has no room for its head",
                          (unsigned long long)seg->size);
@@ -354,12 +358,24 @@ static int check_group(struct session *s, const struct wire_request *req, int fd
         }
         err = group_check_head(&head, seg->size, lim->max_group_members, lim->max_group_table, why,
                                whysz);
-        if (err == 0 && !(table = malloc(head.data_off))) {
+        if (err == 0) {
+                uint64_t end = group_table_end(&head);
+                off_t hole = lseek(seg->fd, 0, SEEK_HOLE);
+                void *p =
+                        hole >= 0 && (uint64_t)hole >= end
+                                ? mmap(NULL, end, PROT_READ, MAP_SHARED | MAP_POPULATE, seg->fd, 0)
+                                : MAP_FAILED;
+                if (p != MAP_FAILED) {
+                        table = p;
+                        mapped = end;
+                }
+        }
+        if (err == 0 && !table && !(table = malloc(head.data_off))) {
                 snprintf(why, whysz, "out of memory for a %llu-byte group table",
                          (unsigned long long)head.data_off);
                 err = -ENOMEM;
         }
-        for (uint64_t done = 0; err == 0 && done < head.data_off;) {
+        for (uint64_t done = 0; err == 0 && !mapped && done < head.data_off;) {
                 ssize_t n = pread(seg->fd, table + done, head.data_off - done, (off_t)done);
                 if (n < 0 && errno == EINTR)
                         continue;
@@ -373,7 +389,10 @@ static int check_group(struct session *s, const struct wire_request *req, int fd
         if (err == 0)
                 err = group_check(table, seg->size, lim->max_group_members, lim->max_group_table,
                                   &sum, why, whysz);
-        free(table);
+        if (mapped)
+                munmap(table, mapped);
+        else
+                free(table);
         if (err < 0)
                 return err;
         if (sum.count != t->members || t->dtype.code != kDLUInt || t->dtype.bits != 8 ||

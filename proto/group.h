@@ -111,6 +111,22 @@ int group_check_head(const struct group_head *h, uint64_t size, uint32_t max_cou
                      uint64_t max_table, char *why, size_t whysz);
 
 /*
+ * Where the last of the table's areas ends (the head included): what
+ * group_check() reads of it, and at most data_off. Only for a head that
+ * group_check_head() passed.
+ */
+static inline uint64_t group_table_end(const struct group_head *h)
+{
+        uint64_t end = sizeof(*h),
+                 m = h->members_off + (uint64_t)h->count * sizeof(struct group_member),
+                 d = h->dims_off + h->ndims * 8, n = h->names_off + h->names_size;
+
+        end = m > end ? m : end;
+        end = d > end ? d : end;
+        return n > end ? n : end;
+}
+
+/*
  * Index of the member called name (len bytes) in a checked table, or -1:
  * a binary search, the table being sorted.
  */
