@@ -338,6 +338,8 @@ static uint64_t watchdog_period(const struct registry *reg)
         return p < 10 ? 10 : p > 1000 ? 1000 : p;
 }
 
+static void schedule_close(void *ctx);
+
 int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, const char *path,
                  bool shared, gid_t group)
 {
@@ -403,7 +405,7 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
         if (err == 0)
                 err = ticker_init(srv, &srv->fd_ticker, CONN_FD_WAIT_MS, fd_wait_tick);
         /* on failure every handle made is closed again: the loop must close empty */
-        uv_handle_t *made[4];
+        uv_handle_t *made[5];
         int nmade = 0;
         if (err == 0 && (err = uv_poll_init(loop, &srv->listen_poll, fd)) == 0)
                 made[nmade++] = (uv_handle_t *)&srv->listen_poll;
@@ -413,6 +415,8 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
                 made[nmade++] = (uv_handle_t *)&srv->reaper;
         if (err == 0 && (err = uv_idle_init(loop, &srv->flusher)) == 0)
                 made[nmade++] = (uv_handle_t *)&srv->flusher;
+        if (err == 0 && (err = uv_idle_init(loop, &srv->closer)) == 0)
+                made[nmade++] = (uv_handle_t *)&srv->closer;
         if (err == 0)
                 err = uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
         if (err < 0) {
@@ -431,8 +435,32 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
         srv->backoff.data = srv;
         srv->reaper.data = srv;
         srv->flusher.data = srv;
+        srv->closer.data = srv;
+        srv->reg->store->on_defer = schedule_close;
+        srv->reg->store->defer_ctx = srv;
         srv->listening = true;
         return 0;
+}
+
+/*
+ * The descriptors of destroyed big segments close here, a loop iteration
+ * after the request that destroyed them: its reply has gone (on_poll sends
+ * it), and what other connections wait for goes first too.
+ */
+static void on_close_deferred(uv_idle_t *h)
+{
+        struct server *srv = h->data;
+
+        uv_idle_stop(h);
+        server_flush(srv);
+        store_close_deferred(srv->reg->store);
+}
+
+static void schedule_close(void *ctx)
+{
+        struct server *srv = ctx;
+
+        uv_idle_start(&srv->closer, on_close_deferred);
 }
 
 static void on_listen_closed(uv_handle_t *h)
@@ -464,6 +492,10 @@ void server_stop(struct server *srv)
         uv_close((uv_handle_t *)&srv->reaper, NULL);
         uv_idle_stop(&srv->flusher);
         uv_close((uv_handle_t *)&srv->flusher, NULL);
+        srv->reg->store->on_defer = NULL;
+        store_close_deferred(srv->reg->store);
+        uv_idle_stop(&srv->closer);
+        uv_close((uv_handle_t *)&srv->closer, NULL);
         ticker_close(&srv->sweep);
         ticker_close(&srv->watchdog);
         ticker_close(&srv->fd_ticker);

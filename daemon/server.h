@@ -43,6 +43,7 @@ struct server {
         uv_idle_t reaper;
         struct list dirty; /* conns with replies queued outside their own batch */
         uv_idle_t flusher;
+        uv_idle_t closer;  /* closes what the store deferred (store.h), after the replies */
         struct list awake; /* conns whose release ring is awake: swept every CONN_QUIET_MS */
         struct ticker sweep;
         struct list stalled;   /* conns not greeted yet or inside a frame: timed out */

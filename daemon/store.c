@@ -65,17 +65,31 @@ static void segment_destroy(struct store *st, struct segment *seg)
                         quota_count(u, QUOTA_FDS, -1);
                         quota_uid_put(st, u);
                 }
-                close(seg->fd);
+                if (seg->size >= STORE_DEFER_BYTES && st->on_defer &&
+                    st->ndeferred < STORE_DEFER_MAX) {
+                        st->deferred[st->ndeferred++] = seg->fd;
+                        st->on_defer(st->defer_ctx);
+                } else {
+                        close(seg->fd);
+                }
         }
         log_debug("segment %llu destroyed (%llu bytes)", (unsigned long long)seg->id,
                   (unsigned long long)seg->size);
         free(seg);
 }
 
+void store_close_deferred(struct store *st)
+{
+        while (st->ndeferred > 0)
+                close(st->deferred[--st->ndeferred]);
+}
+
 void store_done(struct store *st)
 {
         struct avl_node *n, *next;
 
+        st->on_defer = NULL;
+        store_close_deferred(st);
         for (n = avl_first(&st->segments); n; n = next) {
                 next = avl_next(n);
                 segment_destroy(st, avl_entry(n, struct segment, node));

@@ -26,6 +26,16 @@ struct session;
  * nv-chardev-numbers.h), and imports nothing else: store.vmm_dev unless
  * dlxd is told otherwise (--cuda-device-number).
  */
+/*
+ * Closing the last descriptor of a big memfd frees its pages there and then:
+ * half a millisecond for a few megabytes. A destroyed segment of at least
+ * STORE_DEFER_BYTES has its descriptor closed once the loop has sent what
+ * the request that destroyed it answers (store_close_deferred), up to
+ * STORE_DEFER_MAX at a time; smaller ones, and any past that, close at once.
+ */
+#define STORE_DEFER_BYTES ((uint64_t)1 << 20)
+#define STORE_DEFER_MAX 64
+
 #define STORE_VMM_MAJOR 195
 #define STORE_VMM_MINOR 255
 
@@ -66,6 +76,11 @@ struct store {
         char why[224];              /* the reason for the last refusal (-ENOSPC, -EAGAIN, -EBADF) */
         /* called for each session that holds the fd of a segment being destroyed */
         void (*on_gone)(struct session *s, uint64_t segment_id);
+        /* asks for store_close_deferred() soon; NULL: every descriptor closes at once */
+        void (*on_defer)(void *ctx);
+        void *defer_ctx;
+        int deferred[STORE_DEFER_MAX]; /* descriptors of destroyed segments, to close */
+        unsigned ndeferred;
 };
 
 /*
@@ -75,6 +90,8 @@ struct store {
 void store_init(struct store *st);
 /* Destroys every segment (daemon exit). */
 void store_done(struct store *st);
+/* Closes the descriptors whose close segment destruction deferred. */
+void store_close_deferred(struct store *st);
 
 /*
  * Creates a memfd of size bytes sealed against shrinking and growing, charged

@@ -553,6 +553,35 @@ START_TEST(idle_maps_forgotten_in_batches)
 }
 END_TEST
 
+/*
+ * dlxd closes a destroyed big segment's descriptor (which frees its pages)
+ * once the reply that destroyed it has gone: a replaced version's goes, and
+ * every one of a session's big segments goes when it ends, more at once
+ * than dlxd defers (64), with nothing more asked of it.
+ */
+START_TEST(big_segments_close_after_the_reply)
+{
+        enum { N = 80, FLOATS = 1 << 18 }; /* 1 MiB each: big enough to be deferred */
+        int fds0 = count_fds(fx.pid), fds1;
+        dlx_client *p = fx_connect(&fx, "producer");
+        struct dlx_publish_options copy = {.copy = DLX_COPY_ALWAYS};
+        char name[32];
+
+        for (int i = 0; i < N; i++) {
+                snprintf(name, sizeof(name), "big/%d", i);
+                publish_ok(p, name, fx_plain_f32(FLOATS, (float)i, NULL), &copy, NULL);
+        }
+        ck_assert_int_eq(dlx_ping(p), 0);
+        fds1 = count_fds(fx.pid);
+        ck_assert_int_ge(fds1, fds0 + N);
+        for (int k = 0; k < 3; k++)
+                publish_ok(p, "big/0", fx_plain_f32(FLOATS, -1.0f, NULL), &copy, NULL);
+        ck_assert_int_eq(wait_daemon_fds(&fx, fds1, 5000), fds1);
+        dlx_close(p);
+        ck_assert_int_eq(wait_daemon_fds(&fx, fds0, 5000), fds0);
+}
+END_TEST
+
 /* An empty small segment does not make every larger allocation ask for (and give back) its own. */
 START_TEST(allocator_keeps_the_larger_empty_segment)
 {
@@ -1672,6 +1701,7 @@ Suite *pubsub_suite(void)
         tcase_add_test(tc, release_after_idle_reaches_producer);
         tcase_add_test(tc, release_events_of_every_consumer_kept);
         tcase_add_test(tc, acquire_works_again_after_failed_mmap);
+        tcase_add_test(tc, big_segments_close_after_the_reply);
         tcase_add_test(tc, zero_copy_at_start_of_any_segment);
         tcase_add_test(tc, read_only_tensor_never_mapped_writable);
         tcase_add_test(tc, forgotten_segment_unmapped_after_crossing_reply);
