@@ -205,7 +205,7 @@ int dlx__cuda_primary(const struct dlx_cuda_driver *cu, int device, CUcontext *r
 
 int dlx__cuda_enter(const struct dlx_cuda_driver *cu, int device)
 {
-        CUcontext ctx;
+        CUcontext ctx = NULL;
         CUresult r;
         int err = dlx__cuda_primary(cu, device, &ctx);
 
