@@ -80,7 +80,7 @@ static ssize_t read_full(int fd, void *buf, size_t n)
         return (ssize_t)got;
 }
 
-static int write_all(int fd, const void *buf, size_t n)
+int npy_write_all(int fd, const void *buf, size_t n)
 {
         const char *p = buf;
 
@@ -596,49 +596,6 @@ int npy_parse_header(const char *text, size_t len, struct npy_info *ret, char *w
 
 /* ---- reading ---------------------------------------------------------------------------- */
 
-/* Format 3.0 exists only to allow UTF-8 in the header; anything else there is corrupt. */
-static bool utf8_valid(const uint8_t *s, size_t n)
-{
-        size_t i = 0;
-
-        while (i < n) {
-                uint8_t b = s[i];
-                size_t need;
-                uint32_t cp, min;
-
-                if (b < 0x80) {
-                        i++;
-                        continue;
-                }
-                if ((b & 0xe0) == 0xc0) {
-                        need = 1;
-                        cp = b & 0x1f;
-                        min = 0x80;
-                } else if ((b & 0xf0) == 0xe0) {
-                        need = 2;
-                        cp = b & 0x0f;
-                        min = 0x800;
-                } else if ((b & 0xf8) == 0xf0) {
-                        need = 3;
-                        cp = b & 0x07;
-                        min = 0x10000;
-                } else {
-                        return false;
-                }
-                if (n - i - 1 < need)
-                        return false;
-                for (size_t j = 1; j <= need; j++) {
-                        if ((s[i + j] & 0xc0) != 0x80)
-                                return false;
-                        cp = cp << 6 | (s[i + j] & 0x3f);
-                }
-                if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-                        return false;
-                i += need + 1;
-        }
-        return true;
-}
-
 static int io_error(char *err, size_t errsz, int r)
 {
         return fail(err, errsz, r, "reading .npy: %s", strerror(-r));
@@ -697,7 +654,7 @@ int npy_read_header(int fd, struct npy_info *ret, char *why, size_t whysz)
                 return fail(why, whysz, -EINVAL, "truncated .npy: header has %zd of %u bytes", n,
                             hlen);
         }
-        if (pre[6] == 3 && !utf8_valid((const uint8_t *)text, hlen)) {
+        if (pre[6] == 3 && !layout_utf8_valid(text, hlen)) {
                 free(text);
                 return fail(why, whysz, -EINVAL, "malformed .npy header: invalid UTF-8");
         }
@@ -838,7 +795,7 @@ static char *build_header(const char *descr, bool fortran_order, int32_t ndim, c
         return buf;
 }
 
-static bool is_host_memory(DLDeviceType type)
+bool npy_host_memory(DLDeviceType type)
 {
         return type == kDLCPU || type == kDLCUDAHost || type == kDLROCMHost;
 }
@@ -863,7 +820,7 @@ static bool is_contiguous(const DLTensor *t, bool fortran)
  * Whether every element offset sum(i_k * strides_k) * itemsize fits int64. Callers own
  * their tensors, but a wild stride must fail rather than turn into pointer arithmetic UB.
  */
-static bool reach_fits(const DLTensor *t, size_t itemsize)
+bool npy_reach_fits(const DLTensor *t, size_t itemsize)
 {
         int64_t lo = 0, hi = 0, step;
 
@@ -903,13 +860,13 @@ static int write_gathered(int fd, const DLTensor *t, size_t itemsize, uint64_t b
                 int32_t k;
 
                 if (run > cap - used) {
-                        r = write_all(fd, buf, used);
+                        r = npy_write_all(fd, buf, used);
                         if (r < 0)
                                 break;
                         used = 0;
                 }
                 if (run > cap) {
-                        r = write_all(fd, src, run);
+                        r = npy_write_all(fd, src, run);
                         if (r < 0)
                                 break;
                 } else {
@@ -925,12 +882,19 @@ static int write_gathered(int fd, const DLTensor *t, size_t itemsize, uint64_t b
                         idx[k] = 0;
                 }
                 if (k < 0) {
-                        r = write_all(fd, buf, used);
+                        r = npy_write_all(fd, buf, used);
                         break;
                 }
         }
         free(buf);
         return r;
+}
+
+int npy_write_elements(int fd, const DLTensor *t, size_t itemsize, uint64_t bytes)
+{
+        if (!t->strides || is_contiguous(t, false))
+                return npy_write_all(fd, (const char *)t->data + t->byte_offset, (size_t)bytes);
+        return write_gathered(fd, t, itemsize, bytes);
 }
 
 int npy_write_fd(int fd, const DLTensor *t, char *why, size_t whysz)
@@ -953,7 +917,7 @@ int npy_write_fd(int fd, const DLTensor *t, char *why, size_t whysz)
                             NPY_MAX_NDIM);
         if (t->ndim > 0 && !t->shape)
                 return fail(why, whysz, -EINVAL, "tensor has no shape");
-        if (!is_host_memory(t->device.device_type))
+        if (!npy_host_memory(t->device.device_type))
                 return fail(
                         why, whysz, -EINVAL,
                         "tensor is in device memory (device type %d): copy it to the host first",
@@ -977,7 +941,7 @@ int npy_write_fd(int fd, const DLTensor *t, char *why, size_t whysz)
         if (bytes > 0 && !t->data)
                 return fail(why, whysz, -EINVAL, "tensor has no data");
         if (bytes > 0 && t->strides) {
-                if (!reach_fits(t, itemsize))
+                if (!npy_reach_fits(t, itemsize))
                         return fail(why, whysz, -EOVERFLOW, "tensor strides reach beyond 64 bits");
                 if (!is_contiguous(t, false)) {
                         /* In one dimension both checks agree, so this is for ndim >= 2. */
@@ -989,13 +953,14 @@ int npy_write_fd(int fd, const DLTensor *t, char *why, size_t whysz)
         hdr = build_header(descr, fortran, t->ndim, t->shape, &hdr_len);
         if (!hdr)
                 return fail(why, whysz, -ENOMEM, "out of memory for the .npy header");
-        r = write_all(fd, hdr, hdr_len);
+        r = npy_write_all(fd, hdr, hdr_len);
         free(hdr);
         if (r == 0 && bytes > 0) {
                 if (gather)
                         r = write_gathered(fd, t, itemsize, bytes);
                 else
-                        r = write_all(fd, (const char *)t->data + t->byte_offset, (size_t)bytes);
+                        r = npy_write_all(fd, (const char *)t->data + t->byte_offset,
+                                          (size_t)bytes);
         }
         if (r < 0)
                 return fail(why, whysz, r, "writing .npy: %s", strerror(-r));

@@ -120,4 +120,27 @@ void npy_strides(const struct npy_info *info, int64_t ret_strides[NPY_MAX_NDIM])
  */
 int npy_write_fd(int fd, const DLTensor *t, char *why, size_t whysz);
 
+/* ---- shared with the other tensor files' writers (safetensors) ---------------------------- */
+
+/* Whether tensors of this device type are host memory the writers may read. */
+bool npy_host_memory(DLDeviceType type);
+
+/* Writes the n bytes at buf to fd, whatever the short writes. Returns 0 or -errno (-EIO). */
+int npy_write_all(int fd, const void *buf, size_t n);
+
+/*
+ * Whether every element's byte offset, sum(i_k * strides_k) * itemsize, fits
+ * int64: a wild stride must fail rather than turn into pointer overflow.
+ * t->strides must not be NULL.
+ */
+bool npy_reach_fits(const DLTensor *t, size_t itemsize);
+
+/*
+ * Writes the bytes (> 0) of t's elements to fd in row-major order: as they
+ * are where t is compact row-major, else gathered through a bounded buffer
+ * (a unit-stride last axis a row at a time). t's strides must pass
+ * npy_reach_fits(). Returns 0, -ENOMEM or -errno.
+ */
+int npy_write_elements(int fd, const DLTensor *t, size_t itemsize, uint64_t bytes);
+
 #endif /* DLX_CLIENT_NPY_H */

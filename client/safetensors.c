@@ -16,12 +16,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "npy.h"
+
 #define ST_LEN_BYTES 8
 #define METADATA_KEY "__metadata__"
-/* Linux transfers at most about 2 GiB per call; smaller requests keep ssize_t arithmetic safe. */
-#define ST_IO_CHUNK (1u << 30)
-/* Strided tensors are gathered through a buffer this big, never a second full copy. */
-#define ST_GATHER_BUF (64u * 1024)
 #define MSG_MAX 256
 
 /* safetensors data is little-endian; a big-endian host would need a swapped copy. */
@@ -504,103 +502,6 @@ int st_open(const char *path, struct tfile **ret, char *why, size_t whysz)
 
 /* ---- writing ------------------------------------------------------------------------------ */
 
-static int write_all(int fd, const void *buf, size_t n)
-{
-        const char *p = buf;
-
-        while (n > 0) {
-                ssize_t w = write(fd, p, n < ST_IO_CHUNK ? n : ST_IO_CHUNK);
-
-                if (w < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        return -errno;
-                }
-                /* write() returns 0 only for a zero-length request; never loop forever on it. */
-                if (w == 0)
-                        return -EIO;
-                p += w;
-                n -= (size_t)w;
-        }
-        return 0;
-}
-
-static bool is_host_memory(DLDeviceType type)
-{
-        return type == kDLCPU || type == kDLCUDAHost || type == kDLROCMHost;
-}
-
-/* Row-major compact, ignoring the strides of dimensions of 1, which are never stepped over. */
-static bool is_compact(const DLTensor *t)
-{
-        int64_t expect = 1;
-
-        if (!t->strides)
-                return true;
-        for (int32_t k = t->ndim - 1; k >= 0; k--) {
-                if (t->shape[k] != 1 && t->strides[k] != expect)
-                        return false;
-                expect *= t->shape[k];
-        }
-        return true;
-}
-
-/* Whether every element's byte offset fits int64: a wild stride must fail, not overflow. */
-static bool reach_fits(const DLTensor *t, size_t itemsize)
-{
-        int64_t lo = 0, hi = 0, step;
-
-        for (int32_t k = 0; k < t->ndim; k++) {
-                if (__builtin_mul_overflow(t->strides[k], t->shape[k] - 1, &step))
-                        return false;
-                if (step < 0 ? __builtin_add_overflow(lo, step, &lo)
-                             : __builtin_add_overflow(hi, step, &hi))
-                        return false;
-        }
-        return !__builtin_mul_overflow(lo, (int64_t)itemsize, &lo) &&
-               !__builtin_mul_overflow(hi, (int64_t)itemsize, &hi);
-}
-
-/* Writes a non-empty strided tensor's elements in row-major order through a bounded buffer. */
-static int write_gathered(int fd, const DLTensor *t, size_t itemsize, uint64_t bytes)
-{
-        const char *base = (const char *)t->data + t->byte_offset;
-        int64_t idx[TFILE_MAX_NDIM] = {0};
-        size_t cap = bytes < ST_GATHER_BUF ? (size_t)bytes : ST_GATHER_BUF, used = 0;
-        int64_t off = 0;
-        char *buf = malloc(cap);
-        int r = 0;
-
-        if (!buf)
-                return -ENOMEM;
-        for (;;) {
-                int32_t k;
-
-                if (used + itemsize > cap) {
-                        r = write_all(fd, buf, used);
-                        if (r < 0)
-                                break;
-                        used = 0;
-                }
-                memcpy(buf + used, base + off * (int64_t)itemsize, itemsize);
-                used += itemsize;
-                for (k = t->ndim - 1; k >= 0; k--) {
-                        if (++idx[k] < t->shape[k]) {
-                                off += t->strides[k];
-                                break;
-                        }
-                        off -= t->strides[k] * (t->shape[k] - 1);
-                        idx[k] = 0;
-                }
-                if (k < 0) {
-                        r = write_all(fd, buf, used);
-                        break;
-                }
-        }
-        free(buf);
-        return r;
-}
-
 /* What the writer knows of each member once it is checked. */
 struct out {
         const struct tfile_member *m;
@@ -636,7 +537,7 @@ static int check_member(const struct tfile_member *m, struct out *o, char *why, 
                                   t->ndim, TFILE_MAX_NDIM);
         if (t->ndim > 0 && !t->shape)
                 return tfile_fail(why, whysz, -EINVAL, "tensor '%s' has no shape", shown);
-        if (!is_host_memory(t->device.device_type))
+        if (!npy_host_memory(t->device.device_type))
                 return tfile_fail(why, whysz, -EINVAL,
                                   "tensor '%s' is in device memory (device type %d): copy it to "
                                   "the host first",
@@ -663,7 +564,7 @@ static int check_member(const struct tfile_member *m, struct out *o, char *why, 
                                           "the size of tensor '%s' does not fit 63 bits", shown);
         if (o->bytes > 0 && !t->data)
                 return tfile_fail(why, whysz, -EINVAL, "tensor '%s' has no data", shown);
-        if (o->bytes > 0 && t->strides && !reach_fits(t, o->itemsize))
+        if (o->bytes > 0 && t->strides && !npy_reach_fits(t, o->itemsize))
                 return tfile_fail(why, whysz, -EOVERFLOW,
                                   "tensor '%s': strides reach beyond 64 bits", shown);
         return 0;
@@ -779,17 +680,13 @@ int st_write(int fd, const struct tfile_member *members, size_t n, char *why, si
                 hdr[i] = (char)((uint64_t)hlen >> (8 * i));
         memcpy(hdr + ST_LEN_BYTES, json, jlen);
         memset(hdr + ST_LEN_BYTES + jlen, ' ', hlen - jlen);
-        r = write_all(fd, hdr, ST_LEN_BYTES + hlen);
+        r = npy_write_all(fd, hdr, ST_LEN_BYTES + hlen);
         for (size_t i = 0; r == 0 && i < n; i++) {
                 const DLTensor *t = &o[i].m->tensor;
 
                 if (o[i].bytes == 0)
                         continue;
-                if (is_compact(t))
-                        r = write_all(fd, (const char *)t->data + t->byte_offset,
-                                      (size_t)o[i].bytes);
-                else
-                        r = write_gathered(fd, t, o[i].itemsize, o[i].bytes);
+                r = npy_write_elements(fd, t, o[i].itemsize, o[i].bytes);
         }
         if (r < 0)
                 r = tfile_fail(why, whysz, r, "writing safetensors: %s", strerror(-r));

@@ -12,6 +12,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "layout.h"
+
 int tfile_fail(char *why, size_t whysz, int code, const char *fmt, ...)
 {
         if (why && whysz > 0) {
@@ -115,48 +117,6 @@ int tfile_sort(struct tfile *t, char *why, size_t whysz)
         return 0;
 }
 
-static bool utf8_valid(const unsigned char *s, size_t len)
-{
-        size_t i = 0;
-
-        while (i < len) {
-                unsigned char c = s[i];
-                uint32_t cp, min;
-                size_t need;
-
-                if (c < 0x80) {
-                        i++;
-                        continue;
-                }
-                if ((c & 0xe0) == 0xc0) {
-                        need = 1;
-                        cp = c & 0x1f;
-                        min = 0x80;
-                } else if ((c & 0xf0) == 0xe0) {
-                        need = 2;
-                        cp = c & 0x0f;
-                        min = 0x800;
-                } else if ((c & 0xf8) == 0xf0) {
-                        need = 3;
-                        cp = c & 0x07;
-                        min = 0x10000;
-                } else {
-                        return false;
-                }
-                if (len - i <= need)
-                        return false;
-                for (size_t j = 1; j <= need; j++) {
-                        if ((s[i + j] & 0xc0) != 0x80)
-                                return false;
-                        cp = cp << 6 | (s[i + j] & 0x3f);
-                }
-                if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-                        return false;
-                i += need + 1;
-        }
-        return true;
-}
-
 int tfile_name_check(const char *name, size_t len, const char **ret_why)
 {
         const char *why = NULL;
@@ -167,7 +127,7 @@ int tfile_name_check(const char *name, size_t len, const char **ret_why)
                 why = "a tensor name is longer than 255 bytes";
         else if (memchr(name, '\0', len))
                 why = "a tensor name contains a NUL byte";
-        else if (!utf8_valid((const unsigned char *)name, len))
+        else if (!layout_utf8_valid(name, len))
                 why = "a tensor name is not valid UTF-8";
         if (!why)
                 return 0;

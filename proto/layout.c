@@ -54,6 +54,25 @@ static int utf8_next(const unsigned char *s, size_t len, uint32_t *ret_cp, size_
         return 0;
 }
 
+bool layout_utf8_valid(const char *str, size_t len)
+{
+        const unsigned char *s = (const unsigned char *)str;
+
+        for (size_t i = 0; i < len;) {
+                uint32_t cp;
+                size_t n;
+
+                if (s[i] < 0x80) {
+                        i++;
+                        continue;
+                }
+                if (utf8_next(s + i, len - i, &cp, &n) < 0)
+                        return false;
+                i += n;
+        }
+        return true;
+}
+
 /*
  * Code points that print nothing yet change how what follows reads: line and
  * paragraph separators, and the invisible format characters (soft hyphen,

@@ -21,6 +21,12 @@
  */
 int layout_name_check(const char *name, size_t len, const char **ret_why);
 
+/*
+ * Whether len bytes at s are valid UTF-8: no overlong forms, surrogates or
+ * code points past U+10FFFF (NUL and controls are valid here).
+ */
+bool layout_utf8_valid(const char *s, size_t len);
+
 /* A list/watch prefix: empty, or printable UTF-8 of at most DLX_NAME_MAX bytes. */
 int layout_prefix_check(const char *prefix, size_t len, const char **ret_why);
 

@@ -189,6 +189,38 @@ START_TEST(test_name_rejects)
 }
 END_TEST
 
+/* Valid UTF-8 as the tensor files' readers take it: controls and NUL pass, bad forms do not. */
+START_TEST(test_utf8_valid)
+{
+        static const struct {
+                const char *s;
+                size_t len;
+                bool ok;
+        } cases[] = {
+                {"", 0, true},
+                {"a\0b", 3, true},
+                {"\x01\x7f", 2, true},
+                {"\xc3\xa9", 2, true},          /* U+00E9 */
+                {"\xef\xbf\xbf", 3, true},      /* U+FFFF */
+                {"\xf4\x8f\xbf\xbf", 4, true},  /* U+10FFFF */
+                {"\xc3", 1, false},             /* cut short */
+                {"\xe2\x82", 2, false},         /* cut short */
+                {"\xc3\x28", 2, false},         /* not a continuation */
+                {"\x80", 1, false},             /* a continuation first */
+                {"\xc0\x80", 2, false},         /* overlong NUL */
+                {"\xe0\x9f\xbf", 3, false},     /* overlong U+07FF */
+                {"\xed\xa0\x80", 3, false},     /* U+D800 */
+                {"\xf4\x90\x80\x80", 4, false}, /* past U+10FFFF */
+                {"\xf8\x88\x80\x80\x80", 5, false},
+                {"ok\xff", 3, false},
+        };
+
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+                ck_assert_msg(layout_utf8_valid(cases[i].s, cases[i].len) == cases[i].ok,
+                              "case %zu", i);
+}
+END_TEST
+
 START_TEST(test_prefix)
 {
         char buf[DLX_NAME_MAX + 2];
@@ -803,6 +835,7 @@ Suite *layout_suite(void)
         tcase_add_test(tc, test_name_lengths);
         tcase_add_test(tc, test_name_rejects);
         tcase_add_test(tc, test_prefix);
+        tcase_add_test(tc, test_utf8_valid);
         suite_add_tcase(s, tc);
 
         tc = tcase_create("dtypes");
