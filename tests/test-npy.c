@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "npy.h"
+#include "tmpfiles.h"
 #include "toolkit.h"
 
 #define ERRSZ 256
@@ -33,52 +34,14 @@
 #define OTHER '<'
 #endif
 
-static char tmpdir[PATH_MAX];
-
 static void setup(void)
 {
-        const char *base = getenv("TMPDIR");
-
-        snprintf(tmpdir, sizeof(tmpdir), "%s/dlx-npy-XXXXXX", base && *base ? base : "/tmp");
-        ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+        tmpdir_make("npy");
 }
 
 static void teardown(void)
 {
-        DIR *d = opendir(tmpdir);
-        struct dirent *e;
-        char path[PATH_MAX + 256];
-
-        ck_assert_ptr_nonnull(d);
-        while ((e = readdir(d))) {
-                if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-                        continue;
-                snprintf(path, sizeof(path), "%s/%s", tmpdir, e->d_name);
-                unlink(path);
-        }
-        closedir(d);
-        ck_assert_int_eq(rmdir(tmpdir), 0);
-}
-
-static const char *path_of(const char *name)
-{
-        static char path[PATH_MAX + 256];
-
-        snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
-        return path;
-}
-
-static int open_new(const char *name)
-{
-        int fd = open(path_of(name), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-
-        ck_assert_int_ge(fd, 0);
-        return fd;
-}
-
-static void put(int fd, const void *buf, size_t n)
-{
-        ck_assert_int_eq(write(fd, buf, n), (ssize_t)n);
+        tmpdir_remove();
 }
 
 static void get(int fd, void *buf, size_t n)
@@ -127,52 +90,6 @@ static DLDataType dt(uint8_t code, uint8_t bits, uint16_t lanes)
 {
         DLDataType d = {code, bits, lanes};
         return d;
-}
-
-static DLTensor tensor(void *data, DLDataType dtype, int32_t ndim, int64_t *shape, int64_t *strides,
-                       uint64_t byte_offset)
-{
-        DLTensor t = {
-                .data = data,
-                .device = {kDLCPU, 0},
-                .ndim = ndim,
-                .dtype = dtype,
-                .shape = shape,
-                .strides = strides,
-                .byte_offset = byte_offset,
-        };
-        return t;
-}
-
-static size_t numel(const DLTensor *t)
-{
-        size_t n = 1;
-
-        for (int32_t k = 0; k < t->ndim; k++)
-                n *= (size_t)t->shape[k];
-        return n;
-}
-
-/* Row-major copy by flat-index decomposition: deliberately not the module's odometer. */
-static void naive_gather(const DLTensor *t, void *out)
-{
-        size_t isz = t->dtype.bits / 8u, n = numel(t);
-
-        for (size_t i = 0; i < n; i++) {
-                size_t rest = i;
-                int64_t off = 0;
-
-                for (int32_t k = t->ndim - 1; k >= 0; k--) {
-                        int64_t idx = (int64_t)(rest % (size_t)t->shape[k]);
-
-                        rest /= (size_t)t->shape[k];
-                        off += idx * (t->strides ? t->strides[k] : 0);
-                }
-                if (!t->strides)
-                        off = (int64_t)i;
-                memcpy((char *)out + i * isz,
-                       (const char *)t->data + t->byte_offset + off * (int64_t)isz, isz);
-        }
 }
 
 /*
@@ -332,7 +249,7 @@ START_TEST(test_roundtrip_all_dtypes)
                 size_t isz = supported[i].dtype.bits / 8u, n = 6 * isz;
                 uint8_t data[6 * 16];
                 char name[32];
-                DLTensor t = tensor(data, supported[i].dtype, 2, shape, NULL, 0);
+                DLTensor t = host_tensor(data, supported[i].dtype, 2, shape, NULL, 0);
 
                 for (size_t b = 0; b < n; b++)
                         data[b] = (uint8_t)(b * 7 + i + 1);
@@ -345,12 +262,12 @@ END_TEST
 START_TEST(test_roundtrip_0d)
 {
         double v = -1234.5;
-        DLTensor t = tensor(&v, dt(kDLFloat, 64, 1), 0, NULL, NULL, 0);
+        DLTensor t = host_tensor(&v, dt(kDLFloat, 64, 1), 0, NULL, NULL, 0);
         char hdr[128] = "";
         int fd;
 
         uint8_t flag = 1;
-        DLTensor tb = tensor(&flag, dt(kDLBool, 8, 1), 0, NULL, NULL, 0);
+        DLTensor tb = host_tensor(&flag, dt(kDLBool, 8, 1), 0, NULL, NULL, 0);
 
         check_roundtrip("scalar.npy", &t, false, &v, sizeof(v));
         /* A single byte of data is still data. */
@@ -368,9 +285,9 @@ START_TEST(test_roundtrip_empty)
         int64_t s1[1] = {0}, s3[3] = {2, 0, 3}, huge[2] = {INT64_C(1) << 40, 0};
         /* Strides are irrelevant for an empty tensor, even wild ones, and data may be NULL. */
         int64_t wild[2] = {INT64_MAX, -5};
-        DLTensor a = tensor(NULL, dt(kDLFloat, 32, 1), 1, s1, NULL, 0);
-        DLTensor b = tensor(NULL, dt(kDLComplex, 128, 1), 3, s3, NULL, 0);
-        DLTensor c = tensor(NULL, dt(kDLUInt, 8, 1), 2, huge, wild, 0);
+        DLTensor a = host_tensor(NULL, dt(kDLFloat, 32, 1), 1, s1, NULL, 0);
+        DLTensor b = host_tensor(NULL, dt(kDLComplex, 128, 1), 3, s3, NULL, 0);
+        DLTensor c = host_tensor(NULL, dt(kDLUInt, 8, 1), 2, huge, wild, 0);
 
         check_roundtrip("e1.npy", &a, false, "", 0);
         check_roundtrip("e3.npy", &b, false, "", 0);
@@ -383,7 +300,7 @@ START_TEST(test_write_fortran)
         /* Column-major 2x3: logical a[i][j] = 10 * i + j lives at mem[i + 2 * j]. */
         int16_t mem[6];
         int64_t shape[2] = {2, 3}, strides[2] = {1, 2}, back_strides[NPY_MAX_NDIM];
-        DLTensor t = tensor(mem, dt(kDLInt, 16, 1), 2, shape, strides, 0);
+        DLTensor t = host_tensor(mem, dt(kDLInt, 16, 1), 2, shape, strides, 0);
         struct npy_info info;
         char err[ERRSZ];
         int fd;
@@ -411,13 +328,13 @@ START_TEST(test_write_unit_dims_stay_c_order)
         /* A dimension of 1 is never stepped over, so its stride must not force a gather. */
         float mem[5] = {1, 2, 3, 4, 5};
         int64_t s15[2] = {1, 5}, st15[2] = {99, 1}, s51[2] = {5, 1}, st51[2] = {1, -7};
-        DLTensor a = tensor(mem, dt(kDLFloat, 32, 1), 2, s15, st15, 0);
-        DLTensor b = tensor(mem, dt(kDLFloat, 32, 1), 2, s51, st51, 0);
+        DLTensor a = host_tensor(mem, dt(kDLFloat, 32, 1), 2, s15, st15, 0);
+        DLTensor b = host_tensor(mem, dt(kDLFloat, 32, 1), 2, s51, st51, 0);
 
         /* Column-major 2x1x3 whose middle stride is junk: still Fortran, written straight. */
         int16_t fm[6] = {1, 2, 3, 4, 5, 6};
         int64_t s213[3] = {2, 1, 3}, st213[3] = {1, 99, 2};
-        DLTensor c = tensor(fm, dt(kDLInt, 16, 1), 3, s213, st213, 0);
+        DLTensor c = host_tensor(fm, dt(kDLInt, 16, 1), 3, s213, st213, 0);
 
         check_roundtrip("u15.npy", &a, false, mem, sizeof(mem));
         check_roundtrip("u51.npy", &b, false, mem, sizeof(mem));
@@ -430,7 +347,7 @@ START_TEST(test_write_gather_columns)
         /* Every other column of a 4x6 int32 matrix: element path (inner stride 2). */
         int32_t mem[24], want[12];
         int64_t shape[2] = {4, 3}, strides[2] = {6, 2};
-        DLTensor t = tensor(mem, dt(kDLInt, 32, 1), 2, shape, strides, 0);
+        DLTensor t = host_tensor(mem, dt(kDLInt, 32, 1), 2, shape, strides, 0);
 
         for (int i = 0; i < 24; i++)
                 mem[i] = i * 3 - 20;
@@ -445,7 +362,7 @@ START_TEST(test_write_gather_rows)
         /* Rows 0, 2, 4 of a 6x5 matrix: unit inner stride, copied a row at a time. */
         uint16_t mem[30], want[15];
         int64_t shape[2] = {3, 5}, strides[2] = {10, 1};
-        DLTensor t = tensor(mem, dt(kDLUInt, 16, 1), 2, shape, strides, 0);
+        DLTensor t = host_tensor(mem, dt(kDLUInt, 16, 1), 2, shape, strides, 0);
 
         for (int i = 0; i < 30; i++)
                 mem[i] = (uint16_t)(1000 + i);
@@ -460,10 +377,10 @@ START_TEST(test_write_negative_strides)
         /* A 2x3 view reversed on both axes: byte_offset points at the last element. */
         int64_t mem[6] = {1, 2, 3, 4, 5, 6}, want[6] = {6, 5, 4, 3, 2, 1};
         int64_t shape[2] = {2, 3}, strides[2] = {-3, -1};
-        DLTensor t = tensor(mem, dt(kDLInt, 64, 1), 2, shape, strides, 5 * sizeof(int64_t));
+        DLTensor t = host_tensor(mem, dt(kDLInt, 64, 1), 2, shape, strides, 5 * sizeof(int64_t));
         /* Transposed and reversed rows: a[i][j] = mem[(2 - j) * 2 + i] of a 3x2 buffer. */
         int64_t shape2[2] = {2, 3}, strides2[2] = {1, -2}, want2[6] = {5, 3, 1, 6, 4, 2};
-        DLTensor t2 = tensor(mem, dt(kDLInt, 64, 1), 2, shape2, strides2, 4 * sizeof(int64_t));
+        DLTensor t2 = host_tensor(mem, dt(kDLInt, 64, 1), 2, shape2, strides2, 4 * sizeof(int64_t));
         int64_t check[6];
 
         check_roundtrip("neg.npy", &t, false, want, sizeof(want));
@@ -478,9 +395,9 @@ START_TEST(test_write_byte_offset)
         /* Contiguous data after 3 bytes of something else: written straight from the offset. */
         uint8_t mem[3 + 8] = {0xee, 0xee, 0xee, 1, 2, 3, 4, 5, 6, 7, 8};
         int64_t shape[1] = {4};
-        DLTensor t = tensor(mem, dt(kDLUInt, 16, 1), 1, shape, NULL, 3);
+        DLTensor t = host_tensor(mem, dt(kDLUInt, 16, 1), 1, shape, NULL, 3);
         int64_t strides[1] = {1};
-        DLTensor t2 = tensor(mem, dt(kDLUInt, 16, 1), 1, shape, strides, 3);
+        DLTensor t2 = host_tensor(mem, dt(kDLUInt, 16, 1), 1, shape, strides, 3);
 
         check_roundtrip("off.npy", &t, false, mem + 3, 8);
         check_roundtrip("off2.npy", &t2, false, mem + 3, 8);
@@ -493,8 +410,8 @@ START_TEST(test_write_broadcast)
         float row[4] = {1, 2, 3, 4}, col[3] = {7, 8, 9};
         float want_a[12], want_b[12];
         int64_t shape[2] = {3, 4}, sa[2] = {0, 1}, sb[2] = {1, 0};
-        DLTensor a = tensor(row, dt(kDLFloat, 32, 1), 2, shape, sa, 0);
-        DLTensor b = tensor(col, dt(kDLFloat, 32, 1), 2, shape, sb, 0);
+        DLTensor a = host_tensor(row, dt(kDLFloat, 32, 1), 2, shape, sa, 0);
+        DLTensor b = host_tensor(col, dt(kDLFloat, 32, 1), 2, shape, sb, 0);
 
         for (int i = 0; i < 3; i++)
                 for (int j = 0; j < 4; j++) {
@@ -526,8 +443,8 @@ START_TEST(test_write_gather_large)
                 mem[i] = (double)i * 0.5;
         for (size_t i = 0; i < (size_t)A * B * D * 2; i++)
                 m3[i] = (int32_t)(i * 2654435761u);
-        t = tensor(mem, dt(kDLFloat, 64, 1), 2, shape, strides, 0);
-        t3 = tensor(m3, dt(kDLInt, 32, 1), 3, shape3, strides3, 0);
+        t = host_tensor(mem, dt(kDLFloat, 64, 1), 2, shape, strides, 0);
+        t3 = host_tensor(m3, dt(kDLInt, 32, 1), 3, shape3, strides3, 0);
         naive_gather(&t, want);
         naive_gather(&t3, want3);
         check_roundtrip("big-rows.npy", &t, false, want, sizeof(double) * R * C);
@@ -544,7 +461,7 @@ START_TEST(test_write_header_layout)
         static const char dict[] = "{'descr': '@f4', 'fortran_order': False, 'shape': (5,), }";
         float v[5] = {0};
         int64_t shape[1] = {5};
-        DLTensor t = tensor(v, dt(kDLFloat, 32, 1), 1, shape, NULL, 0);
+        DLTensor t = host_tensor(v, dt(kDLFloat, 32, 1), 1, shape, NULL, 0);
         char want[sizeof(dict)], buf[128];
         int fd = open_new("layout.npy");
         size_t hlen;
@@ -931,7 +848,7 @@ START_TEST(test_truncated)
         uint8_t full[512];
         int64_t shape[2] = {3, 5};
         uint16_t v[15];
-        DLTensor t = tensor(v, dt(kDLUInt, 16, 1), 2, shape, NULL, 0);
+        DLTensor t = host_tensor(v, dt(kDLUInt, 16, 1), 2, shape, NULL, 0);
         int fd = open_new("whole.npy");
         off_t size;
 
@@ -1152,7 +1069,7 @@ START_TEST(test_read_from_pipe)
         /* dlxctl may read stdin: a pipe has no size to check and no offset to seek. */
         int32_t v[4] = {5, 6, 7, 8}, back[4];
         int64_t shape[1] = {4};
-        DLTensor t = tensor(v, dt(kDLInt, 32, 1), 1, shape, NULL, 0);
+        DLTensor t = host_tensor(v, dt(kDLInt, 32, 1), 1, shape, NULL, 0);
         struct npy_info info;
         char err[ERRSZ];
         int p[2];
@@ -1172,7 +1089,7 @@ START_TEST(test_io_errors)
 {
         int32_t v[4] = {0};
         int64_t shape[1] = {4};
-        DLTensor t = tensor(v, dt(kDLInt, 32, 1), 1, shape, NULL, 0);
+        DLTensor t = host_tensor(v, dt(kDLInt, 32, 1), 1, shape, NULL, 0);
         struct npy_info info;
         char err[ERRSZ];
         int fd, p[2];
@@ -1212,27 +1129,27 @@ START_TEST(test_write_invalid)
                 int r;
                 const char *says;
         } cases[] = {
-                {tensor(v, dt(kDLInt, 32, 1), -1, shape, NULL, 0), -EINVAL, "negative ndim"},
-                {tensor(v, dt(kDLInt, 32, 1), NPY_MAX_NDIM + 1, many, NULL, 0), -ENOTSUP,
+                {host_tensor(v, dt(kDLInt, 32, 1), -1, shape, NULL, 0), -EINVAL, "negative ndim"},
+                {host_tensor(v, dt(kDLInt, 32, 1), NPY_MAX_NDIM + 1, many, NULL, 0), -ENOTSUP,
                  "at most 32"},
-                {tensor(v, dt(kDLInt, 32, 1), 2, NULL, NULL, 0), -EINVAL, "no shape"},
-                {tensor(v, dt(kDLInt, 32, 1), 2, neg, NULL, 0), -EINVAL, "negative"},
-                {tensor(NULL, dt(kDLInt, 32, 1), 2, shape, NULL, 0), -EINVAL, "no data"},
-                {tensor(v, dt(kDLInt, 32, 1), 2, big, NULL, 0), -EOVERFLOW, "64 bits"},
-                {tensor(v, dt(kDLInt, 32, 1), 2, shape, wild, 0), -EOVERFLOW, "strides"},
-                {tensor(v, dt(kDLBfloat, 16, 1), 2, shape, NULL, 0), -ENOTSUP,
+                {host_tensor(v, dt(kDLInt, 32, 1), 2, NULL, NULL, 0), -EINVAL, "no shape"},
+                {host_tensor(v, dt(kDLInt, 32, 1), 2, neg, NULL, 0), -EINVAL, "negative"},
+                {host_tensor(NULL, dt(kDLInt, 32, 1), 2, shape, NULL, 0), -EINVAL, "no data"},
+                {host_tensor(v, dt(kDLInt, 32, 1), 2, big, NULL, 0), -EOVERFLOW, "64 bits"},
+                {host_tensor(v, dt(kDLInt, 32, 1), 2, shape, wild, 0), -EOVERFLOW, "strides"},
+                {host_tensor(v, dt(kDLBfloat, 16, 1), 2, shape, NULL, 0), -ENOTSUP,
                  "DLPack dtype bfloat16 has no numpy equivalent"},
-                {tensor(v, dt(kDLFloat8_e4m3fn, 8, 1), 2, shape, NULL, 0), -ENOTSUP,
+                {host_tensor(v, dt(kDLFloat8_e4m3fn, 8, 1), 2, shape, NULL, 0), -ENOTSUP,
                  "float8_e4m3fn"},
-                {tensor(v, dt(kDLFloat, 32, 4), 2, shape, NULL, 0), -ENOTSUP,
+                {host_tensor(v, dt(kDLFloat, 32, 4), 2, shape, NULL, 0), -ENOTSUP,
                  "float32x4 has no numpy equivalent (vector lanes)"},
-                {tensor(v, dt(kDLInt, 4, 1), 2, shape, NULL, 0), -ENOTSUP,
+                {host_tensor(v, dt(kDLInt, 4, 1), 2, shape, NULL, 0), -ENOTSUP,
                  "int4 has no numpy "
                  "equivalent (sub-byte)"},
-                {tensor(v, dt(kDLBool, 1, 1), 2, shape, NULL, 0), -ENOTSUP, "bool1"},
-                {tensor(v, dt(77, 32, 1), 2, shape, NULL, 0), -ENOTSUP, "code 77"},
+                {host_tensor(v, dt(kDLBool, 1, 1), 2, shape, NULL, 0), -ENOTSUP, "bool1"},
+                {host_tensor(v, dt(77, 32, 1), 2, shape, NULL, 0), -ENOTSUP, "code 77"},
         };
-        DLTensor gpu = tensor(v, dt(kDLInt, 32, 1), 2, shape, NULL, 0);
+        DLTensor gpu = host_tensor(v, dt(kDLInt, 32, 1), 2, shape, NULL, 0);
         char err[ERRSZ];
         int fd = open_new("invalid.npy");
 
@@ -1361,19 +1278,19 @@ START_TEST(test_numpy_interop)
         for (int i = 0; i < 2; i++)
                 for (int j = 0; j < 3; j++)
                         i2[i + 2 * j] = (int16_t)(3 * i + j);
-        t = tensor(f4, dt(kDLFloat, 32, 1), 2, s23, NULL, 0);
+        t = host_tensor(f4, dt(kDLFloat, 32, 1), 2, s23, NULL, 0);
         save("c_f4.npy", &t);
-        t = tensor(i2, dt(kDLInt, 16, 1), 2, s23, fst, 0);
+        t = host_tensor(i2, dt(kDLInt, 16, 1), 2, s23, fst, 0);
         save("f_i2.npy", &t);
-        t = tensor(i8, dt(kDLInt, 64, 1), 2, s23, rev, 5 * sizeof(int64_t));
+        t = host_tensor(i8, dt(kDLInt, 64, 1), 2, s23, rev, 5 * sizeof(int64_t));
         save("g_i8.npy", &t);
-        t = tensor(c16, dt(kDLComplex, 128, 1), 0, NULL, NULL, 0);
+        t = host_tensor(c16, dt(kDLComplex, 128, 1), 0, NULL, NULL, 0);
         save("s_c16.npy", &t);
-        t = tensor(b1, dt(kDLBool, 8, 1), 1, s3, NULL, 0);
+        t = host_tensor(b1, dt(kDLBool, 8, 1), 1, s3, NULL, 0);
         save("b_b1.npy", &t);
-        t = tensor(f2, dt(kDLFloat, 16, 1), 1, s3, NULL, 0);
+        t = host_tensor(f2, dt(kDLFloat, 16, 1), 1, s3, NULL, 0);
         save("h_f2.npy", &t);
-        t = tensor(NULL, dt(kDLUInt, 64, 1), 2, s03, NULL, 0);
+        t = host_tensor(NULL, dt(kDLUInt, 64, 1), 2, s03, NULL, 0);
         save("e_u8.npy", &t);
 
         fd = open_new("interop.py");

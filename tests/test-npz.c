@@ -21,6 +21,7 @@
 
 #include "npy.h"
 #include "npz.h"
+#include "tmpfiles.h"
 #include "toolkit.h"
 
 #define ERRSZ 256
@@ -31,67 +32,14 @@
 #define OTHER '<'
 #endif
 
-static char tmpdir[PATH_MAX];
-
 static void setup(void)
 {
-        const char *base = getenv("TMPDIR");
-
-        snprintf(tmpdir, sizeof(tmpdir), "%s/dlx-npz-XXXXXX", base && *base ? base : "/tmp");
-        ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+        tmpdir_make("npz");
 }
 
 static void teardown(void)
 {
-        DIR *d = opendir(tmpdir);
-        struct dirent *e;
-        char path[PATH_MAX + 256];
-
-        ck_assert_ptr_nonnull(d);
-        while ((e = readdir(d))) {
-                if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-                        continue;
-                snprintf(path, sizeof(path), "%s/%s", tmpdir, e->d_name);
-                if (rmdir(path) < 0)
-                        unlink(path);
-        }
-        closedir(d);
-        ck_assert_int_eq(rmdir(tmpdir), 0);
-}
-
-static const char *path_of(const char *name)
-{
-        static char path[PATH_MAX + 256];
-
-        snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
-        return path;
-}
-
-static int open_new(const char *name)
-{
-        int fd = open(path_of(name), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-
-        ck_assert_int_ge(fd, 0);
-        return fd;
-}
-
-static void put(int fd, const void *buf, size_t n)
-{
-        ck_assert_int_eq(write(fd, buf, n), (ssize_t)n);
-}
-
-/* Mappings of the test's files or of the reader's memfd: what a failed open might leave. */
-static int count_maps(void)
-{
-        FILE *f = fopen("/proc/self/maps", "re");
-        char line[PATH_MAX + 128];
-        int n = 0;
-
-        ck_assert_ptr_nonnull(f);
-        while (fgets(line, sizeof(line), f))
-                n += strstr(line, tmpdir) != NULL || strstr(line, "memfd:dlx-npz") != NULL;
-        fclose(f);
-        return n;
+        tmpdir_remove();
 }
 
 static DLDataType dt(uint8_t code, uint8_t bits)
@@ -103,51 +51,8 @@ static DLDataType dt(uint8_t code, uint8_t bits)
 static struct tfile_member member(const char *name, void *data, DLDataType dtype, int32_t ndim,
                                   int64_t *shape, int64_t *strides, uint64_t byte_offset)
 {
-        struct tfile_member m = {
-                .name = name,
-                .tensor =
-                        {
-                                .data = data,
-                                .device = {kDLCPU, 0},
-                                .ndim = ndim,
-                                .dtype = dtype,
-                                .shape = shape,
-                                .strides = strides,
-                                .byte_offset = byte_offset,
-                        },
-        };
-        return m;
-}
-
-static size_t numel(const DLTensor *t)
-{
-        size_t n = 1;
-
-        for (int32_t k = 0; k < t->ndim; k++)
-                n *= (size_t)t->shape[k];
-        return n;
-}
-
-/* Row-major copy by flat-index decomposition, honouring strides (NULL: compact). */
-static void naive_gather(const DLTensor *t, void *out)
-{
-        size_t isz = t->dtype.bits / 8u, n = numel(t);
-
-        for (size_t i = 0; i < n; i++) {
-                size_t rest = i;
-                int64_t off = 0;
-
-                for (int32_t k = t->ndim - 1; k >= 0; k--) {
-                        int64_t idx = (int64_t)(rest % (size_t)t->shape[k]);
-
-                        rest /= (size_t)t->shape[k];
-                        off += idx * (t->strides ? t->strides[k] : 0);
-                }
-                if (!t->strides)
-                        off = (int64_t)i;
-                memcpy((char *)out + i * isz,
-                       (const char *)t->data + t->byte_offset + off * (int64_t)isz, isz);
-        }
+        return (struct tfile_member){name,
+                                     host_tensor(data, dtype, ndim, shape, strides, byte_offset)};
 }
 
 static void write_npz(const char *name, const struct tfile_member *m, size_t n)
@@ -376,7 +281,7 @@ START_TEST(test_roundtrip_all_dtypes)
                 ck_assert_ptr_null(find(t, names[i])->tensor.strides);
         }
         tfile_free(t);
-        ck_assert_int_eq(count_maps(), 0);
+        ck_assert_int_eq(count_maps("memfd:dlx-npz"), 0);
 }
 END_TEST
 
@@ -490,7 +395,8 @@ START_TEST(test_foreign_archive)
         free(n2);
         free(n3);
         t = read_npz("foreign.npz");
-        ck_assert_int_eq(count_maps(), 1); /* the memfd; the file is no longer mapped */
+        ck_assert_int_eq(count_maps("memfd:dlx-npz"),
+                         1); /* the memfd; the file is no longer mapped */
         ck_assert_uint_eq(t->n, 3);
         ck_assert_str_eq(t->members[0].name, "be");
         ck_assert_str_eq(t->members[1].name, "big");
@@ -513,7 +419,7 @@ START_TEST(test_foreign_archive)
         /* The data is the tfile's own, and writable: a consumer may use it in place. */
         ((float *)m->tensor.data)[0] = 42;
         tfile_free(t);
-        ck_assert_int_eq(count_maps(), 0);
+        ck_assert_int_eq(count_maps("memfd:dlx-npz"), 0);
 }
 END_TEST
 
@@ -679,13 +585,13 @@ START_TEST(test_malformed)
                 rmdir(path_of("bad.npz"));
         build_bad(_i);
         fds = count_fds(0);
-        maps = count_maps();
+        maps = count_maps("memfd:dlx-npz");
         r = npz_open(path, &t, why, sizeof(why));
         ck_assert_msg(r == row->err, "%s: %d, expected %d (%s)", row->what, r, row->err, why);
         ck_assert_msg(strstr(why, row->says), "%s: '%s' lacks '%s'", row->what, why, row->says);
         ck_assert_ptr_eq(t, (struct tfile *)0x1);
         ck_assert_int_eq(count_fds(0), fds);
-        ck_assert_int_eq(count_maps(), maps);
+        ck_assert_int_eq(count_maps("memfd:dlx-npz"), maps);
 }
 END_TEST
 

@@ -18,74 +18,19 @@
 #include <unistd.h>
 
 #include "safetensors.h"
+#include "tmpfiles.h"
 #include "toolkit.h"
 
 #define ERRSZ 256
 
-static char tmpdir[PATH_MAX];
-
 static void setup(void)
 {
-        const char *base = getenv("TMPDIR");
-
-        snprintf(tmpdir, sizeof(tmpdir), "%s/dlx-st-XXXXXX", base && *base ? base : "/tmp");
-        ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+        tmpdir_make("st");
 }
 
 static void teardown(void)
 {
-        DIR *d = opendir(tmpdir);
-        struct dirent *e;
-        char path[PATH_MAX + 256];
-
-        ck_assert_ptr_nonnull(d);
-        while ((e = readdir(d))) {
-                if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-                        continue;
-                snprintf(path, sizeof(path), "%s/%s", tmpdir, e->d_name);
-                if (rmdir(path) < 0)
-                        unlink(path);
-        }
-        closedir(d);
-        ck_assert_int_eq(rmdir(tmpdir), 0);
-}
-
-static const char *path_of(const char *name)
-{
-        static char path[PATH_MAX + 256];
-
-        snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
-        return path;
-}
-
-static int open_new(const char *name)
-{
-        int fd = open(path_of(name), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-
-        ck_assert_int_ge(fd, 0);
-        return fd;
-}
-
-static void put(int fd, const void *buf, size_t n)
-{
-        ck_assert_int_eq(write(fd, buf, n), (ssize_t)n);
-}
-
-/*
- * Mappings of the test's files in /proc/self/maps: one left behind by a failed open shows up
- * here (malloc's heap and arenas, which grow as they like, are not counted).
- */
-static int count_maps(void)
-{
-        FILE *f = fopen("/proc/self/maps", "re");
-        char line[PATH_MAX + 128];
-        int n = 0;
-
-        ck_assert_ptr_nonnull(f);
-        while (fgets(line, sizeof(line), f))
-                n += strstr(line, tmpdir) != NULL;
-        fclose(f);
-        return n;
+        tmpdir_remove();
 }
 
 static DLDataType dt(uint8_t code, uint8_t bits)
@@ -97,51 +42,8 @@ static DLDataType dt(uint8_t code, uint8_t bits)
 static struct tfile_member member(const char *name, void *data, DLDataType dtype, int32_t ndim,
                                   int64_t *shape, int64_t *strides, uint64_t byte_offset)
 {
-        struct tfile_member m = {
-                .name = name,
-                .tensor =
-                        {
-                                .data = data,
-                                .device = {kDLCPU, 0},
-                                .ndim = ndim,
-                                .dtype = dtype,
-                                .shape = shape,
-                                .strides = strides,
-                                .byte_offset = byte_offset,
-                        },
-        };
-        return m;
-}
-
-static size_t numel(const DLTensor *t)
-{
-        size_t n = 1;
-
-        for (int32_t k = 0; k < t->ndim; k++)
-                n *= (size_t)t->shape[k];
-        return n;
-}
-
-/* Row-major copy by flat-index decomposition: deliberately not the module's odometer. */
-static void naive_gather(const DLTensor *t, void *out)
-{
-        size_t isz = t->dtype.bits / 8u, n = numel(t);
-
-        for (size_t i = 0; i < n; i++) {
-                size_t rest = i;
-                int64_t off = 0;
-
-                for (int32_t k = t->ndim - 1; k >= 0; k--) {
-                        int64_t idx = (int64_t)(rest % (size_t)t->shape[k]);
-
-                        rest /= (size_t)t->shape[k];
-                        off += idx * (t->strides ? t->strides[k] : 0);
-                }
-                if (!t->strides)
-                        off = (int64_t)i;
-                memcpy((char *)out + i * isz,
-                       (const char *)t->data + t->byte_offset + off * (int64_t)isz, isz);
-        }
+        return (struct tfile_member){name,
+                                     host_tensor(data, dtype, ndim, shape, strides, byte_offset)};
 }
 
 static void write_file(const char *name, const struct tfile_member *m, size_t n)
@@ -409,7 +311,7 @@ START_TEST(test_foreign_file)
         close(fd);
         t = read_file("foreign.safetensors");
         /* The file stays mapped, and no descriptor open, until tfile_free(). */
-        ck_assert_int_eq(count_maps(), 1);
+        ck_assert_int_eq(count_maps(NULL), 1);
         ck_assert_uint_eq(t->n, 2);
         ck_assert_str_eq(t->members[0].name, "layer.0/w");
         ck_assert_str_eq(t->members[1].name, "z\xc3\xa9");
@@ -418,7 +320,7 @@ START_TEST(test_foreign_file)
         ck_assert_int_eq(t->members[1].tensor.dtype.code, kDLBfloat);
         ck_assert_mem_eq(t->members[1].tensor.data, data + 4, 2);
         tfile_free(t);
-        ck_assert_int_eq(count_maps(), 0);
+        ck_assert_int_eq(count_maps(NULL), 0);
 }
 END_TEST
 
@@ -517,14 +419,14 @@ static void expect_refused(const char *path, int err, const char *says)
 {
         struct tfile *t = (struct tfile *)0x1;
         char why[ERRSZ] = "";
-        int fds = count_fds(0), maps = count_maps();
+        int fds = count_fds(0), maps = count_maps(NULL);
         int r = st_open(path, &t, why, sizeof(why));
 
         ck_assert_msg(r == err, "%d, expected %d (%s)", r, err, why);
         ck_assert_msg(strstr(why, says), "'%s' lacks '%s'", why, says);
         ck_assert_ptr_eq(t, (struct tfile *)0x1);
         ck_assert_int_eq(count_fds(0), fds);
-        ck_assert_int_eq(count_maps(), maps);
+        ck_assert_int_eq(count_maps(NULL), maps);
 }
 
 START_TEST(test_malformed)
