@@ -1005,9 +1005,17 @@ int dlx_group_take(dlx_group *g, size_t i, DLManagedTensorVersioned **ret_tensor
                 return dlx__fail(-EINVAL, "no member %zu in the group", i);
         const struct group_member *gm = group_member_at(g->base, g->index[i]);
         atomic_fetch_add(&g->refs, 1);
-        bool writable = g->alloc && !g->sealed;
+        /* an allocated group's seal and version change under dlx_group_publish() */
+        bool writable = false;
+        uint64_t version = g->version;
+        if (g->alloc) {
+                pthread_mutex_lock(&g->lock);
+                writable = !g->sealed;
+                version = g->version;
+                pthread_mutex_unlock(&g->lock);
+        }
         err = dlx__acquired_member(&g->tensors[i], gm->flags, writable,
-                                   group_member_name(g->base, gm), g->version, group_unref, g,
+                                   group_member_name(g->base, gm), version, group_unref, g,
                                    ret_tensor);
         if (err < 0)
                 group_unref(g);

@@ -493,7 +493,9 @@ int dlx_group_take(dlx_group *group, size_t i, DLManagedTensorVersioned **ret_te
 /*
  * Drops the caller's hold: the lease is released (without a system call, as
  * for a tensor) once the group and every tensor taken from it are gone.
- * Borrowed names and tensors die now. NULL-safe.
+ * Borrowed names and tensors die now, and so does the handle: no call on
+ * another thread may be using it (dlx_group_publish(), dlx_group_take()),
+ * as for any object a free ends. NULL-safe.
  */
 void dlx_group_release(dlx_group *group);
 
@@ -528,7 +530,9 @@ int dlx_group_alloc(dlx_client *client, const struct dlx_member_layout *layouts,
  * without copying it: its pages become read-only at the same addresses, in
  * this process too (a write through any pointer into them faults from the
  * first publish on), and are sealed, so that readers see exactly what was
- * written. It may be published again, under this name or another, as it is.
+ * written: no thread may write to it while the first publish is in
+ * progress (even one that fails with -EBUSY, whose pages are read-only for
+ * a moment). It may be published again, under this name or another, as it is.
  * dlx_group_version() then gives the version of the publish that returned
  * last. opts as for dlx_publish_group() (NULL: defaults; persist is
  * honoured, DLX_COPY_ALWAYS is -EINVAL). Returns 0 with *ret_version (may
