@@ -3,6 +3,8 @@
  * group: a whole state dict as one group against the same tensors one name
  * each. In one child, N small float32 tensors (20,000; 2,000 with --quick):
  *  - publish: one dlx_publish_group of all N, against N dlx_publish calls;
+ *    and the same N filled in place (dlx_group_alloc) and published without
+ *    a copy (dlx_group_publish): the floor a copy adds to;
  *  - acquire: one dlx_acquire_group and its release, against N acquires and
  *    releases of the single names; and the group with every member taken as
  *    a DLPack tensor of its own (what Python's acquire_dict does);
@@ -25,6 +27,7 @@
 struct group_run {
         long n;
         double publish_group[REPEATS]; /* ns */
+        double publish_alloc[REPEATS]; /* dlx_group_publish of a dlx_group_alloc group */
         double acquire_group[REPEATS];
         double acquire_take[REPEATS];
         double publish_singles, acquire_singles; /* ns, all n */
@@ -88,6 +91,28 @@ static int grouper(int ctl, void *arg)
         }
         if (err < 0)
                 goto fail;
+        /* the same layout, allocated and filled in place: a publish that copies nothing */
+        struct dlx_member_layout *lay = calloc((size_t)n, sizeof(*lay));
+        int64_t lshape[1] = {MEMBER_FLOATS};
+        for (long i = 0; lay && i < n; i++)
+                lay[i] = (struct dlx_member_layout){names[i], {kDLFloat, 32, 1}, 1, lshape};
+        for (int k = 0; k < REPEATS && err == 0; k++) {
+                dlx_group *a = NULL;
+                err = lay ? dlx_group_alloc(c, lay, (size_t)n, &a) : -ENOMEM;
+                for (size_t i = 0; err == 0 && i < (size_t)n; i++)
+                        ((float *)dlx_group_tensor(a, i)->data)[0] = (float)k;
+                uint64_t t0 = now_ns();
+                if (err == 0)
+                        err = dlx_group_publish(c, gname, a, NULL, NULL);
+                r->publish_alloc[k] = (double)(now_ns() - t0);
+                dlx_group_release(a);
+        }
+        free(lay);
+        if (err < 0)
+                goto fail;
+        /* the copied group again, for the acquires below */
+        members_fill(ms, names, buf, n);
+        err = dlx_publish_group(c, gname, ms, (size_t)n, NULL, NULL);
         for (int k = 0; k < REPEATS && err == 0; k++) {
                 uint64_t t0 = now_ns();
                 err = dlx_acquire_group(c, gname, NULL, 0, NULL, &g);
@@ -220,6 +245,7 @@ int run_group(void)
         err = child_done(&ch, 600000, "group");
         if (err == 0) {
                 double pub = median(r->publish_group, REPEATS);
+                double pub_alloc = median(r->publish_alloc, REPEATS);
                 double acq = median(r->acquire_group, REPEATS);
                 double take = median(r->acquire_take, REPEATS);
                 double pub_ratio = r->publish_singles / pub, acq_ratio = r->acquire_singles / acq;
@@ -228,6 +254,9 @@ int run_group(void)
                 value_row("publish_group_ms", label, pub / 1e6, "ms", 0, NULL);
                 snprintf(label, sizeof(label), "%ld dlx_publish, one each", r->n);
                 value_row("publish_singles_ms", label, r->publish_singles / 1e6, "ms", pub_ratio,
+                          "group");
+                snprintf(label, sizeof(label), "dlx_group_publish, allocated in place");
+                value_row("publish_alloc_ms", label, pub_alloc / 1e6, "ms", pub_alloc / pub,
                           "group");
                 snprintf(label, sizeof(label), "acquire_group + release, %ld members", r->n);
                 value_row("acquire_group_ms", label, acq / 1e6, "ms", 0, NULL);
