@@ -576,12 +576,14 @@ static void conn_flush(struct conn *c)
         }
         watch_unread(c);
         /* a peer that sends no more is answered in full, then closed */
-        if (all && c->eof && !c->dispatching && frame_reader_pending(&c->reader) == 0) {
+        if (all && c->eof && !c->dispatching && !c->session->group_job &&
+            frame_reader_pending(&c->reader) == 0) {
                 conn_close(c);
                 return;
         }
         /* full socket: writable wakes us; an fd waiting for the budget: the fd ticker does */
-        set_events(c, (full ? UV_WRITABLE : 0) | (c->blocked || c->eof ? 0 : UV_READABLE));
+        set_events(c, (full ? UV_WRITABLE : 0) |
+                              (c->blocked || c->eof || c->session->group_job ? 0 : UV_READABLE));
 }
 
 /* Reads once; returns bytes read, 0 at EOF, -EAGAIN, or another -errno. */
@@ -638,6 +640,8 @@ static void dispatch_frames(struct conn *c, bool *ret_progressed)
                         c->blocked = true;
                         break;
                 }
+                if (c->session->group_job)
+                        break; /* answered in order: the rest once the group is checked */
                 r = frame_reader_next(&c->reader, &f);
                 if (r == 0)
                         break;
@@ -670,7 +674,7 @@ static void on_readable(struct conn *c)
                 return;
         }
         for (int i = 0; i < CONN_READS_PER_WAKEUP && !c->close_pending && !c->closing &&
-                        !c->blocked && !c->eof;
+                        !c->blocked && !c->eof && !c->session->group_job;
              i++) {
                 bool drained = false;
                 ssize_t n = conn_read(c, &drained);
@@ -755,6 +759,7 @@ static void watch_stall(struct conn *c, bool progressed)
 {
         struct server *srv = c->srv;
         bool stalled = srv->reg->lim.timeout_ms && !c->blocked && !c->eof &&
+                       !c->session->group_job &&
                        (!c->session->greeted || frame_reader_pending(&c->reader) > 0 ||
                         c->reader.nfds > 0);
 
@@ -888,6 +893,25 @@ void conn_check_stalled(struct server *srv)
         }
 }
 
+/*
+ * The group publish that paused c is done (session.io.resume): the requests
+ * that came meanwhile are answered, and reading goes on.
+ */
+static void conn_resume(void *ctx)
+{
+        struct conn *c = ctx;
+        bool progressed = false;
+
+        if (c->closing)
+                return;
+        if (!c->blocked && !c->dispatching)
+                dispatch_frames(c, &progressed);
+        if (c->closing)
+                return;
+        watch_stall(c, progressed);
+        conn_flush(c);
+}
+
 static void conn_end(void *ctx)
 {
         struct conn *c = ctx;
@@ -943,6 +967,7 @@ int conn_start(struct server *srv, int fd, struct session *session)
         session->io.fd_room = conn_fd_room;
         session->io.fd_share = conn_fd_share;
         session->io.end = conn_end;
+        session->io.resume = conn_resume;
         session->io.ctx = c;
         list_insert_tail(&srv->conns, &c->link);
         c->events = UV_READABLE;

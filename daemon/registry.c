@@ -315,20 +315,19 @@ static int check_access(const struct wire_tensor *t, struct segment *seg, char *
 }
 
 /*
- * A group's table, checked once, here, after its segment was sealed against
+ * A group's table, checked once, after its segment was sealed against
  * writing (check_access): nothing reads it in dlxd again, and no peer can
- * change it under its readers. The publish's tensor must describe the
- * table's data area as bytes, so that stat and list describe a group as
- * they describe a tensor (a peer that knows no groups is refused its
- * acquire: grant()).
+ * change it under its readers. This part checks what the publish says of
+ * it and reads its head into *head; check_table() the rest. The publish's
+ * tensor must describe the table's data area as bytes, so that stat and
+ * list describe a group as they describe a tensor (a peer that knows no
+ * groups is refused its acquire: grant()).
  */
 static int check_group(struct session *s, const struct wire_request *req, int fd,
-                       struct segment *seg, char *why, size_t whysz)
+                       struct segment *seg, struct group_head *head, char *why, size_t whysz)
 {
         const struct wire_tensor *t = &req->publish.tensor;
         const struct wire_limit_set *lim = &s->reg->lim;
-        struct group_summary sum;
-        int err;
 
         if (fd < 0 || req->publish.hold || t->storage != WIRE_STORAGE_MEMFD) {
                 snprintf(why, whysz, "a group travels in a memfd of its own, attached");
@@ -338,57 +337,63 @@ static int check_group(struct session *s, const struct wire_request *req, int fd
                 snprintf(why, whysz, "a group is read-only: writable groups are not supported");
                 return -ENOTSUP;
         }
-        /*
-         * The table is mapped where every page of it exists: the memfd is
-         * write-sealed, so no page can change or turn into a hole (punching
-         * one is a write), and the check reads the pages in place. Where the
-         * table has a hole (a peer's sparse memfd) it is read instead: a
-         * read of a hole allocates nothing, where a mapping's faults would
-         * allocate pages charged to dlxd. The head first, and the rest (up
-         * to data_off, within --max-group-table) only once the head's
-         * numbers pass.
-         */
-        struct group_head head;
-        uint8_t *table = NULL;
-        size_t mapped = 0;
-        if (seg->size < sizeof(head) || pread(seg->fd, &head, sizeof(head), 0) != sizeof(head)) {
+        if (seg->size < sizeof(*head) ||
+            pread(seg->fd, head, sizeof(*head), 0) != (ssize_t)sizeof(*head)) {
                 snprintf(why, whysz, "a group segment of %llu bytes has no room for its head",
                          (unsigned long long)seg->size);
                 return -EINVAL;
         }
-        err = group_check_head(&head, seg->size, lim->max_group_members, lim->max_group_table, why,
-                               whysz);
-        if (err == 0) {
-                uint64_t end = group_table_end(&head);
-                off_t hole = lseek(seg->fd, 0, SEEK_HOLE);
-                void *p =
-                        hole >= 0 && (uint64_t)hole >= end
-                                ? mmap(NULL, end, PROT_READ, MAP_SHARED | MAP_POPULATE, seg->fd, 0)
-                                : MAP_FAILED;
+        return group_check_head(head, seg->size, lim->max_group_members, lim->max_group_table, why,
+                                whysz);
+}
+
+/*
+ * The rest of a group's table, whose head passed check_group(): fd, size
+ * and the limits are all it reads, so that it may run on a worker thread.
+ * The table is mapped where every page of it exists: the memfd is
+ * write-sealed, so no page can change or turn into a hole (punching one is
+ * a write), and the check reads the pages in place. Where the table has a
+ * hole (a peer's sparse memfd) it is read instead: a read of a hole
+ * allocates nothing, where a mapping's faults would allocate pages charged
+ * to dlxd. A failure to read leaves *ret_errno set and why empty.
+ */
+static int check_table(int fd, uint64_t size, const struct group_head *head,
+                       const struct wire_tensor *t, uint32_t max_members, uint64_t max_table,
+                       int *ret_errno, char *why, size_t whysz)
+{
+        uint64_t end = group_table_end(head);
+        off_t hole = lseek(fd, 0, SEEK_HOLE);
+        struct group_summary sum;
+        uint8_t *table = NULL;
+        size_t mapped = 0;
+        int err = 0;
+
+        *ret_errno = 0;
+        if (hole >= 0 && (uint64_t)hole >= end) {
+                void *p = mmap(NULL, end, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
                 if (p != MAP_FAILED) {
                         table = p;
                         mapped = end;
                 }
         }
-        if (err == 0 && !table && !(table = malloc(head.data_off))) {
+        if (!table && !(table = malloc(head->data_off))) {
                 snprintf(why, whysz, "out of memory for a %llu-byte group table",
-                         (unsigned long long)head.data_off);
-                err = -ENOMEM;
+                         (unsigned long long)head->data_off);
+                return -ENOMEM;
         }
-        for (uint64_t done = 0; err == 0 && !mapped && done < head.data_off;) {
-                ssize_t n = pread(seg->fd, table + done, head.data_off - done, (off_t)done);
+        for (uint64_t done = 0; !mapped && done < head->data_off;) {
+                ssize_t n = pread(fd, table + done, head->data_off - done, (off_t)done);
                 if (n < 0 && errno == EINTR)
                         continue;
                 if (n <= 0) {
                         err = n < 0 ? -errno : -EIO;
-                        snprintf(why, whysz, "cannot read the group's table: %s", strerror(-err));
+                        *ret_errno = -err;
                         break;
                 }
                 done += (uint64_t)n;
         }
         if (err == 0)
-                err = group_check(table, seg->size, lim->max_group_members, lim->max_group_table,
-                                  &sum, why, whysz);
+                err = group_check(table, size, max_members, max_table, &sum, why, whysz);
         if (mapped)
                 munmap(table, mapped);
         else
@@ -514,41 +519,23 @@ static int publish_segment(struct session *s, const struct wire_request *req, in
         return 0;
 }
 
-void registry_publish(struct session *s, const struct wire_request *req, int fd)
+/*
+ * The rest of a publish, once its segment and descriptor passed (err 0) or
+ * failed (err, with why): the version, its reply and its events. attached:
+ * the publish came with an fd. Takes seg's reference.
+ */
+static void publish_finish(struct session *s, const struct wire_request *req, bool attached,
+                           struct segment *seg, int err, const char *why_in)
 {
         struct registry *reg = s->reg;
         const struct wire_tensor *t = &req->publish.tensor;
-        struct segment *seg = NULL;
         struct entry *e;
         struct version *v;
         struct wire_reply rep;
         char why[320];
         bool replaced;
-        int err;
 
-        e = entry_find(reg, t->name);
-        if (e && e->current && !may_write(s, e)) {
-                fd_drop(&fd);
-                session_fail(s, req->id, -EACCES, "'%s' is owned by uid %u", t->name,
-                             (unsigned)e->owner);
-                return;
-        }
-        if (!(e && e->current) && names_full(s, why, sizeof(why))) {
-                fd_drop(&fd);
-                session_fail(s, req->id, -EAGAIN, "publish '%s': %s", t->name, why);
-                return;
-        }
-        err = publish_segment(s, req, fd, &seg, why, sizeof(why));
-        if (err < 0) {
-                session_fail(s, req->id, err, "publish '%s': %s", t->name, why);
-                return;
-        }
-
-        err = check_extent(t, seg, why, sizeof(why));
-        if (err == 0)
-                err = check_access(t, seg, why, sizeof(why));
-        if (err == 0 && t->members)
-                err = check_group(s, req, fd, seg, why, sizeof(why));
+        snprintf(why, sizeof(why), "%s", why_in);
         /*
          * The entry and the version before the hold: a publish failing after
          * it would leave the segment held, its bytes charged, and the peer
@@ -560,7 +547,7 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
                 err = -ENOMEM;
                 snprintf(why, sizeof(why), "out of memory");
         }
-        if (err == 0 && fd >= 0 && req->publish.hold) {
+        if (err == 0 && attached && req->publish.hold) {
                 err = hold_segment(s, seg);
                 if (err < 0)
                         snprintf(why, sizeof(why), "cannot hold the segment: %s",
@@ -627,6 +614,149 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
 
         notify_watchers(reg, replaced ? WIRE_EVENT_REPLACED : WIRE_EVENT_PUBLISHED, e, v->version);
         wake_waiters(e);
+}
+
+/*
+ * A group publish whose table is bigger than GROUP_CHECK_INLINE is checked
+ * on libuv's thread pool, not on the loop: a table of hundreds of
+ * megabytes (within the default limits) took a quarter of a second, during
+ * which every other client waited. Its session reads no more requests
+ * meanwhile (conn.c asks session.group_job), so that what it sent next is
+ * answered after the publish, as ever. The worker reads only what the job
+ * holds: the segment's fd (sealed: nothing changes it), its size, and
+ * copies of the request and of the limits.
+ */
+/* Tables up to this many bytes (a 20,000-member state dict's is 1.7 MB) are checked inline. */
+#define GROUP_CHECK_INLINE ((uint64_t)4 << 20)
+
+struct group_job {
+        uv_work_t work;
+        struct registry *reg;
+        struct session *s; /* NULL once the session has ended: the publish is dropped */
+        struct wire_request req;
+        struct segment *seg; /* one reference */
+        int fd;
+        uint64_t size;
+        struct group_head head;
+        uint32_t max_members;
+        uint64_t max_table;
+        int err, read_errno;
+        char why[320];
+};
+
+static void group_job_work(uv_work_t *w)
+{
+        struct group_job *job = w->data;
+
+        job->err = check_table(job->fd, job->size, &job->head, &job->req.publish.tensor,
+                               job->max_members, job->max_table, &job->read_errno, job->why,
+                               sizeof(job->why));
+}
+
+static void group_job_done(uv_work_t *w, int status)
+{
+        struct group_job *job = w->data;
+        struct session *s = job->s;
+
+        if (!s) {
+                segment_unref(job->reg->store, job->seg);
+                free(job);
+                return;
+        }
+        s->group_job = NULL;
+        if (status < 0) {
+                job->err = -ECANCELED;
+                snprintf(job->why, sizeof(job->why), "the group's check was cancelled");
+        } else if (job->read_errno) {
+                snprintf(job->why, sizeof(job->why), "cannot read the group's table: %s",
+                         strerror(job->read_errno));
+        }
+        publish_finish(s, &job->req, true, job->seg, job->err, job->why);
+        free(job);
+        if (s->io.resume)
+                s->io.resume(s->io.ctx);
+}
+
+/* Queues the check of seg's table; false where it cannot be (then the caller checks it). */
+static bool group_job_start(struct session *s, const struct wire_request *req, struct segment *seg,
+                            const struct group_head *head)
+{
+        struct registry *reg = s->reg;
+        struct group_job *job;
+
+        if (!reg->loop || !s->io.resume || !(job = calloc(1, sizeof(*job))))
+                return false;
+        job->work.data = job;
+        job->reg = reg;
+        job->s = s;
+        job->req = *req;
+        job->seg = seg;
+        job->fd = seg->fd;
+        job->size = seg->size;
+        job->head = *head;
+        job->max_members = reg->lim.max_group_members;
+        job->max_table = reg->lim.max_group_table;
+        if (uv_queue_work(reg->loop, &job->work, group_job_work, group_job_done) < 0) {
+                free(job);
+                return false;
+        }
+        s->group_job = job;
+        return true;
+}
+
+void registry_group_job_orphan(struct session *s)
+{
+        if (s->group_job) {
+                s->group_job->s = NULL;
+                s->group_job = NULL;
+        }
+}
+
+void registry_publish(struct session *s, const struct wire_request *req, int fd)
+{
+        struct registry *reg = s->reg;
+        const struct wire_tensor *t = &req->publish.tensor;
+        struct segment *seg = NULL;
+        struct entry *e;
+        char why[320];
+        int err;
+
+        e = entry_find(reg, t->name);
+        if (e && e->current && !may_write(s, e)) {
+                fd_drop(&fd);
+                session_fail(s, req->id, -EACCES, "'%s' is owned by uid %u", t->name,
+                             (unsigned)e->owner);
+                return;
+        }
+        if (!(e && e->current) && names_full(s, why, sizeof(why))) {
+                fd_drop(&fd);
+                session_fail(s, req->id, -EAGAIN, "publish '%s': %s", t->name, why);
+                return;
+        }
+        err = publish_segment(s, req, fd, &seg, why, sizeof(why));
+        if (err < 0) {
+                session_fail(s, req->id, err, "publish '%s': %s", t->name, why);
+                return;
+        }
+
+        err = check_extent(t, seg, why, sizeof(why));
+        if (err == 0)
+                err = check_access(t, seg, why, sizeof(why));
+        if (err == 0 && t->members) {
+                struct group_head head;
+                int read_errno = 0;
+                err = check_group(s, req, fd, seg, &head, why, sizeof(why));
+                if (err == 0 && head.data_off > GROUP_CHECK_INLINE &&
+                    group_job_start(s, req, seg, &head))
+                        return; /* group_job_done() goes on */
+                if (err == 0)
+                        err = check_table(seg->fd, seg->size, &head, t, reg->lim.max_group_members,
+                                          reg->lim.max_group_table, &read_errno, why, sizeof(why));
+                if (read_errno)
+                        snprintf(why, sizeof(why), "cannot read the group's table: %s",
+                                 strerror(read_errno));
+        }
+        publish_finish(s, req, fd >= 0, seg, err, why);
 }
 
 void registry_unpublish(struct session *s, const struct wire_request *req)

@@ -77,6 +77,8 @@ void registry_session_free(struct session *s);
  * to the request frame, or -1; it is consumed on every path.
  */
 void registry_publish(struct session *s, const struct wire_request *req, int fd);
+/* s ends: a group publish of its being checked off the loop is dropped when the check is done. */
+void registry_group_job_orphan(struct session *s);
 void registry_acquire(struct session *s, const struct wire_request *req);
 void registry_release(struct session *s, const struct wire_request *req);
 void registry_unpublish(struct session *s, const struct wire_request *req);

@@ -442,18 +442,57 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
         return 0;
 }
 
+/* Descriptors of destroyed big segments, closed on libuv's thread pool. */
+struct closing {
+        uv_work_t work;
+        unsigned n;
+        int fds[STORE_DEFER_MAX];
+};
+
+static void close_work(uv_work_t *w)
+{
+        struct closing *job = w->data;
+
+        for (unsigned i = 0; i < job->n; i++)
+                close(job->fds[i]);
+}
+
+static void close_done(uv_work_t *w, int status)
+{
+        struct closing *job = w->data;
+
+        if (status < 0) /* cancelled: not run */
+                close_work(w);
+        free(job);
+}
+
 /*
- * The descriptors of destroyed big segments close here, a loop iteration
- * after the request that destroyed them: its reply has gone (on_poll sends
- * it), and what other connections wait for goes first too.
+ * The descriptors of destroyed big segments close a loop iteration after
+ * the request that destroyed them: its reply has gone (on_poll sends it),
+ * and what other connections wait for goes first too. They close on the
+ * thread pool, since freeing the pages of a group of hundreds of megabytes
+ * takes tens of milliseconds that no other client should wait for; inline
+ * where that cannot be had.
  */
 static void on_close_deferred(uv_idle_t *h)
 {
         struct server *srv = h->data;
+        struct store *st = srv->reg->store;
+        struct closing *job = malloc(sizeof(*job));
 
         uv_idle_stop(h);
         server_flush(srv);
-        store_close_deferred(srv->reg->store);
+        if (job) {
+                job->work.data = job;
+                job->n = st->ndeferred;
+                memcpy(job->fds, st->deferred, st->ndeferred * sizeof(int));
+                if (uv_queue_work(srv->loop, &job->work, close_work, close_done) == 0) {
+                        st->ndeferred = 0;
+                        return;
+                }
+                free(job);
+        }
+        store_close_deferred(st);
 }
 
 static void schedule_close(void *ctx)

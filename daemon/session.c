@@ -153,6 +153,7 @@ void registry_session_free(struct session *s)
         reg = s->reg;
         /* nothing may be sent to a peer that is gone */
         s->io.send = NULL;
+        registry_group_job_orphan(s);
 
         for (n = avl_first(&s->leases); n; n = next) {
                 next = avl_next(n);

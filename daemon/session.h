@@ -41,6 +41,11 @@ struct session_io {
         bool (*fd_share)(void *ctx);
         /* Ends the connection soon, from the loop, not within this call (NULL: nothing). */
         void (*end)(void *ctx);
+        /*
+         * Goes on reading and answering requests once group_job is done
+         * (NULL: no group is checked off the loop for this session).
+         */
+        void (*resume)(void *ctx);
         void *ctx;
 };
 
@@ -73,6 +78,8 @@ struct session {
         uint32_t ntracks, track_hint;
         unsigned nwaiters;
         struct list link; /* in registry.sessions */
+        /* a group publish being checked off the loop (registry.c): no request is read meanwhile */
+        struct group_job *group_job;
 };
 
 /* Sends a reply or an event; a failure to queue is logged and ends nothing here. */

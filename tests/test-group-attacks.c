@@ -2078,6 +2078,108 @@ START_TEST(sparse_segment_allocates_nothing)
 }
 END_TEST
 
+/* ---- tables checked off dlxd's loop ------------------------------------------------------ */
+
+/* A valid segment of n float32 members of 1 element whose names are long: a table over 4 MiB. */
+static void gbuild_big(struct gseg *g, uint32_t n, char (**ret_names)[80])
+{
+        char(*names)[80] = calloc(n, sizeof(*names));
+        struct gspec *specs = calloc(n, sizeof(*specs));
+
+        ck_assert(names && specs);
+        for (uint32_t i = 0; i < n; i++) {
+                /* zero-padded: the names sort as they are made */
+                snprintf(names[i], sizeof(names[0]),
+                         "layers.%07u.self_attention.query_key_value.weight.shard", i);
+                specs[i] = (struct gspec){names[i], {kDLFloat, 32, 1}, 1, {1}, {1}, 0, 4 * i};
+        }
+        gbuild(g, specs, n, 4 * (uint64_t)n);
+        ck_assert_uint_gt(ghead(g)->data_off, 4u << 20); /* past what dlxd checks inline */
+        free(specs);
+        *ret_names = names;
+}
+
+/*
+ * A table over 4 MiB is checked off dlxd's loop, and its session is
+ * answered in order all the same: an acquire sent right behind the
+ * publish, in the same write, sees the version the publish made, and a
+ * defect at the table's very end is refused as it is inline, leaving
+ * nothing. A peer that hangs up right after sending a persistent one has
+ * it published all the same, as a publish checked inline would be.
+ */
+START_TEST(big_tables_answered_in_order)
+{
+        enum { N = 70000 };
+        dlx_client *c = fx_connect(&fx, "reader");
+        int sock = rp_connect(fx.socket, "hostile");
+        struct gseg g;
+        char(*names)[80];
+        struct wire_request req, acq;
+        struct wire_reply rep;
+        uint8_t frames[4096];
+        size_t len;
+        int fd, got = -1;
+
+        gbuild_big(&g, N, &names);
+        for (int round = 0; round < 2; round++) {
+                fd = gmemfd(&g, F_SEAL_WRITE);
+                group_publish_req(&req, 10 + 2 * (uint64_t)round, "big/ordered", &g);
+                rp_acquire_req(&acq, 11 + 2 * (uint64_t)round, "big/ordered");
+                acq.acquire.group = true;
+                len = rp_frame(&req, 1, frames, sizeof(frames));
+                len += rp_frame(&acq, 0, frames + len, sizeof(frames) - len);
+                ck_assert_int_eq(rp_send_raw(sock, frames, len, &fd, 1), 0);
+                close(fd);
+                rp_expect_ok(sock, req.id, WIRE_REP_PUBLISH, &rep, NULL);
+                uint64_t version = rep.publish.version;
+                ck_assert_uint_eq(version, (uint64_t)round + 1);
+                rp_expect_ok(sock, acq.id, WIRE_REP_ACQUIRE, &rep, &got);
+                ck_assert_uint_eq(rep.acquire.tensor.version, version);
+                if (got >= 0)
+                        close(got);
+        }
+
+        /* what the publish made, whole, to another client */
+        dlx_group *grp = acquire_group_ok(c, "big/ordered", NULL, 0, NULL);
+        ck_assert_uint_eq(dlx_group_count(grp), N);
+        ck_assert_str_eq(dlx_group_name(grp, N - 1), names[N - 1]);
+        dlx_group_release(grp);
+
+        /* the last member's name out of order: found at the table's end, off the loop */
+        struct group_member *last = gmember(&g, N - 1);
+        char *last_name = (char *)g.p + ghead(&g)->names_off + last->name_off;
+        last_name[0] = 'a';
+        struct dlx_stats before = fx_stats(c);
+        ck_assert_int_eq(raw_publish_group(sock, 20, "big/bad", &g, F_SEAL_WRITE, &rep),
+                         WIRE_INVALID);
+        ck_assert_msg(strstr(rep.error, "out of order"), "%s", rep.error);
+        expect_nothing_left(c, "big/bad", &before, "a big bad table");
+        last_name[0] = 'l';
+
+        /* sent, and hung up on at once: published, as the peer asked */
+        fd = gmemfd(&g, F_SEAL_WRITE);
+        group_publish_req(&req, 30, "big/orphan", &g);
+        req.publish.persist = true;
+        rp_send(sock, &req, fd);
+        close(fd);
+        close(sock);
+        struct dlx_info info;
+        int err = -ENOENT;
+        for (int waited = 0; err == -ENOENT && waited < 10000 * fx_slowdown(); waited += 10) {
+                err = dlx_stat(c, "big/orphan", &info);
+                if (err == -ENOENT)
+                        fx_sleep_ms(10);
+        }
+        ck_assert_int_eq(err, 0);
+        ck_assert_uint_eq(info.members, N);
+        ck_assert_int_eq(dlx_unpublish(c, "big/orphan"), 0);
+
+        free(names);
+        free(g.p);
+        dlx_close(c);
+}
+END_TEST
+
 Suite *group_attacks_suite(void)
 {
         Suite *s = suite_create("group-attacks");
@@ -2116,6 +2218,7 @@ Suite *group_attacks_suite(void)
         tcase_add_test(tc, taken_members_publish_as_a_new_group);
         tcase_add_test(tc, threads_acquire_whole_versions);
         tcase_add_test(tc, many_members_one_lease);
+        tcase_add_test(tc, big_tables_answered_in_order);
         suite_add_tcase(s, tc);
 
         tcase_add_unchecked_fixture(own, fx_reaper_init, fx_reaper_run);
