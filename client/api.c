@@ -14,7 +14,7 @@ static int check_name(const char *name)
         if (!name)
                 return dlx__fail(-EINVAL, "NULL name");
         if (layout_name_check(name, strlen(name), &why) < 0)
-                return dlx__fail(-EINVAL, "bad name '%s': %s", name, why);
+                return dlx__fail(-EINVAL, "bad name '%s': %s", DLX_QUOTED(name), why);
         return 0;
 }
 

@@ -245,7 +245,8 @@ static int check_member(const struct dlx_member *src, size_t i, struct pub_membe
         m->name = src->name;
         m->len = strlen(src->name);
         if (layout_name_check(m->name, m->len, &why) < 0)
-                return dlx__fail(-EINVAL, "group member %zu: bad name '%s': %s", i, m->name, why);
+                return dlx__fail(-EINVAL, "group member %zu: bad name '%s': %s", i,
+                                 DLX_QUOTED(m->name), why);
         if (mt->version.major != DLX_DLPACK_MAJOR)
                 return dlx__fail(-ENOTSUP, "group member '%s': DLPack major version %u", m->name,
                                  mt->version.major);
@@ -678,7 +679,7 @@ static int held_publish_group(dlx_client *c, const char *name, struct dlx_member
         if ((err = dlx__usable(c)) < 0)
                 return err;
         if (layout_name_check(name, strlen(name), &why) < 0)
-                return dlx__fail(-EINVAL, "bad group name '%s': %s", name, why);
+                return dlx__fail(-EINVAL, "bad group name '%s': %s", DLX_QUOTED(name), why);
         if ((err = check_daemon(c, name)) < 0 || (err = check_count(c, name, count)) < 0)
                 return err;
         if (o.copy != DLX_COPY_IF_NEEDED && o.copy != DLX_COPY_NEVER && o.copy != DLX_COPY_ALWAYS)
@@ -1167,7 +1168,7 @@ static int held_group_publish(dlx_client *c, const char *name, dlx_group *g,
         if ((err = dlx__usable(c)) < 0)
                 return err;
         if (layout_name_check(name, strlen(name), &why) < 0)
-                return dlx__fail(-EINVAL, "bad group name '%s': %s", name, why);
+                return dlx__fail(-EINVAL, "bad group name '%s': %s", DLX_QUOTED(name), why);
         if (o.writable)
                 return dlx__fail(-ENOTSUP, "publish group '%s': a group is read-only", name);
         if ((err = check_daemon(c, name)) < 0)

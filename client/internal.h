@@ -34,11 +34,13 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <dlx/dlx.h>
 
 #include "avl.h"
 #include "frame.h"
+#include "layout.h"
 #include "wire.h"
 
 #define DLX_HIDDEN __attribute__((visibility("hidden")))
@@ -251,6 +253,17 @@ DLX_HIDDEN void dlx__client_unref(dlx_client *c);
                 dlx__client_unref(c);                                                              \
                 held_result__;                                                                     \
         })
+/*
+ * A name a check refused, as a message may show it: one line, harmless to a
+ * terminal (layout_quote). The buffer lives as long as the enclosing block.
+ */
+#define DLX_QUOTED(name) dlx__quote((name), (char[LAYOUT_QUOTED_MAX]){0})
+static inline const char *dlx__quote(const char *name, char *buf)
+{
+        layout_quote(name, strlen(name), buf, LAYOUT_QUOTED_MAX);
+        return buf;
+}
+
 /* The client's scratch, if no other call has it, else an empty set of the caller's own in *own. */
 DLX_HIDDEN struct dlx_scratch *dlx__scratch_take(dlx_client *c, struct dlx_scratch *own);
 /* Buffer slot of s, at least size bytes (its contents not kept), or NULL when out of memory. */

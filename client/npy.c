@@ -45,21 +45,6 @@ __attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errsz, i
         return code;
 }
 
-/* Copies s for a message: printable ASCII kept, anything else shown as '?', long text cut. */
-static void quote_for_message(const char *s, size_t len, char *buf, size_t bufsz)
-{
-        size_t keep = len < bufsz - 1 ? len : bufsz - 4;
-        size_t i;
-
-        for (i = 0; i < keep; i++)
-                buf[i] = (s[i] >= 0x20 && s[i] < 0x7f) ? s[i] : '?';
-        if (keep < len) {
-                memcpy(buf + i, "...", 3);
-                i += 3;
-        }
-        buf[i] = '\0';
-}
-
 /* Returns the bytes read, short only at end of file, or -errno. */
 static ssize_t read_full(int fd, void *buf, size_t n)
 {
@@ -541,8 +526,8 @@ int npy_parse_header(const char *text, size_t len, struct npy_info *ret, char *w
                         have_shape = true;
                         r = parse_shape(&c, &info, &found);
                 } else {
-                        quote_for_message(key, key_len < sizeof(key) ? key_len : sizeof(key) - 1,
-                                          shown, 32);
+                        layout_quote(key, key_len < sizeof(key) ? key_len : sizeof(key) - 1, shown,
+                                     32);
                         return fail(why, whysz, -EINVAL,
                                     "malformed .npy header: unexpected key '%s'", shown);
                 }
@@ -576,8 +561,8 @@ int npy_parse_header(const char *text, size_t len, struct npy_info *ret, char *w
                             "numpy structured dtype (a list descr) has no DLPack equivalent");
         if (descr_len >= sizeof(descr) ||
             npy_dtype_from_descr(descr, &info.dtype, &info.swap_bytes) < 0) {
-                quote_for_message(descr, descr_len < sizeof(descr) ? descr_len : sizeof(descr) - 1,
-                                  shown, 32);
+                layout_quote(descr, descr_len < sizeof(descr) ? descr_len : sizeof(descr) - 1,
+                             shown, 32);
                 return fail(why, whysz, -ENOTSUP, "numpy dtype '%s'%s has no DLPack equivalent",
                             shown, descr_hint(descr));
         }

@@ -6,6 +6,7 @@
  */
 #include "npz.h"
 
+#include "layout.h"
 #include "npy.h"
 
 #include <errno.h>
@@ -89,7 +90,7 @@ static int check_entry(struct reader *rd, zip_uint64_t i, struct entry *e)
                                   "malformed .npz: entry %llu has no complete directory record",
                                   (unsigned long long)i);
         len = strlen(st.name);
-        tfile_quote(st.name, len, shown, sizeof(shown));
+        layout_quote(st.name, len, shown, sizeof(shown));
         if (len <= NPY_SUFFIX_LEN || strcmp(st.name + len - NPY_SUFFIX_LEN, NPY_SUFFIX) != 0)
                 return tfile_fail(rd->why, rd->whysz, -EINVAL,
                                   "malformed .npz: entry '%s' is not named NAME.npy", shown);
@@ -304,7 +305,7 @@ static int read_archive(struct reader *rd, struct tfile **ret)
                         return tfile_fail(rd->why, rd->whysz, -EINVAL,
                                           "malformed .npz: entry %zu has no name", i);
                 e->name = name;
-                tfile_quote(name, strlen(name), shown, sizeof(shown));
+                layout_quote(name, strlen(name), shown, sizeof(shown));
                 r = inflate_entry(rd, e, shown);
                 if (r == 0)
                         r = read_npy(rd, e, shown);
@@ -492,7 +493,7 @@ static int stage(int fd, const struct tfile_member *members, const size_t *order
                 int r = npy_write_fd(fd, &m->tensor, nwhy, sizeof(nwhy));
 
                 if (r < 0) {
-                        tfile_quote(m->name, strlen(m->name), shown, sizeof(shown));
+                        layout_quote(m->name, strlen(m->name), shown, sizeof(shown));
                         return tfile_fail(why, whysz, r, "tensor '%s': %s", shown, nwhy);
                 }
                 end = lseek(fd, 0, SEEK_CUR);

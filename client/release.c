@@ -45,7 +45,7 @@ static int held_wait_released(dlx_client *c, const char *name, uint64_t version,
         if (!c || !name || version == 0)
                 return dlx__fail(-EINVAL, "NULL client or name, or version 0");
         if (layout_name_check(name, strlen(name), &why) < 0)
-                return dlx__fail(-EINVAL, "bad name '%s': %s", name, why);
+                return dlx__fail(-EINVAL, "bad name '%s': %s", DLX_QUOTED(name), why);
         if ((err = dlx__usable(c)) < 0)
                 return err;
         pthread_mutex_lock(&c->lock);

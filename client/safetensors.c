@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "layout.h"
 #include "npy.h"
 
 #define ST_LEN_BYTES 8
@@ -109,7 +110,7 @@ struct parser {
 
 static void quote(const char *s, size_t len, char *buf, size_t bufsz)
 {
-        tfile_quote(s, len, buf, bufsz);
+        layout_quote(s, len, buf, bufsz);
 }
 
 /* A non-negative JSON integer, or -EINVAL. */

@@ -488,7 +488,7 @@ static int held_publish(dlx_client *c, const char *name, DLManagedTensorVersione
                 o = *opts;
         t = &tensor->dl_tensor;
         if (layout_name_check(name, strlen(name), &why) < 0) {
-                err = dlx__fail(-EINVAL, "bad name '%s': %s", name, why);
+                err = dlx__fail(-EINVAL, "bad name '%s': %s", DLX_QUOTED(name), why);
                 goto out_delete;
         }
         if (o.copy != DLX_COPY_IF_NEEDED && o.copy != DLX_COPY_NEVER && o.copy != DLX_COPY_ALWAYS) {

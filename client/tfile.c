@@ -26,20 +26,6 @@ int tfile_fail(char *why, size_t whysz, int code, const char *fmt, ...)
         return code;
 }
 
-void tfile_quote(const char *s, size_t len, char *buf, size_t bufsz)
-{
-        size_t keep = len < bufsz - 1 ? len : bufsz - 4;
-        size_t i;
-
-        for (i = 0; i < keep; i++)
-                buf[i] = (s[i] >= 0x20 && s[i] < 0x7f) ? s[i] : '?';
-        if (keep < len) {
-                memcpy(buf + i, "...", 3);
-                i += 3;
-        }
-        buf[i] = '\0';
-}
-
 struct tfile *tfile_new(size_t n, size_t ndims, size_t name_bytes)
 {
         struct tfile *t = calloc(1, sizeof(*t));
@@ -109,8 +95,8 @@ int tfile_sort(struct tfile *t, char *why, size_t whysz)
         qsort(t->members, t->n, sizeof(*t->members), by_name);
         for (size_t i = 1; i < t->n; i++) {
                 if (strcmp(t->members[i - 1].name, t->members[i].name) == 0) {
-                        tfile_quote(t->members[i].name, strlen(t->members[i].name), shown,
-                                    sizeof(shown));
+                        layout_quote(t->members[i].name, strlen(t->members[i].name), shown,
+                                     sizeof(shown));
                         return tfile_fail(why, whysz, -EINVAL, "two tensors are named '%s'", shown);
                 }
         }
@@ -155,7 +141,7 @@ int tfile_check_names(const struct tfile_member *members, size_t n, size_t *ret_
                 size_t len = name ? strnlen(name, TFILE_NAME_MAX + 1) : 0;
 
                 if (tfile_name_check(name, len, &reason) < 0) {
-                        tfile_quote(name ? name : "", len, shown, sizeof(shown));
+                        layout_quote(name ? name : "", len, shown, sizeof(shown));
                         return tfile_fail(why, whysz, -EINVAL, "tensor %zu ('%s'): %s", i, shown,
                                           reason);
                 }
@@ -166,7 +152,7 @@ int tfile_check_names(const struct tfile_member *members, size_t n, size_t *ret_
                 const char *name = members[ret_order[i]].name;
 
                 if (strcmp(members[ret_order[i - 1]].name, name) == 0) {
-                        tfile_quote(name, strlen(name), shown, sizeof(shown));
+                        layout_quote(name, strlen(name), shown, sizeof(shown));
                         return tfile_fail(why, whysz, -EINVAL, "two tensors are named '%s'", shown);
                 }
         }

@@ -92,7 +92,4 @@ int tfile_check_names(const struct tfile_member *members, size_t n, size_t *ret_
 int tfile_fail(char *why, size_t whysz, int code, const char *fmt, ...)
         __attribute__((format(printf, 4, 5)));
 
-/* Copies s for a message: printable ASCII kept, anything else shown as '?', long text cut. */
-void tfile_quote(const char *s, size_t len, char *buf, size_t bufsz);
-
 #endif /* DLX_CLIENT_TFILE_H */

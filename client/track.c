@@ -86,7 +86,7 @@ static int held_track(dlx_client *c, const char *name, uint32_t *ret_track)
         if (!name || !ret_track)
                 return dlx__fail(-EINVAL, "NULL argument");
         if (layout_name_check(name, strlen(name), &why) < 0)
-                return dlx__fail(-EINVAL, "bad name '%s': %s", name, why);
+                return dlx__fail(-EINVAL, "bad name '%s': %s", DLX_QUOTED(name), why);
         err = dlx__usable(c);
         if (err < 0)
                 return err;

@@ -156,6 +156,20 @@ int layout_name_check(const char *name, size_t len, const char **ret_why)
         return cerr ? why(ret_why, cwhy, cerr) : 0;
 }
 
+void layout_quote(const char *s, size_t len, char *buf, size_t bufsz)
+{
+        size_t keep = len < bufsz - 1 ? len : bufsz - 4;
+        size_t i;
+
+        for (i = 0; i < keep; i++)
+                buf[i] = (s[i] >= 0x20 && s[i] < 0x7f) ? s[i] : '?';
+        if (keep < len) {
+                memcpy(buf + i, "...", 3);
+                i += 3;
+        }
+        buf[i] = '\0';
+}
+
 int layout_prefix_check(const char *prefix, size_t len, const char **ret_why)
 {
         if (len > DLX_NAME_MAX)

@@ -27,6 +27,15 @@ int layout_name_check(const char *name, size_t len, const char **ret_why);
  */
 bool layout_utf8_valid(const char *s, size_t len);
 
+/*
+ * A name (or any bytes) as an error message may show it, on one line and
+ * harmless to a terminal: len bytes of s into buf (bufsz >= 4), each byte
+ * outside printable ASCII as '?', cut with "..." where it does not fit.
+ */
+void layout_quote(const char *s, size_t len, char *buf, size_t bufsz);
+/* Room for a whole name in layout_quote(). */
+#define LAYOUT_QUOTED_MAX (DLX_NAME_MAX + 4)
+
 /* A list/watch prefix: empty, or printable UTF-8 of at most DLX_NAME_MAX bytes. */
 int layout_prefix_check(const char *prefix, size_t len, const char **ret_why);
 

@@ -1,13 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * A second reader's tests of `dlxctl put/get PREFIX FILE.safetensors|.npz`
- * (README "dlxctl"): every file is built here byte by byte (safetensors) or
- * with libzip (.npz), fed to the real $DLXCTL against a real dlxd, and what
- * was published is read back through libdlx, independently of dlxctl's own
- * readers. The promises: a file's tensors are ONE persistent read-only group,
- * every safetensors dtype maps to DLPack and back, round trips keep the
- * tensors' bytes, and a malformed file gets a one-line reason on stderr, a
- * non-zero exit and publishes nothing (an existing version stays as it was).
+ * `dlxctl put/get PREFIX FILE.safetensors|.npz` (README "dlxctl"), as a
+ * second reader wrote them from the promises: every file is built here byte by byte (safetensors)
+ * or with libzip (.npz), fed to the real $DLXCTL against a real dlxd, and what was published is
+ * read back through libdlx, independently of dlxctl's own readers. The promises: a file's tensors
+ * are ONE persistent read-only group, every safetensors dtype maps to DLPack and back, round trips
+ * keep the tensors' bytes, and a malformed file gets a one-line reason on stderr, a non-zero exit
+ * and publishes nothing (an existing version stays as it was).
  */
 #include <check.h>
 #include <errno.h>
@@ -289,7 +288,7 @@ static void put_refused(const char *what, const char *name, const char *path)
         ck_assert_msg(out[0] == '\0', "%s: a refused put printed '%s'", what, out);
         ck_assert_msg(len > 1 && err[len - 1] == '\n', "%s: no one-line reason on stderr: '%s'",
                       what, err);
-        if (getenv("DLX_REVIEW_VERBOSE"))
+        if (getenv("DLX_TEST_VERBOSE"))
                 fprintf(stderr, "[%s] %s", what, err);
         for (size_t i = 0; i + 1 < len; i++)
                 ck_assert_msg((unsigned char)err[i] >= 0x20 && err[i] != 0x7f,
@@ -368,7 +367,7 @@ static int remove_one(const char *path, const struct stat *st, int flag, struct 
 
 static void setup(void)
 {
-        snprintf(tmpdir, sizeof(tmpdir), "/tmp/dlx-review-XXXXXX");
+        snprintf(tmpdir, sizeof(tmpdir), "/tmp/dlx-group-files-XXXXXX");
         ck_assert_ptr_nonnull(mkdtemp(tmpdir));
         fx_setup();
 }
@@ -446,7 +445,7 @@ START_TEST(every_safetensors_dtype_round_trips)
         make_st(tpath("all.safetensors"), header, data, off);
         put_ok("all", tpath("all.safetensors"));
 
-        c = fx_connect(&fx, "review");
+        c = fx_connect(&fx, "reader");
         ck_assert_int_eq(dlx_acquire_group(c, "all", NULL, 0, NULL, &g), 0);
         ck_assert_uint_eq(dlx_group_count(g), N_ELEMS(st_dtypes) + 2);
         ck_assert_uint_eq(dlx_group_version(g), 1);
@@ -518,7 +517,7 @@ START_TEST(put_group_is_persistent_and_read_only)
 
         make_st(tpath("w.safetensors"), hdr, w, sizeof(w));
         put_ok("p/w", tpath("w.safetensors"));
-        c = fx_connect(&fx, "review");
+        c = fx_connect(&fx, "reader");
         ck_assert_int_eq(dlx_stat(c, "p/w", &info), 0);
         ck_assert(info.persist);
         ck_assert_uint_eq(info.members, 1);
@@ -588,7 +587,7 @@ START_TEST(npz_kinds_round_trip)
         get_ok("np", tpath("out.npz"));
         put_ok("np2", tpath("out.npz"));
 
-        c = fx_connect(&fx, "review");
+        c = fx_connect(&fx, "reader");
         for (int round = 0; round < 2; round++) {
                 const char *gname = round ? "np2" : "np";
                 int64_t k;
@@ -800,7 +799,7 @@ START_TEST(malformed_safetensors_publish_nothing)
         free(buf);
         make_st(tpath("keep.safetensors"), keep_hdr, keep, sizeof(keep));
         put_ok("keep", tpath("keep.safetensors"));
-        c = fx_connect(&fx, "review");
+        c = fx_connect(&fx, "reader");
         struct dlx_stats before = fx_stats(c);
         if (row->keep_name) {
                 put_refused(row->what, "keep", path);
@@ -839,7 +838,7 @@ START_TEST(short_safetensors_publish_nothing)
         ck_assert_int_eq(mkdir(tpath("dir.safetensors"), 0755), 0);
         put_refused("a directory", "x", tpath("dir.safetensors"));
         put_refused("no such file", "x", tpath("none.safetensors"));
-        c = fx_connect(&fx, "review");
+        c = fx_connect(&fx, "reader");
         ck_assert_int_eq(count_names(c), 0);
         ck_assert_uint_eq(fx_stats(c).publishes, 0);
         dlx_close(c);
@@ -1063,7 +1062,7 @@ START_TEST(malformed_npz_publish_nothing)
         make_st(tpath("keep.safetensors"), keep_hdr, keep, sizeof(keep));
         put_ok("keep", tpath("keep.safetensors"));
         make_bad_npz((enum npz_bad)_i, path);
-        c = fx_connect(&fx, "review");
+        c = fx_connect(&fx, "reader");
         struct dlx_stats before = fx_stats(c);
         put_refused(what, "keep", path);
         put_refused(what, "fresh", path);
@@ -1085,7 +1084,7 @@ START_TEST(the_good_npz_is_accepted)
 
         make_npz1(tpath("good.npz"), "a.npy", f4_dict, f4_data, sizeof(f4_data), true);
         put_ok("good", tpath("good.npz"));
-        c = fx_connect(&fx, "review");
+        c = fx_connect(&fx, "reader");
         ck_assert_int_eq(dlx_acquire_group(c, "good", NULL, 0, NULL, &g), 0);
         expect_elements("a", dlx_group_tensor(g, 0), f4_data, sizeof(f4_data));
         dlx_group_release(g);
@@ -1093,9 +1092,9 @@ START_TEST(the_good_npz_is_accepted)
 }
 END_TEST
 
-Suite *review_files_suite(void)
+Suite *group_files_suite(void)
 {
-        Suite *s = suite_create("review-files");
+        Suite *s = suite_create("group-files");
         TCase *rt = tcase_create("round-trips");
         TCase *bad = tcase_create("malformed");
 
