@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -363,26 +365,30 @@ static int check_table(int fd, uint64_t size, const struct group_head *head,
 {
         uint64_t end = group_table_end(head);
         off_t hole = lseek(fd, 0, SEEK_HOLE);
+        struct statfs fs;
         struct group_summary sum;
         uint8_t *table = NULL;
         size_t mapped = 0;
         int err = 0;
 
         *ret_errno = 0;
-        if (hole >= 0 && (uint64_t)hole >= end) {
+        /* shmem only: a hugetlbfs memfd reports no holes, and faulting one in may SIGBUS */
+        if (hole >= 0 && (uint64_t)hole >= end && fstatfs(fd, &fs) == 0 &&
+            fs.f_type == TMPFS_MAGIC) {
                 void *p = mmap(NULL, end, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
                 if (p != MAP_FAILED) {
                         table = p;
                         mapped = end;
                 }
         }
-        if (!table && !(table = malloc(head->data_off))) {
+        /* read up to the last area's end: the padding and holes up to data_off cost nothing */
+        if (!table && !(table = malloc(end))) {
                 snprintf(why, whysz, "out of memory for a %llu-byte group table",
-                         (unsigned long long)head->data_off);
+                         (unsigned long long)end);
                 return -ENOMEM;
         }
-        for (uint64_t done = 0; !mapped && done < head->data_off;) {
-                ssize_t n = pread(fd, table + done, head->data_off - done, (off_t)done);
+        for (uint64_t done = 0; !mapped && done < end;) {
+                ssize_t n = pread(fd, table + done, end - done, (off_t)done);
                 if (n < 0 && errno == EINTR)
                         continue;
                 if (n <= 0) {

@@ -40,6 +40,9 @@ void store_init(struct store *st)
         st->max_fds_per_uid = 0;
         st->vmm_dev = makedev(STORE_VMM_MAJOR, STORE_VMM_MINOR);
         st->on_gone = NULL;
+        st->on_defer = NULL;
+        st->defer_ctx = NULL;
+        st->ndeferred = 0;
 }
 
 static void segment_destroy(struct store *st, struct segment *seg)
