@@ -11,18 +11,28 @@
  *  - dlxd's memory: its RSS before and after G more groups of N members,
  *    per member (the table itself lives in the group's shared segment, which
  *    counts against the byte limits, not in dlxd's heap).
+ *  - stall: another client's worst ping while one publishes a group with a
+ *    table of hundreds of megabytes (800,000 members named with 200 bytes;
+ *    20,000 with --quick), three times: what dlxd's loop makes others wait
+ *    while it checks a table (it checks big ones on its thread pool).
  * Group figures are medians of repeats; the N single calls are timed whole.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench.h"
 
 #define REPEATS 9
 #define MEMBER_FLOATS 16
 #define RSS_GROUPS 8
+#define STALL_NAME 200
+#define STALL_PUBLISHES 3
+#define STALL_PINGS (1 << 20)
+/* A member's share of the table: its 48-byte record, shape and strides, its name and NUL. */
+#define STALL_TABLE_PER_MEMBER (48 + 16 + STALL_NAME + 1)
 
 struct group_run {
         long n;
@@ -34,6 +44,10 @@ struct group_run {
         long rss_before, rss_after;              /* dlxd's, KiB */
         long rss_members;
         double table_per_member; /* bytes of the group's table, per member */
+        long stall_members;
+        double stall_max, stall_median, stall_publish; /* ns: pings, and the publishes' median */
+        long stall_pings;
+        int stall_ready, stall_stop; /* the pinger runs; the publisher is done (atomics) */
 };
 
 static int cmp_double(const void *a, const void *b)
@@ -208,6 +222,115 @@ fail:
         return err < 0;
 }
 
+/* Pings dlxd until the publisher is done: the worst and the median round trip. */
+static int stall_pinger(int ctl, void *arg)
+{
+        struct group_run *r = arg;
+        dlx_client *c = bench_connect("bench-group-pinger");
+        double *lat = malloc(STALL_PINGS * sizeof(*lat));
+        long n = 0;
+
+        (void)ctl;
+        if (!c || !lat) {
+                fprintf(stderr, "dlx-bench: group: pinger: out of memory\n");
+                return 1;
+        }
+        pin_self(ROLE_CLIENT);
+        __atomic_store_n(&r->stall_ready, 1, __ATOMIC_RELEASE);
+        while (!__atomic_load_n(&r->stall_stop, __ATOMIC_ACQUIRE) && n < STALL_PINGS) {
+                uint64_t t0 = now_ns();
+                if (dlx_ping(c) < 0)
+                        break;
+                lat[n++] = (double)(now_ns() - t0);
+        }
+        if (n > 0) {
+                r->stall_median = median(lat, (size_t)n); /* sorts: the worst is last */
+                r->stall_max = lat[n - 1];
+        }
+        r->stall_pings = n;
+        free(lat);
+        dlx_close(c);
+        return n > 0 ? 0 : 1;
+}
+
+/* Publishes a group with a table of hundreds of megabytes, STALL_PUBLISHES times. */
+static int stall_publisher(int ctl, void *arg)
+{
+        struct group_run *r = arg;
+        long n = r->stall_members;
+        dlx_client *c = bench_connect("bench-group-big");
+        DLManagedTensorVersioned *ts = calloc((size_t)n, sizeof(*ts));
+        struct dlx_member *ms = calloc((size_t)n, sizeof(*ms));
+        char *names = malloc((size_t)n * (STALL_NAME + 1));
+        float *data = calloc((size_t)n, sizeof(float));
+        double took[STALL_PUBLISHES];
+        int64_t one = 1;
+        char gname[128];
+        int err = 0;
+
+        (void)ctl;
+        if (!c || !ts || !ms || !names || !data) {
+                fprintf(stderr, "dlx-bench: group: out of memory\n");
+                __atomic_store_n(&r->stall_stop, 1, __ATOMIC_RELEASE);
+                return 1;
+        }
+        pin_self(ROLE_CLIENT);
+        bench_name(gname, sizeof(gname), "group/big");
+        for (long i = 0; i < n; i++) {
+                char *nm = names + (size_t)i * (STALL_NAME + 1);
+                int k = snprintf(nm, STALL_NAME, "layers.%ld.", i);
+                memset(nm + k, 'w', (size_t)(STALL_NAME - k));
+                nm[STALL_NAME] = '\0';
+        }
+        while (!__atomic_load_n(&r->stall_ready, __ATOMIC_ACQUIRE))
+                usleep(1000);
+        for (int k = 0; k < STALL_PUBLISHES && err == 0; k++) {
+                for (long i = 0; i < n; i++) {
+                        ts[i] = (DLManagedTensorVersioned){
+                                .version = {DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION},
+                                .dl_tensor = {.data = data + i,
+                                              .device = {kDLCPU, 0},
+                                              .ndim = 1,
+                                              .dtype = {kDLFloat, 32, 1},
+                                              .shape = &one}};
+                        ms[i] = (struct dlx_member){names + (size_t)i * (STALL_NAME + 1), &ts[i]};
+                }
+                uint64_t t0 = now_ns();
+                err = dlx_publish_group(c, gname, ms, (size_t)n, NULL, NULL);
+                took[k] = (double)(now_ns() - t0);
+        }
+        __atomic_store_n(&r->stall_stop, 1, __ATOMIC_RELEASE);
+        if (err < 0)
+                dlx_fail("group", err);
+        else
+                r->stall_publish = median(took, STALL_PUBLISHES);
+        dlx_unpublish(c, gname);
+        dlx_close(c);
+        free(ts);
+        free(ms);
+        free(names);
+        free(data);
+        return err < 0;
+}
+
+/* The stall figures: a pinger and a publisher, at once. Returns 0 or -1. */
+static int run_stall(struct group_run *r)
+{
+        struct child pinger, publisher;
+
+        r->stall_members = opt.quick ? 20000 : 800000;
+        if (child_start(&pinger, "pinger", stall_pinger, r) < 0)
+                return -1;
+        if (child_start(&publisher, "publisher", stall_publisher, r) < 0) {
+                __atomic_store_n(&r->stall_stop, 1, __ATOMIC_RELEASE);
+                child_done(&pinger, 60000, "group");
+                return -1;
+        }
+        int a = child_done(&publisher, 600000, "group");
+        int b = child_done(&pinger, 60000, "group");
+        return a < 0 || b < 0 ? -1 : 0;
+}
+
 static void value_row(const char *key, const char *label, double value, const char *unit,
                       double ratio, const char *ratio_to)
 {
@@ -278,6 +401,15 @@ int run_group(void)
                                       per, true, 512, "B");
                 } else {
                         report_skip("group", "dlxd RSS per member", "dlxd's pid is not known");
+                }
+                if (run_stall(r) == 0) {
+                        snprintf(label, sizeof(label), "publish_group, %ld members, %.0f MB table",
+                                 r->stall_members,
+                                 (double)r->stall_members * STALL_TABLE_PER_MEMBER / 1e6);
+                        value_row("stall_publish_ms", label, r->stall_publish / 1e6, "ms", 0, NULL);
+                        value_row("stall_ping_max_ms", "... another client's worst ping meanwhile",
+                                  r->stall_max / 1e6, "ms", r->stall_max / r->stall_median,
+                                  "its median");
                 }
                 if (!opt.quick) {
                         report_target("acquire_group_ratio", "group acquire >= 50x the singles'",
