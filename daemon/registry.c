@@ -541,7 +541,8 @@ static void publish_finish(struct session *s, const struct wire_request *req, bo
         char why[320];
         bool replaced;
 
-        snprintf(why, sizeof(why), "%s", why_in);
+        /* why_in is only written where a check failed */
+        snprintf(why, sizeof(why), "%s", err < 0 ? why_in : "");
         /*
          * The entry and the version before the hold: a publish failing after
          * it would leave the segment held, its bytes charged, and the peer
