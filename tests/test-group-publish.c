@@ -553,8 +553,8 @@ static const char **tricky_names(size_t *ret_n)
                 "aa",
                 "b",
                 "\xc3\xa9",
-                "\xc3\xa9"
-                "a",
+                ("\xc3\xa9" /* é, then 'a': split so that 'a' is no hex digit */
+                 "a"),
                 "~",
                 "/x",
                 " ",
