@@ -423,8 +423,58 @@ struct fork_ctx {
         dlx_client *parent;
         atomic_bool stop;
         atomic_int published;
+        atomic_bool park;   /* the parent asks the background publisher to stop inside a publish */
+        atomic_bool parked; /* it has: it waits in a deleter, inside dlx_publish_group() */
         char fail[200];
 };
+
+/*
+ * The last member of each background group: its deleter runs inside
+ * dlx_publish_group() and, when asked, waits there while the parent forks.
+ * The fork then lands inside a publish on the parent's client at a point
+ * where no thread is inside malloc, which matters under AddressSanitizer:
+ * its allocator's locks are not reset in a forked child, and a fork while
+ * another thread allocates leaves the child hung in its first malloc.
+ */
+struct park_view {
+        DLManagedTensorVersioned mt;
+        int64_t shape[1];
+        uint32_t value;
+        struct fork_ctx *f;
+};
+
+static void park_deleter(DLManagedTensorVersioned *t)
+{
+        struct park_view *v = t->manager_ctx;
+        struct fork_ctx *f = v->f;
+
+        if (atomic_load(&f->park)) {
+                atomic_store(&f->parked, true);
+                while (atomic_load(&f->park))
+                        fx_sleep_ms(1);
+                atomic_store(&f->parked, false);
+        }
+        free(v);
+}
+
+static DLManagedTensorVersioned *park_tensor(struct fork_ctx *f)
+{
+        struct park_view *v = xcalloc(1, sizeof(*v));
+
+        v->shape[0] = 1;
+        v->value = 0x5041524b;
+        v->f = f;
+        v->mt.version.major = DLPACK_MAJOR_VERSION;
+        v->mt.version.minor = DLPACK_MINOR_VERSION;
+        v->mt.manager_ctx = v;
+        v->mt.deleter = park_deleter;
+        v->mt.dl_tensor = (DLTensor){.data = &v->value,
+                                     .device = {kDLCPU, 0},
+                                     .ndim = 1,
+                                     .dtype = DT(kDLUInt, 32, 1),
+                                     .shape = v->shape};
+        return &v->mt;
+}
 
 static void *fork_background(void *arg)
 {
@@ -439,6 +489,8 @@ static void *fork_background(void *arg)
                         snprintf(names[j], sizeof(names[j]), "w%zu", n - j);
                         ms[j] = (struct dlx_member){names[j], tagged_u32((uint32_t)j, 16, NULL)};
                 }
+                ms[n - 1].tensor->deleter(ms[n - 1].tensor);
+                ms[n - 1].tensor = park_tensor(f); /* "w1", deleted last or near it */
                 snprintf(name, sizeof(name), "bg/%u", it % 4);
                 int err = dlx_publish_group(f->parent, name, ms, n, NULL, NULL);
                 if (err != 0 && !f->fail[0])
@@ -515,10 +567,19 @@ START_TEST(forked_children_publish_groups_of_their_own)
         f.parent = fx_connect(&fx, "parent");
         ck_assert_int_eq(pthread_create(&bg, NULL, fork_background, &f), 0);
         for (int k = 0; k < (int)N_ELEMS(kids); k++) {
+                fork_child_no = k;
+                if (k % 2 == 0 || TOOLKIT_SANITIZED) {
+                        /* fork while the other thread is parked inside a publish */
+                        atomic_store(&f.park, true);
+                        while (!atomic_load(&f.parked) && !f.fail[0])
+                                fx_sleep_ms(1);
+                        kids[k] = fx_spawn(fork_child, &f);
+                        atomic_store(&f.park, false);
+                        continue;
+                }
                 int seen = atomic_load(&f.published);
                 while (atomic_load(&f.published) == seen && !f.fail[0])
                         fx_sleep_ms(1); /* fork somewhere inside the next publish, or near */
-                fork_child_no = k;
                 kids[k] = fx_spawn(fork_child, &f);
         }
         int status[N_ELEMS(kids)];
