@@ -527,6 +527,18 @@ static bool send_queued(struct conn *c, bool *ret_full)
 
 static void dispatch_frames(struct conn *c, bool *ret_progressed);
 
+/*
+ * c reads and answers no requests for now, and nothing about its peer is
+ * timed meanwhile: too much of its output waits for the peer to read
+ * (blocked), or a group it published is being checked on the thread pool
+ * (answered in order: what came after it waits). conn_flush() and
+ * conn_resume() take it up again.
+ */
+static bool requests_held(const struct conn *c)
+{
+        return c->blocked || c->session->group_job != NULL;
+}
+
 /* Output queued past which no more requests are read until the peer reads. */
 static bool over_pause(const struct conn *c)
 {
@@ -576,14 +588,13 @@ static void conn_flush(struct conn *c)
         }
         watch_unread(c);
         /* a peer that sends no more is answered in full, then closed */
-        if (all && c->eof && !c->dispatching && !c->session->group_job &&
+        if (all && c->eof && !c->dispatching && !requests_held(c) &&
             frame_reader_pending(&c->reader) == 0) {
                 conn_close(c);
                 return;
         }
         /* full socket: writable wakes us; an fd waiting for the budget: the fd ticker does */
-        set_events(c, (full ? UV_WRITABLE : 0) |
-                              (c->blocked || c->eof || c->session->group_job ? 0 : UV_READABLE));
+        set_events(c, (full ? UV_WRITABLE : 0) | (requests_held(c) || c->eof ? 0 : UV_READABLE));
 }
 
 /* Reads once; returns bytes read, 0 at EOF, -EAGAIN, or another -errno. */
@@ -636,12 +647,10 @@ static void dispatch_frames(struct conn *c, bool *ret_progressed)
                         if (c->closing)
                                 return;
                 }
-                if (over_pause(c)) {
+                if (over_pause(c))
                         c->blocked = true;
+                if (requests_held(c))
                         break;
-                }
-                if (c->session->group_job)
-                        break; /* answered in order: the rest once the group is checked */
                 r = frame_reader_next(&c->reader, &f);
                 if (r == 0)
                         break;
@@ -674,7 +683,7 @@ static void on_readable(struct conn *c)
                 return;
         }
         for (int i = 0; i < CONN_READS_PER_WAKEUP && !c->close_pending && !c->closing &&
-                        !c->blocked && !c->eof && !c->session->group_job;
+                        !requests_held(c) && !c->eof;
              i++) {
                 bool drained = false;
                 ssize_t n = conn_read(c, &drained);
@@ -734,7 +743,7 @@ static void on_poll(uv_poll_t *h, int status, int events)
                 conn_flush(c);
         if (c->closing)
                 return;
-        if ((events & UV_READABLE) && !c->close_pending && !c->blocked && !c->eof) {
+        if ((events & UV_READABLE) && !c->close_pending && !requests_held(c) && !c->eof) {
                 on_readable(c);
                 /*
                  * What the batch queued for others goes first: a publish's
@@ -758,8 +767,7 @@ static void on_poll(uv_poll_t *h, int status, int events)
 static void watch_stall(struct conn *c, bool progressed)
 {
         struct server *srv = c->srv;
-        bool stalled = srv->reg->lim.timeout_ms && !c->blocked && !c->eof &&
-                       !c->session->group_job &&
+        bool stalled = srv->reg->lim.timeout_ms && !requests_held(c) && !c->eof &&
                        (!c->session->greeted || frame_reader_pending(&c->reader) > 0 ||
                         c->reader.nfds > 0);
 
@@ -904,7 +912,7 @@ static void conn_resume(void *ctx)
 
         if (c->closing)
                 return;
-        if (!c->blocked && !c->dispatching)
+        if (!requests_held(c) && !c->dispatching)
                 dispatch_frames(c, &progressed);
         if (c->closing)
                 return;
