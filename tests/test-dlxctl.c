@@ -8,10 +8,8 @@
  * through a shared helper unnoticed.
  */
 #include <check.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
@@ -31,6 +29,7 @@
 #include "npz.h"
 #include "safetensors.h"
 #include "tfile.h"
+#include "tmpfiles.h"
 
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #define HOST '<'
@@ -43,47 +42,8 @@
 #define MAX_ARGS 32
 
 static char basedir[64];
-static char tmpdir[96];
 
 /* ---- small helpers --------------------------------------------------------------------- */
-
-/* A path in the test's directory; four rotating buffers so a call may use several. */
-static const char *tpath(const char *name)
-{
-        static char bufs[4][PATH_MAX + 64];
-        static unsigned next;
-        char *p = bufs[next++ % 4];
-
-        snprintf(p, PATH_MAX + 64, "%s/%s", tmpdir, name);
-        return p;
-}
-
-static void write_file(const char *path, const void *buf, size_t n)
-{
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-
-        ck_assert_msg(fd >= 0, "%s: %s", path, strerror(errno));
-        ck_assert_int_eq(write(fd, buf, n), (ssize_t)n);
-        ck_assert_int_eq(close(fd), 0);
-}
-
-/* The whole file, NUL-terminated for text searches; *ret_len excludes the NUL. */
-static uint8_t *slurp(const char *path, size_t *ret_len)
-{
-        struct stat st;
-        uint8_t *buf;
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-
-        ck_assert_msg(fd >= 0, "%s: %s", path, strerror(errno));
-        ck_assert_int_eq(fstat(fd, &st), 0);
-        buf = malloc((size_t)st.st_size + 1);
-        ck_assert_ptr_nonnull(buf);
-        ck_assert_int_eq(read(fd, buf, (size_t)st.st_size), (ssize_t)st.st_size);
-        close(fd);
-        buf[st.st_size] = '\0';
-        *ret_len = (size_t)st.st_size;
-        return buf;
-}
 
 static void fill(void *buf, size_t n, unsigned seed)
 {
@@ -630,15 +590,6 @@ static void check_npy(const char *path, const char *descr, bool fortran, int32_t
  * made and removed, with whatever is left in it, by an unchecked fixture that
  * runs in the runner's process.
  */
-static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-        (void)st;
-        (void)flag;
-        (void)ftw;
-        remove(path);
-        return 0;
-}
-
 static void base_setup(void)
 {
         snprintf(basedir, sizeof(basedir), "/tmp/dlxctl-test-XXXXXX");
@@ -647,27 +598,13 @@ static void base_setup(void)
 
 static void base_teardown(void)
 {
-        nftw(basedir, remove_one, 8, FTW_DEPTH | FTW_PHYS);
+        remove_tree(basedir);
 }
 
 static void tmp_setup(void)
 {
         snprintf(tmpdir, sizeof(tmpdir), "%s/t-XXXXXX", basedir);
         ck_assert_ptr_nonnull(mkdtemp(tmpdir));
-}
-
-static void tmp_teardown(void)
-{
-        DIR *d = opendir(tmpdir);
-        struct dirent *e;
-
-        ck_assert_ptr_nonnull(d);
-        while ((e = readdir(d))) {
-                if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
-                        unlink(tpath(e->d_name));
-        }
-        closedir(d);
-        ck_assert_int_eq(rmdir(tmpdir), 0);
 }
 
 static void setup(void)
@@ -678,7 +615,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-        tmp_teardown();
+        tmpdir_remove();
         fx_teardown();
 }
 
@@ -710,9 +647,9 @@ START_TEST(test_roundtrip_dtypes)
         if (dtypes[_i].code == kDLBool)
                 for (size_t i = 0; i < n; i++)
                         data[i] = (uint8_t)(i % 3 == 1);
-        make_npy(tpath("in.npy"), descr, false, "(2, 3)", data, n);
+        make_npy(path_of("in.npy"), descr, false, "(2, 3)", data, n);
 
-        CTL_EXPECT_STR("t/x v1\n", "put", "t/x", tpath("in.npy"));
+        CTL_EXPECT_STR("t/x v1\n", "put", "t/x", path_of("in.npy"));
 
         out = ctl_ok("--json", "stat", "t/x", NULL);
         ck_assert_msg(json_valid(out), "--json stat is not JSON: %s", out);
@@ -725,8 +662,8 @@ START_TEST(test_roundtrip_dtypes)
         ck_assert_msg(json_has(out, member), "%s: want %s in %s", descr, member, out);
         free(out);
 
-        CTL_EXPECT_STR("", "get", "t/x", tpath("out.npy"));
-        check_npy(tpath("out.npy"), descr, false, 2, shape, data, n);
+        CTL_EXPECT_STR("", "get", "t/x", path_of("out.npy"));
+        check_npy(path_of("out.npy"), descr, false, 2, shape, data, n);
 }
 END_TEST
 
@@ -736,25 +673,25 @@ START_TEST(test_roundtrip_0d_and_empty)
         double v = -1234.5;
 
         /* 0-d: shape (), one element */
-        make_npy(tpath("scalar.npy"), "<f8", false, "()", &v, sizeof(v));
-        free(ctl_ok("put", "scalar", tpath("scalar.npy"), NULL));
+        make_npy(path_of("scalar.npy"), "<f8", false, "()", &v, sizeof(v));
+        free(ctl_ok("put", "scalar", path_of("scalar.npy"), NULL));
         CTL_EXPECT(json_has(ctl_out, "\"shape\":[]") && json_has(ctl_out, "\"nbytes\":8"), "--json",
                    "stat", "scalar");
-        free(ctl_ok("get", "scalar", tpath("scalar-out.npy"), NULL));
-        check_npy(tpath("scalar-out.npy"), "<f8", false, 0, NULL, &v, sizeof(v));
+        free(ctl_ok("get", "scalar", path_of("scalar-out.npy"), NULL));
+        check_npy(path_of("scalar-out.npy"), "<f8", false, 0, NULL, &v, sizeof(v));
 
         /* size 0 in one and in two dimensions */
-        make_npy(tpath("e1.npy"), "<f4", false, "(0,)", NULL, 0);
-        make_npy(tpath("e2.npy"), "<i2", false, "(3, 0)", NULL, 0);
-        free(ctl_ok("put", "empty1", tpath("e1.npy"), NULL));
-        free(ctl_ok("put", "empty2", tpath("e2.npy"), NULL));
+        make_npy(path_of("e1.npy"), "<f4", false, "(0,)", NULL, 0);
+        make_npy(path_of("e2.npy"), "<i2", false, "(3, 0)", NULL, 0);
+        free(ctl_ok("put", "empty1", path_of("e1.npy"), NULL));
+        free(ctl_ok("put", "empty2", path_of("e2.npy"), NULL));
         CTL_EXPECT(strstr(ctl_out, "shape:         (0,)\n"), "stat", "empty1");
         CTL_EXPECT(json_has(ctl_out, "\"shape\":[3,0]") && json_has(ctl_out, "\"nbytes\":0"),
                    "--json", "stat", "empty2");
-        free(ctl_ok("get", "empty1", tpath("e1-out.npy"), NULL));
-        free(ctl_ok("get", "empty2", tpath("e2-out.npy"), NULL));
-        check_npy(tpath("e1-out.npy"), "<f4", false, 1, s0, NULL, 0);
-        check_npy(tpath("e2-out.npy"), "<i2", false, 2, s30, NULL, 0);
+        free(ctl_ok("get", "empty1", path_of("e1-out.npy"), NULL));
+        free(ctl_ok("get", "empty2", path_of("e2-out.npy"), NULL));
+        check_npy(path_of("e1-out.npy"), "<f4", false, 1, s0, NULL, 0);
+        check_npy(path_of("e2-out.npy"), "<i2", false, 2, s30, NULL, 0);
 }
 END_TEST
 
@@ -768,14 +705,14 @@ START_TEST(test_roundtrip_fortran)
         for (int j = 0, k = 0; j < 3; j++)
                 for (int i = 0; i < 2; i++)
                         data[k++] = 10 * i + j;
-        make_npy(tpath("f.npy"), "<i4", true, "(2, 3)", data, sizeof(data));
-        free(ctl_ok("put", "fort", tpath("f.npy"), NULL));
+        make_npy(path_of("f.npy"), "<i4", true, "(2, 3)", data, sizeof(data));
+        free(ctl_ok("put", "fort", path_of("f.npy"), NULL));
         out = ctl_ok("--json", "stat", "fort", NULL);
         ck_assert_msg(json_has(out, "\"shape\":[2,3]") && json_has(out, "\"strides\":[1,2]"),
                       "a Fortran-order array should have column-major strides: %s", out);
         free(out);
-        free(ctl_ok("get", "fort", tpath("f-out.npy"), NULL));
-        check_npy(tpath("f-out.npy"), "<i4", true, 2, shape, data, sizeof(data));
+        free(ctl_ok("get", "fort", path_of("f-out.npy"), NULL));
+        check_npy(path_of("f-out.npy"), "<i4", true, 2, shape, data, sizeof(data));
 }
 END_TEST
 
@@ -824,11 +761,11 @@ START_TEST(big_endian_input_comes_back_in_host_order)
                 to_be(be + row->width * i, row->width);
         snprintf(descr, sizeof(descr), ">%s", row->type);
         snprintf(name, sizeof(name), "be/%s", row->type);
-        make_npy(tpath("in.npy"), descr, false, row->shape_text, be, row->size);
-        free(ctl_ok("put", name, tpath("in.npy"), NULL));
-        free(ctl_ok("get", name, tpath("out.npy"), NULL));
+        make_npy(path_of("in.npy"), descr, false, row->shape_text, be, row->size);
+        free(ctl_ok("put", name, path_of("in.npy"), NULL));
+        free(ctl_ok("get", name, path_of("out.npy"), NULL));
         descr[0] = HOST;
-        check_npy(tpath("out.npy"), descr, false, row->ndim, row->shape, row->data, row->size);
+        check_npy(path_of("out.npy"), descr, false, row->ndim, row->shape, row->data, row->size);
 }
 END_TEST
 
@@ -846,11 +783,11 @@ START_TEST(test_roundtrip_versions)
         /* keys in another order than numpy's own, as the format allows */
         snprintf(dict, sizeof(dict), "{'shape': (3, 4), 'fortran_order': False, 'descr': '%s'}",
                  descr);
-        write_npy(tpath("v.npy"), major, dict, data, sizeof(data));
+        write_npy(path_of("v.npy"), major, dict, data, sizeof(data));
         snprintf(name, sizeof(name), "ver/%d", major);
-        free(ctl_ok("put", name, tpath("v.npy"), NULL));
-        free(ctl_ok("get", name, tpath("v-out.npy"), NULL));
-        check_npy(tpath("v-out.npy"), descr, false, 2, shape, data, sizeof(data));
+        free(ctl_ok("put", name, path_of("v.npy"), NULL));
+        free(ctl_ok("get", name, path_of("v-out.npy"), NULL));
+        check_npy(path_of("v-out.npy"), descr, false, 2, shape, data, sizeof(data));
 }
 END_TEST
 
@@ -865,10 +802,10 @@ START_TEST(test_roundtrip_large)
         ck_assert_ptr_nonnull(data);
         fill(data, n, 99);
         snprintf(descr, sizeof(descr), "%cf8", HOST);
-        make_npy(tpath("big.npy"), descr, false, "(512, 300)", data, n);
-        free(ctl_ok("put", "big", tpath("big.npy"), NULL));
-        free(ctl_ok("get", "big", tpath("big-out.npy"), NULL));
-        check_npy(tpath("big-out.npy"), descr, false, 2, shape, data, n);
+        make_npy(path_of("big.npy"), descr, false, "(512, 300)", data, n);
+        free(ctl_ok("put", "big", path_of("big.npy"), NULL));
+        free(ctl_ok("get", "big", path_of("big-out.npy"), NULL));
+        check_npy(path_of("big-out.npy"), descr, false, 2, shape, data, n);
         free(data);
 }
 END_TEST
@@ -909,22 +846,22 @@ START_TEST(test_put_from_fifo)
                 uint8_t data[64];
 
                 fill(data, sizeof(data), 5);
-                make_npy(tpath("src.npy"), descr, false, "(16,)", data, sizeof(data));
-                file = slurp(tpath("src.npy"), &len);
-                ck_assert_int_eq(mkfifo(tpath("fifo"), 0600), 0);
+                make_npy(path_of("src.npy"), descr, false, "(16,)", data, sizeof(data));
+                file = slurp(path_of("src.npy"), &len);
+                ck_assert_int_eq(mkfifo(path_of("fifo"), 0600), 0);
 
-                w = (struct fifo_writer){.path = tpath("fifo"), .data = file, .n = len};
+                w = (struct fifo_writer){.path = path_of("fifo"), .data = file, .n = len};
                 pid = fx_spawn(fifo_write, &w);
-                free(ctl_ok("put", "fifo/full", tpath("fifo"), NULL));
+                free(ctl_ok("put", "fifo/full", path_of("fifo"), NULL));
                 ck_assert_int_eq(fx_wait(pid), 0);
-                free(ctl_ok("get", "fifo/full", tpath("full-out.npy"), NULL));
-                check_npy(tpath("full-out.npy"), descr, false, 1, shape, data, sizeof(data));
+                free(ctl_ok("get", "fifo/full", path_of("full-out.npy"), NULL));
+                check_npy(path_of("full-out.npy"), descr, false, 1, shape, data, sizeof(data));
         }
 
         /* the header promises 64 bytes of data; only 10 come */
         w.n = len - 54;
         pid = fx_spawn(fifo_write, &w);
-        rc = run_ctl(&out, &err, "put", "fifo/short", tpath("fifo"), NULL);
+        rc = run_ctl(&out, &err, "put", "fifo/short", path_of("fifo"), NULL);
         ck_assert_int_eq(fx_wait(pid), 0);
         expect_fail(1, "shorter", "put of a short FIFO", rc, out, err);
         rc = run_ctl(&out, &err, "stat", "fifo/short", NULL);
@@ -958,9 +895,9 @@ START_TEST(test_put_unsupported_dtype)
                 snprintf(dict, sizeof(dict),
                          "{'descr': [('a', '<i4'), ('b', '<f8')], 'fortran_order': False, "
                          "'shape': (2,), }");
-        write_npy(tpath("bad.npy"), 1, dict, data, unsupported[_i].bytes);
+        write_npy(path_of("bad.npy"), 1, dict, data, unsupported[_i].bytes);
         snprintf(what, sizeof(what), "put of %s", unsupported[_i].needle);
-        rc = run_ctl(&out, &err, "put", "bad", tpath("bad.npy"), NULL);
+        rc = run_ctl(&out, &err, "put", "bad", path_of("bad.npy"), NULL);
         ck_assert_msg(strcmp(out, "") == 0, "%s printed: %s", what, out);
         expect_fail(1, unsupported[_i].needle, what, rc, out, err);
 
@@ -979,37 +916,37 @@ START_TEST(test_put_bad_files)
         char *out, *err;
         int rc;
 
-        rc = run_ctl(&out, &err, "put", "x", tpath("missing.npy"), NULL);
+        rc = run_ctl(&out, &err, "put", "x", path_of("missing.npy"), NULL);
         expect_fail(1, "missing.npy", "put of a missing file", rc, out, err);
 
         /* header says 10 floats; 3 follow */
-        make_npy(tpath("short.npy"), "<f4", false, "(10,)", data, 12);
-        rc = run_ctl(&out, &err, "put", "x", tpath("short.npy"), NULL);
+        make_npy(path_of("short.npy"), "<f4", false, "(10,)", data, 12);
+        rc = run_ctl(&out, &err, "put", "x", path_of("short.npy"), NULL);
         expect_fail(1, "truncated", "put of truncated data", rc, out, err);
 
         /* cut inside the header */
-        make_npy(tpath("full.npy"), "<f4", false, "(10,)", data, sizeof(data));
-        file = slurp(tpath("full.npy"), &len);
-        write_file(tpath("cut.npy"), file, 30);
-        rc = run_ctl(&out, &err, "put", "x", tpath("cut.npy"), NULL);
+        make_npy(path_of("full.npy"), "<f4", false, "(10,)", data, sizeof(data));
+        file = slurp(path_of("full.npy"), &len);
+        write_file(path_of("cut.npy"), file, 30);
+        rc = run_ctl(&out, &err, "put", "x", path_of("cut.npy"), NULL);
         expect_fail(1, "truncated", "put of a truncated header", rc, out, err);
 
         /* one wrong magic byte */
         file[1] = 'n';
-        write_file(tpath("magic.npy"), file, len);
-        rc = run_ctl(&out, &err, "put", "x", tpath("magic.npy"), NULL);
+        write_file(path_of("magic.npy"), file, len);
+        rc = run_ctl(&out, &err, "put", "x", path_of("magic.npy"), NULL);
         expect_fail(1, "magic", "put of a file with bad magic", rc, out, err);
         free(file);
 
         /* an empty file, and a directory */
-        write_file(tpath("empty.npy"), "", 0);
-        rc = run_ctl(&out, &err, "put", "x", tpath("empty.npy"), NULL);
+        write_file(path_of("empty.npy"), "", 0);
+        rc = run_ctl(&out, &err, "put", "x", path_of("empty.npy"), NULL);
         expect_fail(1, NULL, "put of an empty file", rc, out, err);
         rc = run_ctl(&out, &err, "put", "x", tmpdir, NULL);
         expect_fail(1, NULL, "put of a directory", rc, out, err);
 
         /* a good file under a name the daemon refuses */
-        rc = run_ctl(&out, &err, "put", "a//b", tpath("full.npy"), NULL);
+        rc = run_ctl(&out, &err, "put", "a//b", path_of("full.npy"), NULL);
         expect_fail(1, "a//b", "put under a bad name", rc, out, err);
 
         CTL_EXPECT_STR("[]\n", "--json", "list");
@@ -1088,28 +1025,28 @@ START_TEST(group_files_round_trip)
 
         for (size_t i = 0; i < sizeof(data); i++)
                 data[i] = (uint8_t)(i * 7 + 1);
-        make_safetensors(tpath("m.safetensors"), st_header, data, sizeof(data));
-        CTL_EXPECT_STR("model v1 (4 members)\n", "put", "model", tpath("m.safetensors"));
+        make_safetensors(path_of("m.safetensors"), st_header, data, sizeof(data));
+        CTL_EXPECT_STR("model v1 (4 members)\n", "put", "model", path_of("m.safetensors"));
         CTL_EXPECT(strstr(ctl_out, "group:         4 members, ") != NULL, "stat", "model");
         CTL_EXPECT(json_has(ctl_out, "\"members\":4") && json_has(ctl_out, "\"persist\":true"),
                    "--json", "stat", "model");
         CTL_EXPECT(strstr(ctl_out, "4 members") != NULL, "list");
-        CTL_EXPECT_STR("", "get", "model", tpath("out.safetensors"));
-        expect_same_tensors(tpath("m.safetensors"), tpath("out.safetensors"));
+        CTL_EXPECT_STR("", "get", "model", path_of("out.safetensors"));
+        expect_same_tensors(path_of("m.safetensors"), path_of("out.safetensors"));
         /* numpy has no bfloat16 nor fp8: .npz refuses this group, and leaves no file */
         char *out, *err;
-        int rc = run_ctl(&out, &err, "get", "model", tpath("out.npz"), NULL);
+        int rc = run_ctl(&out, &err, "get", "model", path_of("out.npz"), NULL);
         expect_fail(1, "bfloat16", "get of a bfloat16 member into .npz", rc, out, err);
-        ck_assert_int_ne(access(tpath("out.npz"), F_OK), 0);
+        ck_assert_int_ne(access(path_of("out.npz"), F_OK), 0);
 
         /* what numpy holds goes through .npz, and back as a second version of a group */
-        make_safetensors(tpath("n.safetensors"), st_numpy_header, data, 32);
-        CTL_EXPECT_STR("np v1 (2 members)\n", "put", "np", tpath("n.safetensors"));
-        CTL_EXPECT(json_has(ctl_out, "\"members\":2"), "--json", "get", "np", tpath("n.npz"));
-        expect_same_tensors(tpath("n.safetensors"), tpath("n.npz"));
-        CTL_EXPECT_STR("np v2 (2 members)\n", "put", "np", tpath("n.npz"));
-        CTL_EXPECT_STR("", "get", "np", tpath("again.safetensors"));
-        expect_same_tensors(tpath("n.safetensors"), tpath("again.safetensors"));
+        make_safetensors(path_of("n.safetensors"), st_numpy_header, data, 32);
+        CTL_EXPECT_STR("np v1 (2 members)\n", "put", "np", path_of("n.safetensors"));
+        CTL_EXPECT(json_has(ctl_out, "\"members\":2"), "--json", "get", "np", path_of("n.npz"));
+        expect_same_tensors(path_of("n.safetensors"), path_of("n.npz"));
+        CTL_EXPECT_STR("np v2 (2 members)\n", "put", "np", path_of("n.npz"));
+        CTL_EXPECT_STR("", "get", "np", path_of("again.safetensors"));
+        expect_same_tensors(path_of("n.safetensors"), path_of("again.safetensors"));
 
         /* through libdlx: one group, the bytes as the file held them */
         dlx_client *c = fx_connect(&fx, "reader");
@@ -1132,16 +1069,16 @@ START_TEST(group_and_tensor_files_do_not_mix)
         char *out, *err;
         int rc;
 
-        make_safetensors(tpath("m.safetensors"), st_header, data, sizeof(data));
-        make_npy(tpath("t.npy"), "<f4", false, "(4,)", f, sizeof(f));
-        CTL_EXPECT_STR("g v1 (4 members)\n", "put", "g", tpath("m.safetensors"));
-        CTL_EXPECT_STR("t v1\n", "put", "t", tpath("t.npy"));
-        rc = run_ctl(&out, &err, "get", "g", tpath("g.npy"), NULL);
+        make_safetensors(path_of("m.safetensors"), st_header, data, sizeof(data));
+        make_npy(path_of("t.npy"), "<f4", false, "(4,)", f, sizeof(f));
+        CTL_EXPECT_STR("g v1 (4 members)\n", "put", "g", path_of("m.safetensors"));
+        CTL_EXPECT_STR("t v1\n", "put", "t", path_of("t.npy"));
+        rc = run_ctl(&out, &err, "get", "g", path_of("g.npy"), NULL);
         expect_fail(1, "group", "get of a group into .npy", rc, out, err);
-        rc = run_ctl(&out, &err, "get", "t", tpath("t.safetensors"), NULL);
+        rc = run_ctl(&out, &err, "get", "t", path_of("t.safetensors"), NULL);
         expect_fail(1, "not a group", "get of a tensor into .safetensors", rc, out, err);
-        ck_assert_int_ne(access(tpath("t.safetensors"), F_OK), 0);
-        rc = run_ctl(&out, &err, "put", "g2", tpath("m.safetensors"), "--writable", NULL);
+        ck_assert_int_ne(access(path_of("t.safetensors"), F_OK), 0);
+        rc = run_ctl(&out, &err, "put", "g2", path_of("m.safetensors"), "--writable", NULL);
         expect_fail(1, "read-only", "put --writable of a group", rc, out, err);
 }
 END_TEST
@@ -1178,28 +1115,28 @@ START_TEST(bad_group_files_publish_nothing)
         int rc;
 
         for (size_t i = 0; i < N_ELEMS(rows); i++) {
-                make_safetensors(tpath("bad.safetensors"), rows[i].header, data, rows[i].len);
-                rc = run_ctl(&out, &err, "put", "bad", tpath("bad.safetensors"), NULL);
+                make_safetensors(path_of("bad.safetensors"), rows[i].header, data, rows[i].len);
+                rc = run_ctl(&out, &err, "put", "bad", path_of("bad.safetensors"), NULL);
                 expect_fail(1, rows[i].needle, rows[i].what, rc, out, err);
         }
         /* a header length that lies: past the end of the file */
-        make_safetensors(tpath("cut.safetensors"), st_header, data, sizeof(data));
+        make_safetensors(path_of("cut.safetensors"), st_header, data, sizeof(data));
         uint8_t *file;
         size_t len;
-        file = slurp(tpath("cut.safetensors"), &len);
-        write_file(tpath("cut.safetensors"), file, 20);
-        rc = run_ctl(&out, &err, "put", "bad", tpath("cut.safetensors"), NULL);
+        file = slurp(path_of("cut.safetensors"), &len);
+        write_file(path_of("cut.safetensors"), file, 20);
+        rc = run_ctl(&out, &err, "put", "bad", path_of("cut.safetensors"), NULL);
         expect_fail(1, NULL, "a truncated safetensors file", rc, out, err);
         file[0] = 0xff;
         file[5] = 0x7f;
-        write_file(tpath("lie.safetensors"), file, len);
-        rc = run_ctl(&out, &err, "put", "bad", tpath("lie.safetensors"), NULL);
+        write_file(path_of("lie.safetensors"), file, len);
+        rc = run_ctl(&out, &err, "put", "bad", path_of("lie.safetensors"), NULL);
         expect_fail(1, NULL, "a header length that lies", rc, out, err);
         free(file);
         /* not a zip */
         static const char not_zip[] = "PK\3\4 not really";
-        write_file(tpath("bad.npz"), not_zip, sizeof(not_zip) - 1);
-        rc = run_ctl(&out, &err, "put", "bad", tpath("bad.npz"), NULL);
+        write_file(path_of("bad.npz"), not_zip, sizeof(not_zip) - 1);
+        rc = run_ctl(&out, &err, "put", "bad", path_of("bad.npz"), NULL);
         expect_fail(1, NULL, "a broken .npz", rc, out, err);
 
         CTL_EXPECT_STR("[]\n", "--json", "list");
@@ -1239,17 +1176,17 @@ START_TEST(test_put_persistent)
 
         fill(data, sizeof(data), 3);
         snprintf(descr, sizeof(descr), "%ci8", HOST);
-        make_npy(tpath("p.npy"), descr, false, "(4, 5)", data, sizeof(data));
-        free(ctl_ok("put", "keep/me", tpath("p.npy"), NULL));
+        make_npy(path_of("p.npy"), descr, false, "(4, 5)", data, sizeof(data));
+        free(ctl_ok("put", "keep/me", path_of("p.npy"), NULL));
 
         /* dlxctl has exited: the name is still there, for other dlxctl runs ... */
         out = ctl_ok("list", NULL);
         ck_assert_msg(strstr(out, "\nkeep/me "), "keep/me is not listed after put: %s", out);
         free(out);
-        free(ctl_ok("get", "keep/me", tpath("p1.npy"), NULL));
-        check_npy(tpath("p1.npy"), descr, false, 2, shape, data, sizeof(data));
-        free(ctl_ok("get", "keep/me", tpath("p2.npy"), NULL));
-        check_npy(tpath("p2.npy"), descr, false, 2, shape, data, sizeof(data));
+        free(ctl_ok("get", "keep/me", path_of("p1.npy"), NULL));
+        check_npy(path_of("p1.npy"), descr, false, 2, shape, data, sizeof(data));
+        free(ctl_ok("get", "keep/me", path_of("p2.npy"), NULL));
+        check_npy(path_of("p2.npy"), descr, false, 2, shape, data, sizeof(data));
 
         /* ... and for a libdlx client */
         c = fx_connect(&fx, "test-dlxctl");
@@ -1280,8 +1217,8 @@ START_TEST(test_put_persistent)
 
         /* put again replaces: a new version with the new contents */
         fill(data, sizeof(data), 4);
-        make_npy(tpath("p.npy"), descr, false, "(4, 5)", data, sizeof(data));
-        CTL_EXPECT_STR("keep/me v2\n", "put", "keep/me", tpath("p.npy"));
+        make_npy(path_of("p.npy"), descr, false, "(4, 5)", data, sizeof(data));
+        CTL_EXPECT_STR("keep/me v2\n", "put", "keep/me", path_of("p.npy"));
         c = fx_connect(&fx, "test-dlxctl");
         acquire_and_compare(c, "keep/me", data, sizeof(data));
         dlx_close(c);
@@ -1297,8 +1234,8 @@ START_TEST(test_put_writable)
         dlx_client *c;
 
         fill(data, sizeof(data), 8);
-        make_npy(tpath("w.npy"), "|u1", false, "(8,)", data, sizeof(data));
-        CTL_EXPECT_STR("rw v1\n", "put", "rw", tpath("w.npy"), "--writable");
+        make_npy(path_of("w.npy"), "|u1", false, "(8,)", data, sizeof(data));
+        CTL_EXPECT_STR("rw v1\n", "put", "rw", path_of("w.npy"), "--writable");
 
         CTL_EXPECT(strstr(ctl_out, "access:        writable\n"), "stat", "rw");
         CTL_EXPECT(json_has(ctl_out, "\"read_only\":false"), "--json", "stat", "rw");
@@ -1318,11 +1255,11 @@ START_TEST(test_put_writable)
         }
         t->deleter(t);
         dlx_close(c);
-        free(ctl_ok("get", "rw", tpath("w-out.npy"), NULL));
-        check_npy(tpath("w-out.npy"), "|u1", false, 1, shape, data, sizeof(data));
+        free(ctl_ok("get", "rw", path_of("w-out.npy"), NULL));
+        check_npy(path_of("w-out.npy"), "|u1", false, 1, shape, data, sizeof(data));
 
         /* and the default stays read-only */
-        free(ctl_ok("put", "ro", tpath("w.npy"), NULL));
+        free(ctl_ok("put", "ro", path_of("w.npy"), NULL));
         CTL_EXPECT(strstr(ctl_out, "access:        read-only\n"), "stat", "ro");
 }
 END_TEST
@@ -1337,15 +1274,15 @@ static void put_three(void)
         char descr[8];
 
         snprintf(descr, sizeof(descr), "%cf4", HOST);
-        make_npy(tpath("x.npy"), descr, false, "(2, 3)", f, sizeof(f));
+        make_npy(path_of("x.npy"), descr, false, "(2, 3)", f, sizeof(f));
         snprintf(descr, sizeof(descr), "%ci8", HOST);
-        make_npy(tpath("y.npy"), descr, false, "(4,)", l, sizeof(l));
+        make_npy(path_of("y.npy"), descr, false, "(4,)", l, sizeof(l));
         snprintf(descr, sizeof(descr), "%cf8", HOST);
-        make_npy(tpath("z.npy"), descr, false, "()", &d, sizeof(d));
+        make_npy(path_of("z.npy"), descr, false, "()", &d, sizeof(d));
         /* out of name order on purpose */
-        free(ctl_ok("put", "b/z", tpath("z.npy"), NULL));
-        free(ctl_ok("put", "a/y", tpath("y.npy"), NULL));
-        free(ctl_ok("put", "a/x", tpath("x.npy"), NULL));
+        free(ctl_ok("put", "b/z", path_of("z.npy"), NULL));
+        free(ctl_ok("put", "a/y", path_of("y.npy"), NULL));
+        free(ctl_ok("put", "a/x", path_of("x.npy"), NULL));
 }
 
 START_TEST(test_list)
@@ -1481,9 +1418,9 @@ START_TEST(test_rm)
 
         put_three();
         CTL_EXPECT_STR("", "rm", "a/y");
-        rc = run_ctl(&out, &err, "get", "a/y", tpath("y-out.npy"), NULL);
+        rc = run_ctl(&out, &err, "get", "a/y", path_of("y-out.npy"), NULL);
         expect_fail(1, "no tensor named", "get after rm", rc, out, err);
-        ck_assert_msg(access(tpath("y-out.npy"), F_OK) != 0, "a failed get left a file behind");
+        ck_assert_msg(access(path_of("y-out.npy"), F_OK) != 0, "a failed get left a file behind");
         rc = run_ctl(&out, &err, "stat", "a/y", NULL);
         expect_fail(1, "no tensor named", "stat after rm", rc, out, err);
         rc = run_ctl(&out, &err, "rm", "a/y", NULL);
@@ -1493,11 +1430,11 @@ START_TEST(test_rm)
         ck_assert_msg(count_lines(out) == 3 && !strstr(out, "a/y"), "list after rm: %s", out);
         free(out);
         /* the others are untouched */
-        free(ctl_ok("get", "a/x", tpath("x-out.npy"), NULL));
+        free(ctl_ok("get", "a/x", path_of("x-out.npy"), NULL));
 
         /* a removed name can be published again */
-        free(ctl_ok("put", "a/y", tpath("y.npy"), NULL));
-        free(ctl_ok("get", "a/y", tpath("y-out.npy"), NULL));
+        free(ctl_ok("put", "a/y", path_of("y.npy"), NULL));
+        free(ctl_ok("get", "a/y", path_of("y-out.npy"), NULL));
 }
 END_TEST
 
@@ -1513,11 +1450,11 @@ START_TEST(test_stats)
                       "stats of a fresh daemon: %s", out);
         free(out);
 
-        put_three();                                          /* 3 names */
-        free(ctl_ok("put", "a/x", tpath("x.npy"), NULL));     /* replaced: v2 */
-        free(ctl_ok("get", "a/x", tpath("x-out.npy"), NULL)); /* one acquire */
-        free(ctl_ok("get", "b/z", tpath("z-out.npy"), NULL)); /* two */
-        free(ctl_ok("rm", "a/y", NULL));                      /* 2 names left */
+        put_three();                                            /* 3 names */
+        free(ctl_ok("put", "a/x", path_of("x.npy"), NULL));     /* replaced: v2 */
+        free(ctl_ok("get", "a/x", path_of("x-out.npy"), NULL)); /* one acquire */
+        free(ctl_ok("get", "b/z", path_of("z-out.npy"), NULL)); /* two */
+        free(ctl_ok("rm", "a/y", NULL));                        /* 2 names left */
 
         out = ctl_ok("--json", "stats", NULL);
         ck_assert_msg(json_valid(out), "--json stats is not JSON: %s", out);
@@ -1568,18 +1505,19 @@ START_TEST(test_get_timeout)
         int rc;
 
         /* no --timeout: no waiting */
-        rc = run_ctl(&out, &err, "get", "never", tpath("o.npy"), NULL);
+        rc = run_ctl(&out, &err, "get", "never", path_of("o.npy"), NULL);
         expect_fail(1, "no tensor named", "get of a missing name", rc, out, err);
 
         t0 = fx_now_ms();
-        rc = run_ctl(&out, &err, "get", "never", tpath("o.npy"), "--timeout", "200", NULL);
+        rc = run_ctl(&out, &err, "get", "never", path_of("o.npy"), "--timeout", "200", NULL);
         dt = fx_now_ms() - t0;
         expect_fail(1, "timed out", "get --timeout 200 of a missing name", rc, out, err);
         ck_assert_msg(dt >= 150 && dt < 5000, "get --timeout 200 took %lld ms", (long long)dt);
-        ck_assert_msg(access(tpath("o.npy"), F_OK) != 0, "a failed get left a file behind");
+        ck_assert_msg(access(path_of("o.npy"), F_OK) != 0, "a failed get left a file behind");
 
         /* the option may come first too */
-        rc = run_ctl(&out, &err, "--json", "get", "--timeout", "50", "never", tpath("o.npy"), NULL);
+        rc = run_ctl(&out, &err, "--json", "get", "--timeout", "50", "never", path_of("o.npy"),
+                     NULL);
         expect_fail(1, "timed out", "get --timeout 50 before NAME", rc, out, err);
 
         /* nothing was left behind in the daemon by the waiters */
@@ -1608,13 +1546,13 @@ START_TEST(test_get_waits_for_put)
         int rc, i;
 
         snprintf(descr, sizeof(descr), "%cu2", HOST);
-        make_npy(tpath("late.npy"), descr, false, "(5,)", data, sizeof(data));
+        make_npy(path_of("late.npy"), descr, false, "(5,)", data, sizeof(data));
         c = fx_connect(&fx, "test-dlxctl");
         ck_assert_int_eq(dlx_stats(c, &s0), 0);
 
         t0 = fx_now_ms();
         /* a get that timed out exits non-zero: its exit status says it did not */
-        ctl_spawn(&get, "get", "late/x", tpath("late-out.npy"), "--timeout", "60000", NULL);
+        ctl_spawn(&get, "get", "late/x", path_of("late-out.npy"), "--timeout", "60000", NULL);
         /*
          * The get is waiting once the daemon has seen its hello and acquire: two
          * requests besides this client's own stats calls (each counts itself).
@@ -1628,12 +1566,12 @@ START_TEST(test_get_waits_for_put)
         }
         dlx_close(c);
 
-        free(ctl_ok("put", "late/x", tpath("late.npy"), NULL));
+        free(ctl_ok("put", "late/x", path_of("late.npy"), NULL));
         rc = ctl_finish(&get, CTL_TIMEOUT_MS, &out, &err);
         ck_assert_msg(rc == 0, "the waiting get: exit %d; stderr: %s", rc, err);
         free(out);
         free(err);
-        check_npy(tpath("late-out.npy"), descr, false, 1, shape, data, sizeof(data));
+        check_npy(path_of("late-out.npy"), descr, false, 1, shape, data, sizeof(data));
 }
 END_TEST
 
@@ -1665,10 +1603,10 @@ static void watched_ops(void)
         char descr[8];
 
         snprintf(descr, sizeof(descr), "%cf4", HOST);
-        make_npy(tpath("w.npy"), descr, false, "(2,)", f, sizeof(f));
-        free(ctl_ok("put", "other/x", tpath("w.npy"), NULL));
-        free(ctl_ok("put", "w/a", tpath("w.npy"), NULL));
-        free(ctl_ok("put", "w/a", tpath("w.npy"), NULL));
+        make_npy(path_of("w.npy"), descr, false, "(2,)", f, sizeof(f));
+        free(ctl_ok("put", "other/x", path_of("w.npy"), NULL));
+        free(ctl_ok("put", "w/a", path_of("w.npy"), NULL));
+        free(ctl_ok("put", "w/a", path_of("w.npy"), NULL));
         free(ctl_ok("rm", "w/a", NULL));
 }
 
@@ -1792,14 +1730,14 @@ START_TEST(test_options_after_command)
         free(err);
 
         /* every command's own options, and the global ones, mixed in any order */
-        make_npy(tpath("f.npy"), "<f4", false, "(2,)", f, sizeof(f));
+        make_npy(path_of("f.npy"), "<f4", false, "(2,)", f, sizeof(f));
         CTL_EXPECT_STR("{\"name\":\"o/w\",\"version\":1}\n", "put", "--writable", "o/w", "--json",
-                       tpath("f.npy"));
+                       path_of("f.npy"));
         out = ctl_ok("--json", "stat", "o/w", NULL);
         ck_assert_msg(json_has(out, "\"read_only\":false"), "put ... --writable: %s", out);
         free(out);
         CTL_EXPECT(json_valid(ctl_out) && json_has(ctl_out, "\"name\":\"o/w\""), "get", "o/w",
-                   "--timeout", "100", tpath("o.npy"), "--json");
+                   "--timeout", "100", path_of("o.npy"), "--json");
         CTL_EXPECT(json_valid(ctl_out) && json_has(ctl_out, "\"names\":4"), "stats", "--json");
         CTL_EXPECT_STR("", "watch", "--timeout", "0", "w/", "--json");
         CTL_EXPECT_STR("", "rm", "o/w", "--json");
@@ -1816,17 +1754,17 @@ START_TEST(test_dash_names)
         int rc;
 
         snprintf(descr, sizeof(descr), "%cf4", HOST);
-        make_npy(tpath("f.npy"), descr, false, "(2,)", f, sizeof(f));
-        rc = run_ctl(&out, &err, "put", "-lead", tpath("f.npy"), NULL);
+        make_npy(path_of("f.npy"), descr, false, "(2,)", f, sizeof(f));
+        rc = run_ctl(&out, &err, "put", "-lead", path_of("f.npy"), NULL);
         expect_fail(2, NULL, "put -lead FILE", rc, out, err);
         CTL_EXPECT_STR("[]\n", "--json", "list");
 
-        free(ctl_ok("put", "--", "-lead", tpath("f.npy"), NULL));
+        free(ctl_ok("put", "--", "-lead", path_of("f.npy"), NULL));
         CTL_EXPECT(json_has(ctl_out, "\"name\":\"-lead\""), "--json", "stat", "--", "-lead");
         CTL_EXPECT(json_valid(ctl_out) && json_has(ctl_out, "\"name\":\"-lead\""), "list", "--json",
                    "--", "-");
-        free(ctl_ok("get", "--", "-lead", tpath("o.npy"), NULL));
-        check_npy(tpath("o.npy"), descr, false, 1, (int64_t[]){2}, f, sizeof(f));
+        free(ctl_ok("get", "--", "-lead", path_of("o.npy"), NULL));
+        check_npy(path_of("o.npy"), descr, false, 1, (int64_t[]){2}, f, sizeof(f));
         rc = run_ctl(&out, &err, "rm", "-lead", NULL);
         expect_fail(2, NULL, "rm -lead", rc, out, err);
         free(ctl_ok("rm", "--", "-lead", NULL));
@@ -1911,23 +1849,23 @@ START_TEST(test_no_daemon)
         float f[2] = {0};
         int rc;
 
-        snprintf(sock, sizeof(sock), "%s", tpath("dlxd.sock"));
+        snprintf(sock, sizeof(sock), "%s", path_of("dlxd.sock"));
         for (size_t i = 0; i < N_ELEMS(cmds); i++) {
                 rc = run_ctl_bare(&out, &err, "--socket", sock, cmds[i][0], cmds[i][1], cmds[i][2],
                                   NULL);
                 snprintf(what, sizeof(what), "%s without a daemon", cmds[i][0]);
                 expect_fail(1, "cannot connect", what, rc, out, err);
         }
-        make_npy(tpath("f.npy"), "<f4", false, "(2,)", f, sizeof(f));
-        rc = run_ctl_bare(&out, &err, "--socket", sock, "put", "x", tpath("f.npy"), NULL);
+        make_npy(path_of("f.npy"), "<f4", false, "(2,)", f, sizeof(f));
+        rc = run_ctl_bare(&out, &err, "--socket", sock, "put", "x", path_of("f.npy"), NULL);
         expect_fail(1, "cannot connect", "put without a daemon", rc, out, err);
 
         /* the default socket: $DLX_SOCKET, else $XDG_RUNTIME_DIR/dlx/dlxd.sock */
         unsetenv("DLX_SOCKET");
         setenv("XDG_RUNTIME_DIR", tmpdir, 1);
         rc = run_ctl_bare(&out, &err, "list", NULL);
-        ck_assert_msg(strstr(err, tpath("dlx/dlxd.sock")), "the message should name the socket: %s",
-                      err);
+        ck_assert_msg(strstr(err, path_of("dlx/dlxd.sock")),
+                      "the message should name the socket: %s", err);
         expect_fail(1, "cannot connect", "list with $XDG_RUNTIME_DIR", rc, out, err);
 }
 END_TEST
@@ -1956,8 +1894,8 @@ static void put_odd_name(void)
 {
         float f[2] = {0};
 
-        make_npy(tpath("f.npy"), "<f4", false, "(2,)", f, sizeof(f));
-        free(ctl_ok("put", odd_name, tpath("f.npy"), NULL));
+        make_npy(path_of("f.npy"), "<f4", false, "(2,)", f, sizeof(f));
+        free(ctl_ok("put", odd_name, path_of("f.npy"), NULL));
 }
 
 /* Each command with --json, on odd_name (named) and a file (file: none). */
@@ -1979,7 +1917,7 @@ START_TEST(json_output_escapes_names)
 
         put_odd_name();
         out = ctl_ok("--json", row->cmd, row->named ? odd_name : NULL,
-                     row->file ? tpath(row->file) : NULL, NULL);
+                     row->file ? path_of(row->file) : NULL, NULL);
         ck_assert_msg(json_valid(out) && strstr(out, odd_escaped), "--json %s of %s: %s", row->cmd,
                       odd_name, out);
         free(out);
@@ -1990,14 +1928,14 @@ START_TEST(test_put_get_json)
 {
         float f[2] = {0};
 
-        make_npy(tpath("f.npy"), "<f4", false, "(2,)", f, sizeof(f));
+        make_npy(path_of("f.npy"), "<f4", false, "(2,)", f, sizeof(f));
         CTL_EXPECT_STR("{\"name\":\"j/x\",\"version\":1}\n", "--json", "put", "j/x",
-                       tpath("f.npy"));
+                       path_of("f.npy"));
         CTL_EXPECT_STR("{\"name\":\"j/x\",\"version\":2}\n", "--json", "put", "j/x",
-                       tpath("f.npy"));
+                       path_of("f.npy"));
         CTL_EXPECT(json_valid(ctl_out) && json_has(ctl_out, "\"name\":\"j/x\"") &&
                            json_has(ctl_out, "\"version\":2"),
-                   "--json", "get", "j/x", tpath("o.npy"));
+                   "--json", "get", "j/x", path_of("o.npy"));
 }
 END_TEST
 
@@ -2062,7 +2000,7 @@ Suite *dlxctl_suite(void)
         tcase_add_unchecked_fixture(cli, base_setup, base_teardown);
         suite_add_tcase(s, cli);
 
-        tcase_add_checked_fixture(nod, tmp_setup, tmp_teardown);
+        tcase_add_checked_fixture(nod, tmp_setup, tmpdir_remove);
         tcase_add_test(nod, test_no_daemon);
         tcase_add_unchecked_fixture(nod, base_setup, base_teardown);
         suite_add_tcase(s, nod);

@@ -11,7 +11,6 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
@@ -30,47 +29,11 @@
 #include "npz.h"
 #include "safetensors.h"
 #include "tfile.h"
+#include "tmpfiles.h"
 
 #define CTL_TIMEOUT_MS 20000
 
-static char tmpdir[64];
-
 /* ---- files ------------------------------------------------------------------------------- */
-
-static const char *tpath(const char *name)
-{
-        static char bufs[4][PATH_MAX];
-        static unsigned next;
-        char *p = bufs[next++ % 4];
-
-        snprintf(p, PATH_MAX, "%s/%s", tmpdir, name);
-        return p;
-}
-
-static void write_file(const char *path, const void *buf, size_t n)
-{
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-
-        ck_assert_msg(fd >= 0, "%s: %s", path, strerror(errno));
-        ck_assert_int_eq(write(fd, buf, n), (ssize_t)n);
-        ck_assert_int_eq(close(fd), 0);
-}
-
-static uint8_t *slurp(const char *path, size_t *ret_len)
-{
-        struct stat st;
-        uint8_t *buf;
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-
-        ck_assert_msg(fd >= 0, "%s: %s", path, strerror(errno));
-        ck_assert_int_eq(fstat(fd, &st), 0);
-        buf = malloc((size_t)st.st_size + 1);
-        ck_assert_ptr_nonnull(buf);
-        ck_assert_int_eq(read(fd, buf, (size_t)st.st_size), (ssize_t)st.st_size);
-        close(fd);
-        *ret_len = (size_t)st.st_size;
-        return buf;
-}
 
 /* A safetensors file: the 8-byte length (hlen, as given: it may lie), the header, the data. */
 static void make_st_len(const char *path, uint64_t hlen, const char *header, const void *data,
@@ -318,66 +281,33 @@ static int count_names(dlx_client *c)
         return n;
 }
 
-/* The element of t at flat row-major index k, copied to out (itemsize bytes). */
-static void element_at(const DLTensor *t, uint64_t k, void *out)
-{
-        size_t item = (size_t)t->dtype.bits * t->dtype.lanes / 8;
-        int64_t off = 0, stride = 1;
-
-        for (int32_t d = t->ndim - 1; d >= 0; d--) {
-                int64_t i = (int64_t)(k % (uint64_t)t->shape[d]);
-                k /= (uint64_t)t->shape[d];
-                off += i * (t->strides ? t->strides[d] : stride);
-                stride *= t->shape[d];
-        }
-        memcpy(out, (const uint8_t *)t->data + t->byte_offset + off * (int64_t)item, item);
-}
-
-static uint64_t numel(const DLTensor *t)
-{
-        uint64_t n = 1;
-
-        for (int32_t d = 0; d < t->ndim; d++)
-                n *= (uint64_t)t->shape[d];
-        return n;
-}
-
 /* t's elements in row-major order equal want (numel * itemsize bytes). */
 static void expect_elements(const char *what, const DLTensor *t, const void *want, size_t nbytes)
 {
         size_t item = (size_t)t->dtype.bits * t->dtype.lanes / 8;
-        uint8_t elem[16];
+        uint8_t *got = malloc(nbytes + 1);
 
+        ck_assert_ptr_nonnull(got);
         ck_assert_uint_eq(numel(t) * item, nbytes);
-        for (uint64_t k = 0; k < numel(t); k++) {
-                element_at(t, k, elem);
-                ck_assert_msg(memcmp(elem, (const uint8_t *)want + k * item, item) == 0,
-                              "%s: element %llu differs", what, (unsigned long long)k);
-        }
+        naive_gather(t, got);
+        for (size_t k = 0; k < numel(t); k++)
+                ck_assert_msg(memcmp(got + k * item, (const uint8_t *)want + k * item, item) == 0,
+                              "%s: element %zu differs", what, k);
+        free(got);
 }
 
 /* ---- fixtures ------------------------------------------------------------------------------ */
 
-static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-        (void)st;
-        (void)flag;
-        (void)ftw;
-        remove(path);
-        return 0;
-}
-
 static void setup(void)
 {
-        snprintf(tmpdir, sizeof(tmpdir), "/tmp/dlx-group-files-XXXXXX");
-        ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+        tmpdir_make("group-files");
         fx_setup();
 }
 
 static void teardown(void)
 {
         fx_teardown();
-        nftw(tmpdir, remove_one, 8, FTW_DEPTH | FTW_PHYS);
+        tmpdir_remove();
 }
 
 /* ---- safetensors: every dtype, both ways --------------------------------------------------- */
@@ -444,8 +374,8 @@ START_TEST(every_safetensors_dtype_round_trips)
         data[0] = 1;
         data[1] = 0;
         data[2] = 1;
-        make_st(tpath("all.safetensors"), header, data, off);
-        put_ok("all", tpath("all.safetensors"));
+        make_st(path_of("all.safetensors"), header, data, off);
+        put_ok("all", path_of("all.safetensors"));
 
         c = fx_connect(&fx, "reader");
         ck_assert_int_eq(dlx_acquire_group(c, "all", NULL, 0, NULL, &g), 0);
@@ -480,8 +410,8 @@ START_TEST(every_safetensors_dtype_round_trips)
         dlx_group_release(g);
 
         /* get writes the same tensors; the file it writes goes back in as the same group */
-        get_ok("all", tpath("out.safetensors"));
-        put_ok("again", tpath("out.safetensors"));
+        get_ok("all", path_of("out.safetensors"));
+        put_ok("again", path_of("out.safetensors"));
         dlx_group *a = NULL, *b = NULL;
         ck_assert_int_eq(dlx_acquire_group(c, "all", NULL, 0, NULL, &a), 0);
         ck_assert_int_eq(dlx_acquire_group(c, "again", NULL, 0, NULL, &b), 0);
@@ -495,8 +425,7 @@ START_TEST(every_safetensors_dtype_round_trips)
                 ck_assert_int_eq(x->ndim, y->ndim);
                 for (int32_t d = 0; d < x->ndim; d++)
                         ck_assert_int_eq(x->shape[d], y->shape[d]);
-                for (uint64_t e = 0; e < numel(x); e++)
-                        element_at(x, e, buf + e * x->dtype.bits / 8);
+                naive_gather(x, buf);
                 expect_elements(dlx_group_name(b, i), y, buf, n);
                 free(buf);
         }
@@ -517,8 +446,8 @@ START_TEST(put_group_is_persistent_and_read_only)
         dlx_group *g = NULL;
         dlx_client *c;
 
-        make_st(tpath("w.safetensors"), hdr, w, sizeof(w));
-        put_ok("p/w", tpath("w.safetensors"));
+        make_st(path_of("w.safetensors"), hdr, w, sizeof(w));
+        put_ok("p/w", path_of("w.safetensors"));
         c = fx_connect(&fx, "reader");
         ck_assert_int_eq(dlx_stat(c, "p/w", &info), 0);
         ck_assert(info.persist);
@@ -582,12 +511,12 @@ START_TEST(npz_kinds_round_trip)
                 bodies[i] = npy_body(in[i].dict, in[i].data, in[i].n, &lens[i]);
                 ze[i] = (struct zentry){in[i].name, bodies[i], lens[i], in[i].deflate};
         }
-        make_zip(tpath("in.npz"), ze, 7);
+        make_zip(path_of("in.npz"), ze, 7);
         for (int i = 0; i < 7; i++)
                 free(bodies[i]);
-        put_ok("np", tpath("in.npz"));
-        get_ok("np", tpath("out.npz"));
-        put_ok("np2", tpath("out.npz"));
+        put_ok("np", path_of("in.npz"));
+        get_ok("np", path_of("out.npz"));
+        put_ok("np2", path_of("out.npz"));
 
         c = fx_connect(&fx, "reader");
         for (int round = 0; round < 2; round++) {
@@ -638,12 +567,12 @@ START_TEST(fortran_npz_to_safetensors_is_row_major)
         struct tfile *t = NULL;
         char why[256];
 
-        make_npz1(tpath("fo.npz"), "fo.npy",
+        make_npz1(path_of("fo.npz"), "fo.npy",
                   "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", f, sizeof(f),
                   false);
-        put_ok("fo", tpath("fo.npz"));
-        get_ok("fo", tpath("fo.safetensors"));
-        ck_assert_msg(st_open(tpath("fo.safetensors"), &t, why, sizeof(why)) == 0, "%s", why);
+        put_ok("fo", path_of("fo.npz"));
+        get_ok("fo", path_of("fo.safetensors"));
+        ck_assert_msg(st_open(path_of("fo.safetensors"), &t, why, sizeof(why)) == 0, "%s", why);
         ck_assert_uint_eq(t->n, 1);
         ck_assert_int_eq(t->members[0].tensor.shape[0], 2);
         ck_assert_int_eq(t->members[0].tensor.shape[1], 3);
@@ -780,7 +709,7 @@ START_TEST(malformed_safetensors_publish_nothing)
                 "{\"k\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}";
         const uint8_t keep[4] = {9, 8, 7, 6};
         uint8_t data[64] = {0};
-        const char *path = tpath("bad.safetensors");
+        const char *path = path_of("bad.safetensors");
         struct dlx_info info;
         dlx_group *g = NULL;
         dlx_client *c;
@@ -799,8 +728,8 @@ START_TEST(malformed_safetensors_publish_nothing)
         memcpy(buf + 8 + body, data, row->data);
         write_file(path, buf, 8 + body + row->data);
         free(buf);
-        make_st(tpath("keep.safetensors"), keep_hdr, keep, sizeof(keep));
-        put_ok("keep", tpath("keep.safetensors"));
+        make_st(path_of("keep.safetensors"), keep_hdr, keep, sizeof(keep));
+        put_ok("keep", path_of("keep.safetensors"));
         c = fx_connect(&fx, "reader");
         struct dlx_stats before = fx_stats(c);
         if (row->keep_name) {
@@ -831,15 +760,15 @@ START_TEST(short_safetensors_publish_nothing)
         static const uint8_t seven[7] = {2, 0, 0, 0, 0, 0, 0};
         dlx_client *c;
 
-        write_file(tpath("empty.safetensors"), "", 0);
-        put_refused("an empty file", "x", tpath("empty.safetensors"));
-        write_file(tpath("seven.safetensors"), seven, sizeof(seven));
-        put_refused("a 7-byte file", "x", tpath("seven.safetensors"));
-        make_st(tpath("hdr.safetensors"), "{}", NULL, 0);
-        put_refused("a header and nothing", "x", tpath("hdr.safetensors"));
-        ck_assert_int_eq(mkdir(tpath("dir.safetensors"), 0755), 0);
-        put_refused("a directory", "x", tpath("dir.safetensors"));
-        put_refused("no such file", "x", tpath("none.safetensors"));
+        write_file(path_of("empty.safetensors"), "", 0);
+        put_refused("an empty file", "x", path_of("empty.safetensors"));
+        write_file(path_of("seven.safetensors"), seven, sizeof(seven));
+        put_refused("a 7-byte file", "x", path_of("seven.safetensors"));
+        make_st(path_of("hdr.safetensors"), "{}", NULL, 0);
+        put_refused("a header and nothing", "x", path_of("hdr.safetensors"));
+        ck_assert_int_eq(mkdir(path_of("dir.safetensors"), 0755), 0);
+        put_refused("a directory", "x", path_of("dir.safetensors"));
+        put_refused("no such file", "x", path_of("none.safetensors"));
         c = fx_connect(&fx, "reader");
         ck_assert_int_eq(count_names(c), 0);
         ck_assert_uint_eq(fx_stats(c).publishes, 0);
@@ -1055,14 +984,14 @@ START_TEST(malformed_npz_publish_nothing)
         static const char keep_hdr[] =
                 "{\"k\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}";
         const uint8_t keep[4] = {9, 8, 7, 6};
-        const char *path = tpath("bad.npz");
+        const char *path = path_of("bad.npz");
         char what[32];
         struct dlx_info info;
         dlx_client *c;
 
         snprintf(what, sizeof(what), "npz case %d", _i);
-        make_st(tpath("keep.safetensors"), keep_hdr, keep, sizeof(keep));
-        put_ok("keep", tpath("keep.safetensors"));
+        make_st(path_of("keep.safetensors"), keep_hdr, keep, sizeof(keep));
+        put_ok("keep", path_of("keep.safetensors"));
         make_bad_npz((enum npz_bad)_i, path);
         c = fx_connect(&fx, "reader");
         struct dlx_stats before = fx_stats(c);
@@ -1084,8 +1013,8 @@ START_TEST(the_good_npz_is_accepted)
         dlx_group *g = NULL;
         dlx_client *c;
 
-        make_npz1(tpath("good.npz"), "a.npy", f4_dict, f4_data, sizeof(f4_data), true);
-        put_ok("good", tpath("good.npz"));
+        make_npz1(path_of("good.npz"), "a.npy", f4_dict, f4_data, sizeof(f4_data), true);
+        put_ok("good", path_of("good.npz"));
         c = fx_connect(&fx, "reader");
         ck_assert_int_eq(dlx_acquire_group(c, "good", NULL, 0, NULL, &g), 0);
         expect_elements("a", dlx_group_tensor(g, 0), f4_data, sizeof(f4_data));

@@ -173,19 +173,12 @@ struct blob {
         size_t len;
 };
 
-static struct blob slurp(const char *name)
+/* The file tmpdir/name. */
+static struct blob blob_of(const char *name)
 {
-        int fd = open(path_of(name), O_RDONLY | O_CLOEXEC);
-        struct stat st;
         struct blob b;
 
-        ck_assert_int_ge(fd, 0);
-        ck_assert_int_eq(fstat(fd, &st), 0);
-        b.len = (size_t)st.st_size;
-        b.p = malloc(b.len + 1);
-        ck_assert_ptr_nonnull(b.p);
-        ck_assert_int_eq(read(fd, b.p, b.len), (ssize_t)b.len);
-        close(fd);
+        b.p = slurp(path_of(name), &b.len);
         return b;
 }
 
@@ -488,7 +481,7 @@ static void build_bad(int i)
                 break;
         case 2:
                 make_zip("bad.npz", &one, 1);
-                b = slurp("bad.npz");
+                b = blob_of("bad.npz");
                 spill("bad.npz", b, b.len - 10);
                 break;
         case 3:
@@ -506,7 +499,7 @@ static void build_bad(int i)
         case 7:
                 /* libzip will not write two entries of one name: rename b.npy in place. */
                 make_zip("bad.npz", two, 2);
-                b = slurp("bad.npz");
+                b = blob_of("bad.npz");
                 for (size_t k = 0; k + 5 <= b.len; k++)
                         if (memcmp(b.p + k, "b.npy", 5) == 0)
                                 b.p[k] = 'a';
@@ -518,7 +511,7 @@ static void build_bad(int i)
         case 11:
                 one.method = i == 8 ? ZIP_CM_STORE : ZIP_CM_DEFLATE;
                 make_zip("bad.npz", &one, 1);
-                b = slurp("bad.npz");
+                b = blob_of("bad.npz");
                 if (i == 9)
                         patch_first(b, USIZE, 0x7fffffff, false);
                 else
@@ -527,7 +520,7 @@ static void build_bad(int i)
                 break;
         case 12:
                 make_zip("bad.npz", &one, 1);
-                b = slurp("bad.npz");
+                b = blob_of("bad.npz");
                 /* The last data byte: after the local header, its name and extra field. */
                 b.p[30 + (b.p[26] | b.p[27] << 8) + (b.p[28] | b.p[29] << 8) + len - 1] ^= 0x40;
                 spill("bad.npz", b, b.len);
@@ -556,7 +549,7 @@ static void build_bad(int i)
         case 17:
         case 18:
                 make_zip("bad.npz", &one, 1);
-                b = slurp("bad.npz");
+                b = blob_of("bad.npz");
                 if (i == 17)
                         patch_first(b, METHOD, 12, false);
                 else
@@ -632,7 +625,7 @@ START_TEST(test_write_refused)
         cases[4][1].name = "\xc0\xaf";
         cases[5][1].tensor.device.device_type = kDLCUDA;
         cases[6][1].tensor.shape = neg;
-        before = slurp("keep.npz");
+        before = blob_of("keep.npz");
         for (size_t i = 0; i < N_ELEMS(want); i++) {
                 int r;
 
@@ -642,7 +635,7 @@ START_TEST(test_write_refused)
                 ck_assert_msg(strstr(why, want[i].says), "case %zu: '%s' lacks '%s'", i, why,
                               want[i].says);
                 /* A refused write leaves the file as it was. */
-                after = slurp("keep.npz");
+                after = blob_of("keep.npz");
                 ck_assert_uint_eq(after.len, before.len);
                 ck_assert_mem_eq(after.p, before.p, before.len);
                 free(after.p);

@@ -46,7 +46,7 @@ static struct tfile_member member(const char *name, void *data, DLDataType dtype
                                      host_tensor(data, dtype, ndim, shape, strides, byte_offset)};
 }
 
-static void write_file(const char *name, const struct tfile_member *m, size_t n)
+static void write_st(const char *name, const struct tfile_member *m, size_t n)
 {
         char err[ERRSZ] = "";
         int fd = open_new(name);
@@ -172,7 +172,7 @@ START_TEST(test_roundtrip_all_dtypes)
                 m[i] = member(dtypes[i].name, data[i], dtypes[i].dtype, ndims[i % 3], shapes[i % 3],
                               NULL, 0);
         }
-        write_file("all.safetensors", m, N);
+        write_st("all.safetensors", m, N);
         t = read_file("all.safetensors");
         ck_assert_uint_eq(t->n, N);
         for (size_t i = 1; i < N; i++)
@@ -212,7 +212,7 @@ START_TEST(test_roundtrip_strided)
         m[2] = member("rev", mem, dt(kDLInt, 32), 1, s6, st_rev, 5 * sizeof(int32_t));
         m[3] = member("bcast", f8, dt(kDLFloat8_e4m3fn, 8), 2, s34, st_b, 1);
         m[4] = member("3d", f8, dt(kDLFloat8_e5m2, 8), 3, s222, st_3, 0);
-        write_file("strided.safetensors", m, 5);
+        write_st("strided.safetensors", m, 5);
         t = read_file("strided.safetensors");
         ck_assert_uint_eq(t->n, 5);
         for (size_t i = 0; i < 5; i++)
@@ -241,7 +241,7 @@ START_TEST(test_roundtrip_0d_and_empty)
         };
         struct tfile *t;
 
-        write_file("small.safetensors", m, 5);
+        write_st("small.safetensors", m, 5);
         t = read_file("small.safetensors");
         ck_assert_uint_eq(t->n, 5);
         for (size_t i = 0; i < 5; i++)
@@ -251,7 +251,7 @@ START_TEST(test_roundtrip_0d_and_empty)
         tfile_free(t);
 
         /* No tensors at all: a header of {} padded to 8, and nothing else. */
-        write_file("none.safetensors", NULL, 0);
+        write_st("none.safetensors", NULL, 0);
         t = read_file("none.safetensors");
         ck_assert_uint_eq(t->n, 0);
         tfile_free(t);
@@ -275,7 +275,7 @@ START_TEST(test_header_bytes)
         struct stat st;
         int fd;
 
-        write_file("exact.safetensors", m, 2);
+        write_st("exact.safetensors", m, 2);
         fd = open(path_of("exact.safetensors"), O_RDONLY | O_CLOEXEC);
         ck_assert_int_ge(fd, 0);
         ck_assert_int_eq(fstat(fd, &st), 0);
@@ -660,7 +660,7 @@ START_TEST(test_python_interop)
                         python());
                 return;
         }
-        write_file("ours.safetensors", m, 4);
+        write_st("ours.safetensors", m, 4);
         fd = open_new("interop.py");
         put(fd, interop_py, sizeof(interop_py) - 1);
         close(fd);

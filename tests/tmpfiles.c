@@ -3,11 +3,13 @@
 #include "tmpfiles.h"
 
 #include <check.h>
-#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 char tmpdir[PATH_MAX];
@@ -20,30 +22,62 @@ void tmpdir_make(const char *tag)
         ck_assert_ptr_nonnull(mkdtemp(tmpdir));
 }
 
+static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+        (void)st;
+        (void)flag;
+        (void)ftw;
+        remove(path);
+        return 0;
+}
+
+void remove_tree(const char *path)
+{
+        struct stat st;
+
+        ck_assert_int_eq(nftw(path, remove_one, 8, FTW_DEPTH | FTW_PHYS), 0);
+        ck_assert_msg(stat(path, &st) < 0 && errno == ENOENT, "%s is still there", path);
+}
+
 void tmpdir_remove(void)
 {
-        DIR *d = opendir(tmpdir);
-        struct dirent *e;
-        char path[PATH_MAX + 256];
-
-        ck_assert_ptr_nonnull(d);
-        while ((e = readdir(d))) {
-                if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-                        continue;
-                snprintf(path, sizeof(path), "%s/%s", tmpdir, e->d_name);
-                if (rmdir(path) < 0)
-                        unlink(path);
-        }
-        closedir(d);
-        ck_assert_int_eq(rmdir(tmpdir), 0);
+        remove_tree(tmpdir);
 }
 
 const char *path_of(const char *name)
 {
-        static char path[PATH_MAX + 256];
+        static char bufs[4][PATH_MAX + 256];
+        static unsigned next;
+        char *p = bufs[next++ % 4];
 
-        snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
-        return path;
+        snprintf(p, sizeof(bufs[0]), "%s/%s", tmpdir, name);
+        return p;
+}
+
+void write_file(const char *path, const void *buf, size_t n)
+{
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+
+        ck_assert_msg(fd >= 0, "%s: %s", path, strerror(errno));
+        ck_assert_int_eq(write(fd, buf, n), (ssize_t)n);
+        ck_assert_int_eq(close(fd), 0);
+}
+
+uint8_t *slurp(const char *path, size_t *ret_len)
+{
+        struct stat st;
+        uint8_t *buf;
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+        ck_assert_msg(fd >= 0, "%s: %s", path, strerror(errno));
+        ck_assert_int_eq(fstat(fd, &st), 0);
+        buf = malloc((size_t)st.st_size + 1);
+        ck_assert_ptr_nonnull(buf);
+        ck_assert_int_eq(read(fd, buf, (size_t)st.st_size), (ssize_t)st.st_size);
+        close(fd);
+        buf[st.st_size] = '\0';
+        *ret_len = (size_t)st.st_size;
+        return buf;
 }
 
 int open_new(const char *name)
@@ -98,7 +132,7 @@ size_t numel(const DLTensor *t)
 
 void naive_gather(const DLTensor *t, void *out)
 {
-        size_t isz = t->dtype.bits / 8u, n = numel(t);
+        size_t isz = (size_t)t->dtype.bits * t->dtype.lanes / 8u, n = numel(t);
 
         for (size_t i = 0; i < n; i++) {
                 size_t rest = i;

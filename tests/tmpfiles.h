@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * What the tensor file suites (test-npy, test-npz, test-safetensors) share:
- * a mkdtemp directory per test, removed with what is in it, the files in it,
- * and host tensors with a reference gather that is deliberately not the
- * writers' own loop.
+ * What the suites that work on files (test-npy, test-npz, test-safetensors,
+ * test-dlxctl, test-group-files) share: a mkdtemp directory per test, removed
+ * with what is in it, the files in it, and host tensors with a reference
+ * gather that is deliberately not the writers' own loop.
  */
 #ifndef DLX_TESTS_TMPFILES_H
 #define DLX_TESTS_TMPFILES_H
@@ -19,10 +19,16 @@ extern char tmpdir[PATH_MAX];
 
 /* Makes $TMPDIR/dlx-<tag>-XXXXXX (TMPDIR unset: /tmp): a suite's setup. */
 void tmpdir_make(const char *tag);
-/* Removes it, with the files and empty directories in it: a suite's teardown. */
+/* Removes it, with everything in it: a suite's teardown. */
 void tmpdir_remove(void);
-/* tmpdir/name, in a static buffer. */
+/* Removes path and everything under it; the test fails if it is still there. */
+void remove_tree(const char *path);
+/* tmpdir/name, in one of four static buffers used in turn: a call may take several. */
 const char *path_of(const char *name);
+/* Creates (or truncates) path with the n bytes at buf, or the test fails. */
+void write_file(const char *path, const void *buf, size_t n);
+/* The whole file at path, NUL-terminated for text searches; *ret_len excludes the NUL. Free it. */
+uint8_t *slurp(const char *path, size_t *ret_len);
 /* Creates (or truncates) tmpdir/name for reading and writing; the test fails if it cannot. */
 int open_new(const char *name);
 /* Writes n bytes to fd, all of them, or the test fails. */
