@@ -445,6 +445,7 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
 /* Descriptors of destroyed big segments, closed on libuv's thread pool. */
 struct closing {
         uv_work_t work;
+        struct store *st;
         unsigned n;
         int fds[STORE_DEFER_MAX];
 };
@@ -463,6 +464,7 @@ static void close_done(uv_work_t *w, int status)
 
         if (status < 0) /* cancelled: not run */
                 close_work(w);
+        job->st->deferred_closing -= job->n;
         free(job);
 }
 
@@ -484,9 +486,11 @@ static void on_close_deferred(uv_idle_t *h)
         server_flush(srv);
         if (job) {
                 job->work.data = job;
+                job->st = st;
                 job->n = st->ndeferred;
                 memcpy(job->fds, st->deferred, st->ndeferred * sizeof(int));
                 if (uv_queue_work(srv->loop, &job->work, close_work, close_done) == 0) {
+                        st->deferred_closing += job->n;
                         st->ndeferred = 0;
                         return;
                 }

@@ -69,7 +69,7 @@ static void segment_destroy(struct store *st, struct segment *seg)
                         quota_uid_put(st, u);
                 }
                 if (seg->size >= STORE_DEFER_BYTES && st->on_defer &&
-                    st->ndeferred < STORE_DEFER_MAX) {
+                    st->ndeferred + st->deferred_closing < STORE_DEFER_MAX) {
                         st->deferred[st->ndeferred++] = seg->fd;
                         st->on_defer(st->defer_ctx);
                 } else {

@@ -31,7 +31,9 @@ struct session;
  * half a millisecond for a few megabytes. A destroyed segment of at least
  * STORE_DEFER_BYTES has its descriptor closed once the loop has sent what
  * the request that destroyed it answers (store_close_deferred), up to
- * STORE_DEFER_MAX at a time; smaller ones, and any past that, close at once.
+ * STORE_DEFER_MAX open at a time, waiting or being closed; smaller ones, and
+ * any past that, close at once. These no longer count against max_fds: the
+ * daemon keeps STORE_DEFER_MAX descriptors of its limit spare for them.
  */
 #define STORE_DEFER_BYTES ((uint64_t)1 << 20)
 #define STORE_DEFER_MAX 64
@@ -81,6 +83,7 @@ struct store {
         void *defer_ctx;
         int deferred[STORE_DEFER_MAX]; /* descriptors of destroyed segments, to close */
         unsigned ndeferred;
+        unsigned deferred_closing; /* taken from deferred by the closer, not closed yet */
 };
 
 /*

@@ -567,6 +567,68 @@ static struct wire_stats stats(struct client *c)
 
 /* ---- publish, republish, watch events ---------------------------------------------------- */
 
+static unsigned defer_asked;
+
+static void count_defer(void *ctx)
+{
+        (void)ctx;
+        defer_asked++;
+}
+
+/*
+ * Descriptors of destroyed big segments wait to be closed, and are then
+ * closed off the loop: neither counts against max_fds, so together they are
+ * at most STORE_DEFER_MAX, however many are destroyed before a close runs.
+ */
+START_TEST(test_deferred_closes_are_bounded)
+{
+        struct store *st = &E.store;
+        const struct {
+                uint64_t size;
+                int n;
+        } rounds[] = {{STORE_DEFER_BYTES, 3 * STORE_DEFER_MAX}, {STORE_DEFER_BYTES - 1, 8}};
+        int base, taken[STORE_DEFER_MAX];
+        unsigned ntaken;
+
+        st->max_bytes = st->max_bytes_per_uid = 0;
+        st->on_defer = count_defer;
+        base = count_fds(0);
+        for (size_t r = 0; r < N_ELEMS(rounds); r++) {
+                for (int i = 0; i < rounds[r].n; i++) {
+                        struct segment *seg;
+                        const char *why = NULL;
+                        ck_assert_int_eq(store_alloc(st, rounds[r].size, 1000, &seg, &why), 0);
+                        segment_unref(st, seg);
+                }
+        }
+        /* big ones wait, up to the bound; the rest, and every small one, closed at once */
+        ck_assert_uint_eq(st->ndeferred, STORE_DEFER_MAX);
+        ck_assert_uint_gt(defer_asked, 0);
+        ck_assert_int_eq(count_fds(0), base + STORE_DEFER_MAX);
+        ck_assert_uint_eq(st->fds, 0);
+        /* a closer takes the half of them that it will close on another thread */
+        ntaken = STORE_DEFER_MAX / 2;
+        st->ndeferred -= ntaken;
+        memcpy(taken, st->deferred + st->ndeferred, ntaken * sizeof(int));
+        st->deferred_closing += ntaken;
+        for (int i = 0; i < STORE_DEFER_MAX; i++) {
+                struct segment *seg;
+                const char *why = NULL;
+                ck_assert_int_eq(store_alloc(st, STORE_DEFER_BYTES, 1000, &seg, &why), 0);
+                segment_unref(st, seg);
+        }
+        /* those being closed still count: no more wait than the bound */
+        ck_assert_uint_eq(st->ndeferred + st->deferred_closing, STORE_DEFER_MAX);
+        ck_assert_int_eq(count_fds(0), base + STORE_DEFER_MAX);
+        for (unsigned i = 0; i < ntaken; i++)
+                close(taken[i]);
+        st->deferred_closing -= ntaken;
+        store_close_deferred(st);
+        ck_assert_int_eq(count_fds(0), base);
+        st->on_defer = NULL;
+}
+END_TEST
+
 START_TEST(test_publish_versions_and_watch_events)
 {
         struct client *p = client_new(1000, 1000, 100, "producer");
@@ -2443,6 +2505,7 @@ Suite *registry_suite(void)
         tcase_add_test(tc, test_cuda_ipc_descriptor);
         tcase_add_test(tc, test_release_events_fair_and_bounded);
         tcase_add_test(tc, test_cuda_vmm_and_host_segments);
+        tcase_add_test(tc, test_deferred_closes_are_bounded);
         tcase_add_test(tc, test_broken_invariant_ends_only_its_session);
         /* a signal ends the test process: only where each test has one of its own */
         if (!getenv("CK_FORK") || strcmp(getenv("CK_FORK"), "no") != 0)
