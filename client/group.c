@@ -846,7 +846,7 @@ static int build_group(dlx_client *c, struct pending *p, const char *name,
         if (!m || !m->ro || t->storage != WIRE_STORAGE_MEMFD)
                 return dlx__fail(-EPROTO, "the daemon gave group '%s' as no group segment", name);
         /* dlxd checked it, and it is sealed: this check is against a daemon gone wrong */
-        err = group_check(m->ro, m->size, 0, 0, &sum, why, sizeof(why));
+        err = group_check(m->ro, m->size, &(struct group_bounds){0}, &sum, why, sizeof(why));
         if (err < 0)
                 return dlx__fail(-EPROTO, "group '%s' from the daemon: %s", name, why);
         g = calloc(1, sizeof(*g));

@@ -316,6 +316,13 @@ static int check_access(const struct wire_tensor *t, struct segment *seg, char *
         return err;
 }
 
+/* What a group's table is checked against: the limits, its members' bytes after it. */
+static struct group_bounds group_bounds_of(const struct registry *reg)
+{
+        return (struct group_bounds){.max_count = reg->lim.max_group_members,
+                                     .max_table = reg->lim.max_group_table};
+}
+
 /*
  * A group's table, checked once, after its segment was sealed against
  * writing (check_access): nothing reads it in dlxd again, and no peer can
@@ -329,7 +336,6 @@ static int check_group(struct session *s, const struct wire_request *req, int fd
                        struct segment *seg, struct group_head *head, char *why, size_t whysz)
 {
         const struct wire_tensor *t = &req->publish.tensor;
-        const struct wire_limit_set *lim = &s->reg->lim;
 
         if (fd < 0 || req->publish.hold || t->storage != WIRE_STORAGE_MEMFD) {
                 snprintf(why, whysz, "a group travels in a memfd of its own, attached");
@@ -345,8 +351,8 @@ static int check_group(struct session *s, const struct wire_request *req, int fd
                          (unsigned long long)seg->size);
                 return -EINVAL;
         }
-        return group_check_head(head, seg->size, lim->max_group_members, lim->max_group_table, why,
-                                whysz);
+        struct group_bounds b = group_bounds_of(s->reg);
+        return group_check_head(head, seg->size, &b, why, whysz);
 }
 
 /*
@@ -360,8 +366,8 @@ static int check_group(struct session *s, const struct wire_request *req, int fd
  * to dlxd. A failure to read leaves *ret_errno set and why empty.
  */
 static int check_table(int fd, uint64_t size, const struct group_head *head,
-                       const struct wire_tensor *t, uint32_t max_members, uint64_t max_table,
-                       int *ret_errno, char *why, size_t whysz)
+                       const struct wire_tensor *t, const struct group_bounds *b, int *ret_errno,
+                       char *why, size_t whysz)
 {
         uint64_t end = group_table_end(head);
         off_t hole = lseek(fd, 0, SEEK_HOLE);
@@ -399,7 +405,7 @@ static int check_table(int fd, uint64_t size, const struct group_head *head,
                 done += (uint64_t)n;
         }
         if (err == 0)
-                err = group_check(table, size, max_members, max_table, &sum, why, whysz);
+                err = group_check(table, size, b, &sum, why, whysz);
         if (mapped)
                 munmap(table, mapped);
         else
@@ -645,8 +651,7 @@ struct group_job {
         int fd;
         uint64_t size;
         struct group_head head;
-        uint32_t max_members;
-        uint64_t max_table;
+        struct group_bounds bounds;
         int err, read_errno;
         char why[320];
 };
@@ -656,8 +661,7 @@ static void group_job_work(uv_work_t *w)
         struct group_job *job = w->data;
 
         job->err = check_table(job->fd, job->size, &job->head, &job->req.publish.tensor,
-                               job->max_members, job->max_table, &job->read_errno, job->why,
-                               sizeof(job->why));
+                               &job->bounds, &job->read_errno, job->why, sizeof(job->why));
 }
 
 static void group_job_done(uv_work_t *w, int status)
@@ -701,8 +705,7 @@ static bool group_job_start(struct session *s, const struct wire_request *req, s
         job->fd = seg->fd;
         job->size = seg->size;
         job->head = *head;
-        job->max_members = reg->lim.max_group_members;
-        job->max_table = reg->lim.max_group_table;
+        job->bounds = group_bounds_of(reg);
         if (uv_queue_work(reg->loop, &job->work, group_job_work, group_job_done) < 0) {
                 free(job);
                 return false;
@@ -751,14 +754,15 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
                 err = check_access(t, seg, why, sizeof(why));
         if (err == 0 && t->members) {
                 struct group_head head;
+                struct group_bounds b = group_bounds_of(reg);
                 int read_errno = 0;
                 err = check_group(s, req, fd, seg, &head, why, sizeof(why));
                 if (err == 0 && head.data_off > GROUP_CHECK_INLINE &&
                     group_job_start(s, req, seg, &head))
                         return; /* group_job_done() goes on */
                 if (err == 0)
-                        err = check_table(seg->fd, seg->size, &head, t, reg->lim.max_group_members,
-                                          reg->lim.max_group_table, &read_errno, why, sizeof(why));
+                        err = check_table(seg->fd, seg->size, &head, t, &b, &read_errno, why,
+                                          sizeof(why));
                 if (read_errno)
                         snprintf(why, sizeof(why), "cannot read the group's table: %s",
                                  strerror(read_errno));

@@ -29,8 +29,13 @@ static bool within(uint64_t off, uint64_t len, uint64_t lo, uint64_t hi)
                 return (err);                                                                      \
         } while (0)
 
-static int check_member(const uint8_t *base, const struct group_head *h, uint64_t size, uint32_t i,
-                        const struct group_member *prev, char *why, size_t whysz)
+/*
+ * Member i of a table whose members' data pointers lie in [0, limit) of
+ * their segment and whose elements lie in [data_lo, limit).
+ */
+static int check_member(const uint8_t *base, const struct group_head *h, uint64_t data_lo,
+                        uint64_t limit, uint32_t i, const struct group_member *prev, char *why,
+                        size_t whysz)
 {
         const struct group_member *m = group_member_at(base, i);
         const char *reason = NULL;
@@ -69,28 +74,29 @@ static int check_member(const uint8_t *base, const struct group_head *h, uint64_
                 FAIL(err, "member '%s': %s", name, reason);
         /* the elements, [offset + lo, offset + hi), lie in the data area */
         /* (a byte_offset may put the pointer itself before the data area, in the segment) */
-        if (m->offset > size)
+        if (m->offset > limit)
                 FAIL(-EINVAL, "member '%s': its data pointer lies outside the group's segment",
                      name);
         if (hi > lo) {
                 uint64_t neg = lo < 0 ? 0 - (uint64_t)lo : 0;
-                /* offset <= size < 2^63 and lo < 2^63: no overflow */
+                /* offset <= limit < 2^63 and lo < 2^63: no overflow */
                 uint64_t start = lo < 0 ? m->offset - neg : m->offset + (uint64_t)lo;
-                if (neg > m->offset ||
-                    !within(start, (uint64_t)hi - (uint64_t)lo, h->data_off, size))
+                if (neg > m->offset || !within(start, (uint64_t)hi - (uint64_t)lo, data_lo, limit))
                         FAIL(-EINVAL,
                              "member '%s': its elements reach outside the group's data "
                              "(offset %llu, extent [%lld, %lld), data [%llu, %llu))",
                              name, (unsigned long long)m->offset, (long long)lo, (long long)hi,
-                             (unsigned long long)h->data_off, (unsigned long long)size);
+                             (unsigned long long)data_lo, (unsigned long long)limit);
         }
         return 0;
 }
 
-int group_check_head(const struct group_head *h, uint64_t size, uint32_t max_count,
-                     uint64_t max_table, char *why, size_t whysz)
+int group_check_head(const struct group_head *h, uint64_t size, const struct group_bounds *b,
+                     char *why, size_t whysz)
 {
-        uint64_t members_bytes;
+        uint32_t max_count = b->max_count,
+                 format = b->apart_size ? GROUP_FORMAT_APART : GROUP_FORMAT;
+        uint64_t max_table = b->max_table, members_bytes;
 
         if (size < sizeof(*h))
                 FAIL(-EINVAL, "a group segment of %llu bytes has no room for its head",
@@ -99,8 +105,13 @@ int group_check_head(const struct group_head *h, uint64_t size, uint32_t max_cou
                 FAIL(-EOVERFLOW, "a group segment of %llu bytes", (unsigned long long)size);
         if (memcmp(h->magic, GROUP_MAGIC, sizeof(h->magic)) != 0)
                 FAIL(-EINVAL, "not a group segment (bad magic)");
-        if (h->format != GROUP_FORMAT)
-                FAIL(-EINVAL, "group format %u is not %u", h->format, GROUP_FORMAT);
+        if (h->format != format)
+                FAIL(-EINVAL, "group format %u is not %u (%s)", h->format, format,
+                     b->apart_size ? "its members' bytes in a segment of their own"
+                                   : "its members' bytes after the table");
+        if (b->apart_size > INT64_MAX)
+                FAIL(-EOVERFLOW, "a group data segment of %llu bytes",
+                     (unsigned long long)b->apart_size);
         if (max_count == 0 || max_count > GROUP_MEMBERS_MAX)
                 max_count = GROUP_MEMBERS_MAX;
         if (h->count == 0)
@@ -109,6 +120,11 @@ int group_check_head(const struct group_head *h, uint64_t size, uint32_t max_cou
                 FAIL(-E2BIG, "a group of %u members is over the limit of %u", h->count, max_count);
         if (h->data_off < sizeof(*h) || h->data_off > size)
                 FAIL(-EINVAL, "the data area's start %llu is outside the %llu-byte segment",
+                     (unsigned long long)h->data_off, (unsigned long long)size);
+        if (b->apart_size && h->data_off != size)
+                FAIL(-EINVAL,
+                     "the table ends at %llu, and its %llu-byte segment holds nothing else: "
+                     "the members' bytes are apart",
                      (unsigned long long)h->data_off, (unsigned long long)size);
         if (max_table && h->data_off > max_table)
                 FAIL(-E2BIG, "a group table of %llu bytes is over the limit of %llu",
@@ -123,27 +139,30 @@ int group_check_head(const struct group_head *h, uint64_t size, uint32_t max_cou
         return 0;
 }
 
-int group_check(const void *base_, uint64_t size, uint32_t max_count, uint64_t max_table,
+int group_check(const void *base_, uint64_t size, const struct group_bounds *b,
                 struct group_summary *ret, char *why, size_t whysz)
 {
         const uint8_t *base = base_;
         const struct group_head *h = base_;
+        uint64_t data_lo, limit;
         int err;
 
         if (size < sizeof(*h))
                 FAIL(-EINVAL, "a group segment of %llu bytes has no room for its head",
                      (unsigned long long)size);
-        if ((err = group_check_head(h, size, max_count, max_table, why, whysz)) < 0)
+        if ((err = group_check_head(h, size, b, why, whysz)) < 0)
                 return err;
+        data_lo = b->apart_size ? 0 : h->data_off;
+        limit = b->apart_size ? b->apart_size : size;
         for (uint32_t i = 0; i < h->count; i++) {
-                err = check_member(base, h, size, i, i ? group_member_at(base, i - 1) : NULL, why,
-                                   whysz);
+                err = check_member(base, h, data_lo, limit, i,
+                                   i ? group_member_at(base, i - 1) : NULL, why, whysz);
                 if (err < 0)
                         return err;
         }
         ret->count = h->count;
         ret->data_off = h->data_off;
-        ret->data_bytes = size - h->data_off;
+        ret->data_bytes = limit - data_lo;
         return 0;
 }
 

@@ -15,6 +15,11 @@
  * Every area lies inside [sizeof(head), data_off), and every member's
  * elements inside [data_off, segment size). Members may share bytes (tied
  * weights, views of one buffer): their elements may overlap.
+ *
+ * A table of GROUP_FORMAT_APART is laid out the same, but its members' bytes
+ * are in another segment (a device's memory, which dlxd cannot read): the
+ * table's segment ends at data_off, and each member's offset is from the
+ * start of that other segment, its elements inside [0, that segment's size).
  */
 #ifndef DLX_PROTO_GROUP_H
 #define DLX_PROTO_GROUP_H
@@ -25,7 +30,8 @@
 #include <dlx/dlpack.h>
 
 #define GROUP_MAGIC "DLXGROUP"
-#define GROUP_FORMAT 1
+#define GROUP_FORMAT 1       /* the members' bytes follow the table, in its segment */
+#define GROUP_FORMAT_APART 2 /* the members' bytes are in a segment of their own */
 /* Members one group may have on the wire, whatever dlxd's --max-group-members. */
 #define GROUP_MEMBERS_MAX (1u << 20)
 /* Where the members' bytes start: the table is padded to this. */
@@ -63,23 +69,34 @@ struct group_member {
 _Static_assert(sizeof(struct group_head) == 64, "the head has no padding");
 _Static_assert(sizeof(struct group_member) == 48, "a member record has no padding");
 
+/* What a group table is checked against. */
+struct group_bounds {
+        uint32_t max_count; /* members, 0: GROUP_MEMBERS_MAX */
+        uint64_t max_table; /* bytes of the table (data_off), 0: no limit */
+        /*
+         * 0: a GROUP_FORMAT table, its members' bytes after it; else a
+         * GROUP_FORMAT_APART table whose members' bytes are in a segment of
+         * this many bytes. A table of the other format is refused.
+         */
+        uint64_t apart_size;
+};
+
 /* What group_check() learned of a group table. */
 struct group_summary {
         uint32_t count;
         uint64_t data_off;   /* bytes of the table, padding included */
-        uint64_t data_bytes; /* the data area: segment size - data_off */
+        uint64_t data_bytes; /* the data area: segment size - data_off, or apart_size */
 };
 
 /*
  * Checks a group segment of size bytes mapped at base: every offset, name,
  * dtype and layout, names sorted and distinct, members' elements within the
  * data area (their data pointers within the segment: a byte_offset may put
- * one before the data area), at most max_count members (0:
- * GROUP_MEMBERS_MAX) and a table of at most max_table bytes (0: no limit).
- * Returns 0 with *ret, or -EINVAL (with a reason in why), -E2BIG (a count or
- * table over a limit) or -EOVERFLOW.
+ * one before the data area), and the bounds. Returns 0 with *ret, or
+ * -EINVAL (with a reason in why), -E2BIG (a count or table over a limit) or
+ * -EOVERFLOW.
  */
-int group_check(const void *base, uint64_t size, uint32_t max_count, uint64_t max_table,
+int group_check(const void *base, uint64_t size, const struct group_bounds *b,
                 struct group_summary *ret, char *why, size_t whysz);
 
 /* The member i of a checked table, its name, and its shape and strides. */
@@ -104,11 +121,12 @@ static inline const int64_t *group_member_dims(const void *base, const struct gr
 /*
  * The head's own checks, the first group_check() makes: magic, format,
  * counts and limits, and the table's areas within [sizeof(*h), data_off),
- * data_off within the segment. What needs no more than the head: dlxd reads
- * the rest only once these pass. Returns as group_check().
+ * data_off within the segment (at its end, apart). What needs no more than
+ * the head: dlxd reads the rest only once these pass. Returns as
+ * group_check().
  */
-int group_check_head(const struct group_head *h, uint64_t size, uint32_t max_count,
-                     uint64_t max_table, char *why, size_t whysz);
+int group_check_head(const struct group_head *h, uint64_t size, const struct group_bounds *b,
+                     char *why, size_t whysz);
 
 /*
  * Where the last of the table's areas ends (the head included): what

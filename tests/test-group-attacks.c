@@ -974,7 +974,8 @@ START_TEST(raw_table_checked_is_table_sealed)
                         const void *map = mmap(NULL, g.size, PROT_READ, MAP_SHARED, s.fd, 0);
                         ck_assert_ptr_ne(map, MAP_FAILED);
                         taken++;
-                        if (group_check(map, g.size, 0, 0, &sum, why, sizeof(why)) != 0)
+                        if (group_check(map, g.size, &(struct group_bounds){0}, &sum, why,
+                                        sizeof(why)) != 0)
                                 bad_taken++;
                         munmap((void *)map, g.size);
                 }

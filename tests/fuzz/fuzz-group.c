@@ -3,15 +3,18 @@
  * Fuzz target: the group table's check (proto/group.c), which dlxd runs on a
  * peer's group segment before anyone reads it, and every consumer after.
  *
- * Input: u32 max_count, u32 max_table (0: none), then the segment's bytes.
- * The bytes are copied into a buffer of exactly their size, 8-byte aligned
- * as a mapping is, so that a read past the segment is a sanitizer's report.
- * The check may read only the table (up to data_off); a table it accepts must
- * hold what consumers rely on, and this target checks that without the
- * check's own code: every member's name is NUL-terminated, sorted, distinct
- * and found by group_find(); every element byte of every member lies in the
- * data area (read, up to 4096 of each member's: a stride of 0 repeats one
- * element without end); the counts and limits were honoured.
+ * Input: u32 max_count, u32 max_table (0: none), u32 apart (below 1 MiB: 0,
+ * the members' bytes follow the table; else the size of the segment apart
+ * that holds them, GROUP_FORMAT_APART), then the segment's bytes. The bytes
+ * (and the apart segment, zeroed) are copied into buffers of exactly their
+ * size, 8-byte aligned as a mapping is, so that a read past either is a
+ * sanitizer's report. The check may read only the table (up to data_off); a
+ * table it accepts must hold what consumers rely on, and this target checks
+ * that without the check's own code: every member's name is NUL-terminated,
+ * sorted, distinct and found by group_find(); every element byte of every
+ * member lies in the data area (read, up to 4096 of each member's: a stride
+ * of 0 repeats one element without end); the counts and limits were
+ * honoured, and an apart table is all of its segment.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -50,19 +53,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
         struct fuzz_input in = {data, size};
         uint32_t max_count = fuzz_u32(&in), max_table = fuzz_u32(&in);
+        uint32_t apart = fuzz_u32(&in) % (1u << 20);
         const uint8_t *bytes;
         size_t n = fuzz_bytes(&in, in.left, &bytes);
+        struct group_bounds bounds = {max_count, max_table, apart};
         struct group_summary sum;
         char why[256];
-        uint8_t *seg;
+        uint8_t *seg, *other;
 
         seg = malloc(n ? n : 1);
-        if (!seg)
+        other = apart ? calloc(apart, 1) : NULL;
+        if (!seg || (apart && !other)) {
+                free(seg);
+                free(other);
                 return 0;
+        }
         memcpy(seg, bytes, n);
-        if (group_check(seg, n, max_count, max_table, &sum, why, sizeof(why)) < 0) {
+        if (group_check(seg, n, &bounds, &sum, why, sizeof(why)) < 0) {
                 FUZZ_CHECK(why[0] != '\0', "a refusal without a reason");
                 free(seg);
+                free(other);
                 return 0;
         }
         const struct group_head *h = (const struct group_head *)seg;
@@ -70,6 +80,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(max_count == 0 || sum.count <= max_count, "over max_count");
         FUZZ_CHECK(max_table == 0 || h->data_off <= max_table, "over max_table");
         FUZZ_CHECK(sum.data_off == h->data_off && h->data_off <= n, "data_off");
+        FUZZ_CHECK(h->format == (apart ? GROUP_FORMAT_APART : GROUP_FORMAT), "format %u",
+                   h->format);
+        FUZZ_CHECK(!apart || (h->data_off == n && sum.data_bytes == apart), "apart table");
+        /* where the members' data pointers are from, and the bytes they may cover */
+        const uint8_t *from = apart ? other : seg, *lo = apart ? other : seg + h->data_off,
+                      *hi = apart ? other + apart : seg + n;
         for (uint32_t i = 0; i < h->count; i++) {
                 const struct group_member *m = group_member_at(seg, i);
                 const char *name = group_member_name(seg, m);
@@ -85,9 +101,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 uint64_t bits = (uint64_t)dt.bits * dt.lanes;
                 /* packed sub-byte members are compact: their bytes are checked as one run */
                 if (bits % 8 == 0 && m->ndim <= DLX_MAX_NDIM)
-                        touch(seg + m->offset + m->byte_offset, dims, dims + m->ndim, m->ndim,
-                              bits / 8, seg + h->data_off, seg + n);
+                        touch(from + m->offset + m->byte_offset, dims, dims + m->ndim, m->ndim,
+                              bits / 8, lo, hi);
         }
         free(seg);
+        free(other);
         return 0;
 }

@@ -946,8 +946,12 @@ struct seed_member {
         uint64_t byte_offset, at; /* at: the data pointer, from the data area's start */
 };
 
-/* A group segment of the members (sorted by name already), limits first. */
-static void group_seed(const char *file, uint32_t max_count, uint32_t max_table,
+/*
+ * A group segment of the members (sorted by name already), limits and the
+ * apart segment's size first: apart 0, the data follows the table; else the
+ * table is all of the segment, in GROUP_FORMAT_APART.
+ */
+static void group_seed(const char *file, uint32_t max_count, uint32_t max_table, uint32_t apart,
                        const struct seed_member *ms, uint32_t n, uint64_t data_bytes)
 {
         struct buf b = {0};
@@ -957,21 +961,22 @@ static void group_seed(const char *file, uint32_t max_count, uint32_t max_table,
                 ndims += 2 * (uint64_t)ms[i].ndim;
                 names += strlen(ms[i].name) + 1;
         }
-        struct group_head h = {.format = GROUP_FORMAT, .count = n};
+        struct group_head h = {.format = apart ? GROUP_FORMAT_APART : GROUP_FORMAT, .count = n};
         memcpy(h.magic, GROUP_MAGIC, sizeof(h.magic));
         h.members_off = sizeof(h);
         h.dims_off = h.members_off + n * sizeof(struct group_member);
         h.ndims = ndims;
         h.names_off = h.dims_off + ndims * 8;
         h.names_size = names;
-        h.data_off = (h.names_off + names + 63) / 64 * 64;
+        h.data_off = apart ? h.names_off + names : (h.names_off + names + 63) / 64 * 64;
         put(&b, &max_count, 4);
         put(&b, &max_table, 4);
+        put(&b, &apart, 4);
         put(&b, &h, sizeof(h));
         uint64_t dim = 0, name = 0;
         for (uint32_t i = 0; i < n; i++) {
                 struct group_member m = {
-                        .offset = h.data_off + ms[i].at,
+                        .offset = (apart ? 0 : h.data_off) + ms[i].at,
                         .byte_offset = ms[i].byte_offset,
                         .flags = DLPACK_FLAG_BITMASK_READ_ONLY,
                         .dims = dim,
@@ -992,7 +997,7 @@ static void group_seed(const char *file, uint32_t max_count, uint32_t max_table,
         }
         for (uint32_t i = 0; i < n; i++)
                 put(&b, ms[i].name, strlen(ms[i].name) + 1);
-        while (b.len < 8 + h.data_off + data_bytes)
+        while (!apart && b.len < 12 + h.data_off + data_bytes)
                 put_u8(&b, (uint8_t)b.len);
         save(file, &b);
 }
@@ -1011,9 +1016,11 @@ static void corpus_group(void)
                 {"e.empty", {kDLFloat, 32, 1}, 2, {0, 3}, {3, 1}, 0, 0},
                 {"f.offset", {kDLUInt, 8, 1}, 1, {3}, {1}, 16, 200},
         };
-        group_seed("group-one", 0, 0, one, 1, 64);
-        group_seed("group-several", 0, 0, several, 7, 256);
-        group_seed("group-limited", 4, 4096, several, 7, 256);
+        group_seed("group-one", 0, 0, 0, one, 1, 64);
+        group_seed("group-several", 0, 0, 0, several, 7, 256);
+        group_seed("group-limited", 4, 4096, 0, several, 7, 256);
+        group_seed("group-apart", 0, 0, 256, several, 7, 0);
+        group_seed("group-apart-short", 0, 0, 200, several, 7, 0);
 }
 
 int main(int argc, char **argv)
