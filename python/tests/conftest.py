@@ -10,6 +10,7 @@ $DLX_EXAMPLE override).
 import itertools
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -63,9 +64,14 @@ class Daemon:
         return self.log.read()
 
     def stop(self):
+        """Stops dlxd; its directory goes with it unless it exited non-zero (its log stays)."""
         self.proc.send_signal(signal.SIGTERM)
         rc = self.proc.wait(20)
         self.log.close()
+        if rc == 0:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        else:
+            print(f"dlxd exited {rc}; its log is in {self.dir}", file=sys.stderr)
         return rc
 
 
