@@ -162,10 +162,11 @@ static void usage(FILE *f)
 
 /*
  * Descriptors for segments: what the descriptor limit leaves beside the
- * daemon's own, its connections' (a socket, a release ring on its way, what
- * a frame brings) and those of destroyed segments still being closed
- * (STORE_DEFER_MAX), so that no client can take the table from connecting
- * at all (a uid's fair share of it keeps it from the others).
+ * daemon's own (among them those of destroyed segments still being
+ * closed, at most STORE_DEFER_MAX) and its connections' (a socket, a release
+ * ring on its way, what a frame brings), so that no client can take the
+ * table from connecting at all (a uid's fair share of it keeps it from the
+ * others).
  */
 static void derive_fd_limits(struct wire_limit_set *lim)
 {
@@ -174,9 +175,9 @@ static void derive_fd_limits(struct wire_limit_set *lim)
 
         if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
                 nofile = rl.rlim_cur;
-        reserve = 64 + STORE_DEFER_MAX +
-                  CONN_FDS *
-                          (uint64_t)(lim->max_clients ? lim->max_clients : DLX_DEFAULT_MAX_CLIENTS);
+        reserve =
+                DAEMON_OWN_FDS + CONN_FDS * (uint64_t)(lim->max_clients ? lim->max_clients
+                                                                        : DLX_DEFAULT_MAX_CLIENTS);
         if (lim->max_fds == DLX_FDS_AUTO) {
                 lim->max_fds = nofile >= 2 * reserve ? nofile - reserve : nofile / 2;
                 if (nofile < 2 * reserve)

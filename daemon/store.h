@@ -32,11 +32,14 @@ struct session;
  * STORE_DEFER_BYTES has its descriptor closed once the loop has sent what
  * the request that destroyed it answers (store_close_deferred), up to
  * STORE_DEFER_MAX open at a time, waiting or being closed; smaller ones, and
- * any past that, close at once. These no longer count against max_fds: the
- * daemon keeps STORE_DEFER_MAX descriptors of its limit spare for them.
+ * any past that, close at once. These no longer count against max_fds: they
+ * are among the DAEMON_OWN_FDS that the default max_fds leaves the daemon
+ * (with its socket, its loop's, its log's: a dozen).
  */
 #define STORE_DEFER_BYTES ((uint64_t)1 << 20)
-#define STORE_DEFER_MAX 64
+#define STORE_DEFER_MAX 32
+#define DAEMON_OWN_FDS 64
+_Static_assert(STORE_DEFER_MAX <= DAEMON_OWN_FDS / 2, "room for the daemon's own beside them");
 
 #define STORE_VMM_MAJOR 195
 #define STORE_VMM_MINOR 255
