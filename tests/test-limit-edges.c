@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * A second reader's attacks on the README's limits paragraph (--max-fds,
+ * Attacks on the README's limits paragraph (--max-fds,
  * --max-fds-per-uid, the default derived from the descriptor limit, what is
  * kept spare for new connections, big destroyed segments closing just after
  * the reply) and on its groups section (big tables checked off the loop and
@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -177,7 +178,7 @@ static void gbuild_big(struct gseg *g, uint32_t n, bool short_names)
 
 static int gmemfd(const struct gseg *g)
 {
-        int fd = memfd_create("review-group", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        int fd = memfd_create("limit-edges-group", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 
         ck_assert_int_ge(fd, 0);
         ck_assert_int_eq(ftruncate(fd, (off_t)g->size), 0);
@@ -883,7 +884,7 @@ START_TEST(max_group_table_exact_edge_raw)
                 ck_assert_uint_le(len, 255);
                 memset(names[i], 'a', len);
                 names[i][len] = '\0';
-                snprintf(names[i], 6, "%05u", i);
+                snprintf(names[i], 6, "%05u", i % 100000u);
                 names[i][5] = 'a';
                 np[i] = names[i];
         }
@@ -972,17 +973,17 @@ struct fd_row {
 };
 
 /*
- * README: "By default --max-fds is the descriptor limit less 128 and 6 per
+ * README: "By default --max-fds is the descriptor limit less 64 and 6 per
  * --max-clients ..., at least half the limit"; and a per-uid limit left
  * fair is, for a uid alone, "half of descriptors".
  */
 static const struct fd_row fd_rows[] = {
-        {1024, NULL, 512},   /* 1024 - 128 - 6144 < 512 */
-        {1024, "16", 800},   /* 1024 - 128 - 96 */
-        {2048, "100", 1320}, /* 2048 - 128 - 600 */
-        {1000, "100", 500},  /* 272 < 500 */
-        {4096, "500", 2048}, /* 4096 - 128 - 3000 = 968 < 2048 */
-        {8192, "64", 7680},  /* 8192 - 128 - 384 */
+        {1024, NULL, 512},   /* 1024 - 64 - 6144 < 512 */
+        {1024, "16", 864},   /* 1024 - 64 - 96 */
+        {2048, "100", 1384}, /* 2048 - 64 - 600 */
+        {1000, "100", 500},  /* 336 < 500 */
+        {4096, "500", 2048}, /* 4096 - 64 - 3000 = 1032 < 2048 */
+        {8192, "64", 7744},  /* 8192 - 64 - 384 */
 };
 
 static void start_with_nofile(rlim_t limit, const char *const *args)
@@ -994,6 +995,27 @@ static void start_with_nofile(rlim_t limit, const char *const *args)
         ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
         dlxd_start(&fx, args);
         setrlimit(RLIMIT_NOFILE, &saved); /* may fail: a hard limit once lowered stays */
+}
+
+/*
+ * start_with_nofile(), with the daemon's stderr (its log) in a file of its
+ * own at path (PATH_MAX), named after tag, for log_says_starved() to read.
+ * Returns the test's own stderr, a descriptor to close after dlxd_stop()
+ * (the fixture counts the test's descriptors from dlxd_start() on).
+ */
+static int start_logged(rlim_t limit, const char *const *args, const char *tag, char *path)
+{
+        int saved = dup(2), fd;
+
+        snprintf(path, PATH_MAX, "/tmp/dlx-limit-edges-%s-%d.log", tag, (int)getpid());
+        fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        ck_assert_int_ge(saved, 0);
+        ck_assert_int_ge(fd, 0);
+        dup2(fd, 2);
+        close(fd);
+        start_with_nofile(limit, args);
+        dup2(saved, 2);
+        return saved;
 }
 
 START_TEST(default_max_fds_exact)
@@ -1129,6 +1151,53 @@ static void *sample_fds(void *arg)
 }
 
 /*
+ * Publishes persistent segments of size bytes from peer, "fill/0" on, until
+ * a limit refuses one or max are held: how many it holds.
+ */
+static int fill_until_refused(int peer, uint64_t size, int max)
+{
+        struct wire_request req;
+        struct wire_reply rep;
+        int held = 0;
+
+        for (int i = 0; i < max; i++) {
+                char name[32];
+                int fd = make_memfd(size, F_SEAL_SHRINK | F_SEAL_GROW);
+                snprintf(name, sizeof(name), "fill/%d", i);
+                rp_publish_req(&req, 10 + (uint64_t)i, name, 4096, 0,
+                               DLPACK_FLAG_BITMASK_READ_ONLY);
+                req.publish.persist = true;
+                rp_send(peer, &req, fd);
+                close(fd);
+                ck_assert_int_eq(rp_read_answer(peer, &rep, REPLY_MS, NULL), 1);
+                if (rep.status != WIRE_OK) {
+                        ck_assert_int_eq(rep.status, WIRE_LIMIT);
+                        break;
+                }
+                held++;
+        }
+        return held;
+}
+
+/* Echoes dlxd's log at path to stderr and removes it: whether it ran out of descriptors. */
+static bool log_says_starved(const char *path)
+{
+        FILE *lf = fopen(path, "re");
+        char line[512];
+        bool starved = false;
+
+        ck_assert_ptr_nonnull(lf);
+        while (fgets(line, sizeof(line), lf)) {
+                fputs(line, stderr);
+                if (strstr(line, "pausing accepts") || strstr(line, "too many fds"))
+                        starved = true;
+        }
+        fclose(lf);
+        unlink(path);
+        return starved;
+}
+
+/*
  * README: "--max-fds ... so that no client can take the descriptor table
  * from new connections", "A client that follows the protocol is never
  * dropped", big destroyed segments "close just after the reply that
@@ -1143,24 +1212,18 @@ static void *sample_fds(void *arg)
 START_TEST(churning_big_segments_never_starve_new_connections)
 {
         static const char *const args[] = {"--max-clients", "24", "--group", "65534", NULL};
-        char logpath[128];
-        int saved_err = dup(2);
+        char logpath[PATH_MAX];
         struct sampler s = {0};
         pthread_t th;
 
         if (getenv("DLX_TEST_VALGRIND"))
                 return;
-        snprintf(logpath, sizeof(logpath), "/tmp/review-churn-%d.log", (int)getpid());
-        int logfd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-        ck_assert_int_ge(logfd, 0);
-        dup2(logfd, 2);
-        start_with_nofile(1024, args);
-        dup2(saved_err, 2);
+        int saved_err = start_logged(1024, args, "churn", logpath);
         open_to_others();
 
         dlx_client *c = fx_connect(&fx, "observer");
         struct dlx_stats st = fx_stats(c);
-        const uint64_t max_fds = 1024 - 128 - 6 * 24;
+        const uint64_t max_fds = 1024 - 64 - 6 * 24;
         ck_assert_uint_eq(st.limits.max_fds, max_fds);
 
         /* the filler: big persistent segments until refused */
@@ -1169,24 +1232,7 @@ START_TEST(churning_big_segments_never_starve_new_connections)
         DLXV(dlx_publish(c, "keep", small_f32(NULL), &(struct dlx_publish_options){.persist = true},
                          NULL));
         held = 1;
-        for (int i = 0; i < 2000; i++) {
-                struct wire_request req;
-                struct wire_reply rep;
-                char name[32];
-                int fd = make_memfd(BIG_SEG, F_SEAL_SHRINK | F_SEAL_GROW);
-                snprintf(name, sizeof(name), "fill/%d", i);
-                rp_publish_req(&req, 10 + (uint64_t)i, name, 4096, 0,
-                               DLPACK_FLAG_BITMASK_READ_ONLY);
-                req.publish.persist = true;
-                rp_send(filler, &req, fd);
-                close(fd);
-                ck_assert_int_eq(rp_read_answer(filler, &rep, REPLY_MS, NULL), 1);
-                if (rep.status != WIRE_OK) {
-                        ck_assert_int_eq(rep.status, WIRE_LIMIT);
-                        break;
-                }
-                held++;
-        }
+        held += fill_until_refused(filler, BIG_SEG, 2000);
         st = fx_stats(c);
         fprintf(stderr, "churn: filler holds %d of max_fds %llu (per uid %llu)\n", held,
                 (unsigned long long)st.limits.max_fds,
@@ -1239,52 +1285,23 @@ START_TEST(churning_big_segments_never_starve_new_connections)
                 rounds, (long long)worst_connect, s.worst);
 
         /* what dlxd said about its descriptors */
-        FILE *lf = fopen(logpath, "re");
-        char line[512];
-        bool starved = false;
-        ck_assert_ptr_nonnull(lf);
-        while (fgets(line, sizeof(line), lf)) {
-                fputs(line, stderr);
-                if (strstr(line, "pausing accepts") || strstr(line, "too many fds"))
-                        starved = true;
-        }
-        fclose(lf);
-        unlink(logpath);
-        ck_assert_msg(!starved, "dlxd ran out of descriptors (see its log above)");
+        ck_assert_msg(!log_says_starved(logpath), "dlxd ran out of descriptors (its log above)");
         ck_assert_int_lt(s.worst, 1024);
         dlx_close(c);
         dlxd_stop(&fx);
         close(saved_err);
-        close(logfd);
 }
 END_TEST
 
 /* Reads the daemon log at path to stderr; whether it ran out of descriptors. */
-static bool log_says_starved(const char *path)
-{
-        FILE *lf = fopen(path, "re");
-        char line[512];
-        bool starved = false;
-
-        ck_assert_ptr_nonnull(lf);
-        while (fgets(line, sizeof(line), lf)) {
-                fputs(line, stderr);
-                if (strstr(line, "pausing accepts") || strstr(line, "too many fds"))
-                        starved = true;
-        }
-        fclose(lf);
-        unlink(path);
-        return starved;
-}
-
 /*
  * The reserve, taken at its word: "--max-fds is the descriptor limit less
- * 128 and 6 per --max-clients (kept for the daemon and its connections: a
+ * 64 and 6 per --max-clients (kept for the daemon and its connections: a
  * socket, a release ring on its way, and at most 4 descriptors a connection
- * may have sent ahead of its frame; ... and up to 64 descriptors of
- * destroyed segments of 1 MiB or more ...), ... so that no client can take
- * the descriptor table from new connections". RLIMIT_NOFILE 2048,
- * --max-clients 100: --max-fds 1320, filled; 96 peers each track a name,
+ * may have sent ahead of its frame ...), ... so that no client can take the
+ * descriptor table from new connections. The daemon's 64 include up to 32
+ * descriptors of destroyed segments of 1 MiB or more". RLIMIT_NOFILE 2048,
+ * --max-clients 100: --max-fds 1384, filled; 96 peers each track a name,
  * have a big group publish in the daemon and 4 descriptors sent ahead of a
  * frame; 70 big segments are destroyed at once; a new client still connects,
  * acquires and tracks, and dlxd never runs out.
@@ -1301,8 +1318,7 @@ START_TEST(every_client_holding_all_it_may_leaves_room)
                                            "--timeout-ms",
                                            "60000",
                                            NULL};
-        char logpath[128];
-        int saved_err = dup(2);
+        char logpath[PATH_MAX];
         struct sampler smp = {0};
         pthread_t th;
         struct wire_request req;
@@ -1311,15 +1327,10 @@ START_TEST(every_client_holding_all_it_may_leaves_room)
 
         if (getenv("DLX_TEST_VALGRIND"))
                 return;
-        snprintf(logpath, sizeof(logpath), "/tmp/review-hold-%d.log", (int)getpid());
-        int logfd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-        ck_assert_int_ge(logfd, 0);
-        dup2(logfd, 2);
-        start_with_nofile(LIMIT, args);
-        dup2(saved_err, 2);
+        int saved_err = start_logged(LIMIT, args, "hold", logpath);
 
         dlx_client *c = fx_connect(&fx, "observer");
-        const uint64_t max_fds = LIMIT - 128 - 6 * 100;
+        const uint64_t max_fds = LIMIT - 64 - 6 * 100;
         ck_assert_uint_eq(fx_stats(c).limits.max_fds, max_fds);
         DLXV(dlx_publish(c, "keep", small_f32(NULL), &(struct dlx_publish_options){.persist = true},
                          NULL));
@@ -1337,22 +1348,7 @@ START_TEST(every_client_holding_all_it_may_leaves_room)
         }
         /* the rest of --max-fds */
         int filler = rp_connect(fx.socket, "filler"), held = 71;
-        for (int i = 0; i < 3000; i++) {
-                char name[32];
-                int fd = make_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW);
-                snprintf(name, sizeof(name), "fill/%d", i);
-                rp_publish_req(&req, 10 + (uint64_t)i, name, 4096, 0,
-                               DLPACK_FLAG_BITMASK_READ_ONLY);
-                req.publish.persist = true;
-                rp_send(filler, &req, fd);
-                close(fd);
-                ck_assert_int_eq(rp_read_answer(filler, &rep, REPLY_MS, NULL), 1);
-                if (rep.status != WIRE_OK) {
-                        ck_assert_int_eq(rep.status, WIRE_LIMIT);
-                        break;
-                }
-                held++;
-        }
+        held += fill_until_refused(filler, 4096, 3000);
         close(filler);
         ck_assert_uint_eq(fx_stats(c).fds, max_fds);
         fprintf(stderr, "hold: dlxd has %d fds with --max-fds %llu full (%d held)\n",
@@ -1424,7 +1420,6 @@ START_TEST(every_client_holding_all_it_may_leaves_room)
         dlx_close(c);
         dlxd_stop(&fx);
         close(saved_err);
-        close(logfd);
 }
 END_TEST
 
@@ -1441,9 +1436,9 @@ END_TEST
  */
 START_TEST(deferred_closes_behind_unread_replies_stay_bounded)
 {
-        enum { PEERS = 10, EACH = 180, LIMIT = 2048 };
+        enum { PEERS = 10, EACH = 184, LIMIT = 2048 };
         static const char *const args[] = {"--max-clients",
-                                           "20",
+                                           "24",
                                            "--max-clients-per-uid",
                                            "0",
                                            "--max-fds-per-uid",
@@ -1451,8 +1446,7 @@ START_TEST(deferred_closes_behind_unread_replies_stay_bounded)
                                            "--timeout-ms",
                                            "60000",
                                            NULL};
-        char logpath[128];
-        int saved_err = dup(2);
+        char logpath[PATH_MAX];
         struct sampler smp = {0};
         pthread_t th;
         struct wire_request req;
@@ -1462,15 +1456,10 @@ START_TEST(deferred_closes_behind_unread_replies_stay_bounded)
 
         if (getenv("DLX_TEST_VALGRIND"))
                 return;
-        snprintf(logpath, sizeof(logpath), "/tmp/review-defer-%d.log", (int)getpid());
-        int logfd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-        ck_assert_int_ge(logfd, 0);
-        dup2(logfd, 2);
-        start_with_nofile(LIMIT, args);
-        dup2(saved_err, 2);
+        int saved_err = start_logged(LIMIT, args, "defer", logpath);
 
         dlx_client *c = fx_connect(&fx, "observer");
-        const uint64_t max_fds = LIMIT - 128 - 6 * 20;
+        const uint64_t max_fds = LIMIT - 64 - 6 * 24;
         ck_assert_uint_eq(fx_stats(c).limits.max_fds, max_fds);
         for (int p = 0; p < PEERS; p++) {
                 peers[p] = rp_connect(fx.socket, "peer");
@@ -1557,13 +1546,12 @@ START_TEST(deferred_closes_behind_unread_replies_stay_bounded)
         dlx_close(c);
         dlxd_stop(&fx);
         close(saved_err);
-        close(logfd);
 }
 END_TEST
 
-Suite *review_limits_suite(void)
+Suite *limit_edges_suite(void)
 {
-        Suite *s = suite_create("review-limits");
+        Suite *s = suite_create("limit-edges");
         TCase *tc = tcase_create("groups");
         TCase *own = tcase_create("own-daemon");
 
