@@ -785,20 +785,29 @@ START_TEST(max_group_members_exact_edge)
 }
 END_TEST
 
-/* README: "--max-group-members ... (more than 1048576 is 1048576)": stats says so. */
+/*
+ * README: "--max-group-members ... (more than 1048576 is 1048576)": stats
+ * says so. And "0 meaning none" (dlx.h: the limits "as dlxd was started
+ * with them (0: none)"): 0 is shown as 0.
+ */
 START_TEST(max_group_members_over_cap_reads_as_cap)
 {
-        static const char *const args[] = {"--max-group-members", "2000000", NULL};
+        static const struct {
+                const char *arg;
+                uint32_t shown;
+        } rows[] = {{"2000000", 1048576}, {"1048577", 1048576}, {"1048576", 1048576}, {"0", 0}};
 
-        dlxd_start(&fx, args);
-        dlx_client *c = fx_connect(&fx, "p");
-        uint32_t shown = fx_stats(c).limits.max_group_members;
-        ck_assert_msg(shown == 1048576,
-                      "--max-group-members 2000000: dlx_stats() shows %u, but README says "
-                      "\"(more than 1048576 is 1048576)\" and that dlx_stats() shows the limits",
-                      shown);
-        dlx_close(c);
-        dlxd_stop(&fx);
+        for (size_t i = 0; i < N_ELEMS(rows); i++) {
+                const char *const args[] = {"--max-group-members", rows[i].arg, NULL};
+                dlxd_start(&fx, args);
+                dlx_client *c = fx_connect(&fx, "p");
+                uint32_t shown = fx_stats(c).limits.max_group_members;
+                ck_assert_msg(shown == rows[i].shown,
+                              "--max-group-members %s: dlx_stats() shows %u, not %u", rows[i].arg,
+                              shown, rows[i].shown);
+                dlx_close(c);
+                dlxd_stop(&fx);
+        }
 }
 END_TEST
 
