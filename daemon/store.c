@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -43,6 +44,23 @@ void store_init(struct store *st)
         st->on_defer = NULL;
         st->defer_ctx = NULL;
         st->ndeferred = 0;
+        st->deferred_closing = 0;
+}
+
+/*
+ * Whether descriptor fd lies near the top of what dlxd may hold (its
+ * RLIMIT_NOFILE, read now: another process may have lowered it since). The
+ * kernel gives the lowest free number, so a high one says the table was
+ * nearly full when fd came: a destroyed segment's descriptor then closes at
+ * once, not after the reply, for the descriptors coming next need its room.
+ */
+static bool near_fd_limit(int fd)
+{
+        struct rlimit rl;
+
+        if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY)
+                return false;
+        return (rlim_t)fd + 2 * STORE_DEFER_MAX >= rl.rlim_cur;
 }
 
 static void segment_destroy(struct store *st, struct segment *seg)
@@ -69,7 +87,8 @@ static void segment_destroy(struct store *st, struct segment *seg)
                         quota_uid_put(st, u);
                 }
                 if (seg->size >= STORE_DEFER_BYTES && st->on_defer &&
-                    st->ndeferred + st->deferred_closing < STORE_DEFER_MAX) {
+                    st->ndeferred + st->deferred_closing < STORE_DEFER_MAX &&
+                    !near_fd_limit(seg->fd)) {
                         st->deferred[st->ndeferred++] = seg->fd;
                         st->on_defer(st->defer_ctx);
                 } else {

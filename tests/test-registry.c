@@ -23,6 +23,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -623,6 +624,44 @@ START_TEST(test_deferred_closes_are_bounded)
         for (unsigned i = 0; i < ntaken; i++)
                 close(taken[i]);
         st->deferred_closing -= ntaken;
+        store_close_deferred(st);
+        ck_assert_int_eq(count_fds(0), base);
+        st->on_defer = NULL;
+}
+END_TEST
+
+/*
+ * Near the descriptor limit (RLIMIT_NOFILE, which another process may lower
+ * under dlxd), a destroyed big segment's descriptor closes at once: the
+ * descriptors a peer sends next need its room before any closer could run.
+ */
+START_TEST(test_deferred_closes_not_near_the_fd_limit)
+{
+        struct store *st = &E.store;
+        struct rlimit saved, low;
+        struct segment *seg;
+        const char *why = NULL;
+        int base, next;
+
+        st->max_bytes = st->max_bytes_per_uid = 0;
+        st->on_defer = count_defer;
+        base = count_fds(0);
+        next = dup(0); /* the number the next descriptor gets */
+        ck_assert_int_ge(next, 0);
+        close(next);
+        ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &saved), 0);
+        low = saved;
+        low.rlim_cur = (rlim_t)next + 2 * STORE_DEFER_MAX;
+        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+        ck_assert_int_eq(store_alloc(st, STORE_DEFER_BYTES, 1000, &seg, &why), 0);
+        segment_unref(st, seg);
+        ck_assert_uint_eq(st->ndeferred, 0);
+        ck_assert_int_eq(count_fds(0), base);
+        /* with room, the same waits for the closer */
+        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &saved), 0);
+        ck_assert_int_eq(store_alloc(st, STORE_DEFER_BYTES, 1000, &seg, &why), 0);
+        segment_unref(st, seg);
+        ck_assert_uint_eq(st->ndeferred, 1);
         store_close_deferred(st);
         ck_assert_int_eq(count_fds(0), base);
         st->on_defer = NULL;
@@ -2506,6 +2545,7 @@ Suite *registry_suite(void)
         tcase_add_test(tc, test_release_events_fair_and_bounded);
         tcase_add_test(tc, test_cuda_vmm_and_host_segments);
         tcase_add_test(tc, test_deferred_closes_are_bounded);
+        tcase_add_test(tc, test_deferred_closes_not_near_the_fd_limit);
         tcase_add_test(tc, test_broken_invariant_ends_only_its_session);
         /* a signal ends the test process: only where each test has one of its own */
         if (!getenv("CK_FORK") || strcmp(getenv("CK_FORK"), "no") != 0)
