@@ -3088,6 +3088,9 @@ END_TEST
 
 /* Legacy IPC across PID namespaces (containers): refused with the way that works. */
 
+/* Set in pidns_consumer() when only a user namespace of its own let it make the PID one. */
+static bool pidns_in_userns;
+
 static int pidns_reader(void)
 {
         DLManagedTensorVersioned *t = NULL;
@@ -3102,7 +3105,17 @@ static int pidns_reader(void)
               "acquire of a cuda-ipc tensor from another PID namespace: %s (%s)", dlx_strerror(err),
               dlx_last_error());
         CHECK(fx_wait_leases(c, 0, 2000) == 0, "the lease was kept");
-        /* what travels through the daemon works from anywhere */
+        /*
+         * What travels through the daemon works from anywhere. Not checked
+         * in a user namespace of our own (not root): the driver double reads
+         * a VMM fd's memfd name in /proc/self/fd, which that namespace may
+         * not read, where the real driver asks the kernel driver.
+         */
+        if (pidns_in_userns) {
+                fprintf(stderr, "pidns_reader: in a user namespace, ns/vmm not acquired\n");
+                DLXV(dlx_close(c));
+                return child_done("consumer", true);
+        }
         err = DLX(dlx_acquire(c, "ns/vmm", NULL, &t));
         CHECK(err == 0, "acquire ns/vmm: %s (%s)", dlx_strerror(err), dlx_last_error());
         CHECK(same(t->dl_tensor.data, VMM_LEN, 62), "the bytes differ");
@@ -3121,9 +3134,12 @@ static int pidns_consumer(void *arg)
 
         chan_child(ch);
         CHECK(c_hear(ch, &go) == 0, "no go");
-        if (unshare(CLONE_NEWPID) < 0 && unshare(CLONE_NEWUSER | CLONE_NEWPID) < 0) {
-                fprintf(stderr, "pidns_consumer: unshare: %s\n", strerror(errno));
-                return 2;
+        if (unshare(CLONE_NEWPID) < 0) {
+                if (unshare(CLONE_NEWUSER | CLONE_NEWPID) < 0) {
+                        fprintf(stderr, "pidns_consumer: unshare: %s\n", strerror(errno));
+                        return 2;
+                }
+                pidns_in_userns = true;
         }
         pid = fork();
         if (pid == 0)

@@ -1818,9 +1818,13 @@ static int other_uid_child(void *arg)
 START_TEST(other_uid_reads_but_cannot_replace)
 {
         static const char *const args[] = {"--group", "65534", NULL};
-        struct other_uid_result *r =
-                mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        struct other_uid_result *r;
 
+        if (geteuid() != 0) { /* the child becomes another uid */
+                fprintf(stderr, "other_uid_reads_but_cannot_replace: not root, skipped\n");
+                return;
+        }
+        r = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         ck_assert_ptr_ne(r, MAP_FAILED);
         dlxd_start(&fx, args);
         open_to_others();
