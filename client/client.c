@@ -536,6 +536,22 @@ static void on_event(dlx_client *c, const struct wire_reply *rep)
 }
 
 /*
+ * An fd the daemon counts as delivered could not be used: make it send one
+ * again next time.
+ */
+static void forget_one(dlx_client *c, uint64_t seg_id)
+{
+        struct wire_request fr = {.type = WIRE_REQ_FORGET};
+        struct seg_map *m = dlx__map_find(c, seg_id);
+
+        fr.forget.segments[0] = seg_id;
+        fr.forget.count = 1;
+        dlx__send(c, &fr, -1);
+        if (m)
+                m->forgotten = true;
+}
+
+/*
  * Replies that carry a segment are resolved to a mapping here, in stream
  * order, so a reply without an fd always finds the mapping it relies on.
  */
@@ -546,7 +562,24 @@ static void resolve_segment(dlx_client *c, struct pending *p)
         bool had_fd = fd >= 0;
 
         p->fd = -1;
-        if (rep->status == WIRE_OK && rep->type == WIRE_REP_ACQUIRE) {
+        if (rep->status == WIRE_OK && rep->type == WIRE_REP_ACQUIRE &&
+            (rep->acquire.tensor.table_segment || p->table_fd >= 0)) {
+                /* a device group's table first: a read-only memfd, like a group's */
+                int tfd = p->table_fd;
+                p->table_fd = -1;
+                if (tfd >= 0 && p->table_seg != rep->acquire.tensor.table_segment) {
+                        close(tfd);
+                        err = -EPROTO;
+                } else {
+                        err = dlx__map_get(c, rep->acquire.tensor.table_segment, WIRE_STORAGE_MEMFD,
+                                           0, p->table_size, tfd, false, &p->table_map);
+                }
+                if (err < 0 && tfd >= 0)
+                        forget_one(c, p->table_seg);
+        }
+        if (err < 0) {
+                /* nothing more to map */
+        } else if (rep->status == WIRE_OK && rep->type == WIRE_REP_ACQUIRE) {
                 struct wire_tensor *t = &rep->acquire.tensor;
                 const struct storage_kind *kind = storage_kind(t->storage);
                 if (!kind) {
@@ -574,16 +607,8 @@ static void resolve_segment(dlx_client *c, struct pending *p)
                 fd = -1;
         }
         fd_drop(&fd);
-        if (err < 0 && had_fd && rep->type == WIRE_REP_ACQUIRE) {
-                /* the daemon counts the fd as delivered: make it send one again next time */
-                struct wire_request fr = {.type = WIRE_REQ_FORGET};
-                struct seg_map *m = dlx__map_find(c, rep->acquire.tensor.segment);
-                fr.forget.segments[0] = rep->acquire.tensor.segment;
-                fr.forget.count = 1;
-                dlx__send(c, &fr, -1);
-                if (m)
-                        m->forgotten = true;
-        }
+        if (err < 0 && had_fd && rep->type == WIRE_REP_ACQUIRE)
+                forget_one(c, rep->acquire.tensor.segment);
         if (err < 0) {
                 p->err = err;
                 /* recorded for the waiting thread: this may be another thread reading */
@@ -647,6 +672,25 @@ static void on_frame(dlx_client *c, struct frame *f)
                         dlx__log(c, DLX_LOG_ERR, "daemon: %s", rep.error);
                         snprintf(c->broken_why, sizeof(c->broken_why), "%s", rep.error);
                         c->broken = -wire_status_errno(rep.status);
+                }
+                wire_reply_done(&rep);
+                return;
+        }
+        if (rep.type == WIRE_REP_SEGMENT && rep.status == WIRE_OK) {
+                /* (1.4) a device group's table, before the acquire reply that names it */
+                p = pending_find(c, rep.id, false);
+                if (p && p->type == WIRE_REQ_ACQUIRE && p->table_fd < 0 && f->nfds == 1) {
+                        p->table_fd = f->fds[0];
+                        p->table_seg = rep.segment.segment;
+                        p->table_size = rep.segment.size;
+                        f->nfds = 0;
+                } else {
+                        frame_close_fds(f);
+                        dlx__log(c, DLX_LOG_ERR, "a segment reply to request %llu, unasked for",
+                                 (unsigned long long)rep.id);
+                        snprintf(c->broken_why, sizeof(c->broken_why),
+                                 "the daemon sent a segment no request of this client waits for");
+                        c->broken = -EPROTO;
                 }
                 wire_reply_done(&rep);
                 return;
@@ -883,7 +927,7 @@ static int call(dlx_client *c, struct wire_request *req, int fd, struct pending 
         int err;
 
         memset(p, 0, sizeof(*p));
-        p->fd = -1;
+        p->fd = p->table_fd = -1;
         pthread_mutex_lock(&c->lock);
         err = send_locked(c, req, fd);
         if (err == -ECONNRESET && !c->reading && !c->closed && !c->broken_why[0]) {
@@ -932,7 +976,7 @@ int dlx__call(dlx_client *c, struct wire_request *req, int fd, struct pending *p
         int err;
 
         memset(p, 0, sizeof(*p));
-        p->fd = -1;
+        p->fd = p->table_fd = -1;
         err = dlx__usable(c);
         if (err < 0)
                 return err;
@@ -946,15 +990,17 @@ int dlx__call(dlx_client *c, struct wire_request *req, int fd, struct pending *p
 
 void dlx__pending_done(dlx_client *c, struct pending *p)
 {
-        if (p->map) {
+        if (p->map || p->table_map) {
                 pthread_mutex_lock(&c->lock);
-                dlx__map_unref(c, p->map);
+                if (p->map)
+                        dlx__map_unref(c, p->map);
+                if (p->table_map)
+                        dlx__map_unref(c, p->table_map);
                 pthread_mutex_unlock(&c->lock);
-                p->map = NULL;
+                p->map = p->table_map = NULL;
         }
-        if (p->fd >= 0)
-                close(p->fd);
-        p->fd = -1;
+        fd_drop(&p->fd);
+        fd_drop(&p->table_fd);
         wire_reply_done(&p->rep);
 }
 

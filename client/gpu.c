@@ -616,6 +616,11 @@ static int share_foreign(const struct dlx_cuda_driver *cu, const DLTensor *t,
                 ret->fd = fd;
                 return 0;
         }
+        if (data - base > size || w->length > size - (data - base))
+                return dlx__fail(-ENOTSUP,
+                                 "publish '%s': the tensor spans more than one allocation (%zu "
+                                 "bytes at its start); copy it",
+                                 name, size - (size_t)(data - base));
         r = cu->IpcGetMemHandle(&h, base);
         if (r != CUDA_SUCCESS)
                 return dlx__cuda_fail(cu, r,
@@ -693,9 +698,14 @@ int dlx__gpu_publish_host(dlx_client *c, int device, void *stream, struct wire_r
 
 int dlx__gpu_stream_wait(int device, void *stream)
 {
+        return dlx__gpu_copy_wait(device, stream, NULL, 0);
+}
+
+int dlx__gpu_copy_wait(int device, void *stream, const struct dlx_gpu_copy *v, size_t n)
+{
         const struct dlx_cuda_driver *cu;
         CUcontext ctx;
-        CUresult r;
+        CUresult r = CUDA_SUCCESS;
         int err;
 
         err = dlx__cuda(&cu);
@@ -703,9 +713,17 @@ int dlx__gpu_stream_wait(int device, void *stream)
                 err = dlx__cuda_enter_stream(cu, device, stream, &ctx);
         if (err < 0)
                 return err;
-        r = cu->StreamSynchronize((CUstream)stream);
+        for (size_t i = 0; i < n && r == CUDA_SUCCESS; i++)
+                r = cu->MemcpyAsync((CUdeviceptr)v[i].dst, (CUdeviceptr)v[i].src, v[i].len,
+                                    (CUstream)stream);
+        if (r != CUDA_SUCCESS) {
+                err = dlx__cuda_fail(cu, r, "cuMemcpyAsync");
+        } else {
+                r = cu->StreamSynchronize((CUstream)stream);
+                err = r == CUDA_SUCCESS ? 0 : dlx__cuda_fail(cu, r, "cuStreamSynchronize");
+        }
         dlx__cuda_leave(cu);
-        return r == CUDA_SUCCESS ? 0 : dlx__cuda_fail(cu, r, "cuStreamSynchronize");
+        return err;
 }
 
 void dlx__gpu_publish_undo(dlx_client *c, struct gpu_pub *pub)

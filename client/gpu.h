@@ -14,6 +14,11 @@
 
 #include "internal.h"
 
+/* One copy between device addresses (dlx__gpu_copy_wait). */
+struct dlx_gpu_copy {
+        uint64_t dst, src, len;
+};
+
 /* A VMM allocation of ours: exported fd, handle, and its mapping on this side. */
 struct dlx_gpu_vmm {
         int fd;
@@ -69,6 +74,8 @@ DLX_HIDDEN int dlx__gpu_publish_host(dlx_client *c, int device, void *stream,
                                      struct wire_request *req, struct gpu_pub *ret);
 /* Waits on the host for the work queued so far on stream (a copy is about to read). */
 DLX_HIDDEN int dlx__gpu_stream_wait(int device, void *stream);
+/* Queues n copies between device addresses on stream, in order, then waits as above. */
+DLX_HIDDEN int dlx__gpu_copy_wait(int device, void *stream, const struct dlx_gpu_copy *v, size_t n);
 /* The publish failed: give back what dlx__gpu_publish() took. */
 DLX_HIDDEN void dlx__gpu_publish_undo(dlx_client *c, struct gpu_pub *pub);
 /*
@@ -172,6 +179,12 @@ static inline int dlx__gpu_publish_host(dlx_client *c, int device, void *stream,
 {
         (void)c, (void)device, (void)stream, (void)req, (void)ret;
         return no_cuda("libdlx was built without CUDA: cuda-host tensors need it");
+}
+static inline int dlx__gpu_copy_wait(int device, void *stream, const struct dlx_gpu_copy *v,
+                                     size_t n)
+{
+        (void)device, (void)stream, (void)v, (void)n;
+        return no_cuda("libdlx was built without CUDA: device tensors need it");
 }
 static inline int dlx__gpu_stream_wait(int device, void *stream)
 {

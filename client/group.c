@@ -18,6 +18,7 @@
 #include "fd.h"
 #include "group.h"
 #include "internal.h"
+#include "gpu.h"
 #include "layout.h"
 
 /* ---- publish -------------------------------------------------------------------------- */
@@ -251,10 +252,10 @@ static int check_member(const struct dlx_member *src, size_t i, struct pub_membe
                 return dlx__fail(-ENOTSUP, "group member '%s': DLPack major version %u", m->name,
                                  mt->version.major);
         t = &mt->dl_tensor;
-        if (t->device.device_type != kDLCPU)
+        if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDA)
                 return dlx__fail(-ENOTSUP,
                                  "group member '%s': device type %d; a group's members are "
-                                 "kDLCPU tensors",
+                                 "kDLCPU or kDLCUDA tensors",
                                  m->name, (int)t->device.device_type);
         if (t->ndim < 0 || t->ndim > DLX_MAX_NDIM || (t->ndim && !t->shape))
                 return dlx__fail(-EINVAL, "group member '%s': bad ndim or shape", m->name);
@@ -533,7 +534,7 @@ static int plan_table(dlx_client *c, const char *name, struct pub_member **sorte
  * (a hole in the segment).
  */
 static void table_build(uint8_t *base, struct pub_member **sorted, size_t count,
-                        const struct table_plan *tp)
+                        const struct table_plan *tp, uint32_t format)
 {
         uint64_t dim_at = 0, name_at = 0;
 
@@ -541,7 +542,7 @@ static void table_build(uint8_t *base, struct pub_member **sorted, size_t count,
         memset(base, 0, tp->members_off);
         struct group_head *h = (struct group_head *)base;
         memcpy(h->magic, GROUP_MAGIC, sizeof(h->magic));
-        h->format = GROUP_FORMAT;
+        h->format = format;
         h->count = (uint32_t)count;
         h->members_off = tp->members_off;
         h->dims_off = tp->dims_off;
@@ -583,18 +584,18 @@ static void table_build(uint8_t *base, struct pub_member **sorted, size_t count,
 }
 
 /*
- * A fresh memfd of size bytes with the table written in, built in table
- * (NULL: a buffer of its own). Returns the fd or -errno.
+ * A fresh memfd of size bytes with the table of format written in, built in
+ * table (NULL: a buffer of its own). Returns the fd or -errno.
  */
 static int segment_new(uint8_t *table, struct pub_member **sorted, size_t count,
-                       const struct table_plan *tp, uint64_t size)
+                       const struct table_plan *tp, uint64_t size, uint32_t format)
 {
         uint8_t *own = table ? NULL : malloc(tp->names_off + tp->names_size);
         int fd, err;
 
         if (!table && !(table = own))
                 return -ENOMEM;
-        table_build(table, sorted, count, tp);
+        table_build(table, sorted, count, tp, format);
         fd = memfd_create("dlx-group", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         err = fd < 0 ? -errno : 0;
         if (err == 0 && ftruncate(fd, (off_t)size) < 0)
@@ -618,14 +619,37 @@ static int segment_seal(int fd)
         return 0;
 }
 
+/*
+ * Sends a group's publish, fd (borrowed) its segment or a device group's
+ * table: 0 with *ret_version, or -errno.
+ */
+static int group_call(dlx_client *c, struct wire_request *req, int fd, uint64_t *ret_version)
+{
+        struct pending p;
+        int err;
+
+        err = dlx__call(c, req, fd, &p);
+        /* a group counts against the byte limits: not beside our own empty segments */
+        if (err == -ENOSPC && dlx__arena_give_back_empty(c) > 0) {
+                dlx__pending_done(c, &p);
+                err = dlx__call(c, req, fd, &p);
+        }
+        if (err == -EMSGSIZE)
+                err = -E2BIG; /* a group limit of the daemon's, which this client did not know */
+        if (err == 0 && p.rep.type != WIRE_REP_PUBLISH)
+                err = dlx__fail(-EPROTO, "the daemon answered publish with something else");
+        if (err == 0)
+                *ret_version = p.rep.publish.version;
+        dlx__pending_done(c, &p);
+        return err;
+}
+
 /* Publishes a sealed group segment (fd, borrowed) as the next version of name. */
 static int send_group(dlx_client *c, const char *name, int fd, size_t count, uint64_t data_off,
                       uint64_t data_bytes, bool persist, uint64_t *ret_version)
 {
         struct wire_request req = {.type = WIRE_REQ_PUBLISH};
         struct wire_tensor *w = &req.publish.tensor;
-        struct pending p;
-        int err;
 
         wire_strcpy(w->name, sizeof(w->name), name);
         w->dtype = (DLDataType){.code = kDLUInt, .bits = 8, .lanes = 1};
@@ -640,19 +664,283 @@ static int send_group(dlx_client *c, const char *name, int fd, size_t count, uin
         w->members = (uint32_t)count;
         req.publish.persist = persist;
 
-        err = dlx__call(c, &req, fd, &p);
-        /* a group counts against the byte limits: not beside our own empty segments */
-        if (err == -ENOSPC && dlx__arena_give_back_empty(c) > 0) {
-                dlx__pending_done(c, &p);
-                err = dlx__call(c, &req, fd, &p);
-        }
-        if (err == -EMSGSIZE)
-                err = -E2BIG; /* a group limit of the daemon's, which this client did not know */
-        if (err == 0 && p.rep.type != WIRE_REP_PUBLISH)
-                err = dlx__fail(-EPROTO, "the daemon answered publish with something else");
+        uint64_t version = 0;
+        int err = group_call(c, &req, fd, &version);
         if (err == 0 && ret_version)
-                *ret_version = p.rep.publish.version;
-        dlx__pending_done(c, &p);
+                *ret_version = version;
+        return err;
+}
+
+/* ---- device groups (1.4) ------------------------------------------------------------------ */
+
+/* What a device group's publish keeps alive until RELEASED: its members, or their copy. */
+struct bundle {
+        DLManagedTensorVersioned mt;
+        size_t count;
+        struct dlx_member members[];
+};
+
+static void bundle_deleter(DLManagedTensorVersioned *t)
+{
+        struct bundle *b = t->manager_ctx;
+
+        delete_members(b->members, b->count, NULL, 0);
+        free(b);
+}
+
+static struct bundle *bundle_new(size_t count)
+{
+        struct bundle *b = calloc(1, sizeof(*b) + count * sizeof(b->members[0]));
+
+        if (b) {
+                b->count = count;
+                b->mt.version.major = DLX_DLPACK_MAJOR;
+                b->mt.version.minor = DLX_DLPACK_MINOR;
+                b->mt.manager_ctx = b;
+                b->mt.deleter = bundle_deleter;
+        }
+        return b;
+}
+
+/*
+ * Describes the members in place, in the one allocation [lo, hi) lies in,
+ * for req: dlx_alloc() memory (a cuda-vmm segment the daemon holds) or a
+ * framework's (its IPC handle), with an event recorded on stream. Each
+ * member's offset is its data pointer's device address on entry, its
+ * offset from the allocation's start on return. -ENOTSUP (nothing recorded
+ * to dlx__fail's detail that matters) where the members are not in one such
+ * allocation: they are then copied. Lock held.
+ */
+static int share_in_place(dlx_client *c, struct pub_member **sorted, size_t count, int device,
+                          uintptr_t lo, uintptr_t hi, void *stream, struct wire_request *req,
+                          struct gpu_pub *gpu)
+{
+        struct wire_tensor *w = &req->publish.tensor;
+        int64_t len = (int64_t)(hi - lo);
+        DLTensor anchor = {.data = (void *)lo,
+                           .device = {kDLCUDA, device},
+                           .ndim = 1,
+                           .dtype = {kDLUInt, 8, 1},
+                           .shape = &len};
+        struct seg_map *map = dlx__arena_find(c, WIRE_STORAGE_CUDA_VMM, (void *)lo, 0, len);
+        uint64_t size;
+        uintptr_t base;
+        int err;
+
+        /* what a first try left (another allocation's handle) goes */
+        w->storage = 0;
+        w->segment = 0;
+        w->has_ipc_handle = w->has_event = false;
+        w->pid_namespace = 0;
+        req->publish.segment_size = 0;
+        w->length = (uint64_t)len;
+        err = dlx__gpu_publish(c, &anchor, map, stream, req, gpu);
+        if (err < 0)
+                return err;
+        /* a framework's VMM allocation would need a second fd: copied instead */
+        size = map ? map->size : req->publish.segment_size;
+        base = lo - (uintptr_t)w->offset;
+        if (gpu->has_fd || w->offset > size || (uint64_t)len > size - w->offset) {
+                if (gpu->has_fd)
+                        close(gpu->fd);
+                gpu->has_fd = false;
+                dlx__gpu_publish_undo(c, gpu);
+                return -ENOTSUP;
+        }
+        for (size_t i = 0; i < count; i++) {
+                struct pub_member *m = sorted[i];
+                /* a data pointer before the allocation (a byte_offset into it): copied */
+                if (m->hi > m->lo && m->offset < base) {
+                        dlx__gpu_publish_undo(c, gpu);
+                        return -ENOTSUP;
+                }
+        }
+        for (size_t i = 0; i < count; i++) {
+                struct pub_member *m = sorted[i];
+                /* an empty member points anywhere inside: at the first member's bytes */
+                m->offset = m->hi > m->lo ? m->offset - base : lo - base;
+        }
+        w->offset = 0;
+        w->length = hi - base;
+        w->shape[0] = (int64_t)w->length;
+        return 0;
+}
+
+/*
+ * Copies the members' bytes once into one dlx_alloc() buffer on device
+ * (*ret_copy), in stream order, laid out as a memfd group's are; each
+ * member's offset becomes its data pointer's device address in the copy,
+ * and [*ret_lo, *ret_hi) the copy's bytes. Waits on the host for the
+ * copies: the originals may go once this returns.
+ */
+static int copy_once(dlx_client *c, const char *name, struct pub_member **sorted, size_t count,
+                     struct pub_member **by_start, size_t nspans, struct block *blocks, int device,
+                     void *stream, DLManagedTensorVersioned **ret_copy, uintptr_t *ret_lo,
+                     uintptr_t *ret_hi)
+{
+        size_t nblocks = 0;
+        uint64_t bytes = lay_out(by_start, nspans, blocks, &nblocks, 0);
+        int64_t shape = bytes ? (int64_t)bytes : 1;
+        DLTensor proto = {
+                .device = {kDLCUDA, device}, .ndim = 1, .dtype = {kDLUInt, 8, 1}, .shape = &shape};
+        struct dlx_gpu_copy *v = NULL;
+        DLManagedTensorVersioned *copy = NULL;
+        uintptr_t at;
+        int err;
+
+        err = dlx_alloc(c, &proto, &copy);
+        if (err < 0)
+                return dlx__fail(err, "publish group '%s': no device memory to copy into: %s", name,
+                                 dlx_last_error());
+        at = (uintptr_t)copy->dl_tensor.data;
+        v = nblocks ? calloc(nblocks, sizeof(*v)) : NULL;
+        if (nblocks && !v) {
+                err = dlx__fail(-ENOMEM, "out of memory");
+                goto fail;
+        }
+        for (size_t b = 0; b < nblocks; b++)
+                v[b] = (struct dlx_gpu_copy){.dst = at + blocks[b].at,
+                                             .src = blocks[b].start,
+                                             .len = blocks[b].end - blocks[b].start};
+        err = dlx__gpu_copy_wait(device, stream, v, nblocks);
+        free(v);
+        if (err < 0) {
+                err = dlx__fail(err, "publish group '%s': cannot copy on the device: %s", name,
+                                dlx_last_error());
+                goto fail;
+        }
+        for (size_t i = 0; i < count; i++)
+                sorted[i]->offset = sorted[i]->hi > sorted[i]->lo ? at + sorted[i]->offset : at;
+        *ret_copy = copy;
+        *ret_lo = at;
+        *ret_hi = at + (uint64_t)shape;
+        return 0;
+fail:
+        copy->deleter(copy);
+        return err;
+}
+
+/*
+ * A group of CUDA tensors on one device: its table in a memfd of its own,
+ * its members' bytes where they are when they all lie in one allocation
+ * (dlx_alloc() memory, or one framework allocation), else copied once into
+ * dlx_alloc() memory. One event on stream orders every reader after the
+ * producer's writes (or the copy). What the members' bytes are in stays
+ * alive until the daemon says the version is RELEASED.
+ */
+static int publish_device_group(dlx_client *c, const char *name, struct dlx_member *members,
+                                size_t count, const struct dlx_publish_options *o,
+                                struct pub_member **sorted, struct pub_member **by_start,
+                                size_t nspans, struct block *blocks, struct table_plan *tp,
+                                uint8_t *table, uint64_t *ret_version)
+{
+        int device = sorted[0]->t->device.device_id;
+        struct wire_request req = {.type = WIRE_REQ_PUBLISH};
+        struct wire_tensor *w = &req.publish.tensor;
+        DLManagedTensorVersioned *copy = NULL;
+        uintptr_t lo = UINTPTR_MAX, hi = 0;
+        struct bundle *b = NULL;
+        struct held *h = NULL;
+        void *stream;
+        int fd = -1, err = -ENOTSUP;
+
+        if (c->server_minor < 4)
+                return dlx__fail(-ENOTSUP,
+                                 "group '%s' in device memory: the daemon (protocol 1.%u) "
+                                 "takes none: 1.4 does",
+                                 name, c->server_minor);
+        if (!table)
+                return dlx__fail(-ENOMEM, "out of memory");
+        wire_strcpy(w->name, sizeof(w->name), name);
+        w->dtype = (DLDataType){.code = kDLUInt, .bits = 8, .lanes = 1};
+        w->ndim = 1;
+        w->strides[0] = 1;
+        w->device_type = kDLCUDA;
+        w->device_id = device;
+        w->flags = DLPACK_FLAG_BITMASK_READ_ONLY;
+        w->members = (uint32_t)count;
+        req.publish.persist = o->persist;
+        /* the table ends the table's segment: the members' bytes are elsewhere */
+        tp->data_off = tp->names_off + tp->names_size;
+
+        h = calloc(1, sizeof(*h));
+        if (!h)
+                return dlx__fail(-ENOMEM, "out of memory");
+        pthread_mutex_lock(&c->lock);
+        stream = o->stream ? o->stream : dlx__gpu_stream(c, device);
+        for (size_t i = 0; i < count; i++) {
+                struct pub_member *m = sorted[i];
+                m->offset = (uintptr_t)m->t->data;
+                if (m->hi > m->lo && m->start < lo)
+                        lo = m->start;
+                if (m->hi > m->lo && m->start + (uint64_t)(m->hi - m->lo) > hi)
+                        hi = m->start + (uint64_t)(m->hi - m->lo);
+        }
+        if (o->copy != DLX_COPY_ALWAYS && nspans)
+                err = share_in_place(c, sorted, count, device, lo, hi, stream, &req, &h->gpu);
+        pthread_mutex_unlock(&c->lock);
+        if (err == -ENOTSUP && o->copy == DLX_COPY_NEVER) {
+                err = dlx__fail(-EXDEV,
+                                "publish group '%s': its members are not all in one allocation "
+                                "of device %d, and copying is not allowed",
+                                name, device);
+                goto out;
+        }
+        if (err == -ENOTSUP) {
+                err = copy_once(c, name, sorted, count, by_start, nspans, blocks, device, stream,
+                                &copy, &lo, &hi);
+                if (err == 0) {
+                        pthread_mutex_lock(&c->lock);
+                        err = share_in_place(c, sorted, count, device, lo, hi, stream, &req,
+                                             &h->gpu);
+                        pthread_mutex_unlock(&c->lock);
+                }
+        }
+        if (err < 0)
+                goto out;
+        h->has_gpu = true;
+
+        /* what the readers' bytes are in: the members themselves, or their copy */
+        b = bundle_new(copy ? 1 : count);
+        fd = b ? segment_new(table, sorted, count, tp, tp->data_off, GROUP_FORMAT_APART) : -ENOMEM;
+        err = fd < 0 ? fd : segment_seal(fd);
+        if (err < 0) {
+                err = dlx__fail(err, "publish group '%s': cannot make its table: %s", name,
+                                strerror(-err));
+                pthread_mutex_lock(&c->lock);
+                dlx__gpu_publish_undo(c, &h->gpu);
+                pthread_mutex_unlock(&c->lock);
+                goto out;
+        }
+        if (copy) {
+                b->members[0].tensor = copy;
+                copy = NULL;
+        } else {
+                for (size_t i = 0; i < count; i++) {
+                        b->members[i].tensor = members[i].tensor;
+                        members[i].tensor = NULL;
+                }
+        }
+        pthread_mutex_lock(&c->lock);
+        /* registered before the request: RELEASED may follow the reply at once */
+        dlx__held_insert(c, h, name, &b->mt, &req);
+        pthread_mutex_unlock(&c->lock);
+
+        uint64_t version = 0;
+        err = group_call(c, &req, fd, &version);
+        if (err == 0 && ret_version)
+                *ret_version = version;
+        dlx__held_answered(c, h, req.publish.token, err, version);
+        h = NULL;
+        if (err < 0)
+                b->mt.deleter(&b->mt); /* refused: the members (or the copy) go */
+        b = NULL;
+out:
+        fd_drop(&fd);
+        free(b);
+        free(h);
+        if (copy)
+                copy->deleter(copy);
         return err;
 }
 
@@ -685,12 +973,6 @@ static int held_publish_group(dlx_client *c, const char *name, struct dlx_member
         if (o.copy != DLX_COPY_IF_NEEDED && o.copy != DLX_COPY_NEVER && o.copy != DLX_COPY_ALWAYS)
                 return dlx__fail(-EINVAL, "publish group '%s': copy mode %d is not a dlx_copy",
                                  name, (int)o.copy);
-        if (o.copy == DLX_COPY_NEVER)
-                return dlx__fail(-EXDEV,
-                                 "publish group '%s': a group is copied once into its own "
-                                 "segment, and copying is not allowed (dlx_alloc_group() "
-                                 "memory publishes without a copy)",
-                                 name);
         if (o.writable)
                 return dlx__fail(-ENOTSUP, "publish group '%s': a group is read-only", name);
 
@@ -717,9 +999,34 @@ static int held_publish_group(dlx_client *c, const char *name, struct dlx_member
                 sorted[i] = &ms[i];
                 if (ms[i].hi > ms[i].lo)
                         by_start[nspans++] = &ms[i];
+                const DLDevice d = ms[i].t->device, d0 = ms[0].t->device;
+                if (d.device_type != d0.device_type ||
+                    (d.device_type == kDLCUDA && d.device_id != d0.device_id)) {
+                        err = dlx__fail(-ENOTSUP,
+                                        "publish group '%s': member '%s' is on device %d:%d and "
+                                        "'%s' on %d:%d; a group's members are on one device",
+                                        name, ms[0].name, (int)d0.device_type, (int)d0.device_id,
+                                        ms[i].name, (int)d.device_type, (int)d.device_id);
+                        goto out;
+                }
         }
         if ((err = plan_table(c, name, sorted, count, names_work, &tp)) < 0)
                 goto out;
+        if (ms[0].t->device.device_type == kDLCUDA) {
+                sort_members(by_start, nspans, cmp_member_start);
+                err = publish_device_group(
+                        c, name, members, count, &o, sorted, by_start, nspans, blocks, &tp,
+                        dlx__scratch_get(work, 1, tp.names_off + tp.names_size), ret_version);
+                goto out;
+        }
+        if (o.copy == DLX_COPY_NEVER) {
+                err = dlx__fail(-EXDEV,
+                                "publish group '%s': a group is copied once into its own "
+                                "segment, and copying is not allowed (dlx_group_alloc() "
+                                "memory publishes without a copy)",
+                                name);
+                goto out;
+        }
         sort_members(by_start, nspans, cmp_member_start);
         uint64_t data_bytes = lay_out(by_start, nspans, blocks, &nblocks, tp.data_off);
         /* empty members point at the data area's start */
@@ -737,7 +1044,8 @@ static int held_publish_group(dlx_client *c, const char *name, struct dlx_member
 
         table = dlx__scratch_get(work, 1, tp.names_off + tp.names_size);
         stage = dlx__scratch_get(work, 2, STAGE_SIZE); /* NULL: no staging, slower */
-        fd = table ? segment_new(table, sorted, count, &tp, tp.data_off + data_bytes) : -ENOMEM;
+        fd = table ? segment_new(table, sorted, count, &tp, tp.data_off + data_bytes, GROUP_FORMAT)
+                   : -ENOMEM;
         err = fd < 0 ? fd : write_blocks(fd, blocks, nblocks, stage);
         /* nothing ever mapped it writable: it can be sealed against writing */
         if (err == 0)
@@ -776,8 +1084,12 @@ int dlx_publish_group(dlx_client *c, const char *name, struct dlx_member *member
 
 struct dlx_group {
         dlx_client *c;
-        struct seg_map *map;
-        const uint8_t *base; /* the segment, mapped read-only */
+        struct seg_map *map;       /* the group's segment; a device group's memory (NULL: IPC) */
+        struct seg_map *table_map; /* a device group's table (1.4), else NULL */
+        const uint8_t *base;       /* the table, mapped read-only (the group's segment's start) */
+        uint32_t storage;          /* the members' memory: memfd, cuda-vmm or cuda-ipc */
+        bool has_gpu;              /* a device group: gpu holds its memory and ordering */
+        struct gpu_acq gpu;
         uint64_t lease;
         uint64_t version;
         atomic_uint refs; /* the caller's, and one per tensor taken */
@@ -813,8 +1125,14 @@ static void group_free(dlx_group *g)
         if (!dlx__forked(c)) {
                 req.release.lease = g->lease;
                 pthread_mutex_lock(&c->lock);
+                /* the reader's stream records when it is done, for the producer to wait on */
+                if (g->has_gpu)
+                        dlx__gpu_release(c, &g->gpu, &req);
                 dlx__release(c, &req);
-                dlx__map_unref(c, g->map);
+                if (g->map)
+                        dlx__map_unref(c, g->map);
+                if (g->table_map)
+                        dlx__map_unref(c, g->table_map);
                 dlx__acquired_gone(c);
                 pthread_mutex_unlock(&c->lock);
                 dlx__client_unref(c);
@@ -832,23 +1150,58 @@ static void group_unref(void *hold)
                 group_free(g);
 }
 
-/* Builds the group over an acquire reply's mapping; the mapping's reference moves to it. */
-static int build_group(dlx_client *c, struct pending *p, const char *name,
-                       const char *const *wanted, size_t nwanted, dlx_group **ret)
+/*
+ * A device group's memory, opened (a VMM mapping or an IPC handle, cached)
+ * and ordered: stream waits once for the producer's event. *ret_data is the
+ * device address of the memory's start.
+ */
+static int open_device_group(dlx_client *c, struct pending *p, void *stream, struct gpu_acq *gpu,
+                             uint8_t **ret_data)
 {
         const struct wire_tensor *t = &p->rep.acquire.tensor;
         struct seg_map *m = p->map;
+        int err;
+
+        if (m && t->length > m->size)
+                return dlx__fail(-EPROTO, "the daemon described group '%s' outside its memory",
+                                 t->name);
+        if (!stream)
+                stream = dlx__gpu_stream(c, t->device_id);
+        pthread_mutex_lock(&c->lock);
+        err = dlx__gpu_acquire(c, t, m, stream, gpu, (void **)ret_data);
+        pthread_mutex_unlock(&c->lock);
+        return err;
+}
+
+/*
+ * Builds the group over an acquire reply's mappings, whose references move
+ * to it: a group segment, or a device group's table and memory.
+ */
+static int build_group(dlx_client *c, struct pending *p, const char *name,
+                       const char *const *wanted, size_t nwanted, void *stream, dlx_group **ret)
+{
+        const struct wire_tensor *t = &p->rep.acquire.tensor;
+        bool device = t->table_segment != 0;
+        struct seg_map *m = device ? p->table_map : p->map;
+        struct group_bounds bounds = {.apart_size = device ? t->length : 0};
         struct group_summary sum;
+        struct gpu_acq gpu = {0};
         char why[DLX_ERROR_MAX + 1];
+        uint8_t *data;
         dlx_group *g;
         int err;
 
-        if (!m || !m->ro || t->storage != WIRE_STORAGE_MEMFD)
+        if (!m || !m->ro ||
+            (device ? t->storage != WIRE_STORAGE_CUDA_VMM && t->storage != WIRE_STORAGE_CUDA_IPC
+                    : t->storage != WIRE_STORAGE_MEMFD))
                 return dlx__fail(-EPROTO, "the daemon gave group '%s' as no group segment", name);
         /* dlxd checked it, and it is sealed: this check is against a daemon gone wrong */
-        err = group_check(m->ro, m->size, &(struct group_bounds){0}, &sum, why, sizeof(why));
+        err = group_check(m->ro, m->size, &bounds, &sum, why, sizeof(why));
         if (err < 0)
                 return dlx__fail(-EPROTO, "group '%s' from the daemon: %s", name, why);
+        data = (uint8_t *)m->ro;
+        if (device && (err = open_device_group(c, p, stream, &gpu, &data)) < 0)
+                return err;
         g = calloc(1, sizeof(*g));
         size_t n = wanted ? nwanted : sum.count;
         if (g) {
@@ -873,8 +1226,9 @@ static int build_group(dlx_client *c, struct pending *p, const char *name,
                 int64_t *dims = (int64_t *)group_member_dims(m->ro, gm);
                 g->index[i] = (uint32_t)k;
                 g->tensors[i] = (DLTensor){
-                        .data = (void *)(m->ro + gm->offset),
-                        .device = {kDLCPU, 0},
+                        .data = data + gm->offset,
+                        .device =
+                                device ? (DLDevice){kDLCUDA, t->device_id} : (DLDevice){kDLCPU, 0},
                         .ndim = gm->ndim,
                         .dtype = {gm->dtype_code, gm->dtype_bits, gm->dtype_lanes},
                         .shape = gm->ndim ? dims : NULL,
@@ -883,14 +1237,18 @@ static int build_group(dlx_client *c, struct pending *p, const char *name,
                 };
         }
         g->c = c;
-        g->map = m;
+        g->map = p->map;
+        g->table_map = device ? m : NULL;
         g->base = m->ro;
+        g->storage = t->storage;
+        g->has_gpu = device;
+        g->gpu = gpu;
         g->lease = p->rep.acquire.lease;
         g->version = t->version;
         g->count = n;
         g->whole = !wanted;
         atomic_init(&g->refs, 1);
-        p->map = NULL;
+        p->map = p->table_map = NULL;
         dlx__client_ref(c);
         pthread_mutex_lock(&c->lock);
         c->nacquired++;
@@ -902,6 +1260,12 @@ fail:
                 free(g->index);
                 free(g->tensors);
                 free(g);
+        }
+        if (device) {
+                struct wire_request ignored = {.type = WIRE_REQ_RELEASE};
+                pthread_mutex_lock(&c->lock);
+                dlx__gpu_release(c, &gpu, &ignored);
+                pthread_mutex_unlock(&c->lock);
         }
         return err;
 }
@@ -935,7 +1299,8 @@ static int held_acquire_group(dlx_client *c, const char *name, const char *const
         if (err == 0 && (p.rep.type != WIRE_REP_ACQUIRE || !p.rep.acquire.tensor.members))
                 err = dlx__fail(-EPROTO, "the daemon answered a group acquire with something else");
         if (err == 0)
-                err = build_group(c, &p, name, wanted, nwanted, ret_group);
+                err = build_group(c, &p, name, wanted, nwanted, opts ? opts->stream : NULL,
+                                  ret_group);
         if (err < 0 && p.rep.status == WIRE_OK && p.rep.type == WIRE_REP_ACQUIRE)
                 dlx__give_back(c, p.rep.acquire.lease); /* granted but unusable here */
         dlx__pending_done(c, &p);
@@ -1015,7 +1380,10 @@ int dlx_group_take(dlx_group *g, size_t i, DLManagedTensorVersioned **ret_tensor
                 version = g->version;
                 pthread_mutex_unlock(&g->lock);
         }
-        err = dlx__acquired_member(&g->tensors[i], gm->flags, writable,
+        /* device memory refuses writes where it was mapped for reading only (VMM) */
+        bool protect = g->has_gpu ? g->map && !g->map->ro_writable : !writable;
+        err = dlx__acquired_member(&g->tensors[i], gm->flags, writable, protect,
+                                   g->alloc ? WIRE_STORAGE_MEMFD : g->storage,
                                    group_member_name(g->base, gm), version, group_unref, g,
                                    ret_tensor);
         if (err < 0)
@@ -1097,7 +1465,7 @@ int dlx_group_alloc(dlx_client *c, const struct dlx_member_layout *layouts, size
                                 (unsigned long long)at);
                 goto fail;
         }
-        fd = segment_new(NULL, sorted, count, &tp, at);
+        fd = segment_new(NULL, sorted, count, &tp, at, GROUP_FORMAT);
         if (fd < 0) {
                 err = dlx__fail(fd, "cannot make the group's shared memory: %s", strerror(-fd));
                 goto fail;

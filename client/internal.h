@@ -81,6 +81,10 @@ struct pending {
         int err;             /* transport failure, or a local failure while dispatching */
         int fd;              /* received with the reply, -1; consumed by dispatch for acquires */
         struct seg_map *map; /* acquire/alloc: the mapping, one reference taken */
+        /* a device group's acquire (1.4): its table's segment, whose fd came first, -1 */
+        int table_fd;
+        uint64_t table_seg, table_size;
+        struct seg_map *table_map;   /* the table's mapping, one reference taken */
         char why[DLX_ERROR_MAX + 1]; /* detail of a local failure while dispatching */
         struct wire_reply rep;
 };
@@ -387,6 +391,19 @@ DLX_HIDDEN struct seg_map *dlx__arena_find(dlx_client *c, uint32_t kind, const v
                                            int64_t lo, int64_t hi);
 
 /* ---- tensor.c ---- */
+/*
+ * Registers h for the RELEASED of the zero-copy publish req is about to make
+ * of tensor (h's gpu set already): a token for req. Lock held.
+ */
+DLX_HIDDEN void dlx__held_insert(dlx_client *c, struct held *h, const char *name,
+                                 DLManagedTensorVersioned *tensor, struct wire_request *req);
+/*
+ * The publish of h (token) was answered: err 0 notes its version, unless the
+ * version is already released; else h is undone and freed, its tensor the
+ * caller's again. Lock not held.
+ */
+DLX_HIDDEN void dlx__held_answered(dlx_client *c, struct held *h, uint64_t token, int err,
+                                   uint64_t version);
 DLX_HIDDEN void dlx__info_from_wire(const struct wire_info *w, struct dlx_info *info);
 
 /* ---- track.c ---- */
@@ -399,11 +416,14 @@ DLX_HIDDEN void dlx__track_final(dlx_client *c);
  * A tensor of its own for t, a group member (tensor.c) with its DLPack flags: an acquired tensor
  * whose deleter calls drop(hold) instead of releasing a lease, so that
  * dlx_tensor_info() and the exchange API treat it as any acquired tensor.
- * t's shape and strides are copied; its data stays. Returns 0 or -ENOMEM.
+ * t's shape and strides are copied; its data stays. write_protected: its
+ * mapping refuses writes; storage: the wire storage kind of its memory.
+ * Returns 0 or -ENOMEM.
  */
 DLX_HIDDEN int dlx__acquired_member(const DLTensor *t, uint64_t flags, bool writable,
-                                    const char *name, uint64_t version, void (*drop)(void *hold),
-                                    void *hold, DLManagedTensorVersioned **ret);
+                                    bool write_protected, uint32_t storage, const char *name,
+                                    uint64_t version, void (*drop)(void *hold), void *hold,
+                                    DLManagedTensorVersioned **ret);
 DLX_HIDDEN const DLManagedTensorVersioned *dlx__exchange_unwrap(const DLManagedTensorVersioned *t);
 
 #endif /* DLX_CLIENT_INTERNAL_H */

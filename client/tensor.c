@@ -189,9 +189,9 @@ static int build_acquired(dlx_client *c, struct pending *p, void *stream,
         return 0;
 }
 
-int dlx__acquired_member(const DLTensor *t, uint64_t flags, bool writable, const char *name,
-                         uint64_t version, void (*drop)(void *hold), void *hold,
-                         DLManagedTensorVersioned **ret)
+int dlx__acquired_member(const DLTensor *t, uint64_t flags, bool writable, bool write_protected,
+                         uint32_t storage, const char *name, uint64_t version,
+                         void (*drop)(void *hold), void *hold, DLManagedTensorVersioned **ret)
 {
         struct acquired *a = calloc(1, sizeof(*a) + 2 * (size_t)t->ndim * sizeof(int64_t));
 
@@ -200,9 +200,8 @@ int dlx__acquired_member(const DLTensor *t, uint64_t flags, bool writable, const
         a->drop = drop;
         a->hold = hold;
         a->version = version;
-        a->storage = WIRE_STORAGE_MEMFD;
-        /* a group's segment is sealed, and mapped read-only (but one being filled in place) */
-        a->write_protected = !writable;
+        a->storage = storage;
+        a->write_protected = write_protected;
         wire_strcpy(a->name, sizeof(a->name), name);
         acquired_init(a, t,
                       writable ? flags & ~(uint64_t)DLPACK_FLAG_BITMASK_READ_ONLY
@@ -404,6 +403,33 @@ int dlx_alloc(dlx_client *c, const DLTensor *proto, DLManagedTensorVersioned **r
 static int cmp_token(const void *key, const struct avl_node *n)
 {
         return avl_cmp_u64(*(const uint64_t *)key, avl_entry(n, struct held, node)->token);
+}
+
+void dlx__held_insert(dlx_client *c, struct held *h, const char *name,
+                      DLManagedTensorVersioned *tensor, struct wire_request *req)
+{
+        h->token = c->next_token++;
+        h->tensor = tensor;
+        snprintf(h->name, sizeof(h->name), "%s", name);
+        avl_insert(&c->held, &h->node, &h->token, cmp_token);
+        req->publish.token = h->token;
+}
+
+void dlx__held_answered(dlx_client *c, struct held *h, uint64_t token, int err, uint64_t version)
+{
+        pthread_mutex_lock(&c->lock);
+        if (err == 0) {
+                /* unless it is already released (and h gone), note its version */
+                if (avl_find(&c->held, &token, cmp_token) == &h->node)
+                        h->version = version;
+        } else {
+                avl_remove(&c->held, &h->node);
+                if (h->has_gpu)
+                        dlx__gpu_publish_undo(c, &h->gpu);
+        }
+        pthread_mutex_unlock(&c->lock);
+        if (err < 0)
+                free(h);
 }
 
 /* Copies [lo, hi) around the data pointer into a fresh sealed memfd; returns the fd. */
@@ -608,11 +634,7 @@ static int held_publish(dlx_client *c, const char *name, DLManagedTensorVersione
                         }
                 }
                 /* registered before the request: RELEASED may follow the reply at once */
-                h->token = c->next_token++;
-                h->tensor = tensor;
-                snprintf(h->name, sizeof(h->name), "%s", name);
-                avl_insert(&c->held, &h->node, &h->token, cmp_token);
-                req.publish.token = h->token;
+                dlx__held_insert(c, h, name, tensor, &req);
         }
         pthread_mutex_unlock(&c->lock);
 
@@ -662,24 +684,12 @@ static int held_publish(dlx_client *c, const char *name, DLManagedTensorVersione
                 err = dlx__fail(-EPROTO, "the daemon answered publish with something else");
         if (err == 0 && ret_version)
                 *ret_version = p.rep.publish.version;
-        if (err == 0 && h) {
-                pthread_mutex_lock(&c->lock);
-                /* unless it is already released (and h gone), note its version */
-                if (avl_find(&c->held, &req.publish.token, cmp_token) == &h->node)
-                        h->version = p.rep.publish.version;
-                pthread_mutex_unlock(&c->lock);
-        }
+        /* refused, a zero-copy publish leaves the tensor ours to delete */
+        if (h)
+                dlx__held_answered(c, h, req.publish.token, err, p.rep.publish.version);
         dlx__pending_done(c, &p);
         if (err == 0 || !h)
                 return err;
-
-        /* the daemon refused a zero-copy publish: the tensor is ours to delete */
-        pthread_mutex_lock(&c->lock);
-        avl_remove(&c->held, &h->node);
-        if (h->has_gpu)
-                dlx__gpu_publish_undo(c, &h->gpu);
-        pthread_mutex_unlock(&c->lock);
-        free(h);
 out_delete:
         delete_tensor(tensor);
         return err;

@@ -240,27 +240,27 @@ static void fds_refresh(struct conn *c)
  * that no number of peers (or uids) that do not read can stop the others, or
  * new clients, from getting theirs.
  */
-static bool fd_share(const struct conn *c)
+static bool fd_share(const struct conn *c, unsigned n)
 {
         const struct server *srv = c->srv;
 
-        return quota_fair_share(srv->fds_budget, srv->fds_unread, c->session->use->unread, 1,
+        return quota_fair_share(srv->fds_budget, srv->fds_unread, c->session->use->unread, n,
                                 QUOTA_HALF);
 }
 
 static bool fd_room(const struct conn *c)
 {
-        return c->fds_unread < CONN_MAX_FDS_UNREAD && fd_share(c);
+        return c->fds_unread < CONN_MAX_FDS_UNREAD && fd_share(c, 1);
 }
 
-bool conn_fd_share(void *ctx)
+bool conn_fd_share(void *ctx, unsigned n)
 {
         struct conn *c = ctx;
 
-        if (fd_share(c))
+        if (fd_share(c, n))
                 return true;
         fds_refresh(c);
-        return fd_share(c);
+        return fd_share(c, n);
 }
 
 bool conn_fd_room(void *ctx)

@@ -114,8 +114,8 @@ void conn_check_stalled(struct server *srv);
 
 /* Whether one more descriptor may be sent to this session's peer without waiting. */
 bool conn_fd_room(void *ctx);
-/* Whether the peer's uid has room for one more descriptor in flight (session_io.fd_share). */
-bool conn_fd_share(void *ctx);
+/* Whether the peer's uid has room for n more descriptors in flight (session_io.fd_share). */
+bool conn_fd_share(void *ctx, unsigned n);
 
 /* Ends lingering sockets (linger()) whose peers have read or closed; all when all is set. */
 void conn_check_lingering(struct server *srv, bool all);

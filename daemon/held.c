@@ -114,7 +114,7 @@ void registry_alloc(struct session *s, const struct wire_request *req, int fd)
                 return;
         }
         /* a memfd of ours goes back with the reply: the uid must have room for it in flight */
-        if (fd < 0 && s->io.fd_share && !s->io.fd_share(s->io.ctx)) {
+        if (fd < 0 && s->io.fd_share && !s->io.fd_share(s->io.ctx, 1)) {
                 session_fail(s, req->id, -EAGAIN,
                              "alloc: the clients of uid %u hold %u descriptors unread, their "
                              "share of what the daemon may have in flight: read them, or close",

@@ -28,7 +28,7 @@ void grant(struct session *s, uint64_t req_id, struct version *v, bool group)
                         !seg->fd_readonly;
         struct wire_reply rep;
         struct lease *l;
-        struct known *k;
+        struct known *k, *kt = NULL;
 
         if (group != (v->members > 0)) {
                 /* a client of 1.2 or older knows neither status: it gets EINVAL */
@@ -42,6 +42,13 @@ void grant(struct session *s, uint64_t req_id, struct version *v, bool group)
                                      v->entry->name);
                 return;
         }
+        if (v->table && s->minor < 4) {
+                session_fail(s, req_id, -ENOTSUP,
+                             "'%s' is a group in device memory, which needs protocol 1.4; this "
+                             "client speaks 1.%u",
+                             v->entry->name, (unsigned)s->minor);
+                return;
+        }
         if (reg->lim.max_leases && s->leases.count >= reg->lim.max_leases) {
                 session_fail(s, req_id, -EAGAIN, "this client holds %u leases already (the limit)",
                              reg->lim.max_leases);
@@ -50,9 +57,13 @@ void grant(struct session *s, uint64_t req_id, struct version *v, bool group)
         l = calloc(1, sizeof(*l));
         /* an IPC handle travels in the descriptor itself: no fd to track */
         k = seg->fd >= 0 ? known_add(s, seg) : NULL;
-        if (!l || (seg->fd >= 0 && !k)) {
+        /* a device group's table is a sealed memfd of its own, always mapped read-only */
+        if (v->table)
+                kt = known_add(s, v->table);
+        if (!l || (seg->fd >= 0 && !k) || (v->table && !kt)) {
                 free(l);
                 known_drop_unsent(s, k);
+                known_drop_unsent(s, kt);
                 session_fail(s, req_id, -ENOMEM, "out of memory");
                 return;
         }
@@ -62,10 +73,13 @@ void grant(struct session *s, uint64_t req_id, struct version *v, bool group)
          * (unless the segment is sealed, when no view of it writes anyway).
          */
         bool send_fd = k && (writable ? !k->rw : !(k->ro || (k->rw && seg->write_sealed)));
+        bool send_table = kt && !kt->ro && !kt->rw;
+        unsigned nfds = send_fd + send_table;
 
-        if (send_fd && s->io.fd_share && !s->io.fd_share(s->io.ctx)) {
+        if (nfds && s->io.fd_share && !s->io.fd_share(s->io.ctx, nfds)) {
                 free(l);
                 known_drop_unsent(s, k);
+                known_drop_unsent(s, kt);
                 session_fail(s, req_id, -EAGAIN,
                              "the clients of uid %u hold %u descriptors unread, their share of "
                              "what the daemon may have in flight: read them, or close",
@@ -79,6 +93,15 @@ void grant(struct session *s, uint64_t req_id, struct version *v, bool group)
         reg->nleases++;
         reg->acquires++;
 
+        if (send_table) {
+                /* first, in a frame of its own: a frame carries one fd */
+                reply_init(&rep, req_id, WIRE_REP_SEGMENT);
+                rep.segment.segment = v->table->id;
+                rep.segment.size = v->table->size;
+                if (session_send_segment(s, &rep, v->table) == 0)
+                        kt->ro = true;
+                known_drop_unsent(s, kt);
+        }
         reply_init(&rep, req_id, WIRE_REP_ACQUIRE);
         version_describe(v, &rep.acquire.tensor);
         if (!writable)

@@ -44,6 +44,7 @@ struct version {
         struct entry *entry;
         struct session *producer; /* NULL once it has gone */
         struct segment *seg;      /* one reference */
+        struct segment *table;    /* a device group's table (proto/group.h), one reference */
         uint64_t version;
         uint64_t token;
         uint64_t published_ns;

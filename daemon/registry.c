@@ -100,6 +100,8 @@ void version_destroy(struct registry *reg, struct version *v)
         free(v->rel_owners);
         list_remove(&v->link);
         segment_unref(reg->store, v->seg);
+        if (v->table)
+                segment_unref(reg->store, v->table);
         count_take(reg->nversions, 1);
         log_debug("%s v%llu gone", e->name, (unsigned long long)v->version);
         free(v);
@@ -154,6 +156,7 @@ void version_describe(const struct version *v, struct wire_tensor *t)
         t->flags = v->flags;
         t->storage = v->storage;
         t->members = v->members;
+        t->table_segment = v->table ? v->table->id : 0;
         t->segment = v->seg->id;
         t->offset = v->offset;
         t->length = v->length;
@@ -319,11 +322,23 @@ static int check_access(const struct wire_tensor *t, struct segment *seg, char *
         return err;
 }
 
-/* What a group's table is checked against: the limits, its members' bytes after it. */
-static struct group_bounds group_bounds_of(const struct registry *reg)
+/*
+ * What a group's table is checked against: the limits, and where its
+ * members' bytes are: after it (apart_size 0), or in the first apart_size
+ * bytes of a device group's memory (what its tensor describes).
+ */
+static struct group_bounds group_bounds_of(const struct registry *reg, uint64_t apart_size)
 {
         return (struct group_bounds){.max_count = reg->lim.max_group_members,
-                                     .max_table = reg->lim.max_group_table};
+                                     .max_table = reg->lim.max_group_table,
+                                     .apart_size = apart_size};
+}
+
+/* A device group (1.4): members in CUDA memory, the table in a memfd of its own. */
+static bool device_group(const struct wire_tensor *t)
+{
+        return t->members &&
+               (t->storage == WIRE_STORAGE_CUDA_VMM || t->storage == WIRE_STORAGE_CUDA_IPC);
 }
 
 /*
@@ -333,29 +348,39 @@ static struct group_bounds group_bounds_of(const struct registry *reg)
  * it and reads its head into *head; check_table() the rest. The publish's
  * tensor must describe the table's data area as bytes, so that stat and
  * list describe a group as they describe a tensor (a peer that knows no
- * groups is refused its acquire: grant()).
+ * groups is refused its acquire: grant()). table is the group's segment,
+ * or a device group's table segment, whose members are in data.
  */
-static int check_group(struct session *s, const struct wire_request *req, int fd,
-                       struct segment *seg, struct group_head *head, char *why, size_t whysz)
+static int check_group(struct session *s, const struct wire_request *req, bool attached,
+                       struct segment *table, const struct segment *data, struct group_head *head,
+                       char *why, size_t whysz)
 {
         const struct wire_tensor *t = &req->publish.tensor;
 
-        if (fd < 0 || req->publish.hold || t->storage != WIRE_STORAGE_MEMFD) {
-                snprintf(why, whysz, "a group travels in a memfd of its own, attached");
+        if (!attached || req->publish.hold || (!data && t->storage != WIRE_STORAGE_MEMFD)) {
+                snprintf(why, whysz,
+                         data ? "a device group's table travels in a memfd of its own, attached"
+                              : "a group travels in a memfd of its own, attached");
                 return -EINVAL;
         }
-        if (!(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY) || !seg->write_sealed) {
+        if (!(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY) || !table->write_sealed) {
                 snprintf(why, whysz, "a group is read-only: writable groups are not supported");
                 return -ENOTSUP;
         }
-        if (seg->size < sizeof(*head) ||
-            pread(seg->fd, head, sizeof(*head), 0) != (ssize_t)sizeof(*head)) {
+        if (table->size < sizeof(*head) ||
+            pread(table->fd, head, sizeof(*head), 0) != (ssize_t)sizeof(*head)) {
                 snprintf(why, whysz, "a group segment of %llu bytes has no room for its head",
-                         (unsigned long long)seg->size);
+                         (unsigned long long)table->size);
                 return -EINVAL;
         }
-        struct group_bounds b = group_bounds_of(s->reg);
-        return group_check_head(head, seg->size, &b, why, whysz);
+        if (data && (t->offset || !t->length)) {
+                snprintf(why, whysz,
+                         "a device group's tensor describes its memory from offset 0, as "
+                         "many bytes as its members span");
+                return -EINVAL;
+        }
+        struct group_bounds b = group_bounds_of(s->reg, data ? t->length : 0);
+        return group_check_head(head, table->size, &b, why, whysz);
 }
 
 /*
@@ -415,15 +440,17 @@ static int check_table(int fd, uint64_t size, const struct group_head *head,
                 free(table);
         if (err < 0)
                 return err;
+        /* a device group's data area is its device memory, whole */
+        uint64_t data_off = b->apart_size ? 0 : sum.data_off;
         if (sum.count != t->members || t->dtype.code != kDLUInt || t->dtype.bits != 8 ||
             t->dtype.lanes != 1 || t->ndim != 1 || (uint64_t)t->shape[0] != sum.data_bytes ||
-            t->strides[0] != 1 || t->byte_offset || t->offset != sum.data_off ||
+            t->strides[0] != 1 || t->byte_offset || t->offset != data_off ||
             t->length != sum.data_bytes) {
                 snprintf(why, whysz,
                          "the group's tensor must describe its %u members' data area as %llu "
                          "bytes from offset %llu",
                          sum.count, (unsigned long long)sum.data_bytes,
-                         (unsigned long long)sum.data_off);
+                         (unsigned long long)data_off);
                 return -EINVAL;
         }
         return 0;
@@ -537,10 +564,11 @@ static int publish_segment(struct session *s, const struct wire_request *req, in
 /*
  * The rest of a publish, once its segment and descriptor passed (err 0) or
  * failed (err, with why): the version, its reply and its events. attached:
- * the publish came with an fd. Takes seg's reference.
+ * the publish came with an fd (seg's). Takes seg's reference, and table's (a
+ * device group's table segment, else NULL).
  */
 static void publish_finish(struct session *s, const struct wire_request *req, bool attached,
-                           struct segment *seg, int err, const char *why_in)
+                           struct segment *seg, struct segment *table, int err, const char *why_in)
 {
         struct registry *reg = s->reg;
         const struct wire_tensor *t = &req->publish.tensor;
@@ -572,6 +600,8 @@ static void publish_finish(struct session *s, const struct wire_request *req, bo
         if (err < 0) {
                 free(v);
                 segment_unref(reg->store, seg);
+                if (table)
+                        segment_unref(reg->store, table);
                 if (e)
                         entry_maybe_free(reg, e);
                 session_fail(s, req->id, err, "%s", why);
@@ -580,6 +610,7 @@ static void publish_finish(struct session *s, const struct wire_request *req, bo
         v->entry = e;
         v->producer = s;
         v->seg = seg;
+        v->table = table;
         v->version = ++e->last_version;
         v->token = req->publish.token;
         v->published_ns = realtime_ns();
@@ -650,7 +681,8 @@ struct group_job {
         struct registry *reg;
         struct session *s; /* NULL once the session has ended: the publish is dropped */
         struct wire_request req;
-        struct segment *seg; /* one reference */
+        struct segment *table; /* one reference: the segment whose table is read */
+        struct segment *data;  /* a device group's memory, one reference; else NULL */
         int fd;
         uint64_t size;
         struct group_head head;
@@ -673,7 +705,9 @@ static void group_job_done(uv_work_t *w, int status)
         struct session *s = job->s;
 
         if (!s) {
-                segment_unref(job->reg->store, job->seg);
+                segment_unref(job->reg->store, job->table);
+                if (job->data)
+                        segment_unref(job->reg->store, job->data);
                 free(job);
                 return;
         }
@@ -685,14 +719,21 @@ static void group_job_done(uv_work_t *w, int status)
                 snprintf(job->why, sizeof(job->why), "cannot read the group's table: %s",
                          strerror(job->read_errno));
         }
-        publish_finish(s, &job->req, true, job->seg, job->err, job->why);
+        if (job->data)
+                publish_finish(s, &job->req, false, job->data, job->table, job->err, job->why);
+        else
+                publish_finish(s, &job->req, true, job->table, NULL, job->err, job->why);
         free(job);
         if (s->io.resume)
                 s->io.resume(s->io.ctx);
 }
 
-/* Queues the check of seg's table; false where it cannot be (then the caller checks it). */
-static bool group_job_start(struct session *s, const struct wire_request *req, struct segment *seg,
+/*
+ * Queues the check of table's table (data: as check_group()); false where it
+ * cannot be (then the caller checks it). Takes both references when queued.
+ */
+static bool group_job_start(struct session *s, const struct wire_request *req,
+                            struct segment *table, struct segment *data,
                             const struct group_head *head)
 {
         struct registry *reg = s->reg;
@@ -704,11 +745,12 @@ static bool group_job_start(struct session *s, const struct wire_request *req, s
         job->reg = reg;
         job->s = s;
         job->req = *req;
-        job->seg = seg;
-        job->fd = seg->fd;
-        job->size = seg->size;
+        job->table = table;
+        job->data = data;
+        job->fd = table->fd;
+        job->size = table->size;
         job->head = *head;
-        job->bounds = group_bounds_of(reg);
+        job->bounds = group_bounds_of(reg, data ? req->publish.tensor.length : 0);
         if (uv_queue_work(reg->loop, &job->work, group_job_work, group_job_done) < 0) {
                 free(job);
                 return false;
@@ -725,11 +767,43 @@ void registry_group_job_orphan(struct session *s)
         }
 }
 
+/*
+ * A device group's table: the memfd attached to its publish, adopted and
+ * sealed against writing (a group is read-only). fd is consumed.
+ */
+static int adopt_table(struct session *s, int fd, struct segment **ret, char *why, size_t whysz)
+{
+        const char *reason = NULL;
+        int err;
+
+        *ret = NULL;
+        if (fd < 0) {
+                snprintf(why, whysz,
+                         "a device group's table travels in a memfd of its own, "
+                         "attached");
+                return -EBADF;
+        }
+        err = store_adopt(s->reg->store, fd, WIRE_STORAGE_MEMFD, 0, s->uid, ret, &reason);
+        if (err < 0) {
+                snprintf(why, whysz, "the group's table: %s", reason ? reason : strerror(-err));
+                return err;
+        }
+        err = segment_seal_ro(*ret, &reason);
+        if (err < 0) {
+                snprintf(why, whysz, "the group's table cannot be read-only: %s", reason);
+                segment_unref(s->reg->store, *ret);
+                *ret = NULL;
+        }
+        return err;
+}
+
 void registry_publish(struct session *s, const struct wire_request *req, int fd)
 {
         struct registry *reg = s->reg;
         const struct wire_tensor *t = &req->publish.tensor;
-        struct segment *seg = NULL;
+        struct segment *seg = NULL, *table = NULL;
+        bool device = device_group(t);
+        int table_fd = -1;
         struct entry *e;
         char why[320];
         int err;
@@ -746,31 +820,48 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
                 session_fail(s, req->id, -EAGAIN, "publish '%s': %s", t->name, why);
                 return;
         }
+        if (device && s->minor < 4) {
+                fd_drop(&fd);
+                session_fail(s, req->id, -ENOTSUP,
+                             "publish '%s': a group in device memory needs protocol 1.4; this "
+                             "client speaks 1.%u",
+                             t->name, (unsigned)s->minor);
+                return;
+        }
+        if (device) {
+                /* the attached fd is the table's: the members' memory is held, or a handle */
+                table_fd = fd;
+                fd = -1;
+        }
         err = publish_segment(s, req, fd, &seg, why, sizeof(why));
         if (err < 0) {
+                fd_drop(&table_fd);
                 session_fail(s, req->id, err, "publish '%s': %s", t->name, why);
                 return;
         }
-
-        err = check_extent(t, seg, why, sizeof(why));
+        if (device)
+                err = adopt_table(s, table_fd, &table, why, sizeof(why));
+        if (err == 0)
+                err = check_extent(t, seg, why, sizeof(why));
         if (err == 0)
                 err = check_access(t, seg, why, sizeof(why));
         if (err == 0 && t->members) {
+                struct segment *tseg = device ? table : seg, *data = device ? seg : NULL;
                 struct group_head head;
-                struct group_bounds b = group_bounds_of(reg);
+                struct group_bounds b = group_bounds_of(reg, device ? t->length : 0);
                 int read_errno = 0;
-                err = check_group(s, req, fd, seg, &head, why, sizeof(why));
+                err = check_group(s, req, device || fd >= 0, tseg, data, &head, why, sizeof(why));
                 if (err == 0 && head.data_off > GROUP_CHECK_INLINE &&
-                    group_job_start(s, req, seg, &head))
+                    group_job_start(s, req, tseg, data, &head))
                         return; /* group_job_done() goes on */
                 if (err == 0)
-                        err = check_table(seg->fd, seg->size, &head, t, &b, &read_errno, why,
+                        err = check_table(tseg->fd, tseg->size, &head, t, &b, &read_errno, why,
                                           sizeof(why));
                 if (read_errno)
                         snprintf(why, sizeof(why), "cannot read the group's table: %s",
                                  strerror(read_errno));
         }
-        publish_finish(s, req, fd >= 0, seg, err, why);
+        publish_finish(s, req, fd >= 0, seg, table, err, why);
 }
 
 void registry_unpublish(struct session *s, const struct wire_request *req)

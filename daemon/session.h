@@ -33,12 +33,12 @@ struct session_io {
         /* Whether an fd sent now would go without waiting for the peer to read (NULL: yes). */
         bool (*fd_room)(void *ctx);
         /*
-         * Whether the peer's uid has room for one more descriptor in flight,
+         * Whether the peer's uid has room for n more descriptors in flight,
          * whatever this peer itself has unread (NULL: yes). A reply with an fd
          * past it is refused (-EAGAIN), not kept waiting: what the uid's peers
          * hold unread may stay so for ever.
          */
-        bool (*fd_share)(void *ctx);
+        bool (*fd_share)(void *ctx, unsigned n);
         /* Ends the connection soon, from the loop, not within this call (NULL: nothing). */
         void (*end)(void *ctx);
         /*

@@ -239,6 +239,7 @@ static int tensor_to_pb(const struct wire_tensor *src, struct tensor_pb *pb)
         pb->t.pid_namespace = src->pid_namespace;
         pb->t.event_session = src->event_session;
         pb->t.members = src->members;
+        pb->t.table_segment = src->table_segment;
         return 0;
 }
 
@@ -310,6 +311,7 @@ static int tensor_from_pb(const Dlxp__Tensor *src, struct wire_tensor *dst, char
         dst->pid_namespace = src->pid_namespace;
         dst->event_session = src->event_session;
         dst->members = src->members;
+        dst->table_segment = src->table_segment;
         return 0;
 }
 
@@ -730,6 +732,7 @@ struct reply_pb {
                 Dlxp__WatchReply watch;
                 Dlxp__TrackReply track;
                 Dlxp__AllocReply alloc;
+                Dlxp__SegmentReply segment;
                 Dlxp__StatsReply stats;
                 Dlxp__Pong pong;
                 Dlxp__Event event;
@@ -898,6 +901,13 @@ static int reply_to_pb(const struct wire_reply *p, struct reply_pb *s)
                 s->alloc.size = p->alloc.size;
                 r->body_case = DLXP__REPLY__BODY_ALLOC;
                 r->alloc = &s->alloc;
+                return 0;
+        case WIRE_REP_SEGMENT:
+                dlxp__segment_reply__init(&s->segment);
+                s->segment.segment = p->segment.segment;
+                s->segment.size = p->segment.size;
+                r->body_case = DLXP__REPLY__BODY_SEGMENT;
+                r->segment = &s->segment;
                 return 0;
         case WIRE_REP_STATS:
                 dlxp__stats_reply__init(&s->stats);
@@ -1074,6 +1084,11 @@ static int reply_from_pb(const Dlxp__Reply *r, struct wire_reply *p, char *why, 
                 p->type = WIRE_REP_ALLOC;
                 p->alloc.segment = r->alloc->segment;
                 p->alloc.size = r->alloc->size;
+                return 0;
+        case DLXP__REPLY__BODY_SEGMENT:
+                p->type = WIRE_REP_SEGMENT;
+                p->segment.segment = r->segment->segment;
+                p->segment.size = r->segment->size;
                 return 0;
         case DLXP__REPLY__BODY_STATS:
                 p->type = WIRE_REP_STATS;

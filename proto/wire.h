@@ -82,7 +82,8 @@ struct wire_tensor {
         uint8_t device_uuid[DLX_CUDA_UUID];
         uint64_t pid_namespace;
         uint64_t event_session;
-        uint32_t members; /* a group's (1.3); 0: a tensor */
+        uint32_t members;       /* a group's (1.3); 0: a tensor */
+        uint64_t table_segment; /* a device group's table (1.4); 0: none */
 };
 
 struct wire_info {
@@ -197,6 +198,7 @@ enum wire_reply_type {
         WIRE_REP_PONG,
         WIRE_REP_EVENT,
         WIRE_REP_TRACK,
+        WIRE_REP_SEGMENT, /* (1.4) a segment the next reply names, its fd attached */
 };
 
 enum wire_event_kind {
@@ -285,7 +287,7 @@ struct wire_reply {
                 struct {
                         uint64_t segment;
                         uint64_t size;
-                } alloc;
+                } alloc, segment;
                 struct wire_stats stats;
                 struct {
                         uint64_t nonce;

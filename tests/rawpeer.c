@@ -245,6 +245,11 @@ void rp_expect_error(int sock, uint64_t id, enum wire_status status, struct wire
 
 int rp_connect(const char *socket_path, const char *name)
 {
+        return rp_connect_minor(socket_path, name, DLX_PROTO_MINOR);
+}
+
+int rp_connect_minor(const char *socket_path, const char *name, uint32_t minor)
+{
         struct sockaddr_un addr = {.sun_family = AF_UNIX};
         struct wire_request req = {.id = 1, .type = WIRE_REQ_HELLO};
         int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), ring = -1;
@@ -255,7 +260,7 @@ int rp_connect(const char *socket_path, const char *name)
         ck_assert_msg(connect(sock, (struct sockaddr *)&addr, sizeof(addr)) == 0, "connect: %s",
                       strerror(errno));
         req.hello.major = DLX_PROTO_MAJOR;
-        req.hello.minor = DLX_PROTO_MINOR;
+        req.hello.minor = minor;
         snprintf(req.hello.client_name, sizeof(req.hello.client_name), "%s", name);
         rp_send(sock, &req, -1);
         rp_expect_ok(sock, 1, WIRE_REP_HELLO, NULL, &ring);

@@ -83,5 +83,7 @@ uint64_t rp_alloc(int sock, uint64_t id, uint64_t size, int *ret_fd);
  * ring's fd, if one came, is closed: a raw peer releases with frames.
  */
 int rp_connect(const char *socket, const char *name);
+/* The same, saying it speaks protocol 1.minor. */
+int rp_connect_minor(const char *socket, const char *name, uint32_t minor);
 
 #endif /* DLX_TESTS_RAWPEER_H */

@@ -77,6 +77,7 @@ struct shared_area {
         int runs[SLOTS];         /* deleter runs per slot */
         uint64_t run_log[SLOTS]; /* the log's length when that deleter last ran */
         uint64_t producer_pid;   /* the producer of the test */
+        uint64_t group_ipc;      /* device groups: the consumer expects cuda-ipc memory */
         uint64_t publish_log;    /* the log's length before the producer published */
 };
 
@@ -5182,6 +5183,288 @@ START_TEST(attack_sync_after_producer_killed)
 END_TEST
 
 /* DLX_CUDA_ONLY=<test name> runs one test, every row of a table test (for debugging). */
+/* =============================================================================================
+ * Device groups (protocol 1.4): kDLCUDA members travel as one memory, a VMM segment or one
+ * allocation's IPC handle, with their table beside it and one event; members in several
+ * allocations are copied once on the device, in stream order.
+ */
+
+#define DG_LEN 4096
+#define DG_GAP 64
+
+/* Members "a" (seed 30), "b" tied to it, and "c" (seed 31) at c_off from a; slots 1-3. */
+static void dgroup_members(struct dlx_member *ms, CUdeviceptr a, CUdeviceptr c, int slot0)
+{
+        ms[0] = (struct dlx_member){"a", dev_tensor(kDLCUDA, a, DG_LEN, slot0, 0)};
+        ms[1] = (struct dlx_member){"b", dev_tensor(kDLCUDA, a, DG_LEN, slot0 + 1, 0)};
+        ms[2] = (struct dlx_member){"c", dev_tensor(kDLCUDA, c, DG_LEN, slot0 + 2, 0)};
+}
+
+static int dgroup_consumer(void *arg)
+{
+        struct chan *ch = arg;
+        const char *want = sh->group_ipc ? "cuda-ipc" : "cuda-vmm";
+        enum cuda_fake_op open_op = sh->group_ipc ? CUDA_FAKE_IPC_OPEN_MEM_HANDLE
+                                                  : CUDA_FAKE_MEM_IMPORT_FROM_SHAREABLE_HANDLE;
+        pid_t me = getpid(), producer = (pid_t)sh->producer_pid;
+        DLManagedTensorVersioned *t = NULL;
+        dlx_group *g = NULL, *g2 = NULL;
+        size_t before, after;
+        uint64_t go, ev;
+        dlx_client *c;
+        int err;
+
+        c = child_start(ch, true, "dgroup-consumer", C_STREAM);
+        CHECK(c, "start");
+        before = log_now();
+        err = DLX(dlx_acquire_group(c, "dg", NULL, 0, NULL, &g));
+        after = log_now();
+        CHECK(err == 0, "acquire group: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(dlx_group_count(g) == 3, "%zu members", dlx_group_count(g));
+        for (size_t i = 0; i < 3; i++) {
+                const DLTensor *m = dlx_group_tensor(g, i);
+                CHECK(m->device.device_type == kDLCUDA && m->device.device_id == 0,
+                      "member %zu on %d:%d", i, (int)m->device.device_type,
+                      (int)m->device.device_id);
+                CHECK(m->ndim == 1 && m->shape[0] == DG_LEN, "member %zu's shape", i);
+        }
+        CHECK(strcmp(dlx_group_name(g, 1), "b") == 0, "member 1 is %s", dlx_group_name(g, 1));
+        CHECK(dlx_group_tensor(g, 0)->data == dlx_group_tensor(g, 1)->data,
+              "tied members came apart");
+        CHECK(same(dlx_group_tensor(g, 0)->data, DG_LEN, 30), "a's bytes");
+        CHECK(same(dlx_group_tensor(g, 2)->data, DG_LEN, 31), "c's bytes");
+        CHECK(QCOUNT(.op = open_op, .pid = me) == 1, "%d opens of the group's memory",
+              QCOUNT(.op = open_op, .pid = me));
+        /* one wait, on the consumer's stream, for the producer's one event, before it returns */
+        ev = recorded_event(producer, P_STREAM, sh->publish_log, 0);
+        CHECK(ev != 0, "the producer recorded no event");
+        CHECK(QCOUNT(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = me, .from = before, .to = after) ==
+                      1,
+              "%d stream waits in a group acquire",
+              QCOUNT(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = me, .from = before, .to = after));
+        CHECK(QFIND(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = me, .event = ev, .by_stream = true,
+                    .stream = S(C_STREAM), .from = before, .to = after) >= 0,
+              "stream C did not wait for the producer's event");
+
+        err = DLX(dlx_group_take(g, 2, &t));
+        CHECK(err == 0, "take: %s", dlx_strerror(err));
+        CHECK(strcmp(storage_of(t), want) == 0, "a member's storage is %s", storage_of(t));
+        CHECK(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY, "a member is not read-only");
+        CHECK(t->dl_tensor.data == dlx_group_tensor(g, 2)->data, "a taken member moved");
+
+        /* again: the session holds the table and the memory, nothing is opened twice */
+        err = DLX(dlx_acquire_group(c, "dg", NULL, 0, NULL, &g2));
+        CHECK(err == 0, "acquire group again: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(dlx_group_tensor(g2, 2)->data == dlx_group_tensor(g, 2)->data, "mapped twice");
+        CHECK(QCOUNT(.op = open_op, .pid = me) == 1, "the memory was opened again");
+        dlx_group_release(g2);
+
+        before = log_now();
+        dlx_group_release(g);
+        CHECK(same(t->dl_tensor.data, DG_LEN, 31), "a taken member lost its bytes");
+        DLXV(t->deleter(t));
+        CHECK(QCOUNT(.op = CUDA_FAKE_EVENT_RECORD, .pid = me, .by_stream = true,
+                     .stream = S(C_STREAM), .from = before) == 1,
+              "%d release events recorded on stream C",
+              QCOUNT(.op = CUDA_FAKE_EVENT_RECORD, .pid = me, .by_stream = true,
+                     .stream = S(C_STREAM), .from = before));
+        /* the release events must outlive the producer's wait on them */
+        CHECK(c_tell(ch, 1) == 0, "tell");
+        CHECK(c_hear(ch, &go) == 0, "no end");
+        DLXV(dlx_close(c));
+        return child_done("consumer", true);
+}
+
+/* The parent's part: members published (the caller checked how), then read and released. */
+static void dgroup_share(dlx_client *c, pid_t consumer, struct chan *ch, uint64_t version)
+{
+        struct dlx_info info;
+
+        ck_assert_int_eq(DLX(dlx_stat(c, "dg", &info)), 0);
+        ck_assert_uint_eq(info.members, 3);
+        ck_assert_str_eq(info.storage, sh->group_ipc ? "cuda-ipc" : "cuda-vmm");
+        tell(ch, 1);
+        ck_assert_uint_eq(hear(ch), 1);
+        unpublish_wait(c, "dg", version);
+        ck_assert_msg(cuda_fake_waited(P_STREAM, recorded_event(consumer, C_STREAM, 0, 0)),
+                      "the publish stream did not wait for the reader's release event");
+        tell(ch, 2);
+        reap(consumer, "consumer");
+}
+
+/* Members in dlx_alloc() memory: one VMM segment, no copy, one event, deleted at release. */
+START_TEST(device_group_from_one_arena)
+{
+        struct dlx_publish_options never = {.copy = DLX_COPY_NEVER};
+        DLManagedTensorVersioned *buf;
+        struct dlx_member ms[3];
+        uint64_t version = 0;
+        struct chan ch;
+        uint8_t *data;
+        dlx_client *c;
+        pid_t pid;
+        int err;
+
+        pid = spawn_on(&ch, dgroup_consumer, &ch);
+        c = fx_connect(&fx, "dgroup-producer");
+        ck_assert_int_eq(DLX(dlx_set_stream(c, 0, P_STREAM)), 0);
+        buf = alloc_on(c, kDLCUDA, 2 * DG_LEN + DG_GAP);
+        ck_assert_ptr_nonnull(buf);
+        data = buf->dl_tensor.data;
+        fill(data, DG_LEN, 30);
+        fill(data + DG_LEN + DG_GAP, DG_LEN, 31);
+        dgroup_members(ms, (uintptr_t)data, (uintptr_t)(data + DG_LEN + DG_GAP), 1);
+        sh->producer_pid = (uint64_t)getpid();
+        sh->publish_log = log_now();
+        err = DLX(dlx_publish_group(c, "dg", ms, 3, &never, &version));
+        ck_assert_msg(err == 0, "publish group: %s (%s)", dlx_strerror(err), dlx_last_error());
+        ck_assert(!ms[0].tensor && !ms[1].tensor && !ms[2].tensor);
+        ck_assert_int_eq(
+                QCOUNT(.op = CUDA_FAKE_EVENT_RECORD, .pid = getpid(), .from = sh->publish_log), 1);
+        ck_assert_int_eq(QCOUNT(.op = CUDA_FAKE_MEMCPY_ASYNC, .pid = getpid()), 0);
+        ck_assert_int_eq(QCOUNT(.op = CUDA_FAKE_IPC_GET_MEM_HANDLE, .pid = getpid()), 0);
+        /* published in place: the members live until the version is released */
+        ck_assert_int_eq(runs(1) + runs(2) + runs(3), 0);
+        dgroup_share(c, pid, &ch, version);
+        ck_assert_int_eq(runs(1), 1);
+        ck_assert_int_eq(runs(2), 1);
+        ck_assert_int_eq(runs(3), 1);
+        DLXV(buf->deleter(buf));
+        DLXV(dlx_close(c));
+        assert_nothing_live("producer after close");
+        ck_assert_int_eq(ctx_bad, 0);
+        chan_close(&ch);
+}
+END_TEST
+
+/* Members in one framework allocation: its IPC handle, once, no copy. */
+START_TEST(device_group_of_one_allocation)
+{
+        struct dlx_member ms[3];
+        uint64_t version = 0;
+        CUdeviceptr base;
+        struct chan ch;
+        dlx_client *c;
+        pid_t pid;
+        int err;
+
+        sh->group_ipc = 1;
+        pid = spawn_on(&ch, dgroup_consumer, &ch);
+        base = cuda_fake_malloc(3 * DG_LEN);
+        ck_assert(base != 0);
+        c = fx_connect(&fx, "dgroup-producer");
+        ck_assert_int_eq(DLX(dlx_set_stream(c, 0, P_STREAM)), 0);
+        fill((void *)(uintptr_t)(base + DG_LEN), DG_LEN, 30);
+        fill((void *)(uintptr_t)(base + 2 * DG_LEN), DG_LEN, 31);
+        dgroup_members(ms, base + DG_LEN, base + 2 * DG_LEN, 1);
+        sh->producer_pid = (uint64_t)getpid();
+        sh->publish_log = log_now();
+        err = DLX(dlx_publish_group(c, "dg", ms, 3, NULL, &version));
+        ck_assert_msg(err == 0, "publish group: %s (%s)", dlx_strerror(err), dlx_last_error());
+        ck_assert_int_eq(QCOUNT(.op = CUDA_FAKE_IPC_GET_MEM_HANDLE, .pid = getpid()), 1);
+        ck_assert_msg(QFIND(.op = CUDA_FAKE_IPC_GET_MEM_HANDLE, .pid = getpid(),
+                            .ptr = (uint64_t)base) >= 0,
+                      "the handle is not the allocation's");
+        ck_assert_int_eq(QCOUNT(.op = CUDA_FAKE_MEMCPY_ASYNC, .pid = getpid()), 0);
+        ck_assert_int_eq(
+                QCOUNT(.op = CUDA_FAKE_EVENT_RECORD, .pid = getpid(), .from = sh->publish_log), 1);
+        ck_assert_int_eq(runs(1) + runs(2) + runs(3), 0);
+        dgroup_share(c, pid, &ch, version);
+        ck_assert_int_eq(runs(1) + runs(2) + runs(3), 3);
+        DLXV(dlx_close(c));
+        ck_assert_int_eq(cuda_fake_free(base), CUDA_SUCCESS);
+        assert_nothing_live("producer after close");
+        ck_assert_int_eq(ctx_bad, 0);
+        chan_close(&ch);
+}
+END_TEST
+
+/*
+ * Members in two allocations: refused with DLX_COPY_NEVER (every member
+ * deleted); else copied once into dlx_alloc() memory, a copy per run of
+ * bytes, in order on the producer's stream, which is waited for: the
+ * originals go before the publish returns. The tied members stay tied.
+ */
+START_TEST(device_group_copied_once)
+{
+        struct dlx_publish_options never = {.copy = DLX_COPY_NEVER};
+        struct dlx_member ms[3];
+        uint64_t version = 0;
+        CUdeviceptr a, b;
+        struct chan ch;
+        size_t at;
+        dlx_client *c;
+        pid_t pid;
+        int err;
+
+        pid = spawn_on(&ch, dgroup_consumer, &ch);
+        a = cuda_fake_malloc(DG_LEN);
+        b = cuda_fake_malloc(DG_LEN);
+        ck_assert(a && b);
+        c = fx_connect(&fx, "dgroup-producer");
+        ck_assert_int_eq(DLX(dlx_set_stream(c, 0, P_STREAM)), 0);
+        fill((void *)(uintptr_t)a, DG_LEN, 30);
+        fill((void *)(uintptr_t)b, DG_LEN, 31);
+        dgroup_members(ms, a, b, 4);
+        err = DLX(dlx_publish_group(c, "dg", ms, 3, &never, NULL));
+        ck_assert_int_eq(err, -EXDEV);
+        ck_assert_int_eq(runs(4) + runs(5) + runs(6), 3);
+        ck_assert_int_eq(QCOUNT(.op = CUDA_FAKE_MEMCPY_ASYNC, .pid = getpid()), 0);
+
+        dgroup_members(ms, a, b, 1);
+        sh->producer_pid = (uint64_t)getpid();
+        sh->publish_log = at = log_now();
+        err = DLX(dlx_publish_group(c, "dg", ms, 3, NULL, &version));
+        ck_assert_msg(err == 0, "publish group: %s (%s)", dlx_strerror(err), dlx_last_error());
+        /* a copy per run of bytes: one, where the two allocations happen to touch */
+        int copies = QCOUNT(.op = CUDA_FAKE_MEMCPY_ASYNC, .pid = getpid(), .by_stream = true,
+                            .stream = S(P_STREAM), .from = at);
+        ck_assert_msg(copies == (b == a + DG_LEN || a == b + DG_LEN ? 1 : 2),
+                      "%d copies for two runs of bytes", copies);
+        ck_assert_int_eq(QCOUNT(.op = CUDA_FAKE_MEMCPY_ASYNC, .pid = getpid()), copies);
+        ck_assert_int_eq(QCOUNT(.op = CUDA_FAKE_IPC_GET_MEM_HANDLE, .pid = getpid()), 0);
+        ck_assert_int_eq(QCOUNT(.op = CUDA_FAKE_EVENT_RECORD, .pid = getpid(), .from = at), 1);
+        /* the copies were waited for: the originals went before the publish returned */
+        ck_assert_int_eq(runs(1) + runs(2) + runs(3), 3);
+        ck_assert_int_eq(cuda_fake_free(a), CUDA_SUCCESS);
+        ck_assert_int_eq(cuda_fake_free(b), CUDA_SUCCESS);
+        dgroup_share(c, pid, &ch, version);
+        DLXV(dlx_close(c));
+        assert_nothing_live("producer after close");
+        ck_assert_int_eq(ctx_bad, 0);
+        chan_close(&ch);
+}
+END_TEST
+
+/* What a device group cannot be: every member deleted, nothing published, nothing live. */
+START_TEST(device_group_refusals)
+{
+        struct dlx_publish_options writable = {.writable = true};
+        CUdeviceptr a = cuda_fake_malloc(DG_LEN);
+        uint8_t host[DG_LEN];
+        struct dlx_member ms[3];
+        struct dlx_info info;
+        dlx_client *c;
+
+        ck_assert(a != 0);
+        c = fx_connect(&fx, "dgroup-producer");
+        dgroup_members(ms, a, a, 1);
+        ms[2].tensor->dl_tensor.device.device_type = kDLCPU;
+        ms[2].tensor->dl_tensor.data = host;
+        ck_assert_int_eq(DLX(dlx_publish_group(c, "dg", ms, 3, NULL, NULL)), -ENOTSUP);
+        ck_assert_msg(strstr(dlx_last_error(), "one device"), "%s", dlx_last_error());
+        ck_assert_int_eq(runs(1) + runs(2) + runs(3), 3);
+        dgroup_members(ms, a, a, 4);
+        ck_assert_int_eq(DLX(dlx_publish_group(c, "dg", ms, 3, &writable, NULL)), -ENOTSUP);
+        ck_assert_int_eq(runs(4) + runs(5) + runs(6), 3);
+        ck_assert_int_eq(DLX(dlx_stat(c, "dg", &info)), -ENOENT);
+        DLXV(dlx_close(c));
+        ck_assert_int_eq(cuda_fake_free(a), CUDA_SUCCESS);
+        assert_nothing_live("producer after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
 static void add_loop(TCase *tc, const TTest *t, int rows)
 {
         const char *only = getenv("DLX_CUDA_ONLY");
@@ -5231,6 +5514,10 @@ Suite *cuda_double_suite(void)
         add(tc, framework_memory);
         add(tc, read_only_vmm_where_granted);
         add(tc, consumer_way_out_of_a_killed_producer);
+        add(tc, device_group_from_one_arena);
+        add(tc, device_group_of_one_allocation);
+        add(tc, device_group_copied_once);
+        add(tc, device_group_refusals);
         suite_add_tcase(s, tc);
 
         /* reader13: a second reader's attacks on the CUDA promises */

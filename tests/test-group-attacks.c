@@ -41,6 +41,7 @@
 #include "fixture.h"
 #include "group.h"
 #include "rawpeer.h"
+#include "tables.h"
 #include "tensors.h"
 
 #define DLXV(call) ck_assert_int_eq((call), 0)
@@ -187,96 +188,6 @@ static dlx_client *connect_as(uid_t uid)
 
 /* ---- a group segment built by hand (proto/group.h) ----------------------------------------- */
 
-struct gspec {
-        const char *name;
-        DLDataType dt;
-        int ndim;
-        int64_t shape[3];
-        int64_t strides[3];
-        uint64_t byte_offset;
-        uint64_t data_at; /* where its data pointer sits in the data area */
-};
-
-struct gseg {
-        uint8_t *p; /* malloc'd image of the segment */
-        uint64_t size;
-        uint32_t count;
-        uint64_t data_bytes;
-};
-
-static struct group_head *ghead(struct gseg *g)
-{
-        return (struct group_head *)g->p;
-}
-
-static struct group_member *gmember(struct gseg *g, uint32_t i)
-{
-        return (struct group_member *)(g->p + ghead(g)->members_off) + i;
-}
-
-static uint64_t align_up(uint64_t v, uint64_t a)
-{
-        return (v + a - 1) / a * a;
-}
-
-/*
- * A valid group segment of n members (specs sorted by name), every member
- * READ_ONLY, with data_bytes bytes of data area filled with i & 0xff.
- */
-static void gbuild(struct gseg *g, const struct gspec *s, uint32_t n, uint64_t data_bytes)
-{
-        uint64_t ndims = 0, names_size = 0, members_off, dims_off, names_off, data_off;
-
-        for (uint32_t i = 0; i < n; i++) {
-                ndims += 2 * (uint64_t)s[i].ndim;
-                names_size += strlen(s[i].name) + 1;
-        }
-        members_off = align_up(sizeof(struct group_head), 8);
-        dims_off = align_up(members_off + n * sizeof(struct group_member), 8);
-        names_off = dims_off + ndims * 8;
-        data_off = align_up(names_off + names_size, GROUP_DATA_ALIGN);
-        g->size = data_off + data_bytes;
-        g->count = n;
-        g->data_bytes = data_bytes;
-        g->p = calloc(1, g->size);
-        ck_assert_ptr_nonnull(g->p);
-        struct group_head *h = ghead(g);
-        memcpy(h->magic, GROUP_MAGIC, 8);
-        h->format = GROUP_FORMAT;
-        h->count = n;
-        h->members_off = members_off;
-        h->dims_off = dims_off;
-        h->ndims = ndims;
-        h->names_off = names_off;
-        h->names_size = names_size;
-        h->data_off = data_off;
-        uint64_t d = 0, no = 0;
-        int64_t *dims = (int64_t *)(g->p + dims_off);
-        for (uint32_t i = 0; i < n; i++) {
-                struct group_member *m = gmember(g, i);
-                size_t len = strlen(s[i].name);
-                m->offset = data_off + s[i].data_at;
-                m->byte_offset = s[i].byte_offset;
-                m->flags = DLPACK_FLAG_BITMASK_READ_ONLY;
-                m->dims = d;
-                m->name_off = (uint32_t)no;
-                m->name_len = (uint16_t)len;
-                m->ndim = (uint8_t)s[i].ndim;
-                m->dtype_code = s[i].dt.code;
-                m->dtype_bits = s[i].dt.bits;
-                m->dtype_lanes = s[i].dt.lanes;
-                for (int k = 0; k < s[i].ndim; k++) {
-                        dims[d + (uint64_t)k] = s[i].shape[k];
-                        dims[d + (uint64_t)s[i].ndim + (uint64_t)k] = s[i].strides[k];
-                }
-                d += 2 * (uint64_t)s[i].ndim;
-                memcpy(g->p + names_off + no, s[i].name, len + 1);
-                no += len + 1;
-        }
-        for (uint64_t i = 0; i < data_bytes; i++)
-                g->p[data_off + i] = (uint8_t)i;
-}
-
 /* Two float32 members over the first 64 bytes, "a" (16 floats) and "b" (4 floats at 16). */
 static const struct gspec two_members[] = {
         {"a", {kDLFloat, 32, 1}, 1, {16}, {1}, 0, 0},
@@ -285,42 +196,7 @@ static const struct gspec two_members[] = {
 
 static void gbuild_two(struct gseg *g)
 {
-        gbuild(g, two_members, 2, 4096);
-}
-
-/* The segment as a memfd with the given seals (0: only the required shrink/grow). */
-static int gmemfd(const struct gseg *g, int extra_seals)
-{
-        int fd = memfd_create("group-attack", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-
-        ck_assert_int_ge(fd, 0);
-        ck_assert_int_eq(ftruncate(fd, (off_t)g->size), 0);
-        ck_assert_int_eq(pwrite(fd, g->p, g->size, 0), (ssize_t)g->size);
-        ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | extra_seals), 0);
-        return fd;
-}
-
-/* A group publish as libdlx would send it: the data area as bytes, members = count. */
-static void group_publish_req(struct wire_request *req, uint64_t id, const char *name,
-                              const struct gseg *g)
-{
-        struct wire_tensor *t = &req->publish.tensor;
-        const struct group_head *h = (const struct group_head *)g->p;
-
-        memset(req, 0, sizeof(*req));
-        req->id = id;
-        req->type = WIRE_REQ_PUBLISH;
-        snprintf(t->name, sizeof(t->name), "%s", name);
-        t->dtype = (DLDataType){kDLUInt, 8, 1};
-        t->ndim = 1;
-        t->shape[0] = (int64_t)g->data_bytes;
-        t->strides[0] = 1;
-        t->device_type = kDLCPU;
-        t->storage = WIRE_STORAGE_MEMFD;
-        t->offset = h->data_off < g->size ? h->data_off : 0;
-        t->length = g->data_bytes;
-        t->flags = DLPACK_FLAG_BITMASK_READ_ONLY;
-        t->members = g->count;
+        gbuild(g, two_members, 2, 4096, false);
 }
 
 /* Sends req with fd (-1: none) and reads its answer (events skipped); returns the status. */
@@ -753,25 +629,25 @@ START_TEST(raw_bad_tables_refused)
                         {"a//b", {kDLFloat, 32, 1}, 1, {16}, {1}, 0, 0},
                         {"b", {kDLFloat, 32, 1}, 1, {4}, {1}, 0, 64},
                 };
-                gbuild(&g, bad, 2, 4096);
+                gbuild(&g, bad, 2, 4096, false);
         } else if (_i == 44 || _i == 45) {
                 static const struct gspec sc[] = {
                         {"a", {kDLFloat, 32, 1}, 0, {0}, {0}, 0, 0},
                         {"b", {kDLFloat, 32, 1}, 1, {4}, {1}, 0, 64},
                 };
-                gbuild(&g, sc, 2, 4096);
+                gbuild(&g, sc, 2, 4096, false);
         } else if (_i == 46) {
                 static const struct gspec i4[] = {
                         {"a", {kDLInt, 4, 1}, 1, {8192}, {1}, 0, 0},
                         {"b", {kDLFloat, 32, 1}, 1, {4}, {1}, 0, 64},
                 };
-                gbuild(&g, i4, 2, 4096);
+                gbuild(&g, i4, 2, 4096, false);
         } else if (_i == 47) {
                 static const struct gspec x4[] = {
                         {"a", {kDLFloat, 32, 4}, 1, {256}, {1}, 0, 0},
                         {"b", {kDLFloat, 32, 1}, 1, {4}, {1}, 0, 64},
                 };
-                gbuild(&g, x4, 2, 4096);
+                gbuild(&g, x4, 2, 4096, false);
         } else {
                 gbuild_two(&g);
         }
@@ -1914,7 +1790,7 @@ START_TEST(raw_group_limits_bind_raw_peers)
         int sock = rp_connect(fx.socket, "hostile");
         dlx_client *q = fx_connect(&fx, "lib");
         struct dlx_stats before = fx_stats(q);
-        gbuild(&g, three, 3, 4096);
+        gbuild(&g, three, 3, 4096, false);
         ck_assert_int_ne(raw_publish_group(sock, 2, "lim", &g, F_SEAL_WRITE, &rep), WIRE_OK);
         expect_nothing_left(q, "lim", &before, "3 members over --max-group-members 2");
         free(g.p);
@@ -1926,7 +1802,7 @@ START_TEST(raw_group_limits_bind_raw_peers)
                 longnames[i] = three[i];
                 longnames[i].name = names[i];
         }
-        gbuild(&g, longnames, 2, 4096);
+        gbuild(&g, longnames, 2, 4096, false);
         ck_assert_int_eq(raw_publish_group(sock, 3, "lim", &g, F_SEAL_WRITE, &rep), WIRE_OK);
         /* the same two members, names_size declaring 8 KiB of names: a table over the limit */
         struct gseg big;
@@ -2098,7 +1974,7 @@ static void gbuild_big(struct gseg *g, uint32_t n, char (**ret_names)[80])
                          "layers.%07u.self_attention.query_key_value.weight.shard", i);
                 specs[i] = (struct gspec){names[i], {kDLFloat, 32, 1}, 1, {1}, {1}, 0, 4 * i};
         }
-        gbuild(g, specs, n, 4 * (uint64_t)n);
+        gbuild(g, specs, n, 4 * (uint64_t)n, false);
         ck_assert_uint_gt(ghead(g)->data_off, 4u << 20); /* past what dlxd checks inline */
         free(specs);
         *ret_names = names;

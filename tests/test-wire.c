@@ -50,6 +50,7 @@ static void make_tensor(struct wire_tensor *t, const char *name, int32_t ndim)
         t->pid_namespace = UINT64_MAX - 5;
         t->event_session = UINT64_MAX - 9;
         t->members = UINT32_MAX - 3;
+        t->table_segment = UINT64_MAX - 7;
 }
 
 static void expect_tensor_eq(const struct wire_tensor *a, const struct wire_tensor *b)
@@ -81,6 +82,7 @@ static void expect_tensor_eq(const struct wire_tensor *a, const struct wire_tens
         ck_assert_uint_eq(a->pid_namespace, b->pid_namespace);
         ck_assert_uint_eq(a->event_session, b->event_session);
         ck_assert_uint_eq(a->members, b->members);
+        ck_assert_uint_eq(a->table_segment, b->table_segment);
 }
 
 static void make_info(struct wire_info *info, const char *name, int32_t ndim, uint32_t salt)
@@ -555,6 +557,10 @@ static void expect_reply_eq(const struct wire_reply *a, const struct wire_reply 
                 ck_assert_uint_eq(a->alloc.segment, b->alloc.segment);
                 ck_assert_uint_eq(a->alloc.size, b->alloc.size);
                 break;
+        case WIRE_REP_SEGMENT:
+                ck_assert_uint_eq(a->segment.segment, b->segment.segment);
+                ck_assert_uint_eq(a->segment.size, b->segment.size);
+                break;
         case WIRE_REP_PONG:
                 ck_assert_uint_eq(a->pong.nonce, b->pong.nonce);
                 break;
@@ -650,6 +656,7 @@ static const struct reply_row {
         {"track, with the page", {REP(3, TRACK), .track = {UINT32_MAX, UINT64_MAX, 65536, true}}},
         {"track, zeros", {REP(3, TRACK)}},
         {"alloc", {REP(4, ALLOC), .alloc = {5, DLX_MAX_SEGMENT}}},
+        {"segment", {REP(4, SEGMENT), .segment = {UINT64_MAX, DLX_MAX_SEGMENT}}},
         {"pong", {REP(5, PONG), .pong.nonce = UINT64_C(0x0123456789abcdef)}},
         {"acquire, writable, a 4-bit dtype, the maximum rank",
          {REP(6, ACQUIRE), .acquire = ACQUIRED(true)},

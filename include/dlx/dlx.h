@@ -422,9 +422,10 @@ struct dlx_member {
  * Publishes count members (1 to the daemon's max_group_members) as version
  * N of the group name, atomically: the new version replaces the old one
  * whole. opts as for dlx_publish() (NULL: defaults); a group is read-only
- * (opts->writable gives -ENOTSUP) and its members are kDLCPU tensors.
+ * (opts->writable gives -ENOTSUP) and its members are kDLCPU tensors, or
+ * kDLCUDA tensors all on one device (a device group, protocol 1.4).
  *
- * Every member's bytes are copied once, into one fresh sealed segment that
+ * kDLCPU members' bytes are copied once, into one fresh sealed segment that
  * holds the whole version (dlx_group_alloc() memory is published without
  * a copy, by dlx_group_publish()); members that share storage (tied weights, views
  * of one buffer, whose bytes overlap or touch) share it in the copy too, at
@@ -433,15 +434,28 @@ struct dlx_member {
  * deleter has run when this returns, once per tensor (one given under two
  * names, tied, is deleted once), and members[i].tensor is NULL.
  *
+ * kDLCUDA members that all lie in one allocation (dlx_alloc() memory of this
+ * client, or one allocation with a legacy IPC handle: cudaMalloc, a block
+ * of PyTorch's caching allocator) are published where they are, ordered by
+ * one event recorded on opts->stream (NULL: the client's current stream for
+ * the device); their deleters then run when the version is released, as a
+ * zero-copy dlx_publish()'s does. Other kDLCUDA members are copied once,
+ * device to device on that stream, into one dlx_alloc() buffer (tied members
+ * staying tied), and this waits on the host for the copy: their deleters
+ * have run when it returns. Readers wait for the event on their own stream.
+ *
  * Returns 0 with *ret_version (may be NULL), or:
  *   -EINVAL   bad group or member name, two members of one name, no members,
  *             a member as dlx_publish() refuses it (dtype, ndim, shape, NULL)
  *   -E2BIG    more members than max_group_members, or a table over
  *             max_group_table bytes (dlx_stats() gives both limits)
- *   -ENOTSUP  a member not on kDLCPU, opts->writable, or a daemon older than
- *             protocol 1.3 (so does every group call that reaches the daemon;
- *             dlx_group_alloc() needs none)
- *   -EXDEV    opts->copy is DLX_COPY_NEVER (this call always copies)
+ *   -ENOTSUP  a member on neither kDLCPU nor kDLCUDA, members on more than one
+ *             device, opts->writable, or a daemon older than protocol 1.3
+ *             (so does every group call that reaches the daemon;
+ *             dlx_group_alloc() needs none), or than 1.4 for kDLCUDA members
+ *   -EXDEV    opts->copy is DLX_COPY_NEVER and the members must be copied
+ *             (kDLCPU members always are)
+ *   -ENODEV   kDLCUDA members and no CUDA driver (as for dlx_publish())
  *   -EACCES, -ENOSPC, -EAGAIN and -EOVERFLOW as for dlx_publish(); -ENOMEM
  * A group name that holds a tensor becomes a group, and the other way round.
  */
@@ -456,6 +470,15 @@ typedef struct dlx_group dlx_group;
  * dlx_acquire() (timeout_ms, min_version; NULL: do not wait, any version).
  * With member_names (count names), only those members are in the group, in
  * that order; NULL takes every member, in name order.
+ *
+ * A device group's members are kDLCUDA tensors on this process's ordinal of
+ * the producer's GPU: its table and its memory come as two descriptors at
+ * most (the table's alone for an IPC handle; neither while this client
+ * holds them), the memory is opened once, and opts->stream (NULL: the
+ * client's current stream for the device) waits once for the producer's
+ * event before this returns. Releasing the group records one event on that
+ * stream for the producer to wait on. Errors as for dlx_acquire() of a CUDA
+ * tensor too (-ENODEV, -EXDEV), and -ENOTSUP from a daemon older than 1.4.
  *
  * Returns 0 with *ret_group, or:
  *   -ENOENT     no such group (or not the wanted version) and no waiting
@@ -486,7 +509,8 @@ int64_t dlx_group_find(const dlx_group *group, const char *name);
  * (torch.from_dlpack): owned by the caller, READ_ONLY, and it keeps the
  * group's lease alive until its deleter runs, whenever that is: after
  * dlx_group_release(), or after dlx_close() too. dlx_tensor_info() gives its
- * member name, the group's version and "memfd". Each call makes a new one.
+ * member name, the group's version and "memfd" (a device group's: "cuda-vmm"
+ * or "cuda-ipc"). Each call makes a new one.
  * Returns 0, -EINVAL (out of range, NULL) or -ENOMEM.
  */
 int dlx_group_take(dlx_group *group, size_t i, DLManagedTensorVersioned **ret_tensor);

@@ -151,6 +151,7 @@ static void check_reply(const struct wire_reply *p)
         case WIRE_REP_WATCH:
         case WIRE_REP_TRACK:
         case WIRE_REP_ALLOC:
+        case WIRE_REP_SEGMENT:
         case WIRE_REP_STATS:
         case WIRE_REP_PONG:
                 break;

@@ -535,6 +535,12 @@ static struct wire_reply *sample_reply(unsigned i, const char **ret_name)
                 p.status = WIRE_NOT_FOUND;
                 wire_strcpy(p.error, sizeof(p.error), "no tensor named 'model/weights'");
                 return &p;
+        case 13:
+                *ret_name = "segment";
+                p.type = WIRE_REP_SEGMENT;
+                p.segment.segment = 5;
+                p.segment.size = 8192;
+                return &p;
         default:
                 return NULL;
         }
