@@ -675,6 +675,119 @@ START_TEST(ipc_view_between_processes)
 }
 END_TEST
 
+/* ---- device groups: one arena buffer in place, two cuMemAlloc buffers copied once ------ */
+
+#define DG_ROWS 256
+#define DG_COLS 1024
+#define DG_WORDS ((size_t)DG_ROWS * DG_COLS)
+#define DG_SEED_A 0x13579bdfu
+#define DG_SEED_C 0x2468ace0u
+
+/* "a" and "b" (tied) over one region, "c" over another; in place or copied once. */
+static void dgroup_producer_of(bool in_place)
+{
+        CUstream s = gpu_begin();
+        dlx_client *c = connect_or_die("gpu-producer");
+        struct dlx_publish_options o = {.stream = s, .copy = in_place ? DLX_COPY_NEVER : 0};
+        DLManagedTensorVersioned *buf = NULL;
+        CUdeviceptr a, cc, mem[2] = {0, 0};
+        struct dlx_member ms[3];
+        int deleted = 0;
+        uint64_t v = 0;
+        int err;
+
+        if (in_place) {
+                buf = alloc_device(c, 2 * DG_ROWS, DG_COLS);
+                a = (CUdeviceptr)(uintptr_t)buf->dl_tensor.data;
+                cc = a + DG_WORDS * 4;
+        } else {
+                CU(cu.MemAlloc(&mem[0], DG_WORDS * 4));
+                CU(cu.MemAlloc(&mem[1], DG_WORDS * 4));
+                a = mem[0];
+                cc = mem[1];
+        }
+        fill(a, 0, DG_WORDS, DG_SEED_A);
+        fill(cc, 0, DG_WORDS, DG_SEED_C);
+        ms[0] = (struct dlx_member){"a", view_new(a, 0, DG_ROWS, DG_COLS, &deleted)};
+        ms[1] = (struct dlx_member){"b", view_new(a, 0, DG_ROWS, DG_COLS, &deleted)};
+        ms[2] = (struct dlx_member){"c", view_new(cc, 0, DG_ROWS, DG_COLS, &deleted)};
+        err = dlx_publish_group(c, "gpu/group", ms, 3, &o, &v);
+        EXPECT(err == 0, "publish group: %s (%s)", dlx_strerror(err), dlx_last_error());
+        /* in place, the members live until released; copied, they went with the copy done */
+        EXPECT(deleted == (in_place ? 0 : 3), "%d deleters ran at publish", deleted);
+        if (!in_place) {
+                CU(cu.MemFree(mem[0]));
+                CU(cu.MemFree(mem[1]));
+        }
+        await_step(CH_DONE, "the consumer's check");
+        dlx_close(c);
+        EXPECT(deleted == 3, "%d deleters ran by close, want 3", deleted);
+        if (buf)
+                release(buf);
+        CU(cu.StreamSynchronize(s));
+        CU(cu.StreamDestroy(s));
+}
+
+static void dgroup_producer(void)
+{
+        dgroup_producer_of(true);
+}
+
+static void dgroup_copy_producer(void)
+{
+        dgroup_producer_of(false);
+}
+
+static void dgroup_consumer(void)
+{
+        CUstream s = gpu_begin();
+        dlx_client *c = connect_or_die("gpu-consumer");
+        struct dlx_acquire_options o = {.timeout_ms = WAIT_MS, .stream = s};
+        uint32_t *h = host_alloc(DG_WORDS * 4);
+        DLManagedTensorVersioned *t = NULL;
+        const char *storage = NULL;
+        dlx_group *g = NULL;
+        int err;
+
+        err = dlx_acquire_group(c, "gpu/group", NULL, 0, &o, &g);
+        EXPECT(err == 0, "acquire group: %s (%s)", dlx_strerror(err), dlx_last_error());
+        EXPECT(dlx_group_count(g) == 3, "%zu members", dlx_group_count(g));
+        for (size_t i = 0; i < 3; i++)
+                EXPECT(dlx_group_tensor(g, i)->device.device_type == kDLCUDA,
+                       "member %zu not on the GPU", i);
+        EXPECT(dlx_group_tensor(g, 0)->data == dlx_group_tensor(g, 1)->data,
+               "tied members came apart");
+        /* the acquire made s wait for the producer's event */
+        CU(cu.MemcpyDtoHAsync(h, dev_ptr(dlx_group_tensor(g, 0)), DG_WORDS * 4, s));
+        CU(cu.StreamSynchronize(s));
+        expect_words(h, DG_WORDS, 0, DG_SEED_A, "member a");
+        DLX(dlx_group_take(g, 2, &t));
+        DLX(dlx_tensor_info(t, NULL, NULL, &storage));
+        EXPECT(strcmp(storage, "cuda-vmm") == 0 || strcmp(storage, "cuda-ipc") == 0,
+               "a member came as %s", storage);
+        dlx_group_release(g);
+        CU(cu.MemcpyDtoHAsync(h, dev_ptr(&t->dl_tensor), DG_WORDS * 4, s));
+        CU(cu.StreamSynchronize(s));
+        expect_words(h, DG_WORDS, 0, DG_SEED_C, "member c, taken, after the group's release");
+        release(t);
+        dlx_close(c);
+        post(CH_DONE);
+        CU(cu.MemFreeHost(h));
+        CU(cu.StreamDestroy(s));
+}
+
+START_TEST(device_group_in_place)
+{
+        run_pair(dgroup_producer, dgroup_consumer);
+}
+END_TEST
+
+START_TEST(device_group_copied_once)
+{
+        run_pair(dgroup_copy_producer, dgroup_consumer);
+}
+END_TEST
+
 /* ---- VMM: dlx_alloc device memory, persistent, outliving its producer ------------------ */
 
 #define VMM_ROWS 4096
@@ -1379,6 +1492,8 @@ Suite *cuda_device_suite(void)
         tcase_add_test(tc, ipc_handle_cache);
         tcase_add_test(tc, killed_consumer_lease);
         tcase_add_test(tc, same_process_both_ends);
+        tcase_add_test(tc, device_group_in_place);
+        tcase_add_test(tc, device_group_copied_once);
         suite_add_tcase(s, tc);
         return s;
 }

@@ -5465,6 +5465,516 @@ START_TEST(device_group_refusals)
 }
 END_TEST
 
+/* =============================================================================================
+ * device-group attacks: a second reader's attacks on device groups (protocol 1.4) through libdlx,
+ * each test named after the promise it checks. Producer and consumer are two clients of this
+ * process (an own-process acquire), so the fake's memory is read directly.
+ */
+
+/* dlx_stat()'s lease count of name through c, or -1. */
+static long rdg_leases(dlx_client *c, const char *name)
+{
+        struct dlx_info info;
+
+        return DLX(dlx_stat(c, name, &info)) == 0 ? (long)info.leases : -1;
+}
+
+/* Members of one dlx_alloc() buffer, each with a byte_offset: read at data + byte_offset. */
+START_TEST(rdg_byte_offset_members_read_where_they_point)
+{
+        DLManagedTensorVersioned *buf;
+        struct dlx_member ms[2];
+        uint64_t version = 0;
+        dlx_group *g = NULL;
+        dlx_client *p, *q;
+        uint8_t *data;
+        int err;
+
+        p = fx_connect(&fx, "rdg-producer");
+        q = fx_connect(&fx, "rdg-consumer");
+        buf = alloc_on(p, kDLCUDA, 3 * DG_LEN);
+        ck_assert_ptr_nonnull(buf);
+        data = buf->dl_tensor.data;
+        fill(data + DG_LEN, DG_LEN, 40);
+        fill(data + 2 * DG_LEN, DG_LEN, 41);
+        ms[0] = (struct dlx_member){"a", dev_tensor(kDLCUDA, (uintptr_t)data, DG_LEN, 1, 0)};
+        ms[0].tensor->dl_tensor.byte_offset = DG_LEN;
+        ms[1] = (struct dlx_member){"c",
+                                    dev_tensor(kDLCUDA, (uintptr_t)(data + DG_LEN), DG_LEN, 2, 0)};
+        ms[1].tensor->dl_tensor.byte_offset = DG_LEN;
+        err = DLX(dlx_publish_group(p, "dg", ms, 2, NULL, &version));
+        ck_assert_msg(err == 0, "publish group: %s (%s)", dlx_strerror(err), dlx_last_error());
+        err = DLX(dlx_acquire_group(q, "dg", NULL, 0, NULL, &g));
+        ck_assert_msg(err == 0, "acquire group: %s (%s)", dlx_strerror(err), dlx_last_error());
+        for (size_t i = 0; i < 2; i++) {
+                const DLTensor *m = dlx_group_tensor(g, i);
+                ck_assert_uint_eq(m->byte_offset, DG_LEN);
+                ck_assert_msg(same((const uint8_t *)m->data + m->byte_offset, DG_LEN, 40 + (int)i),
+                              "member %zu: not its bytes at data + byte_offset", i);
+        }
+        dlx_group_release(g);
+        unpublish_wait(p, "dg", version);
+        ck_assert_int_eq(runs(1), 1);
+        ck_assert_int_eq(runs(2), 1);
+        DLXV(buf->deleter(buf));
+        DLXV(dlx_close(q));
+        DLXV(dlx_close(p));
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/* Copied members with a byte_offset: the copy keeps what data + byte_offset points to. */
+START_TEST(rdg_copied_byte_offset_members_keep_their_bytes)
+{
+        CUdeviceptr a = cuda_fake_malloc(2 * DG_LEN), b = cuda_fake_malloc(2 * DG_LEN);
+        struct dlx_member ms[2];
+        uint64_t version = 0;
+        dlx_group *g = NULL;
+        dlx_client *p, *q;
+        int err;
+
+        ck_assert(a && b);
+        p = fx_connect(&fx, "rdg-producer");
+        q = fx_connect(&fx, "rdg-consumer");
+        fill((void *)(uintptr_t)(a + 100), DG_LEN, 42);
+        fill((void *)(uintptr_t)(b + 200), DG_LEN, 43);
+        ms[0] = (struct dlx_member){"a", dev_tensor(kDLCUDA, a, DG_LEN, 1, 0)};
+        ms[0].tensor->dl_tensor.byte_offset = 100;
+        ms[1] = (struct dlx_member){"b", dev_tensor(kDLCUDA, b, DG_LEN, 2, 0)};
+        ms[1].tensor->dl_tensor.byte_offset = 200;
+        err = DLX(dlx_publish_group(p, "dg", ms, 2, NULL, &version));
+        ck_assert_msg(err == 0, "publish group: %s (%s)", dlx_strerror(err), dlx_last_error());
+        ck_assert_int_eq(runs(1) + runs(2), 2);
+        /* the originals may go: they were copied */
+        memset((void *)(uintptr_t)a, 0, 2 * DG_LEN);
+        memset((void *)(uintptr_t)b, 0, 2 * DG_LEN);
+        ck_assert_int_eq(cuda_fake_free(a), CUDA_SUCCESS);
+        ck_assert_int_eq(cuda_fake_free(b), CUDA_SUCCESS);
+        err = DLX(dlx_acquire_group(q, "dg", NULL, 0, NULL, &g));
+        ck_assert_msg(err == 0, "acquire group: %s (%s)", dlx_strerror(err), dlx_last_error());
+        for (size_t i = 0; i < 2; i++) {
+                const DLTensor *m = dlx_group_tensor(g, i);
+                ck_assert_msg(same((const uint8_t *)m->data + m->byte_offset, DG_LEN, 42 + (int)i),
+                              "copied member %zu: not its bytes at data + byte_offset %llu", i,
+                              (unsigned long long)m->byte_offset);
+        }
+        dlx_group_release(g);
+        unpublish_wait(p, "dg", version);
+        DLXV(dlx_close(q));
+        DLXV(dlx_close(p));
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/* A view of a member (b inside a) in one allocation, c in another: copied, b stays inside a. */
+START_TEST(rdg_copied_views_keep_their_distance)
+{
+        CUdeviceptr a = cuda_fake_malloc(DG_LEN), c = cuda_fake_malloc(DG_LEN);
+        struct dlx_member ms[3];
+        uint64_t version = 0;
+        dlx_group *g = NULL;
+        dlx_client *p, *q;
+        int err;
+
+        ck_assert(a && c);
+        p = fx_connect(&fx, "rdg-producer");
+        q = fx_connect(&fx, "rdg-consumer");
+        fill((void *)(uintptr_t)a, DG_LEN, 44);
+        fill((void *)(uintptr_t)c, DG_LEN, 45);
+        ms[0] = (struct dlx_member){"a", dev_tensor(kDLCUDA, a, DG_LEN, 1, 0)};
+        ms[1] = (struct dlx_member){"b", dev_tensor(kDLCUDA, a + 1000, 1000, 2, 0)};
+        ms[2] = (struct dlx_member){"c", dev_tensor(kDLCUDA, c, DG_LEN, 3, 0)};
+        err = DLX(dlx_publish_group(p, "dg", ms, 3, NULL, &version));
+        ck_assert_msg(err == 0, "publish group: %s (%s)", dlx_strerror(err), dlx_last_error());
+        ck_assert_int_eq(runs(1) + runs(2) + runs(3), 3);
+        ck_assert_int_eq(cuda_fake_free(a), CUDA_SUCCESS);
+        ck_assert_int_eq(cuda_fake_free(c), CUDA_SUCCESS);
+        err = DLX(dlx_acquire_group(q, "dg", NULL, 0, NULL, &g));
+        ck_assert_msg(err == 0, "acquire group: %s (%s)", dlx_strerror(err), dlx_last_error());
+        const uint8_t *ga = dlx_group_tensor(g, 0)->data, *gb = dlx_group_tensor(g, 1)->data;
+        ck_assert_msg(gb == ga + 1000, "a view 1000 bytes into its base came %td bytes from it",
+                      gb - ga);
+        ck_assert(same(ga, DG_LEN, 44));
+        ck_assert(same(dlx_group_tensor(g, 2)->data, DG_LEN, 45));
+        dlx_group_release(g);
+        unpublish_wait(p, "dg", version);
+        DLXV(dlx_close(q));
+        DLXV(dlx_close(p));
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/* A group of zero-element members only, in one dlx_alloc() buffer: published, acquired, empty. */
+START_TEST(rdg_empty_members_only)
+{
+        DLManagedTensorVersioned *buf;
+        struct dlx_member ms[2];
+        uint64_t version = 0;
+        dlx_group *g = NULL;
+        dlx_client *p, *q;
+        uint8_t *data;
+        int err;
+
+        p = fx_connect(&fx, "rdg-producer");
+        q = fx_connect(&fx, "rdg-consumer");
+        buf = alloc_on(p, kDLCUDA, DG_LEN);
+        ck_assert_ptr_nonnull(buf);
+        data = buf->dl_tensor.data;
+        ms[0] = (struct dlx_member){"a", dev_tensor(kDLCUDA, (uintptr_t)data, 0, 1, 0)};
+        ms[1] = (struct dlx_member){"b", dev_tensor(kDLCUDA, (uintptr_t)(data + 64), 0, 2, 0)};
+        err = DLX(dlx_publish_group(p, "dg", ms, 2, NULL, &version));
+        if (err != 0) {
+                ck_assert_int_eq(runs(1) + runs(2), 2);
+                ck_abort_msg("a device group of empty members: %s (%s)", dlx_strerror(err),
+                             dlx_last_error());
+        }
+        err = DLX(dlx_acquire_group(q, "dg", NULL, 0, NULL, &g));
+        ck_assert_msg(err == 0, "acquire group: %s (%s)", dlx_strerror(err), dlx_last_error());
+        ck_assert_uint_eq(dlx_group_count(g), 2);
+        ck_assert_int_eq(dlx_group_tensor(g, 0)->shape[0], 0);
+        ck_assert_int_eq(dlx_group_tensor(g, 0)->device.device_type, kDLCUDA);
+        dlx_group_release(g);
+        unpublish_wait(p, "dg", version);
+        ck_assert_int_eq(runs(1) + runs(2), 2);
+        DLXV(buf->deleter(buf));
+        DLXV(dlx_close(q));
+        DLXV(dlx_close(p));
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/*
+ * A subset acquire (member_names) of a device group: those members, in that order, a name
+ * twice twice; a missing name is -ENOENT and leaves no lease.
+ */
+START_TEST(rdg_subset_acquire)
+{
+        DLManagedTensorVersioned *buf;
+        const char *want[] = {"c", "a", "c"}, *missing[] = {"a", "zz"};
+        struct dlx_member ms[3];
+        uint64_t version = 0;
+        dlx_group *g = NULL;
+        dlx_client *p, *q;
+        uint8_t *data;
+        int err;
+
+        p = fx_connect(&fx, "rdg-producer");
+        q = fx_connect(&fx, "rdg-consumer");
+        buf = alloc_on(p, kDLCUDA, 2 * DG_LEN + DG_GAP);
+        ck_assert_ptr_nonnull(buf);
+        data = buf->dl_tensor.data;
+        fill(data, DG_LEN, 30);
+        fill(data + DG_LEN + DG_GAP, DG_LEN, 31);
+        dgroup_members(ms, (uintptr_t)data, (uintptr_t)(data + DG_LEN + DG_GAP), 1);
+        err = DLX(dlx_publish_group(p, "dg", ms, 3, NULL, &version));
+        ck_assert_msg(err == 0, "publish group: %s (%s)", dlx_strerror(err), dlx_last_error());
+        err = DLX(dlx_acquire_group(q, "dg", missing, 2, NULL, &g));
+        ck_assert_int_eq(err, -ENOENT);
+        ck_assert_msg(strstr(dlx_last_error(), "zz"), "%s", dlx_last_error());
+        /* the refused acquire's lease goes (released through the ring: give it time) */
+        for (int i = 0; i < 200 && rdg_leases(p, "dg") != 0; i++)
+                fx_sleep_ms(10);
+        ck_assert_int_eq(rdg_leases(p, "dg"), 0);
+        err = DLX(dlx_acquire_group(q, "dg", want, 3, NULL, &g));
+        ck_assert_msg(err == 0, "acquire subset: %s (%s)", dlx_strerror(err), dlx_last_error());
+        ck_assert_uint_eq(dlx_group_count(g), 3);
+        ck_assert_str_eq(dlx_group_name(g, 0), "c");
+        ck_assert_str_eq(dlx_group_name(g, 1), "a");
+        ck_assert_str_eq(dlx_group_name(g, 2), "c");
+        ck_assert(same(dlx_group_tensor(g, 0)->data, DG_LEN, 31));
+        ck_assert(same(dlx_group_tensor(g, 1)->data, DG_LEN, 30));
+        ck_assert_ptr_eq(dlx_group_tensor(g, 0)->data, dlx_group_tensor(g, 2)->data);
+        ck_assert_int_eq(dlx_group_tensor(g, 1)->device.device_type, kDLCUDA);
+        ck_assert_int_eq(dlx_group_find(g, "b"), -ENOENT);
+        dlx_group_release(g);
+        unpublish_wait(p, "dg", version);
+        ck_assert_int_eq(runs(1) + runs(2) + runs(3), 3);
+        DLXV(buf->deleter(buf));
+        DLXV(dlx_close(q));
+        DLXV(dlx_close(p));
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/*
+ * dlx_group_take(): the taken member keeps the group's lease after dlx_group_release() and
+ * after dlx_close() of its client; its bytes stay; its deleter ends the lease, and then the
+ * in-place members' deleters run once the version is released.
+ */
+START_TEST(rdg_taken_member_outlives_release_and_close)
+{
+        DLManagedTensorVersioned *buf, *t = NULL;
+        struct dlx_member ms[3];
+        uint64_t version = 0;
+        dlx_group *g = NULL;
+        dlx_client *p, *q;
+        uint8_t *data;
+        int err;
+
+        p = fx_connect(&fx, "rdg-producer");
+        q = fx_connect(&fx, "rdg-consumer");
+        buf = alloc_on(p, kDLCUDA, 2 * DG_LEN + DG_GAP);
+        ck_assert_ptr_nonnull(buf);
+        data = buf->dl_tensor.data;
+        fill(data, DG_LEN, 30);
+        fill(data + DG_LEN + DG_GAP, DG_LEN, 31);
+        dgroup_members(ms, (uintptr_t)data, (uintptr_t)(data + DG_LEN + DG_GAP), 1);
+        err = DLX(dlx_publish_group(p, "dg", ms, 3, NULL, &version));
+        ck_assert_msg(err == 0, "publish group: %s (%s)", dlx_strerror(err), dlx_last_error());
+        err = DLX(dlx_acquire_group(q, "dg", NULL, 0, NULL, &g));
+        ck_assert_msg(err == 0, "acquire group: %s (%s)", dlx_strerror(err), dlx_last_error());
+        DLXV(dlx_group_take(g, 2, &t));
+        ck_assert_str_eq(storage_of(t), "cuda-vmm");
+        ck_assert_uint_eq(version_of(t), version);
+        dlx_group_release(g);
+        DLXV(dlx_close(q));
+        ck_assert_int_eq(rdg_leases(p, "dg"), 1);
+        ck_assert_msg(same(t->dl_tensor.data, DG_LEN, 31), "a taken member lost its bytes");
+        ck_assert_int_eq(t->dl_tensor.device.device_type, kDLCUDA);
+        DLXV(dlx_unpublish(p, "dg"));
+        ck_assert_int_eq(runs(1) + runs(2) + runs(3), 0);
+        DLXV(t->deleter(t));
+        err = DLX(dlx_wait_released(p, "dg", version, NULL, TIMEOUT_MS));
+        ck_assert_msg(err == 0, "wait_released: %s (%s)", dlx_strerror(err), dlx_last_error());
+        ck_assert_int_eq(runs(1), 1);
+        ck_assert_int_eq(runs(2), 1);
+        ck_assert_int_eq(runs(3), 1);
+        DLXV(buf->deleter(buf));
+        DLXV(dlx_close(p));
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/*
+ * Publish refusals with one tensor given under two names (tied): each deleter runs exactly
+ * once on every path: -EXDEV (DLX_COPY_NEVER, two allocations), -ENOTSUP (two devices;
+ * kDLCUDAHost beside kDLCUDA), -EINVAL (two members of one name).
+ */
+START_TEST(rdg_refusals_delete_tied_members_once)
+{
+        struct dlx_publish_options never = {.copy = DLX_COPY_NEVER};
+        CUdeviceptr a = cuda_fake_malloc(DG_LEN), c = cuda_fake_malloc(DG_LEN);
+        DLManagedTensorVersioned *tied;
+        struct dlx_member ms[3];
+        dlx_client *p;
+        int err;
+
+        ck_assert(a && c);
+        ck_assert_int_eq(cuda_fake_set_device_count(2), 0);
+        p = fx_connect(&fx, "rdg-producer");
+        for (int row = 0; row < 4; row++) {
+                int s0 = 1 + 2 * row;
+                const struct dlx_publish_options *o = row == 0 ? &never : NULL;
+                int want = row == 0 ? -EXDEV : row == 3 ? -EINVAL : -ENOTSUP;
+
+                tied = dev_tensor(kDLCUDA, a, DG_LEN, s0, 0);
+                ms[0] = (struct dlx_member){"a", tied};
+                ms[1] = (struct dlx_member){row == 3 ? "a" : "b", tied};
+                ms[2] = (struct dlx_member){"c", dev_tensor(kDLCUDA, c, DG_LEN, s0 + 1, 0)};
+                if (row == 1)
+                        ms[2].tensor->dl_tensor.device.device_id = 1;
+                if (row == 2)
+                        ms[2].tensor->dl_tensor.device.device_type = kDLCUDAHost;
+                err = DLX(dlx_publish_group(p, "dg", ms, 3, o, NULL));
+                ck_assert_msg(err == want, "row %d: %s (%s), not %s", row, dlx_strerror(err),
+                              dlx_last_error(), dlx_strerror(want));
+                ck_assert_msg(runs(s0) == 1 && runs(s0 + 1) == 1,
+                              "row %d: the tied tensor deleted %d times, the other %d", row,
+                              runs(s0), runs(s0 + 1));
+                ck_assert(!ms[0].tensor && !ms[1].tensor && !ms[2].tensor);
+        }
+        ck_assert_int_eq(rdg_leases(p, "dg"), -1);
+        DLXV(dlx_close(p));
+        ck_assert_int_eq(cuda_fake_free(a), CUDA_SUCCESS);
+        ck_assert_int_eq(cuda_fake_free(c), CUDA_SUCCESS);
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/*
+ * dlx_close() of the producer and of the consumer with a device group held (published in
+ * place): the held group stays readable; every member's deleter runs exactly once in the end.
+ */
+START_TEST(rdg_close_with_device_group_held)
+{
+        DLManagedTensorVersioned *buf;
+        struct dlx_member ms[3];
+        uint64_t version = 0;
+        dlx_group *g = NULL;
+        dlx_client *p, *q;
+        uint8_t *data;
+        int err;
+
+        p = fx_connect(&fx, "rdg-producer");
+        q = fx_connect(&fx, "rdg-consumer");
+        buf = alloc_on(p, kDLCUDA, 2 * DG_LEN + DG_GAP);
+        ck_assert_ptr_nonnull(buf);
+        data = buf->dl_tensor.data;
+        fill(data, DG_LEN, 30);
+        fill(data + DG_LEN + DG_GAP, DG_LEN, 31);
+        dgroup_members(ms, (uintptr_t)data, (uintptr_t)(data + DG_LEN + DG_GAP), 1);
+        err = DLX(dlx_publish_group(p, "dg", ms, 3, NULL, &version));
+        ck_assert_msg(err == 0, "publish group: %s (%s)", dlx_strerror(err), dlx_last_error());
+        err = DLX(dlx_acquire_group(q, "dg", NULL, 0, NULL, &g));
+        ck_assert_msg(err == 0, "acquire group: %s (%s)", dlx_strerror(err), dlx_last_error());
+        DLXV(buf->deleter(buf));
+        DLXV(dlx_close(p));
+        DLXV(dlx_close(q));
+        ck_assert_msg(same(dlx_group_tensor(g, 0)->data, DG_LEN, 30) &&
+                              same(dlx_group_tensor(g, 2)->data, DG_LEN, 31),
+                      "a held device group lost its bytes when both clients closed");
+        ck_assert_int_le(runs(1) + runs(2) + runs(3), 3);
+        dlx_group_release(g);
+        for (int i = 0; i < 200 && runs(1) + runs(2) + runs(3) < 3; i++)
+                fx_sleep_ms(10);
+        ck_assert_msg(runs(1) == 1 && runs(2) == 1 && runs(3) == 1, "deleters ran %d, %d, %d times",
+                      runs(1), runs(2), runs(3));
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
+/*
+ * Acquire again after a release of the whole group: the memory is opened once per process
+ * (VMM import counted), and each acquire's stream waits exactly once.
+ */
+static int rdg_twice_consumer(void *arg)
+{
+        struct chan *ch = arg;
+        pid_t me = getpid();
+        dlx_group *g = NULL;
+        size_t before, after;
+        dlx_client *c;
+        int err;
+
+        c = child_start(ch, true, "rdg-consumer", C_STREAM);
+        CHECK(c, "start");
+        for (int i = 0; i < 3; i++) {
+                before = log_now();
+                err = DLX(dlx_acquire_group(c, "dg", (const char *const[]){"c"}, 1, NULL, &g));
+                after = log_now();
+                CHECK(err == 0, "acquire %d: %s (%s)", i, dlx_strerror(err), dlx_last_error());
+                CHECK(same(dlx_group_tensor(g, 0)->data, DG_LEN, 31), "acquire %d: c's bytes", i);
+                CHECK(QCOUNT(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = me, .from = before,
+                             .to = after) == 1,
+                      "acquire %d: %d stream waits", i,
+                      QCOUNT(.op = CUDA_FAKE_STREAM_WAIT_EVENT, .pid = me, .from = before,
+                             .to = after));
+                before = log_now();
+                dlx_group_release(g);
+                CHECK(QCOUNT(.op = CUDA_FAKE_EVENT_RECORD, .pid = me, .from = before) == 1,
+                      "release %d: %d events recorded", i,
+                      QCOUNT(.op = CUDA_FAKE_EVENT_RECORD, .pid = me, .from = before));
+        }
+        CHECK(QCOUNT(.op = CUDA_FAKE_MEM_IMPORT_FROM_SHAREABLE_HANDLE, .pid = me) <= 1,
+              "the group's memory was imported %d times",
+              QCOUNT(.op = CUDA_FAKE_MEM_IMPORT_FROM_SHAREABLE_HANDLE, .pid = me));
+        CHECK(c_tell(ch, 1) == 0, "tell");
+        uint64_t go;
+        CHECK(c_hear(ch, &go) == 0, "no end");
+        DLXV(dlx_close(c));
+        return child_done("consumer", true);
+}
+
+START_TEST(rdg_subset_reacquire_opens_once_waits_once)
+{
+        DLManagedTensorVersioned *buf;
+        struct dlx_member ms[3];
+        uint64_t version = 0;
+        struct chan ch;
+        uint8_t *data;
+        dlx_client *c;
+        pid_t pid;
+        int err;
+
+        pid = spawn_on(&ch, rdg_twice_consumer, &ch);
+        c = fx_connect(&fx, "rdg-producer");
+        ck_assert_int_eq(DLX(dlx_set_stream(c, 0, P_STREAM)), 0);
+        buf = alloc_on(c, kDLCUDA, 2 * DG_LEN + DG_GAP);
+        ck_assert_ptr_nonnull(buf);
+        data = buf->dl_tensor.data;
+        fill(data, DG_LEN, 30);
+        fill(data + DG_LEN + DG_GAP, DG_LEN, 31);
+        dgroup_members(ms, (uintptr_t)data, (uintptr_t)(data + DG_LEN + DG_GAP), 1);
+        err = DLX(dlx_publish_group(c, "dg", ms, 3, NULL, &version));
+        ck_assert_msg(err == 0, "publish group: %s (%s)", dlx_strerror(err), dlx_last_error());
+        tell(&ch, 1);
+        ck_assert_uint_eq(hear(&ch), 1);
+        unpublish_wait(c, "dg", version);
+        tell(&ch, 2);
+        reap(pid, "consumer");
+        DLXV(buf->deleter(buf));
+        DLXV(dlx_close(c));
+        assert_nothing_live("producer after close");
+        ck_assert_int_eq(ctx_bad, 0);
+        chan_close(&ch);
+}
+END_TEST
+
+/*
+ * fork() after a group acquire: in the child, dlx_group_release() frees only the child's copy
+ * (the parent's lease stays, its bytes stay readable); the parent's release then ends it.
+ */
+START_TEST(rdg_fork_after_acquire_keeps_the_parents_lease)
+{
+        DLManagedTensorVersioned *buf;
+        struct dlx_member ms[3];
+        uint64_t version = 0;
+        dlx_group *g = NULL;
+        dlx_client *p, *q;
+        uint8_t *data;
+        pid_t pid;
+        int err;
+
+        p = fx_connect(&fx, "rdg-producer");
+        q = fx_connect(&fx, "rdg-consumer");
+        buf = alloc_on(p, kDLCUDA, 2 * DG_LEN + DG_GAP);
+        ck_assert_ptr_nonnull(buf);
+        data = buf->dl_tensor.data;
+        fill(data, DG_LEN, 30);
+        fill(data + DG_LEN + DG_GAP, DG_LEN, 31);
+        dgroup_members(ms, (uintptr_t)data, (uintptr_t)(data + DG_LEN + DG_GAP), 1);
+        err = DLX(dlx_publish_group(p, "dg", ms, 3, NULL, &version));
+        ck_assert_msg(err == 0, "publish group: %s (%s)", dlx_strerror(err), dlx_last_error());
+        err = DLX(dlx_acquire_group(q, "dg", NULL, 0, NULL, &g));
+        ck_assert_msg(err == 0, "acquire group: %s (%s)", dlx_strerror(err), dlx_last_error());
+        pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                dlx_group *g2 = NULL;
+                int e = dlx_acquire_group(q, "dg", NULL, 0, NULL, &g2);
+
+                dlx_group_release(g);
+                dlx_close(q);
+                dlx_close(p);
+                fx_child_exit(e == -ESTALE ? 0 : 1);
+        }
+        ck_assert_msg(fx_wait(pid) == 0, "a forked child's acquire on the parent's client "
+                                         "was not -ESTALE");
+        fx_sleep_ms(100);
+        ck_assert_int_eq(rdg_leases(p, "dg"), 1);
+        ck_assert(same(dlx_group_tensor(g, 2)->data, DG_LEN, 31));
+        dlx_group_release(g);
+        for (int i = 0; i < 200 && rdg_leases(p, "dg") != 0; i++)
+                fx_sleep_ms(10);
+        ck_assert_int_eq(rdg_leases(p, "dg"), 0);
+        unpublish_wait(p, "dg", version);
+        ck_assert_int_eq(runs(1) + runs(2) + runs(3), 3);
+        DLXV(buf->deleter(buf));
+        DLXV(dlx_close(q));
+        DLXV(dlx_close(p));
+        assert_nothing_live("after close");
+        ck_assert_int_eq(ctx_bad, 0);
+}
+END_TEST
+
 static void add_loop(TCase *tc, const TTest *t, int rows)
 {
         const char *only = getenv("DLX_CUDA_ONLY");
@@ -5550,6 +6060,22 @@ Suite *cuda_double_suite(void)
         add(tc, attack_wait_after_producer_closed);
         add(tc, attack_publish_refusals);
         add(tc, attack_sync_after_producer_killed);
+        suite_add_tcase(s, tc);
+
+        /* a second reader's attacks on device groups */
+        tc = tcase_create("device-group-attacks");
+        tcase_add_checked_fixture(tc, cuda_setup, cuda_teardown);
+        tcase_set_timeout(tc, 60);
+        add(tc, rdg_byte_offset_members_read_where_they_point);
+        add(tc, rdg_copied_byte_offset_members_keep_their_bytes);
+        add(tc, rdg_copied_views_keep_their_distance);
+        add(tc, rdg_empty_members_only);
+        add(tc, rdg_subset_acquire);
+        add(tc, rdg_taken_member_outlives_release_and_close);
+        add(tc, rdg_refusals_delete_tied_members_once);
+        add(tc, rdg_close_with_device_group_held);
+        add(tc, rdg_subset_reacquire_opens_once_waits_once);
+        add(tc, rdg_fork_after_acquire_keeps_the_parents_lease);
         suite_add_tcase(s, tc);
         return s;
 }

@@ -116,6 +116,44 @@ START_TEST(test_name_lengths)
 }
 END_TEST
 
+/*
+ * Every byte value at every place of a 24-byte ASCII name (three words, read
+ * a word at a time where nothing stands out): a '/' divides it unless it
+ * makes an empty component, and any other byte outside printable ASCII, a
+ * lone byte of 0x80 or more included, is refused. Then two of each at once.
+ */
+START_TEST(test_name_every_byte_everywhere)
+{
+        char buf[25] = "abcdefghijklmnopqrstuvwx";
+        const size_t len = 24;
+
+        for (size_t p = 0; p < len; p++) {
+                for (unsigned b = 0; b < 256; b++) {
+                        bool want = (b >= 0x20 && b < 0x7f && b != '/') ||
+                                    (b == '/' && p > 0 && p < len - 1);
+                        buf[p] = (char)b;
+                        ck_assert_msg((layout_name_check(buf, len, NULL) == 0) == want,
+                                      "byte 0x%02x at %zu: %s", b, p,
+                                      want ? "refused" : "accepted");
+                        buf[p] = (char)('a' + p);
+                }
+        }
+        for (size_t p = 1; p + 1 < len; p++) {
+                for (size_t q = p + 1; q + 1 < len; q++) {
+                        buf[p] = buf[q] = '/';
+                        ck_assert_msg((layout_name_check(buf, len, NULL) == 0) == (q > p + 1),
+                                      "slashes at %zu and %zu", p, q);
+                        buf[p] = (char)('a' + p);
+                        buf[q] = (char)('a' + q);
+                }
+        }
+        memcpy(buf, "abcdefg/../hijklmnopqrst", len);
+        ck_assert_int_eq(layout_name_check(buf, len, NULL), -EINVAL);
+        memcpy(buf, "abcdefgh/./ijklmnopqrst", len);
+        ck_assert_int_eq(layout_name_check(buf, 23, NULL), -EINVAL);
+}
+END_TEST
+
 START_TEST(test_name_rejects)
 {
         static const char *const bad[] = {
@@ -834,6 +872,7 @@ Suite *layout_suite(void)
         tcase_add_test(tc, test_units_parse_size);
         tcase_add_test(tc, test_name_lengths);
         tcase_add_test(tc, test_name_rejects);
+        tcase_add_test(tc, test_name_every_byte_everywhere);
         tcase_add_test(tc, test_prefix);
         tcase_add_test(tc, test_utf8_valid);
         suite_add_tcase(s, tc);
