@@ -525,6 +525,9 @@ static PyObject *client_publish_dict(DlxPy_Client *self, PyObject *args, PyObjec
                 if (dlxpy_take_tensor(value, member, Py_None, &ms[taken].tensor, &legacy, &stream) <
                     0)
                         goto fail;
+                /* device members: ordered after the work on the framework's current stream */
+                if (!o.stream)
+                        o.stream = stream;
                 if (legacy) {
                         int err = dlx_tensor_from_legacy(legacy, &ms[taken].tensor);
                         if (err < 0) {
@@ -933,8 +936,10 @@ static PyMethodDef client_methods[] = {
          METH_VARARGS | METH_KEYWORDS,
          "publish_dict(name, mapping, *, persist=False)\n--\n\n"
          "Publishes every tensor of mapping (str -> DLPack object: a torch state_dict(),\n"
-         "numpy arrays...) as one version of the group name, atomically, copied once.\n"
-         "Returns the version."},
+         "numpy arrays...) as one version of the group name, atomically: host tensors\n"
+         "copied once; CUDA tensors on one device in place when they are in one\n"
+         "allocation, else copied once on the device, ordered after the framework's\n"
+         "current stream. Returns the version."},
         {"acquire_dict", (PyCFunction)(void (*)(void))client_acquire_dict,
          METH_VARARGS | METH_KEYWORDS,
          "acquire_dict(name, members=None, *, timeout=None, min_version=None)\n--\n\n"
