@@ -1382,10 +1382,10 @@ int dlx_group_take(dlx_group *g, size_t i, DLManagedTensorVersioned **ret_tensor
         }
         /* device memory refuses writes where it was mapped for reading only (VMM) */
         bool protect = g->has_gpu ? g->map && !g->map->ro_writable : !writable;
-        err = dlx__acquired_member(&g->tensors[i], gm->flags, writable, protect,
-                                   g->alloc ? WIRE_STORAGE_MEMFD : g->storage,
-                                   group_member_name(g->base, gm), version, group_unref, g,
-                                   ret_tensor);
+        err = dlx__acquired_member(
+                &g->tensors[i], gm->flags, writable, protect,
+                g->alloc ? WIRE_STORAGE_MEMFD : g->storage, group_member_name(g->base, gm), version,
+                g->has_gpu ? g->c : NULL, g->has_gpu ? &g->gpu : NULL, group_unref, g, ret_tensor);
         if (err < 0)
                 group_unref(g);
         return err;

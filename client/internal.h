@@ -417,12 +417,15 @@ DLX_HIDDEN void dlx__track_final(dlx_client *c);
  * whose deleter calls drop(hold) instead of releasing a lease, so that
  * dlx_tensor_info() and the exchange API treat it as any acquired tensor.
  * t's shape and strides are copied; its data stays. write_protected: its
- * mapping refuses writes; storage: the wire storage kind of its memory.
+ * mapping refuses writes; storage: the wire storage kind of its memory. A
+ * device group's member orders through the group's gpu (of client c, alive
+ * while hold is): dlx_tensor_sync() and dlx_tensor_wait() act on it.
  * Returns 0 or -ENOMEM.
  */
 DLX_HIDDEN int dlx__acquired_member(const DLTensor *t, uint64_t flags, bool writable,
                                     bool write_protected, uint32_t storage, const char *name,
-                                    uint64_t version, void (*drop)(void *hold), void *hold,
+                                    uint64_t version, dlx_client *c, struct gpu_acq *group_gpu,
+                                    void (*drop)(void *hold), void *hold,
                                     DLManagedTensorVersioned **ret);
 DLX_HIDDEN const DLManagedTensorVersioned *dlx__exchange_unwrap(const DLManagedTensorVersioned *t);
 

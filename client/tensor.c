@@ -27,6 +27,7 @@ struct acquired {
         /* a group's member (dlx_group_take): the group's hold, dropped instead of a lease */
         void (*drop)(void *hold);
         void *hold;
+        struct gpu_acq *group_gpu; /* a device group's member: the group's ordering */
         char name[DLX_NAME_MAX + 1];
         int64_t dims[]; /* shape[ndim], strides[ndim] */
 };
@@ -190,8 +191,9 @@ static int build_acquired(dlx_client *c, struct pending *p, void *stream,
 }
 
 int dlx__acquired_member(const DLTensor *t, uint64_t flags, bool writable, bool write_protected,
-                         uint32_t storage, const char *name, uint64_t version,
-                         void (*drop)(void *hold), void *hold, DLManagedTensorVersioned **ret)
+                         uint32_t storage, const char *name, uint64_t version, dlx_client *c,
+                         struct gpu_acq *group_gpu, void (*drop)(void *hold), void *hold,
+                         DLManagedTensorVersioned **ret)
 {
         struct acquired *a = calloc(1, sizeof(*a) + 2 * (size_t)t->ndim * sizeof(int64_t));
 
@@ -199,6 +201,8 @@ int dlx__acquired_member(const DLTensor *t, uint64_t flags, bool writable, bool 
                 return dlx__fail(-ENOMEM, "out of memory");
         a->drop = drop;
         a->hold = hold;
+        a->c = c;
+        a->group_gpu = group_gpu;
         a->version = version;
         a->storage = storage;
         a->write_protected = write_protected;
@@ -284,6 +288,8 @@ int dlx_tensor_wait(const DLManagedTensorVersioned *t, int64_t timeout_ms)
 
         if (!a)
                 return dlx__fail(-EINVAL, "not a tensor from dlx_acquire()");
+        if (a->group_gpu)
+                return dlx__gpu_wait_producer(a->group_gpu, timeout_ms);
         if (!a->has_gpu)
                 return 0; /* host memory: every write was done before publish returned */
         return dlx__gpu_wait_producer(&a->gpu, timeout_ms);
@@ -296,13 +302,14 @@ int dlx_tensor_sync(DLManagedTensorVersioned *t, void *stream)
 
         if (!a)
                 return dlx__fail(-EINVAL, "not a tensor from dlx_acquire()");
-        if (!a->has_gpu)
+        if (!a->has_gpu && !a->group_gpu)
                 return 0; /* host memory: every write was done before publish returned */
         /* in a forked child: CUDA's own answer (-ENODEV, saying why) before the client's */
         if ((err = dlx__gpu_usable()) < 0 || (err = dlx__usable(a->c)) < 0)
                 return err;
         pthread_mutex_lock(&a->c->lock);
-        err = dlx__gpu_sync(a->c, &a->gpu, stream);
+        /* a device group's member: the group's release waits for this stream too */
+        err = dlx__gpu_sync(a->c, a->group_gpu ? a->group_gpu : &a->gpu, stream);
         pthread_mutex_unlock(&a->c->lock);
         return err;
 }

@@ -5251,6 +5251,15 @@ static int dgroup_consumer(void *arg)
         CHECK(strcmp(storage_of(t), want) == 0, "a member's storage is %s", storage_of(t));
         CHECK(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY, "a member is not read-only");
         CHECK(t->dl_tensor.data == dlx_group_tensor(g, 2)->data, "a taken member moved");
+        /* a member used on another stream: it waits for the producer too, and the release for it */
+        CHECK(!cuda_fake_waited(C2_STREAM, ev), "stream C2 waited before it was asked to");
+        err = DLX(dlx_tensor_sync(t, C2_STREAM));
+        CHECK(err == 0, "sync a member: %s (%s)", dlx_strerror(err), dlx_last_error());
+        CHECK(cuda_fake_waited(C2_STREAM, ev),
+              "a member synced to stream C2 did not make it wait for the producer's event");
+        err = DLX(dlx_tensor_wait(t, 1000));
+        CHECK(err == 0, "wait for a member's producer: %s (%s)", dlx_strerror(err),
+              dlx_last_error());
 
         /* again: the session holds the table and the memory, nothing is opened twice */
         err = DLX(dlx_acquire_group(c, "dg", NULL, 0, NULL, &g2));
@@ -5268,6 +5277,9 @@ static int dgroup_consumer(void *arg)
               "%d release events recorded on stream C",
               QCOUNT(.op = CUDA_FAKE_EVENT_RECORD, .pid = me, .by_stream = true,
                      .stream = S(C_STREAM), .from = before));
+        CHECK(QCOUNT(.op = CUDA_FAKE_EVENT_RECORD, .pid = me, .by_stream = true,
+                     .stream = S(C2_STREAM), .from = before) == 1,
+              "the release did not join stream C2, which a member was synced to");
         /* the release events must outlive the producer's wait on them */
         CHECK(c_tell(ch, 1) == 0, "tell");
         CHECK(c_hear(ch, &go) == 0, "no end");

@@ -510,7 +510,10 @@ int64_t dlx_group_find(const dlx_group *group, const char *name);
  * group's lease alive until its deleter runs, whenever that is: after
  * dlx_group_release(), or after dlx_close() too. dlx_tensor_info() gives its
  * member name, the group's version and "memfd" (a device group's: "cuda-vmm"
- * or "cuda-ipc"). Each call makes a new one.
+ * or "cuda-ipc"). A device group's member orders as an acquired CUDA tensor
+ * does, through the group: dlx_tensor_sync() makes another stream wait for
+ * the producer, and the group's release then waits for that stream too;
+ * dlx_tensor_wait() waits on the host. Each call makes a new one.
  * Returns 0, -EINVAL (out of range, NULL) or -ENOMEM.
  */
 int dlx_group_take(dlx_group *group, size_t i, DLManagedTensorVersioned **ret_tensor);
