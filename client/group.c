@@ -611,10 +611,15 @@ static int segment_new(uint8_t *table, struct pub_member **sorted, size_t count,
         return fd;
 }
 
-/* Seals a group segment nothing maps writable any more: shared, it can change no more. */
+#define GROUP_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL)
+
+/*
+ * Seals an allocated group's segment, which nothing should map writable any
+ * more: EBUSY at once says something does (a child forked since the alloc).
+ */
 static int segment_seal(int fd)
 {
-        if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0)
+        if (fcntl(fd, F_ADD_SEALS, GROUP_SEALS) < 0)
                 return -errno;
         return 0;
 }
@@ -903,7 +908,7 @@ static int publish_device_group(dlx_client *c, const char *name, struct dlx_memb
         /* what the readers' bytes are in: the members themselves, or their copy */
         b = bundle_new(copy ? 1 : count);
         fd = b ? segment_new(table, sorted, count, tp, tp->data_off, GROUP_FORMAT_APART) : -ENOMEM;
-        err = fd < 0 ? fd : segment_seal(fd);
+        err = fd < 0 ? fd : dlx__seal_fresh(fd, GROUP_SEALS);
         if (err < 0) {
                 err = dlx__fail(err, "publish group '%s': cannot make its table: %s", name,
                                 strerror(-err));
@@ -1049,7 +1054,7 @@ static int held_publish_group(dlx_client *c, const char *name, struct dlx_member
         err = fd < 0 ? fd : write_blocks(fd, blocks, nblocks, stage);
         /* nothing ever mapped it writable: it can be sealed against writing */
         if (err == 0)
-                err = segment_seal(fd);
+                err = dlx__seal_fresh(fd, GROUP_SEALS);
         if (err < 0) {
                 err = dlx__fail(err, "publish group '%s': cannot copy into shared memory: %s", name,
                                 strerror(-err));

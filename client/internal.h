@@ -390,6 +390,15 @@ DLX_HIDDEN unsigned dlx__arena_give_back_empty(dlx_client *c);
 DLX_HIDDEN struct seg_map *dlx__arena_find(dlx_client *c, uint32_t kind, const void *data,
                                            int64_t lo, int64_t hi);
 
+/*
+ * Adds seals to a memfd this process filled with write() and that nobody
+ * ever mapped. F_SEAL_WRITE may still meet EBUSY: a fresh page the kernel
+ * briefly counts as pinned (a per-CPU batch another CPU has not drained, on
+ * a loaded machine). That is retried, about a second at most in all.
+ * Returns 0 or -errno.
+ */
+DLX_HIDDEN int dlx__seal_fresh(int fd, int seals);
+
 /* ---- tensor.c ---- */
 /*
  * Registers h for the RELEASED of the zero-copy publish req is about to make

@@ -17,6 +17,7 @@
  * the Forget finds the mapping still there and revives it.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -313,5 +314,17 @@ void dlx__maps_final(dlx_client *c)
         for (n = avl_first(&c->maps); n; n = next) {
                 next = avl_next(n);
                 map_destroy(c, avl_entry(n, struct seg_map, node));
+        }
+}
+
+int dlx__seal_fresh(int fd, int seals)
+{
+        for (int i = 0;; i++) {
+                if (fcntl(fd, F_ADD_SEALS, seals) == 0)
+                        return 0;
+                if ((errno != EBUSY && errno != EINTR) || i == 6)
+                        return -errno;
+                /* each refusal waited up to 150 ms in the kernel already */
+                usleep(1000u << i);
         }
 }

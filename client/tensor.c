@@ -467,9 +467,12 @@ static int copy_to_memfd(const DLTensor *t, int64_t lo, int64_t hi, bool read_on
                 }
                 done += (uint64_t)n;
         }
-        if (fcntl(fd, F_ADD_SEALS,
-                  F_SEAL_SHRINK | F_SEAL_GROW | (read_only ? F_SEAL_WRITE : 0) | F_SEAL_SEAL) < 0)
-                goto fail;
+        err = dlx__seal_fresh(fd, F_SEAL_SHRINK | F_SEAL_GROW | (read_only ? F_SEAL_WRITE : 0) |
+                                          F_SEAL_SEAL);
+        if (err < 0) {
+                close(fd);
+                return err;
+        }
         *ret_offset = seg_off;
         *ret_size = size;
         return fd;
