@@ -27,35 +27,19 @@
 
 #include "fixture.h"
 #include "rawpeer.h"
+#include "devgroup.h"
 #include "tables.h"
 
 #define DLXV(call) ck_assert_int_eq((call), 0)
-#define MEM_BYTES (1u << 20)
 #define F32                                                                                        \
         {                                                                                          \
                 kDLFloat, 32, 1                                                                    \
         }
 #define NOBODY 65534
 
-static char ptmx_arg[32];
-
-static void setup_args(const char *const *more)
-{
-        const char *args[8] = {"--cuda-device-number", ptmx_arg};
-        struct stat sb;
-        int n = 2;
-
-        ck_assert_int_eq(stat("/dev/ptmx", &sb), 0);
-        snprintf(ptmx_arg, sizeof(ptmx_arg), "%u:%u", major(sb.st_rdev), minor(sb.st_rdev));
-        for (; more && *more && n < 7; more++)
-                args[n++] = *more;
-        args[n] = NULL;
-        dlxd_start(&fx, args);
-}
-
 static void setup(void)
 {
-        setup_args(NULL);
+        devgroup_dlxd_start(NULL);
 }
 
 static void setup_shared(void)
@@ -63,175 +47,7 @@ static void setup_shared(void)
         const char *const more[] = {"--group", "65534", NULL};
 
         /* only root makes a child of another uid (the test skips otherwise) */
-        setup_args(geteuid() == 0 ? more : NULL);
-}
-
-static const struct gspec two[] = {
-        {"a", F32, 1, {16}, {1}, 0, 0},
-        {"b", F32, 1, {4}, {1}, 0, MEM_BYTES - 16},
-};
-
-static int vmm_export(void)
-{
-        unsigned pty;
-        int m = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
-
-        ck_assert_msg(m >= 0 && ioctl(m, TIOCGPTN, &pty) == 0, "/dev/ptmx: %s", strerror(errno));
-        return m;
-}
-
-/* Sends req with fd (-1: none) and reads its answer, events skipped; returns its status. */
-static int call(int sock, const struct wire_request *req, int fd, struct wire_reply *rep,
-                int *ret_fd)
-{
-        int r;
-
-        rp_send(sock, req, fd);
-        r = rp_read_answer(sock, rep, 10000 * fx_slowdown(), ret_fd);
-        ck_assert_msg(r == 1, "request %llu: no answer (%d)", (unsigned long long)req->id, r);
-        ck_assert_uint_eq(rep->id, req->id);
-        return rep->status;
-}
-
-static uint64_t vmm_segment(int sock, uint64_t id, uint64_t size)
-{
-        struct wire_request req = {.id = id, .type = WIRE_REQ_ALLOC};
-        struct wire_reply rep;
-        int m = vmm_export(), fd = -1;
-
-        req.alloc.size = size;
-        req.alloc.storage = WIRE_STORAGE_CUDA_VMM;
-        ck_assert_int_eq(call(sock, &req, m, &rep, &fd), WIRE_OK);
-        ck_assert_int_eq(fd, -1);
-        close(m);
-        return rep.alloc.segment;
-}
-
-/* Publishes g as a device group over segment (0: IPC) with table fd tfd (-1: a fresh sealed one).
- */
-static int publish_fd(int sock, uint64_t id, const char *name, const struct gseg *g,
-                      uint64_t segment, int tfd, struct wire_reply *rep)
-{
-        struct wire_request req;
-        int fd = tfd >= 0 ? tfd : gmemfd(g, F_SEAL_WRITE), st;
-
-        device_group_publish_req(&req, id, name, g, segment);
-        st = call(sock, &req, fd, rep, NULL);
-        if (tfd < 0)
-                close(fd);
-        return st;
-}
-
-static int publish(int sock, uint64_t id, const char *name, const struct gseg *g, uint64_t segment,
-                   struct wire_reply *rep)
-{
-        return publish_fd(sock, id, name, g, segment, -1, rep);
-}
-
-struct got {
-        bool segment;
-        uint64_t table;
-        uint64_t table_size;
-        int table_fd;
-        struct wire_reply acq;
-        int fd;
-};
-
-/* Reads the answer to acquire id: the SEGMENT reply if one comes, then the ACQUIRE reply. */
-static int acquire_read(int sock, uint64_t id, struct got *g, int timeout_ms)
-{
-        struct wire_reply rep;
-        int fd = -1, r;
-
-        memset(g, 0, sizeof(*g));
-        g->table_fd = g->fd = -1;
-        r = rp_read_answer(sock, &rep, timeout_ms, &fd);
-        ck_assert_msg(r == 1, "acquire %llu: no answer (%d)", (unsigned long long)id, r);
-        ck_assert_uint_eq(rep.id, id);
-        if (rep.status == WIRE_OK && rep.type == WIRE_REP_SEGMENT) {
-                g->segment = true;
-                g->table = rep.segment.segment;
-                g->table_size = rep.segment.size;
-                g->table_fd = fd;
-                fd = -1;
-                ck_assert_int_eq(rp_read_answer(sock, &rep, timeout_ms, &fd), 1);
-                ck_assert_uint_eq(rep.id, id);
-                ck_assert_msg(rep.type == WIRE_REP_ACQUIRE || rep.status != WIRE_OK,
-                              "a SEGMENT reply followed by reply type %d", rep.type);
-        }
-        g->acq = rep;
-        g->fd = fd;
-        return rep.status;
-}
-
-static void acquire_send(int sock, uint64_t id, const char *name, bool group, uint64_t min_version,
-                         int64_t timeout_ms)
-{
-        struct wire_request req;
-
-        rp_acquire_req(&req, id, name);
-        req.acquire.group = group;
-        req.acquire.min_version = min_version;
-        req.acquire.timeout_ms = timeout_ms;
-        rp_send(sock, &req, -1);
-}
-
-static int acquire(int sock, uint64_t id, const char *name, struct got *g)
-{
-        acquire_send(sock, id, name, true, 0, 0);
-        return acquire_read(sock, id, g, 10000 * fx_slowdown());
-}
-
-static void got_close(struct got *g)
-{
-        if (g->table_fd >= 0)
-                close(g->table_fd);
-        if (g->fd >= 0)
-                close(g->fd);
-        g->table_fd = g->fd = -1;
-}
-
-static void release(int sock, uint64_t lease)
-{
-        struct wire_request rel = {.id = 998, .type = WIRE_REQ_RELEASE};
-        struct wire_reply rep;
-
-        rel.release.lease = lease;
-        rp_send(sock, &rel, -1);
-        ck_assert_int_eq(call(sock, &(struct wire_request){.id = 999, .type = WIRE_REQ_PING}, -1,
-                              &rep, NULL),
-                         WIRE_OK);
-}
-
-struct held {
-        uint64_t segments, bytes, fds, names, versions, leases;
-};
-
-static struct held held_now(dlx_client *c)
-{
-        struct dlx_stats st;
-
-        DLXV(dlx_stats(c, &st));
-        return (struct held){st.segments, st.bytes, st.fds, st.names, st.versions, st.leases};
-}
-
-static void expect_held(dlx_client *c, const struct held *before, const char *what)
-{
-        struct held now = held_now(c);
-
-        for (int i = 0; i < 300 && memcmp(&now, before, sizeof(now)) != 0; i++) {
-                fx_sleep_ms(10);
-                now = held_now(c);
-        }
-        ck_assert_msg(memcmp(&now, before, sizeof(now)) == 0,
-                      "%s: segments %llu -> %llu, bytes %llu -> %llu, fds %llu -> %llu, names "
-                      "%llu -> %llu, versions %llu -> %llu, leases %llu -> %llu",
-                      what, (unsigned long long)before->segments, (unsigned long long)now.segments,
-                      (unsigned long long)before->bytes, (unsigned long long)now.bytes,
-                      (unsigned long long)before->fds, (unsigned long long)now.fds,
-                      (unsigned long long)before->names, (unsigned long long)now.names,
-                      (unsigned long long)before->versions, (unsigned long long)now.versions,
-                      (unsigned long long)before->leases, (unsigned long long)now.leases);
+        devgroup_dlxd_start(geteuid() == 0 ? more : NULL);
 }
 
 /* ---- the table is a sealed memfd nobody can write ----------------------------------------------
@@ -248,7 +64,7 @@ START_TEST(table_is_sealed_never_a_writable_segment)
 {
         int prod = rp_connect(fx.socket, "producer"), cons = rp_connect(fx.socket, "consumer");
         dlx_client *obs = fx_connect(&fx, "observer");
-        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES);
+        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES, NULL);
         struct wire_request req;
         struct wire_reply rep;
         struct held before;
@@ -292,7 +108,7 @@ START_TEST(apart_table_ends_at_data_off)
 {
         int prod = rp_connect(fx.socket, "producer");
         dlx_client *obs = fx_connect(&fx, "observer");
-        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES);
+        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES, NULL);
         struct wire_reply rep;
         struct held before;
         struct gseg g, big;
@@ -323,7 +139,7 @@ START_TEST(device_group_has_members)
 {
         int prod = rp_connect(fx.socket, "producer");
         dlx_client *obs = fx_connect(&fx, "observer");
-        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES);
+        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES, NULL);
         struct wire_request req;
         struct wire_reply rep;
         struct held before;
@@ -410,7 +226,7 @@ END_TEST
 START_TEST(forgotten_memory_is_sent_again_alone)
 {
         int prod = rp_connect(fx.socket, "producer"), cons = rp_connect(fx.socket, "consumer");
-        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES);
+        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES, NULL);
         struct wire_request fr = {.id = 4, .type = WIRE_REQ_FORGET};
         struct wire_reply rep;
         struct gseg g;
@@ -442,7 +258,7 @@ END_TEST
 START_TEST(pipelined_acquires_send_each_fd_once)
 {
         int prod = rp_connect(fx.socket, "producer"), cons = rp_connect(fx.socket, "consumer");
-        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES);
+        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES, NULL);
         struct wire_reply rep;
         int tables = 0, mems = 0;
         struct gseg g;
@@ -475,7 +291,7 @@ END_TEST
 START_TEST(waiting_acquire_gets_table_first)
 {
         int prod = rp_connect(fx.socket, "producer"), cons = rp_connect(fx.socket, "consumer");
-        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES);
+        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES, NULL);
         struct wire_reply rep;
         struct gseg g;
         struct got a;
@@ -516,7 +332,7 @@ START_TEST(old_peer_waiting_acquire_gets_enotsup)
 {
         int prod = rp_connect(fx.socket, "producer"), old = rp_connect_minor(fx.socket, "old", 3);
         dlx_client *obs = fx_connect(&fx, "observer");
-        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES);
+        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES, NULL);
         struct wire_reply rep;
         struct dlx_info info;
         struct gseg g;
@@ -545,7 +361,7 @@ START_TEST(plain_acquire_of_device_group_sends_nothing)
 {
         int prod = rp_connect(fx.socket, "producer"), cons = rp_connect(fx.socket, "consumer");
         dlx_client *obs = fx_connect(&fx, "observer");
-        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES);
+        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES, NULL);
         struct wire_reply rep;
         struct dlx_info info;
         struct gseg g;
@@ -589,7 +405,7 @@ START_TEST(many_device_groups_unread_all_arrive)
 
         gbuild(&g, two, 2, MEM_BYTES, true);
         for (int i = 0; i < N; i++) {
-                uint64_t seg = vmm_segment(prod, 100 + (uint64_t)i, MEM_BYTES);
+                uint64_t seg = vmm_segment(prod, 100 + (uint64_t)i, MEM_BYTES, NULL);
                 snprintf(name, sizeof(name), "dg%02d", i);
                 ck_assert_int_eq(publish(prod, 200 + (uint64_t)i, name, &g, seg, &rep), WIRE_OK);
         }
@@ -632,7 +448,7 @@ START_TEST(unread_device_group_fds_return_on_close)
 
         gbuild(&g, two, 2, MEM_BYTES, true);
         for (int i = 0; i < 8; i++) {
-                uint64_t seg = vmm_segment(prod, 100 + (uint64_t)i, MEM_BYTES);
+                uint64_t seg = vmm_segment(prod, 100 + (uint64_t)i, MEM_BYTES, NULL);
                 snprintf(name, sizeof(name), "dg%d", i);
                 ck_assert_int_eq(publish(prod, 200 + (uint64_t)i, name, &g, seg, &rep), WIRE_OK);
                 acquire_send(cons, 10 + (uint64_t)i, name, true, 0, 0);
@@ -662,7 +478,7 @@ START_TEST(device_cpu_device_replacement_under_a_lease)
         int prod = rp_connect(fx.socket, "producer"), cons = rp_connect(fx.socket, "consumer");
         dlx_client *obs = fx_connect(&fx, "observer");
         struct held empty = held_now(obs);
-        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES);
+        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES, NULL);
         const struct gspec three[] = {
                 {"a", F32, 1, {16}, {1}, 0, 0},
                 {"b", F32, 1, {4}, {1}, 0, 64},
@@ -747,7 +563,7 @@ START_TEST(many_leased_versions_return_to_baseline)
         int prod = rp_connect(fx.socket, "producer"), cons = rp_connect(fx.socket, "consumer");
         dlx_client *obs = fx_connect(&fx, "observer");
         struct held empty = held_now(obs), one;
-        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES), leases[N];
+        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES, NULL), leases[N];
         struct wire_reply rep;
         int tables = 0, mems = 0;
         struct gseg g;
@@ -788,7 +604,7 @@ START_TEST(one_table_memfd_for_two_versions)
         int prod = rp_connect(fx.socket, "producer"), cons = rp_connect(fx.socket, "consumer");
         dlx_client *obs = fx_connect(&fx, "observer");
         struct held empty = held_now(obs);
-        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES);
+        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES, NULL);
         struct wire_reply rep;
         struct got a, b, c;
         struct gseg g;
@@ -837,7 +653,7 @@ START_TEST(producer_killed_mid_publish_leaves_nothing)
         ck_assert_int_ge(pid, 0);
         if (pid == 0) {
                 int prod = rp_connect(fx.socket, "doomed");
-                uint64_t seg = vmm_segment(prod, 2, MEM_BYTES);
+                uint64_t seg = vmm_segment(prod, 2, MEM_BYTES, NULL);
                 struct wire_request req;
                 struct gseg g;
                 uint8_t buf[4096];
@@ -885,7 +701,7 @@ START_TEST(other_uid_cannot_replace_a_device_group)
         }
         int prod = rp_connect(fx.socket, "producer");
         dlx_client *obs = fx_connect(&fx, "observer");
-        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES);
+        uint64_t seg = vmm_segment(prod, 2, MEM_BYTES, NULL);
         struct wire_reply rep;
         struct gseg g;
         pid_t pid;
@@ -900,7 +716,7 @@ START_TEST(other_uid_cannot_replace_a_device_group)
                 if (setgroups(0, NULL) != 0 || setgid(NOBODY) != 0 || setuid(NOBODY) != 0)
                         _exit(10);
                 int other = rp_connect(fx.socket, "other");
-                uint64_t oseg = vmm_segment(other, 2, MEM_BYTES);
+                uint64_t oseg = vmm_segment(other, 2, MEM_BYTES, NULL);
                 struct got a;
                 int st = publish(other, 3, "dg", &g, oseg, &rep);
                 if (st != WIRE_PERMISSION) {

@@ -28,182 +28,18 @@
 
 #include "fixture.h"
 #include "rawpeer.h"
+#include "devgroup.h"
 #include "tables.h"
 
 #define DLXV(call) ck_assert_int_eq((call), 0)
-#define MEM_BYTES (1u << 20) /* the device memory a group's members are in */
 #define F32                                                                                        \
         {                                                                                          \
                 kDLFloat, 32, 1                                                                    \
         }
 
-static char ptmx_arg[32];
-
 static void setup(void)
 {
-        const char *const args[] = {"--cuda-device-number", ptmx_arg, NULL};
-        struct stat sb;
-
-        ck_assert_int_eq(stat("/dev/ptmx", &sb), 0);
-        snprintf(ptmx_arg, sizeof(ptmx_arg), "%u:%u", major(sb.st_rdev), minor(sb.st_rdev));
-        dlxd_start(&fx, args);
-}
-
-/* Two members: "a", 16 float32 at 0, and "b", 4 float32 in the last 16 bytes of the memory. */
-static const struct gspec two[] = {
-        {"a", F32, 1, {16}, {1}, 0, 0},
-        {"b", F32, 1, {4}, {1}, 0, MEM_BYTES - 16},
-};
-
-/* A pty master standing in for a VMM export; its pty number to *ret_pty. */
-static int vmm_export(unsigned *ret_pty)
-{
-        int m = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
-
-        ck_assert_msg(m >= 0 && ioctl(m, TIOCGPTN, ret_pty) == 0, "/dev/ptmx: %s", strerror(errno));
-        return m;
-}
-
-/* Adopts a VMM export of size bytes as a segment held by sock's session; returns its id. */
-static uint64_t vmm_alloc(int sock, uint64_t id, uint64_t size, int m)
-{
-        struct wire_request req = {.id = id, .type = WIRE_REQ_ALLOC};
-        struct wire_reply rep;
-        int fd = -1;
-
-        req.alloc.size = size;
-        req.alloc.storage = WIRE_STORAGE_CUDA_VMM;
-        rp_send(sock, &req, m);
-        rp_expect_ok(sock, id, WIRE_REP_ALLOC, &rep, &fd);
-        ck_assert_msg(fd == -1, "an adopted VMM export came back");
-        return rep.alloc.segment;
-}
-
-/* A fresh VMM export of size bytes held by sock's session: its segment id, its pty number. */
-static uint64_t vmm_segment(int sock, uint64_t id, uint64_t size, unsigned *ret_pty)
-{
-        unsigned pty;
-        int m = vmm_export(ret_pty ? ret_pty : &pty);
-        uint64_t seg = vmm_alloc(sock, id, size, m);
-
-        close(m);
-        return seg;
-}
-
-/* Sends req with fd (-1: none) and reads its answer, events skipped; returns its status. */
-static int call(int sock, const struct wire_request *req, int fd, struct wire_reply *rep,
-                int *ret_fd)
-{
-        int r;
-
-        rp_send(sock, req, fd);
-        r = rp_read_answer(sock, rep, 10000 * fx_slowdown(), ret_fd);
-        ck_assert_msg(r == 1, "request %llu: no answer (%d)", (unsigned long long)req->id, r);
-        ck_assert_uint_eq(rep->id, req->id);
-        return rep->status;
-}
-
-/* Publishes g as a device group over segment (0: an IPC handle), the table sealed. */
-static int publish(int sock, uint64_t id, const char *name, const struct gseg *g, uint64_t segment,
-                   struct wire_reply *rep)
-{
-        struct wire_request req;
-        int fd = gmemfd(g, F_SEAL_WRITE), st;
-
-        device_group_publish_req(&req, id, name, g, segment);
-        st = call(sock, &req, fd, rep, NULL);
-        close(fd);
-        return st;
-}
-
-/* The two-member group over segment as name, built into *g, published (request id 3). */
-static void publish_two(int prod, const char *name, uint64_t segment, struct gseg *g)
-{
-        struct wire_reply rep;
-
-        gbuild(g, two, 2, MEM_BYTES, true);
-        ck_assert_int_eq(publish(prod, 3, name, g, segment, &rep), WIRE_OK);
-        ck_assert_uint_eq(rep.publish.segment, segment);
-}
-
-struct got {
-        bool segment;   /* a SEGMENT reply came first */
-        uint64_t table; /* its segment id */
-        uint64_t table_size;
-        int table_fd;
-        struct wire_reply acq;
-        int fd; /* the ACQUIRE reply's */
-};
-
-/* Acquires name as a group: the SEGMENT reply, if one comes, then the ACQUIRE reply. */
-static int acquire(int sock, uint64_t id, const char *name, struct got *g)
-{
-        struct wire_request req;
-        struct wire_reply rep;
-        int fd = -1;
-
-        memset(g, 0, sizeof(*g));
-        g->table_fd = g->fd = -1;
-        rp_acquire_req(&req, id, name);
-        req.acquire.group = true;
-        if (call(sock, &req, -1, &rep, &fd) == WIRE_OK && rep.type == WIRE_REP_SEGMENT) {
-                g->segment = true;
-                g->table = rep.segment.segment;
-                g->table_size = rep.segment.size;
-                g->table_fd = fd;
-                fd = -1;
-                ck_assert_int_eq(rp_read_answer(sock, &rep, 10000 * fx_slowdown(), &fd), 1);
-                ck_assert_uint_eq(rep.id, id);
-                ck_assert_msg(rep.type == WIRE_REP_ACQUIRE || rep.status != WIRE_OK,
-                              "a SEGMENT reply followed by reply type %d", rep.type);
-        }
-        g->acq = rep;
-        g->fd = fd;
-        return rep.status;
-}
-
-static void got_close(struct got *g)
-{
-        if (g->table_fd >= 0)
-                close(g->table_fd);
-        if (g->fd >= 0)
-                close(g->fd);
-        g->table_fd = g->fd = -1;
-}
-
-/* The daemon's counters a refused publish must leave as they were. */
-struct held {
-        uint64_t segments, bytes, fds, names, versions;
-};
-
-static struct held held_now(dlx_client *c)
-{
-        struct dlx_stats st;
-
-        DLXV(dlx_stats(c, &st));
-        return (struct held){st.segments, st.bytes, st.fds, st.names, st.versions};
-}
-
-/* Within 5 s: a big segment's fd may be closed off the loop, a little later. */
-static void expect_held(dlx_client *c, const struct held *before, const char *what)
-{
-        struct held now = held_now(c);
-
-        for (int i = 0; i < 500 && memcmp(&now, before, sizeof(now)) != 0; i++) {
-                fx_sleep_ms(10);
-                now = held_now(c);
-        }
-
-        ck_assert_msg(now.segments == before->segments && now.bytes == before->bytes &&
-                              now.fds == before->fds && now.names == before->names &&
-                              now.versions == before->versions,
-                      "%s: segments %llu -> %llu, bytes %llu -> %llu, fds %llu -> %llu, names "
-                      "%llu -> %llu, versions %llu -> %llu",
-                      what, (unsigned long long)before->segments, (unsigned long long)now.segments,
-                      (unsigned long long)before->bytes, (unsigned long long)now.bytes,
-                      (unsigned long long)before->fds, (unsigned long long)now.fds,
-                      (unsigned long long)before->names, (unsigned long long)now.names,
-                      (unsigned long long)before->versions, (unsigned long long)now.versions);
+        devgroup_dlxd_start(NULL);
 }
 
 /*
