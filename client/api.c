@@ -85,6 +85,86 @@ void dlx__info_from_wire(const struct wire_info *w, struct dlx_info *info)
         info->live_versions = w->live_versions;
         info->members = t->members;
         info->published_ns = w->published_ns;
+        snprintf(info->origin, sizeof(info->origin), "%s", w->origin);
+}
+
+int dlx__publish_opts(dlx_client *c, struct wire_request *req, const struct dlx_publish_options *o)
+{
+        req->publish.persist = o->persist;
+        if (!o->origin_version && !o->origin)
+                return 0;
+        if (c->server_minor < 5)
+                return dlx__fail(-ENOTSUP,
+                                 "publish '%s': a mirror's origin needs protocol 1.5; the daemon "
+                                 "speaks 1.%u",
+                                 req->publish.tensor.name, c->server_minor);
+        if (o->origin &&
+            (strlen(o->origin) >= sizeof(req->publish.origin) || !wire_text_valid(o->origin)))
+                return dlx__fail(-EINVAL,
+                                 "publish '%s': an origin is printable and at most %zu bytes",
+                                 req->publish.tensor.name, sizeof(req->publish.origin) - 1);
+        req->publish.origin_version = o->origin_version;
+        wire_strcpy(req->publish.origin, sizeof(req->publish.origin), o->origin ? o->origin : "");
+        return 0;
+}
+
+static int held_mount(dlx_client *c, const char *prefix)
+{
+        struct wire_request req = {.type = WIRE_REQ_MOUNT};
+        const char *why = NULL;
+
+        if (!prefix)
+                return dlx__fail(-EINVAL, "NULL prefix");
+        if (strlen(prefix) >= sizeof(req.mount.prefix) || wire_mount_check(prefix, &why) < 0)
+                return dlx__fail(-EINVAL, "mount: bad prefix: %s",
+                                 why ? why : "longer than 255 bytes");
+        if (c->server_minor < 5)
+                return dlx__fail(-ENOTSUP, "mount needs protocol 1.5; the daemon speaks 1.%u",
+                                 c->server_minor);
+        wire_strcpy(req.mount.prefix, sizeof(req.mount.prefix), prefix);
+        return simple_call(c, &req);
+}
+
+int dlx_mount(dlx_client *c, const char *prefix)
+{
+        if (!c)
+                return dlx__fail(-EINVAL, "NULL client");
+        return DLX_HOLDING(c, held_mount(c, prefix));
+}
+
+static int held_fetch_failed(dlx_client *c, const char *name, uint64_t min_version, int err,
+                             const char *message)
+{
+        struct wire_request req = {.type = WIRE_REQ_FETCH_FAILED};
+        int e = check_name(name);
+
+        if (e < 0)
+                return e;
+        if (err >= 0)
+                return dlx__fail(-EINVAL, "fetch-failed '%s': err must be a negative errno, not %d",
+                                 name, err);
+        if (message &&
+            (strlen(message) >= sizeof(req.fetch_failed.error) || !wire_text_valid(message)))
+                return dlx__fail(-EINVAL,
+                                 "fetch-failed '%s': a message is printable and at most %zu bytes",
+                                 name, sizeof(req.fetch_failed.error) - 1);
+        if (c->server_minor < 5)
+                return dlx__fail(-ENOTSUP,
+                                 "fetch-failed needs protocol 1.5; the daemon speaks 1.%u",
+                                 c->server_minor);
+        wire_strcpy(req.fetch_failed.name, sizeof(req.fetch_failed.name), name);
+        req.fetch_failed.min_version = min_version;
+        req.fetch_failed.status = (int)wire_errno_status(err);
+        wire_strcpy(req.fetch_failed.error, sizeof(req.fetch_failed.error), message ? message : "");
+        return simple_call(c, &req);
+}
+
+int dlx_fetch_failed(dlx_client *c, const char *name, uint64_t min_version, int err,
+                     const char *message)
+{
+        if (!c)
+                return dlx__fail(-EINVAL, "NULL client");
+        return DLX_HOLDING(c, held_fetch_failed(c, name, min_version, err, message));
 }
 
 static int held_stat(dlx_client *c, const char *name, struct dlx_info *ret_info)

@@ -510,6 +510,9 @@ static void on_event(dlx_client *c, const struct wire_reply *rep)
                 /* the daemon dropped some for want of room: say so where they would be */
                 enqueue_event(c, DLX_EVENT_LOST, 0, 0, "");
                 break;
+        case WIRE_EVENT_WANTED:
+                enqueue_event(c, DLX_EVENT_WANTED, 0, rep->event.version, rep->event.name);
+                break;
         case WIRE_EVENT_RELEASED:
                 n = avl_find(&c->held, &rep->event.token, cmp_token);
                 if (n) {

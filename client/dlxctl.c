@@ -162,8 +162,11 @@ static void print_info_json(const struct dlx_info *in)
                in->members, in->nbytes, in->segment, in->segment_size, in->owner_uid,
                in->producer_pid);
         json_str(in->producer_name);
-        printf(",\"persist\":%s,\"leases\":%u,\"live_versions\":%u,\"published_ns\":%" PRIu64 "}",
+        printf(",\"persist\":%s,\"leases\":%u,\"live_versions\":%u,\"published_ns\":%" PRIu64
+               ",\"origin\":",
                in->persist ? "true" : "false", in->leases, in->live_versions, in->published_ns);
+        json_str(in->origin);
+        putchar('}');
 }
 
 /* ---- commands ------------------------------------------------------------------------- */
@@ -188,10 +191,11 @@ static int list_one(void *ctx, const struct dlx_info *in)
                         snprintf(dt, sizeof(dt), "group");
                         snprintf(shape, sizeof(shape), "%u members", in->members);
                 }
-                printf("%-32s %8" PRIu64 " %-14s %-20s %-11s %12" PRIu64 " %6u %s%s%s\n", in->name,
-                       in->version, dt, shape, dev, in->nbytes, in->leases, in->storage,
+                printf("%-32s %8" PRIu64 " %-14s %-20s %-11s %12" PRIu64 " %6u %s%s%s%s%s\n",
+                       in->name, in->version, dt, shape, dev, in->nbytes, in->leases, in->storage,
                        in->persist ? ",persist" : "",
-                       in->flags & DLPACK_FLAG_BITMASK_READ_ONLY ? "" : ",writable");
+                       in->flags & DLPACK_FLAG_BITMASK_READ_ONLY ? "" : ",writable",
+                       in->origin[0] ? "  mirror: " : "", in->origin);
         }
         l->count++;
         return 0;
@@ -246,6 +250,8 @@ static int cmd_stat(const struct cmdline *cl)
                        in.segment_size, in.owner_uid, in.producer_name, in.producer_pid,
                        in.producer_pid ? "" : ", gone", in.persist ? "yes" : "no", in.leases,
                        in.live_versions);
+                if (in.origin[0])
+                        printf("origin:        %s\n", in.origin);
                 return 0;
         }
         layout_dtype_name(in.dtype, dt, sizeof(dt));
@@ -273,6 +279,8 @@ static int cmd_stat(const struct cmdline *cl)
                in.segment, in.segment_size, in.nbytes, in.owner_uid, in.producer_name,
                in.producer_pid, in.producer_pid ? "" : ", gone", in.persist ? "yes" : "no",
                in.leases, in.live_versions);
+        if (in.origin[0])
+                printf("origin:        %s\n", in.origin);
         return 0;
 }
 

@@ -651,7 +651,8 @@ static int group_call(dlx_client *c, struct wire_request *req, int fd, uint64_t 
 
 /* Publishes a sealed group segment (fd, borrowed) as the next version of name. */
 static int send_group(dlx_client *c, const char *name, int fd, size_t count, uint64_t data_off,
-                      uint64_t data_bytes, bool persist, uint64_t *ret_version)
+                      uint64_t data_bytes, const struct dlx_publish_options *o,
+                      uint64_t *ret_version)
 {
         struct wire_request req = {.type = WIRE_REQ_PUBLISH};
         struct wire_tensor *w = &req.publish.tensor;
@@ -667,10 +668,11 @@ static int send_group(dlx_client *c, const char *name, int fd, size_t count, uin
         w->offset = data_off;
         w->length = data_bytes;
         w->members = (uint32_t)count;
-        req.publish.persist = persist;
 
         uint64_t version = 0;
-        int err = group_call(c, &req, fd, &version);
+        int err = dlx__publish_opts(c, &req, o);
+        if (err == 0)
+                err = group_call(c, &req, fd, &version);
         if (err == 0 && ret_version)
                 *ret_version = version;
         return err;
@@ -864,7 +866,10 @@ static int publish_device_group(dlx_client *c, const char *name, struct dlx_memb
         w->device_id = device;
         w->flags = DLPACK_FLAG_BITMASK_READ_ONLY;
         w->members = (uint32_t)count;
-        req.publish.persist = o->persist;
+        err = dlx__publish_opts(c, &req, o);
+        if (err < 0)
+                return err;
+        err = -ENOTSUP; /* until the members are found in one allocation */
         /* the table ends the table's segment: the members' bytes are elsewhere */
         tp->data_off = tp->names_off + tp->names_size;
 
@@ -1062,7 +1067,7 @@ static int held_publish_group(dlx_client *c, const char *name, struct dlx_member
         }
         /* the copy is all the daemon needs: the originals go now */
         delete_members(members, count, names_work, names_worksz);
-        err = send_group(c, name, fd, count, tp.data_off, data_bytes, o.persist, ret_version);
+        err = send_group(c, name, fd, count, tp.data_off, data_bytes, &o, ret_version);
 out:
         fd_drop(&fd);
         delete_members(members, count, names_work, names_worksz);
@@ -1588,7 +1593,7 @@ static int held_group_publish(dlx_client *c, const char *name, dlx_group *g,
         if (err < 0)
                 return err;
         uint64_t version = 0;
-        err = send_group(c, name, g->fd, g->count, g->data_off, g->data_bytes, o.persist, &version);
+        err = send_group(c, name, g->fd, g->count, g->data_off, g->data_bytes, &o, &version);
         if (err < 0)
                 return err;
         pthread_mutex_lock(&g->lock);

@@ -235,6 +235,9 @@ DLX_HIDDEN void dlx__log(dlx_client *c, int level, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
 /* Records a thread-local detail for dlx_last_error() and returns err. */
 DLX_HIDDEN int dlx__fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A publish's persist and (federation, 1.5) origin fields from o: 0 or -errno, reported. */
+DLX_HIDDEN int dlx__publish_opts(dlx_client *c, struct wire_request *req,
+                                 const struct dlx_publish_options *o);
 
 /* ---- client.c ---- */
 DLX_HIDDEN void dlx__client_ref(dlx_client *c);

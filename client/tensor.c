@@ -580,7 +580,9 @@ static int held_publish(dlx_client *c, const char *name, DLManagedTensorVersione
         /* as the allocator (where a copy would go) makes it; gpu.c says which CUDA kind */
         w->storage = made->id;
         w->length = hi > 0 ? (uint64_t)hi : 0;
-        req.publish.persist = o.persist;
+        err = dlx__publish_opts(c, &req, &o);
+        if (err < 0)
+                goto out_delete;
 
         pthread_mutex_lock(&c->lock);
         bool cuda = !made->host_mapped;

@@ -160,6 +160,12 @@ enum dispatch_result dispatch_frame(struct session *s, struct frame *f)
         case WIRE_REQ_BYE:
                 registry_bye(s, &req);
                 break;
+        case WIRE_REQ_MOUNT:
+                registry_mount(s, &req);
+                break;
+        case WIRE_REQ_FETCH_FAILED:
+                registry_fetch_failed(s, &req);
+                break;
         case WIRE_REQ_PING: {
                 struct wire_reply rep = {.id = req.id, .type = WIRE_REP_PONG};
                 rep.pong.nonce = req.ping.nonce;

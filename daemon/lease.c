@@ -182,6 +182,12 @@ void waiter_end(struct waiter *w)
         struct registry *reg = w->s->reg;
         struct entry *e = w->e;
 
+        waiter_detach(w);
+        entry_maybe_free(reg, e);
+}
+
+void waiter_detach(struct waiter *w)
+{
         list_remove(&w->elink);
         list_remove(&w->slink);
         if (!count_take(w->s->nwaiters, 1))
@@ -192,7 +198,6 @@ void waiter_end(struct waiter *w)
         } else {
                 free(w);
         }
-        entry_maybe_free(reg, e);
 }
 
 static void on_waiter_timeout(uv_timer_t *t)
@@ -242,6 +247,11 @@ void registry_acquire(struct session *s, const struct wire_request *req)
                         session_fail(s, req->id, -ENOENT, "'%s' is at version %llu, not yet %llu",
                                      name, (unsigned long long)e->current->version,
                                      (unsigned long long)req->acquire.min_version);
+                else if (name[0] == '@')
+                        session_fail(s, req->id, -ENOENT,
+                                     "no %s named '%s' here: a peer's name is fetched for an "
+                                     "acquire that waits (timeout_ms not 0)",
+                                     req->acquire.group ? "group" : "tensor", name);
                 else
                         session_fail(s, req->id, -ENOENT, "no %s named '%s'",
                                      req->acquire.group ? "group" : "tensor", name);
@@ -280,6 +290,7 @@ void registry_acquire(struct session *s, const struct wire_request *req)
         list_insert_tail(&e->waiters, &w->elink);
         list_insert_tail(&s->waiters, &w->slink);
         s->nwaiters++;
+        mount_wanted(reg, e, w->min_version);
 }
 
 void registry_release(struct session *s, const struct wire_request *req)

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <getopt.h>
 #include <grp.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,6 +74,7 @@ static const struct limit_opt limit_opts[] = {
 /* getopt values of the limit options, and of the long options without a letter */
 #define LIMIT_KEY 256
 #define CUDA_DEVICE_KEY (LIMIT_KEY + 128)
+#define FEDERATION_UID_KEY (LIMIT_KEY + 129)
 
 static uint64_t limit_get(const struct wire_limit_set *lim, const struct limit_opt *o)
 {
@@ -128,6 +130,10 @@ static void usage(FILE *f)
                 "                         file of (default %u:%u, /dev/nvidiactl: NVIDIA's\n"
                 "                         export); for drivers or test doubles that export\n"
                 "                         through another device\n"
+                "  --federation-uid USER  the uid (name or number) of this host's federation\n"
+                "                         bridge, dlxfed: it alone mounts '@<alias>/'\n"
+                "                         prefixes and publishes peers' names there\n"
+                "                         (default: none; no name under '@' is published)\n"
                 "  -b SIZE                the same as --max-bytes\n"
                 "  -c N                   the same as --max-clients\n"
                 "  -h, --help             show this help\n"
@@ -201,19 +207,20 @@ static int parse_uint(const char *s, unsigned long max, unsigned long *ret)
         return 0;
 }
 
-/* A group by name, or by number. */
-static int parse_group(const char *s, gid_t *ret)
+/* A user (user: true) or a group by name, or by number. */
+static int parse_id(const char *s, bool user, uint32_t *ret)
 {
-        struct group *g = getgrnam(s);
+        struct passwd *pw = user ? getpwnam(s) : NULL;
+        struct group *gr = user ? NULL : getgrnam(s);
         unsigned long n;
 
-        if (g) {
-                *ret = g->gr_gid;
+        if (pw || gr) {
+                *ret = pw ? (uint32_t)pw->pw_uid : (uint32_t)gr->gr_gid;
                 return 0;
         }
         if (parse_uint(s, UINT32_MAX - 1, &n) < 0)
                 return -ENOENT;
-        *ret = (gid_t)n;
+        *ret = (uint32_t)n;
         return 0;
 }
 
@@ -323,6 +330,7 @@ int main(int argc, char **argv)
                 {"help", no_argument, NULL, 'h'},
                 {"version", no_argument, NULL, 'V'},
                 {"cuda-device-number", required_argument, NULL, CUDA_DEVICE_KEY},
+                {"federation-uid", required_argument, NULL, FEDERATION_UID_KEY},
         };
         enum { NFIXED = sizeof(fixed) / sizeof(fixed[0]) };
         static struct option opts[NFIXED + NLIMITS + 1];
@@ -331,8 +339,9 @@ int main(int argc, char **argv)
         char path[108];
         struct wire_limit_set lim;
         unsigned long ready_fd = 0;
-        bool have_ready = false, shared = false;
-        gid_t group = 0;
+        bool have_ready = false, shared = false, federation = false;
+        uint32_t federation_uid = 0;
+        uint32_t group = 0;
         dev_t vmm_dev = makedev(STORE_VMM_MAJOR, STORE_VMM_MINOR);
         struct daemon d;
         int c, err;
@@ -363,7 +372,7 @@ int main(int argc, char **argv)
                         }
                         break;
                 case 'g':
-                        if (parse_group(optarg, &group) < 0) {
+                        if (parse_id(optarg, false, &group) < 0) {
                                 fprintf(stderr, "dlxd: no group '%s'\n", optarg);
                                 return 2;
                         }
@@ -385,6 +394,13 @@ int main(int argc, char **argv)
                                         optarg, STORE_VMM_MAJOR, STORE_VMM_MINOR);
                                 return 2;
                         }
+                        break;
+                case FEDERATION_UID_KEY:
+                        if (parse_id(optarg, true, &federation_uid) < 0) {
+                                fprintf(stderr, "dlxd: no user '%s'\n", optarg);
+                                return 2;
+                        }
+                        federation = true;
                         break;
                 case 'h':
                         usage(stdout);
@@ -430,6 +446,8 @@ int main(int argc, char **argv)
         store_init(&d.store);
         d.store.vmm_dev = vmm_dev;
         registry_init(&d.reg, &d.loop, &d.store, &lim);
+        d.reg.federation = federation;
+        d.reg.federation_uid = federation_uid;
         err = server_start(&d.srv, &d.loop, &d.reg, path, shared, group);
         if (err < 0) {
                 fprintf(stderr, "dlxd: cannot start on %s: %s\n", path, strerror(-err));
@@ -464,6 +482,9 @@ int main(int argc, char **argv)
         else
                 log_notice("listening on %s (max %u clients, max bytes %llu)", path,
                            lim.max_clients, (unsigned long long)lim.max_bytes);
+        if (federation)
+                log_notice("uid %u may mount federation prefixes ('@<alias>/')",
+                           (unsigned)federation_uid);
         if (vmm_dev != makedev(STORE_VMM_MAJOR, STORE_VMM_MINOR))
                 log_notice("cuda-vmm fds must be files of character device %u:%u, not "
                            "/dev/nvidiactl",

@@ -11,6 +11,7 @@
  *   watch.c     watches: the prefix index, and the watch requests
  *   ring.c      the daemon's half of the release ring
  *   track.c     tracks: the version page of a session, one slot per name it follows
+ *   mount.c     mounts (1.5): the federation bridge's '@' prefixes, WANTED, fetch failures
  *
  * An entry is a name; its versions are what was published under it, oldest
  * first, the current one last (or none: unpublished, kept for old versions'
@@ -34,6 +35,8 @@ struct entry {
         struct list versions;    /* struct version, oldest first */
         struct list waiters;     /* struct waiter */
         struct list tracks;      /* struct track (track.c): sessions that follow its version */
+        /* under a mount: min_version + 1 of the last WANTED sent for it (0: none since) */
+        uint64_t wanted;
         size_t len;
         char name[];
 };
@@ -63,6 +66,7 @@ struct version {
         bool has_device_uuid;
         uint8_t device_uuid[DLX_CUDA_UUID]; /* kDLCUDA: the device, whatever its ordinals */
         uint64_t pid_namespace;             /* cuda-ipc: the producer's */
+        char *origin;                       /* a mirror's (1.5), NULL: none */
         /* consumers' release events, distinct, for the producer to wait on */
         uint8_t (*rel_events)[DLX_CUDA_HANDLE];
         uint64_t *rel_owners; /* the session each came from */
@@ -105,6 +109,8 @@ static inline void reply_init(struct wire_reply *rep, uint64_t id, enum wire_rep
 /* ---- registry.c: names and versions ---- */
 
 struct entry *entry_find(struct registry *reg, const char *name);
+/* The names tree's order (an entry's name against a key string). */
+int entry_cmp_name(const void *key, const struct avl_node *n);
 /* The entry of name, made (owned by owner) if there is none; NULL when out of memory. */
 struct entry *entry_get(struct registry *reg, const char *name, uid_t owner);
 /* Frees e once nothing refers to it: no current version, no old ones, no waiters, no tracks. */
@@ -133,6 +139,8 @@ void lease_drop(struct session *s, struct lease *l);
 bool lease_drop_id(struct session *s, uint64_t id);
 /* Unlinks a waiter and frees it (after its timer closes, if it has one). */
 void waiter_end(struct waiter *w);
+/* The same, leaving its entry for the caller to entry_maybe_free(). */
+void waiter_detach(struct waiter *w);
 /* A new version was published: grant it to every waiter it satisfies. */
 void wake_waiters(struct entry *e);
 
@@ -166,5 +174,23 @@ void held_drop_all(struct session *s);
 
 /* Whether a new name would pass the limit on names, in all or of the session's uid. */
 bool names_full(struct session *s, char *why, size_t whysz);
+
+/* ---- mount.c: federation mounts (1.5) ---- */
+
+/*
+ * Whether s may publish req: a name under '@' only from the session that
+ * mounted its prefix, origin fields only there, an origin version only
+ * above the name's last. 0, or -EACCES/-EINVAL/-EEXIST with why.
+ */
+int mount_check_publish(struct session *s, const struct wire_request *req, char *why, size_t whysz);
+/* An origin version (0: none) above name's last version: 0, or -EEXIST with why. */
+int mount_check_version(struct registry *reg, const char *name, uint64_t origin_version, char *why,
+                        size_t whysz);
+/* An acquire waits on e for min_version: its mount session is told (WANTED), once. */
+void mount_wanted(struct registry *reg, struct entry *e, uint64_t min_version);
+/* e got version: what was wanted up to it is no longer outstanding. */
+void mount_published(struct entry *e, uint64_t version);
+/* s lets go of its mounts (closing, or bye). */
+void mount_session_end(struct session *s);
 
 #endif /* DLX_DAEMON_NAMESPACE_H */

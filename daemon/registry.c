@@ -34,7 +34,7 @@ static uint64_t realtime_ns(void)
         return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static int cmp_name(const void *key, const struct avl_node *n)
+int entry_cmp_name(const void *key, const struct avl_node *n)
 {
         return strcmp((const char *)key, avl_entry(n, struct entry, node)->name);
 }
@@ -52,7 +52,7 @@ void notify_watchers(struct registry *reg, enum wire_event_kind kind, struct ent
 
 struct entry *entry_find(struct registry *reg, const char *name)
 {
-        struct avl_node *n = avl_find(&reg->names, name, cmp_name);
+        struct avl_node *n = avl_find(&reg->names, name, entry_cmp_name);
         return n ? avl_entry(n, struct entry, node) : NULL;
 }
 
@@ -73,7 +73,7 @@ struct entry *entry_get(struct registry *reg, const char *name, uid_t owner)
         list_init(&e->versions);
         list_init(&e->waiters);
         list_init(&e->tracks);
-        avl_insert(&reg->names, &e->node, e->name, cmp_name);
+        avl_insert(&reg->names, &e->node, e->name, entry_cmp_name);
         return e;
 }
 
@@ -98,6 +98,7 @@ void version_destroy(struct registry *reg, struct version *v)
         }
         free(v->rel_events);
         free(v->rel_owners);
+        free(v->origin);
         list_remove(&v->link);
         segment_unref(reg->store, v->seg);
         if (v->table)
@@ -190,6 +191,7 @@ static void entry_info(const struct entry *e, struct wire_info *info)
         for (pos = e->versions.next; pos != &e->versions; pos = pos->next)
                 info->live_versions++;
         snprintf(info->producer_name, sizeof(info->producer_name), "%s", v->producer_name);
+        snprintf(info->origin, sizeof(info->origin), "%s", v->origin ? v->origin : "");
 }
 
 void registry_default_limits(struct wire_limit_set *lim)
@@ -216,6 +218,7 @@ void registry_init(struct registry *reg, uv_loop_t *loop, struct store *st,
         reg->loop = loop;
         reg->store = st;
         avl_init(&reg->names);
+        avl_init(&reg->mounts);
         list_init(&reg->sessions);
         watch_index_init(&reg->watches);
         reg->next_session = 1;
@@ -575,7 +578,7 @@ static void publish_finish(struct session *s, const struct wire_request *req, bo
         struct entry *e;
         struct version *v;
         struct wire_reply rep;
-        char why[320];
+        char why[320], *origin = NULL;
         bool replaced;
 
         /* why_in is only written where a check failed */
@@ -591,6 +594,14 @@ static void publish_finish(struct session *s, const struct wire_request *req, bo
                 err = -ENOMEM;
                 snprintf(why, sizeof(why), "out of memory");
         }
+        /* a group checked off the loop: the name may have moved on meanwhile */
+        if (err == 0)
+                err = mount_check_version(reg, t->name, req->publish.origin_version, why,
+                                          sizeof(why));
+        if (err == 0 && req->publish.origin[0] && !(origin = strdup(req->publish.origin))) {
+                err = -ENOMEM;
+                snprintf(why, sizeof(why), "out of memory");
+        }
         if (err == 0 && attached && req->publish.hold) {
                 err = hold_segment(s, seg);
                 if (err < 0)
@@ -599,6 +610,7 @@ static void publish_finish(struct session *s, const struct wire_request *req, bo
         }
         if (err < 0) {
                 free(v);
+                free(origin);
                 segment_unref(reg->store, seg);
                 if (table)
                         segment_unref(reg->store, table);
@@ -611,7 +623,10 @@ static void publish_finish(struct session *s, const struct wire_request *req, bo
         v->producer = s;
         v->seg = seg;
         v->table = table;
-        v->version = ++e->last_version;
+        v->version =
+                req->publish.origin_version ? req->publish.origin_version : e->last_version + 1;
+        e->last_version = v->version;
+        v->origin = origin;
         v->token = req->publish.token;
         v->published_ns = realtime_ns();
         v->byte_offset = t->byte_offset;
@@ -660,6 +675,7 @@ static void publish_finish(struct session *s, const struct wire_request *req, bo
         session_send(s, &rep, -1);
 
         notify_watchers(reg, replaced ? WIRE_EVENT_REPLACED : WIRE_EVENT_PUBLISHED, e, v->version);
+        mount_published(e, v->version);
         wake_waiters(e);
 }
 
@@ -808,6 +824,12 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
         char why[320];
         int err;
 
+        err = mount_check_publish(s, req, why, sizeof(why));
+        if (err < 0) {
+                fd_drop(&fd);
+                session_fail(s, req->id, err, "publish '%s': %s", t->name, why);
+                return;
+        }
         e = entry_find(reg, t->name);
         if (e && e->current && !may_write(s, e)) {
                 fd_drop(&fd);
@@ -911,9 +933,9 @@ void registry_list(struct session *s, const struct wire_request *req)
                 return;
         }
         if (req->list.after[0] && strcmp(req->list.after, prefix) >= 0)
-                n = avl_upper_bound(&reg->names, req->list.after, cmp_name);
+                n = avl_upper_bound(&reg->names, req->list.after, entry_cmp_name);
         else
-                n = avl_lower_bound(&reg->names, prefix, cmp_name);
+                n = avl_lower_bound(&reg->names, prefix, entry_cmp_name);
         for (; n; n = avl_next(n)) {
                 struct entry *e = avl_entry(n, struct entry, node);
 

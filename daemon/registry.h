@@ -35,6 +35,9 @@ struct registry {
         struct avl_tree names; /* struct entry, by name */
         struct list sessions;
         struct watch_index watches;
+        struct avl_tree mounts; /* struct mount (mount.c), by prefix */
+        bool federation;        /* --federation-uid was given: that uid may mount */
+        uid_t federation_uid;
         uint64_t next_session;
         uint64_t next_lease;
         uint64_t started_ms;
@@ -97,6 +100,9 @@ void registry_alloc(struct session *s, const struct wire_request *req, int fd);
 void registry_free(struct session *s, const struct wire_request *req);
 void registry_forget(struct session *s, const struct wire_request *req);
 void registry_stats(struct session *s, const struct wire_request *req);
+/* Federation (mount.c, 1.5): a mount of "@<alias>/", and a fetch the bridge could not do. */
+void registry_mount(struct session *s, const struct wire_request *req);
+void registry_fetch_failed(struct session *s, const struct wire_request *req);
 /*
  * The client is closing with tensors it acquired still in use: everything
  * the session holds goes as if it had disconnected, but its leases, which

@@ -107,6 +107,7 @@ struct session *registry_session_new(struct registry *reg, uid_t uid, gid_t gid,
         list_init(&s->published);
         list_init(&s->watches);
         list_init(&s->waiters);
+        list_init(&s->mounts);
         list_insert_tail(&reg->sessions, &s->link);
         reg->nsessions++;
         return s;
@@ -124,6 +125,7 @@ static void session_let_go(struct session *s)
         struct list *pos, *tmp;
 
         list_for_each_safe(pos, tmp, &s->waiters) waiter_end(list_entry(pos, struct waiter, slink));
+        mount_session_end(s);
         watch_session_drop(&reg->watches, s);
         track_session_drop(s, false);
         list_for_each_safe(pos, tmp, &s->published)

@@ -68,9 +68,11 @@ struct session {
         struct avl_tree held;   /* struct hold, by segment id: its allocations */
         unsigned nheld;
         unsigned nwatches;
-        struct uid_use *use;        /* its uid's counts, in the store */
-        struct list watches;        /* struct watch */
-        struct list waiters;        /* struct waiter: acquires waiting for a version */
+        struct uid_use *use; /* its uid's counts, in the store */
+        struct list watches; /* struct watch */
+        struct list waiters; /* struct waiter: acquires waiting for a version */
+        struct list mounts;  /* struct mount (mount.c): prefixes it serves */
+        unsigned nmounts;
         struct release_ring *ring;  /* posted releases, NULL until hello */
         struct version_page *vpage; /* tracked versions (track.c), NULL until the first track */
         size_t vpage_size;

@@ -33,6 +33,7 @@ static const int status_errno[WIRE_STATUS_COUNT] = {
         [WIRE_CLOSED] = ECONNRESET,
         [WIRE_IS_GROUP] = EISDIR,
         [WIRE_NOT_GROUP] = ENOTDIR,
+        [WIRE_UNREACHABLE] = EHOSTUNREACH,
 };
 
 int wire_status_errno(int status)
@@ -68,6 +69,7 @@ static const char *const request_names[WIRE_REQ_COUNT] = {
         [WIRE_REQ_FORGET] = "forget",   [WIRE_REQ_STATS] = "stats",
         [WIRE_REQ_PING] = "ping",       [WIRE_REQ_BYE] = "bye",
         [WIRE_REQ_TRACK] = "track",     [WIRE_REQ_UNTRACK] = "untrack",
+        [WIRE_REQ_MOUNT] = "mount",     [WIRE_REQ_FETCH_FAILED] = "fetch-failed",
 };
 
 const char *wire_request_name(enum wire_request_type type)
@@ -136,6 +138,39 @@ static int take_handle(uint8_t *dst, bool *ret_has, ProtobufCBinaryData src)
 static ProtobufCBinaryData give_handle(const uint8_t *src, bool has)
 {
         return give_fixed(src, DLX_CUDA_HANDLE, has);
+}
+
+/* A string field carried for people: absent, or printable UTF-8 that fits cap. */
+static int take_text(char *dst, size_t cap, const char *src)
+{
+        size_t n = src ? strlen(src) : 0;
+
+        if (n >= cap)
+                return -EINVAL;
+        memcpy(dst, src ? src : "", n + 1);
+        return wire_text_valid(dst) ? 0 : -EINVAL;
+}
+
+bool wire_text_valid(const char *s)
+{
+        return layout_prefix_check(s, strlen(s), NULL) == 0;
+}
+
+int wire_mount_check(const char *prefix, const char **ret_why)
+{
+        size_t len = strlen(prefix);
+        const char *slash = memchr(prefix, '/', len);
+        const char *reason = NULL;
+
+        if (len < 3 || prefix[0] != '@' || !slash || slash != prefix + len - 1)
+                reason = "a mount prefix is '@', an alias, then '/'";
+        else if (len - 2 > DLX_ALIAS_MAX)
+                reason = "an alias is at most 32 bytes";
+        else if (layout_name_check(prefix, len - 1, &reason) == 0) /* printable, as a name */
+                return 0;
+        if (ret_why)
+                *ret_why = reason;
+        return -EINVAL;
 }
 
 /* Strings we emit must be terminated within their buffers. */
@@ -328,7 +363,7 @@ static int tensor_valid(const struct wire_tensor *t, char *why, size_t whysz)
 static int info_to_pb(const struct wire_info *src, Dlxp__Info *pb, struct tensor_pb *tpb)
 {
         if (!bounded(src->producer_name, sizeof(src->producer_name)) ||
-            tensor_to_pb(&src->tensor, tpb) < 0)
+            !bounded(src->origin, sizeof(src->origin)) || tensor_to_pb(&src->tensor, tpb) < 0)
                 return -EINVAL;
         dlxp__info__init(pb);
         pb->tensor = &tpb->t;
@@ -340,6 +375,7 @@ static int info_to_pb(const struct wire_info *src, Dlxp__Info *pb, struct tensor
         pb->published_ns = src->published_ns;
         pb->live_versions = src->live_versions;
         pb->producer_name = (char *)src->producer_name;
+        pb->origin = (char *)src->origin;
         return 0;
 }
 
@@ -363,6 +399,9 @@ static int info_from_pb(const Dlxp__Info *src, struct wire_info *dst, char *why,
         dst->live_versions = src->live_versions;
         snprintf(dst->producer_name, sizeof(dst->producer_name), "%s",
                  src->producer_name ? src->producer_name : "");
+        if (take_text(dst->origin, sizeof(dst->origin), src->origin) < 0)
+                return fail(why, whysz, -EINVAL, "an origin must be printable and at most %d bytes",
+                            DLX_ORIGIN_MAX);
         return 0;
 }
 
@@ -392,6 +431,8 @@ struct request_pb {
                 Dlxp__Bye bye;
                 Dlxp__Track track;
                 Dlxp__Untrack untrack;
+                Dlxp__Mount mount;
+                Dlxp__FetchFailed fetch_failed;
         };
         struct tensor_pb tensor;
 };
@@ -423,6 +464,10 @@ static int request_to_pb(const struct wire_request *q, struct request_pb *s)
                 s->publish.token = q->publish.token;
                 s->publish.hold = q->publish.hold;
                 s->publish.segment_size = q->publish.segment_size;
+                if (!bounded(q->publish.origin, sizeof(q->publish.origin)))
+                        return -EINVAL;
+                s->publish.origin_version = q->publish.origin_version;
+                s->publish.origin = (char *)q->publish.origin;
                 r->body_case = DLXP__REQUEST__BODY_PUBLISH;
                 r->publish = &s->publish;
                 return 0;
@@ -537,6 +582,26 @@ static int request_to_pb(const struct wire_request *q, struct request_pb *s)
                 r->body_case = DLXP__REQUEST__BODY_BYE;
                 r->bye = &s->bye;
                 return 0;
+        case WIRE_REQ_MOUNT:
+                if (!bounded(q->mount.prefix, sizeof(q->mount.prefix)))
+                        return -EINVAL;
+                dlxp__mount__init(&s->mount);
+                s->mount.prefix = give_bytes(q->mount.prefix);
+                r->body_case = DLXP__REQUEST__BODY_MOUNT;
+                r->mount = &s->mount;
+                return 0;
+        case WIRE_REQ_FETCH_FAILED:
+                if (!bounded(q->fetch_failed.name, sizeof(q->fetch_failed.name)) ||
+                    !bounded(q->fetch_failed.error, sizeof(q->fetch_failed.error)))
+                        return -EINVAL;
+                dlxp__fetch_failed__init(&s->fetch_failed);
+                s->fetch_failed.name = give_bytes(q->fetch_failed.name);
+                s->fetch_failed.min_version = q->fetch_failed.min_version;
+                s->fetch_failed.status = (Dlxp__Status)q->fetch_failed.status;
+                s->fetch_failed.error = (char *)q->fetch_failed.error;
+                r->body_case = DLXP__REQUEST__BODY_FETCH_FAILED;
+                r->fetch_failed = &s->fetch_failed;
+                return 0;
         case WIRE_REQ_NONE:
         case WIRE_REQ_COUNT:
                 break;
@@ -594,6 +659,11 @@ static int request_from_pb(const Dlxp__Request *r, struct wire_request *q, char 
                 q->publish.token = r->publish->token;
                 q->publish.hold = r->publish->hold;
                 q->publish.segment_size = r->publish->segment_size;
+                q->publish.origin_version = r->publish->origin_version;
+                if (take_text(q->publish.origin, sizeof(q->publish.origin), r->publish->origin) < 0)
+                        return fail(why, whysz, -EINVAL,
+                                    "an origin must be printable and at most %d bytes",
+                                    DLX_ORIGIN_MAX);
                 return tensor_valid(&q->publish.tensor, why, whysz);
         }
         case DLXP__REQUEST__BODY_ACQUIRE:
@@ -687,6 +757,34 @@ static int request_from_pb(const Dlxp__Request *r, struct wire_request *q, char 
                 return 0;
         case DLXP__REQUEST__BODY_BYE:
                 q->type = WIRE_REQ_BYE;
+                return 0;
+        case DLXP__REQUEST__BODY_MOUNT:
+                q->type = WIRE_REQ_MOUNT;
+                if (take_bytes(q->mount.prefix, sizeof(q->mount.prefix), r->mount->prefix) < 0)
+                        return fail(why, whysz, -EINVAL, "prefix too long or contains NUL");
+                if (wire_mount_check(q->mount.prefix, &reason) < 0)
+                        return fail(why, whysz, -EINVAL, "bad mount prefix: %s", reason);
+                return 0;
+        case DLXP__REQUEST__BODY_FETCH_FAILED:
+                q->type = WIRE_REQ_FETCH_FAILED;
+                q->fetch_failed.min_version = r->fetch_failed->min_version;
+                q->fetch_failed.status = (int)r->fetch_failed->status;
+                if (take_bytes(q->fetch_failed.name, sizeof(q->fetch_failed.name),
+                               r->fetch_failed->name) < 0)
+                        return fail(why, whysz, -EINVAL, "name too long or contains NUL");
+                if (layout_name_check(q->fetch_failed.name, strlen(q->fetch_failed.name), &reason) <
+                    0)
+                        return fail(why, whysz, -EINVAL, "bad name: %s", reason);
+                if (q->fetch_failed.status <= WIRE_OK ||
+                    q->fetch_failed.status >= WIRE_STATUS_COUNT)
+                        return fail(why, whysz, -EINVAL,
+                                    "a fetch fails with an error status, not %d",
+                                    q->fetch_failed.status);
+                if (take_text(q->fetch_failed.error, sizeof(q->fetch_failed.error),
+                              r->fetch_failed->error) < 0)
+                        return fail(why, whysz, -EINVAL,
+                                    "a fetch's error must be printable and at most %d bytes",
+                                    DLX_ERROR_MAX);
                 return 0;
         default:
                 return fail(why, whysz, -EINVAL, "unknown request type");

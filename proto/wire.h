@@ -51,6 +51,7 @@ enum wire_status {
         WIRE_CLOSED = 17,
         WIRE_IS_GROUP = 18,
         WIRE_NOT_GROUP = 19,
+        WIRE_UNREACHABLE = 20, /* 1.5 */
         WIRE_STATUS_COUNT
 };
 
@@ -96,6 +97,7 @@ struct wire_info {
         uint64_t published_ns;
         uint32_t live_versions;
         char producer_name[DLX_CLIENT_NAME_MAX + 1];
+        char origin[DLX_ORIGIN_MAX + 1]; /* a mirror's (1.5); "" for a local name */
 };
 
 enum wire_request_type {
@@ -117,6 +119,8 @@ enum wire_request_type {
         WIRE_REQ_BYE,
         WIRE_REQ_TRACK,
         WIRE_REQ_UNTRACK,
+        WIRE_REQ_MOUNT,        /* 1.5 */
+        WIRE_REQ_FETCH_FAILED, /* 1.5 */
         WIRE_REQ_COUNT
 };
 
@@ -139,6 +143,8 @@ struct wire_request {
                         uint64_t token;
                         bool hold;
                         uint64_t segment_size;
+                        uint64_t origin_version;         /* 1.5: a mirror's; 0: none */
+                        char origin[DLX_ORIGIN_MAX + 1]; /* 1.5: a mirror's; "" none */
                 } publish;
                 struct {
                         char name[DLX_NAME_MAX + 1];
@@ -182,6 +188,15 @@ struct wire_request {
                 struct {
                         uint64_t nonce;
                 } ping;
+                struct {
+                        char prefix[DLX_NAME_MAX + 1]; /* "@<alias>/" (wire_mount_check) */
+                } mount;
+                struct {
+                        char name[DLX_NAME_MAX + 1];
+                        uint64_t min_version;
+                        int status; /* enum wire_status, never WIRE_OK */
+                        char error[DLX_ERROR_MAX + 1];
+                } fetch_failed;
         };
 };
 
@@ -209,6 +224,7 @@ enum wire_event_kind {
         WIRE_EVENT_RELEASED = 4,
         WIRE_EVENT_SEGMENT_GONE = 5,
         WIRE_EVENT_LOST = 6,
+        WIRE_EVENT_WANTED = 7, /* 1.5: to a mount session; version is the wait's min_version */
 };
 
 /* The daemon's limits (0: none); dlxd's configuration and what stats reports. */
@@ -340,5 +356,14 @@ void wire_reply_done(struct wire_reply *rep);
  * against a segment (layout_extent()).
  */
 int wire_tensor_check(const struct wire_tensor *t, const char **ret_why);
+
+/*
+ * A mount prefix (1.5): "@", an alias of 1 to DLX_ALIAS_MAX bytes of
+ * printable UTF-8 without '/', then "/".
+ * Returns 0 or -EINVAL with a reason.
+ */
+int wire_mount_check(const char *prefix, const char **ret_why);
+/* Text carried for people (an origin, a fetch's error): printable UTF-8, no controls. */
+bool wire_text_valid(const char *s);
 
 #endif /* DLX_PROTO_WIRE_H */

@@ -8,7 +8,7 @@
 
 /* Protocol version spoken by this build; a different major is refused. */
 #define DLX_PROTO_MAJOR 1
-#define DLX_PROTO_MINOR 4
+#define DLX_PROTO_MINOR 5
 
 /* Largest frame payload either side accepts (a full list page fits easily). */
 #define DLX_MAX_FRAME (1u << 20)
@@ -26,6 +26,12 @@
 #define DLX_NAME_MAX 255
 /* Bytes of a client name given in hello. */
 #define DLX_CLIENT_NAME_MAX 64
+/* Bytes of a mirror's origin (Info.origin, 1.5). */
+#define DLX_ORIGIN_MAX 127
+/* Bytes of a federation peer's alias: a mount's prefix is "@<alias>/" (1.5). */
+#define DLX_ALIAS_MAX 32
+/* Prefixes one session may mount (1.5). */
+#define DLX_MAX_MOUNTS 1024
 /* Bytes of a human-readable error carried in a reply. */
 #define DLX_ERROR_MAX 255
 /* Requests of one session that may wait in the daemon (blocked acquires) at once. */

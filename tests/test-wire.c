@@ -325,6 +325,17 @@ static void expect_request_eq(const struct wire_request *a, const struct wire_re
                 expect_tensor_eq(&a->publish.tensor, &b->publish.tensor);
                 ck_assert_int_eq(a->publish.persist, b->publish.persist);
                 ck_assert_uint_eq(a->publish.token, b->publish.token);
+                ck_assert_uint_eq(a->publish.origin_version, b->publish.origin_version);
+                ck_assert_str_eq(a->publish.origin, b->publish.origin);
+                break;
+        case WIRE_REQ_MOUNT:
+                ck_assert_str_eq(a->mount.prefix, b->mount.prefix);
+                break;
+        case WIRE_REQ_FETCH_FAILED:
+                ck_assert_str_eq(a->fetch_failed.name, b->fetch_failed.name);
+                ck_assert_uint_eq(a->fetch_failed.min_version, b->fetch_failed.min_version);
+                ck_assert_int_eq(a->fetch_failed.status, b->fetch_failed.status);
+                ck_assert_str_eq(a->fetch_failed.error, b->fetch_failed.error);
                 break;
         case WIRE_REQ_ACQUIRE:
                 ck_assert_str_eq(a->acquire.name, b->acquire.name);
@@ -438,6 +449,20 @@ static const struct request_row {
         {"ping", {REQ(15, PING), .ping.nonce = UINT64_C(0xa5a5a5a5a5a5a5a5)}},
         /* zero values are not lost by proto3's defaults */
         {"ping, nonce 0", {REQ(15, PING)}},
+        {"publish, a mirror's origin",
+         {REQ(18, PUBLISH), .publish = {.origin_version = UINT64_MAX,
+                                        .origin = "ucx tcp/veth-b \xe2\x86\x90 gpu3 v7"}},
+         "@gpu3/model/w",
+         2},
+        {"mount", {REQ(19, MOUNT), .mount.prefix = "@gpu3/"}},
+        {"mount, the longest alias",
+         {REQ(19, MOUNT), .mount.prefix = "@abcdefghijklmnopqrstuvwxyz012345/"}},
+        {"fetch-failed",
+         {REQ(20, FETCH_FAILED),
+          .fetch_failed = {"@gpu3/model/w", UINT64_MAX, WIRE_UNREACHABLE, "peer gpu3 lost"}}},
+        {"fetch-failed, the longest error",
+         {REQ(20, FETCH_FAILED), .fetch_failed = {"@a/b", 0, WIRE_TIMEOUT}},
+         .longest = LONGEST(struct wire_request, fetch_failed.error, DLX_ERROR_MAX, 'e')},
 };
 
 START_TEST(request_round_trip_keeps_every_field)
@@ -798,9 +823,11 @@ START_TEST(test_status_table)
                 [WIRE_CLOSED] = ECONNRESET,
                 [WIRE_IS_GROUP] = EISDIR,
                 [WIRE_NOT_GROUP] = ENOTDIR,
+                [WIRE_UNREACHABLE] = EHOSTUNREACH,
         };
 
-        ck_assert_int_eq(WIRE_STATUS_COUNT, 20);
+        ck_assert_int_eq(WIRE_STATUS_COUNT, 21);
+        ck_assert_int_eq(WIRE_UNREACHABLE, DLXP__STATUS__STATUS_UNREACHABLE);
         ck_assert_int_eq(WIRE_IS_GROUP, DLXP__STATUS__STATUS_IS_GROUP);
         ck_assert_int_eq(WIRE_NOT_GROUP, DLXP__STATUS__STATUS_NOT_GROUP);
         ck_assert_int_eq(WIRE_SHUTDOWN, DLXP__STATUS__STATUS_SHUTDOWN);
@@ -1184,6 +1211,65 @@ START_TEST(test_decode_client_name)
         hello.client_name = str("python3 / trainer \xe2\x9c\x93");
         ck_assert_int_eq(decode_pb_request(&r, &q), 0);
         ck_assert_str_eq(q.hello.client_name, "python3 / trainer \xe2\x9c\x93");
+}
+END_TEST
+
+/* Federation (1.5): mount prefixes, fetch failures and origins are checked at decode. */
+START_TEST(test_decode_federation)
+{
+        static const char *const bad_prefixes[] = {
+                "",        "@",
+                "@/",      "gpu3/",
+                "@gpu3",   "@gpu3/x/",
+                "@gp/u3/", "@\001/",
+                "@a\x7f/", "@abcdefghijklmnopqrstuvwxyz0123456/", /* a 33-byte alias */
+        };
+        Dlxp__Request r;
+        Dlxp__Mount mount;
+        Dlxp__FetchFailed ff;
+        struct pb_publish pub;
+        struct wire_request q;
+        char origin[DLX_ORIGIN_MAX + 2];
+
+        dlxp__mount__init(&mount);
+        pb_request_body(&r, 500, "mount", &mount);
+        for (size_t i = 0; i < N_ELEMS(bad_prefixes); i++) {
+                mount.prefix = str(bad_prefixes[i]);
+                ck_assert_msg(decode_pb_request(&r, &q) == -EINVAL, "mount prefix '%s' accepted",
+                              bad_prefixes[i]);
+        }
+        mount.prefix = str("@abcdefghijklmnopqrstuvwxyz012345/");
+        ck_assert_int_eq(decode_pb_request(&r, &q), 0);
+        mount.prefix = str("@\xc3\xbc.b-c_1/");
+        ck_assert_int_eq(decode_pb_request(&r, &q), 0);
+
+        dlxp__fetch_failed__init(&ff);
+        pb_request_body(&r, 501, "fetch_failed", &ff);
+        ff.name = str("@gpu3/w");
+        ff.status = DLXP__STATUS__STATUS_OK; /* a failure that is not one */
+        ck_assert_int_eq(decode_pb_request(&r, &q), -EINVAL);
+        ff.status = (Dlxp__Status)WIRE_STATUS_COUNT;
+        ck_assert_int_eq(decode_pb_request(&r, &q), -EINVAL);
+        ff.status = DLXP__STATUS__STATUS_UNREACHABLE;
+        ck_assert_int_eq(decode_pb_request(&r, &q), 0);
+        ck_assert_int_eq(wire_status_errno(q.fetch_failed.status), EHOSTUNREACH);
+        ff.error = "line\nbreak";
+        ck_assert_int_eq(decode_pb_request(&r, &q), -EINVAL);
+        ff.error = "";
+        ff.name = str("@gpu3//w");
+        ck_assert_int_eq(decode_pb_request(&r, &q), -EINVAL);
+
+        pb_publish_init(&pub, 502, "@gpu3/w", 1);
+        memset(origin, 'o', sizeof(origin));
+        origin[DLX_ORIGIN_MAX] = '\0';
+        pub.publish.origin = origin;
+        ck_assert_int_eq(decode_pb_request(&pub.r, &q), 0);
+        ck_assert_uint_eq(strlen(q.publish.origin), DLX_ORIGIN_MAX);
+        origin[DLX_ORIGIN_MAX] = 'o';
+        origin[DLX_ORIGIN_MAX + 1] = '\0';
+        ck_assert_int_eq(decode_pb_request(&pub.r, &q), -EINVAL);
+        pub.publish.origin = "esc\033[2J";
+        ck_assert_int_eq(decode_pb_request(&pub.r, &q), -EINVAL);
 }
 END_TEST
 
@@ -1815,6 +1901,7 @@ Suite *wire_suite(void)
         tcase_add_test(tc, test_decode_tensor_names);
         tcase_add_rows(tc, request_names_and_prefixes_refuse_bad_strings, named_rows);
         tcase_add_test(tc, test_decode_client_name);
+        tcase_add_test(tc, test_decode_federation);
         tcase_add_test(tc, test_decode_list_page_limit);
         tcase_add_test(tc, test_forget_bounds);
         tcase_add_test(tc, test_decode_event_names);

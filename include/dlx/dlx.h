@@ -159,6 +159,17 @@ struct dlx_publish_options {
         enum dlx_copy copy;
         /* Producer work stream (CUstream) for CUDA tensors; NULL: dlx_set_stream()'s. */
         void *stream;
+        /*
+         * Federation bridges only: a mirror published under a prefix this
+         * client mounted (dlx_mount()). origin_version: the version to
+         * publish as, the origin's number (0: the next, as for any publish),
+         * so that min_version means the same on every host; it must be above
+         * the name's last version (-EEXIST). origin: where the mirror came
+         * from, for people (dlx_info.origin; printable, at most 127 bytes).
+         * Elsewhere both must be 0/NULL (-EINVAL).
+         */
+        uint64_t origin_version;
+        const char *origin;
 };
 
 /*
@@ -195,7 +206,9 @@ struct dlx_publish_options {
  * Returns 0 with *ret_version (may be NULL), or:
  *   -EINVAL   bad name (1-255 bytes of printable UTF-8, '/'-separated, no empty,
  *             "." or ".." component), bad dtype, ndim over 32, negative shape
- *   -EACCES   the name is owned by another user
+ *   -EACCES   the name is owned by another user, or is under '@' (a federation
+ *             peer's, published only by the bridge that mounted it)
+ *   -EEXIST   opts->origin_version is not above the name's last version
  *   -EXDEV    DLX_COPY_NEVER and the memory did not come from dlx_alloc()
  *   -ENOTSUP  a device dlx cannot share (kDLCPU, kDLCUDAHost and kDLCUDA are),
  *             DLX_COPY_ALWAYS for a CUDA tensor, or CUDA memory that cannot be
@@ -600,6 +613,12 @@ struct dlx_info {
          * takes (storage they share counted once).
          */
         uint32_t members;
+        /*
+         * A federation mirror's origin, as its bridge reports it: the
+         * transport, the peer and the origin's version, e.g.
+         * "ucx tcp/eth1 <- gpu3 v7". Empty for a name published on this host.
+         */
+        char origin[128];
 };
 
 /* Returns 0 with *ret_info, -ENOENT or -EINVAL. */
@@ -664,6 +683,45 @@ int dlx_stats(dlx_client *client, struct dlx_stats *ret_stats);
 /* One round trip. Returns 0 or -errno. */
 int dlx_ping(dlx_client *client);
 
+/* ---- federation bridges ------------------------------------------------------------------- */
+
+/*
+ * For a federation bridge (dlxfed): this client serves the names under
+ * prefix, "@<alias>/" (an alias of 1 to 32 printable bytes without '/'),
+ * until it closes. Only the uid dlxd was started with --federation-uid may
+ * mount. From then on:
+ *   - only this client publishes under prefix (others get -EACCES);
+ *   - an acquire anywhere on this host that waits (timeout_ms != 0) for a
+ *     name under prefix, and finds no version it may take, queues a
+ *     DLX_EVENT_WANTED for this client (dlx_next_event()), as do the
+ *     acquires that were already waiting when the mount came;
+ *   - the bridge answers each with a publish of the name (opts->origin_version
+ *     and opts->origin) or with dlx_fetch_failed().
+ * Mounting a prefix this client has mounted already succeeds and announces
+ * every waiting acquire under it again. Returns 0, or:
+ *   -EINVAL   NULL argument or a prefix not of that form
+ *   -EACCES   this uid is not dlxd's --federation-uid (or none was given)
+ *   -EBUSY    another client has mounted prefix
+ *   -EAGAIN   this client has 1024 mounts already
+ *   -ENOTSUP  the daemon speaks protocol 1.4 or older
+ * and the errors common to every call.
+ */
+int dlx_mount(dlx_client *client, const char *prefix);
+
+/*
+ * For a federation bridge: fetching name (under a prefix this client mounted)
+ * failed. Every acquire waiting for it at a min_version of at most
+ * min_version fails with err (a negative errno; -EHOSTUNREACH for a lost
+ * peer, say) and message (NULL: a generic one; printable, at most 255
+ * bytes; naming the peer is the bridge's part). Acquires waiting for a
+ * higher version go on waiting. Returns 0, or -EINVAL (NULL client or name,
+ * err not negative, a bad message), -EACCES (the prefix is not this
+ * client's), -ENOTSUP (protocol 1.4 or older), and the errors common to
+ * every call.
+ */
+int dlx_fetch_failed(dlx_client *client, const char *name, uint64_t min_version, int err,
+                     const char *message);
+
 /* ---- watching and event loops ------------------------------------------------------------ */
 
 enum dlx_event_kind {
@@ -676,6 +734,15 @@ enum dlx_event_kind {
          * watched prefixes again to catch up.
          */
         DLX_EVENT_LOST = 4,
+        /*
+         * Federation bridges only (dlx_mount()): an acquire waits for name at
+         * version >= version (0: any) under a prefix this client mounted, and
+         * nothing there satisfies it yet. watch is 0. Sent once per name and
+         * version until the name gets such a version or dlx_fetch_failed()
+         * is called for it. After a DLX_EVENT_LOST, dlx_mount() again to hear
+         * of every acquire still waiting.
+         */
+        DLX_EVENT_WANTED = 5,
 };
 
 struct dlx_event {

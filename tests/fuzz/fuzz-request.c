@@ -96,6 +96,21 @@ static void check_request(const struct wire_request *q)
                 break;
         case WIRE_REQ_PUBLISH:
                 check_tensor(&q->publish.tensor, "published tensor");
+                check_prefix(q->publish.origin, sizeof(q->publish.origin), "origin");
+                FUZZ_CHECK(strlen(q->publish.origin) <= DLX_ORIGIN_MAX, "long origin");
+                break;
+        case WIRE_REQ_MOUNT: {
+                const char *why = NULL;
+                check_prefix(q->mount.prefix, sizeof(q->mount.prefix), "mount prefix");
+                FUZZ_CHECK(wire_mount_check(q->mount.prefix, &why) == 0, "mount prefix: %s", why);
+                break;
+        }
+        case WIRE_REQ_FETCH_FAILED:
+                check_name(q->fetch_failed.name, sizeof(q->fetch_failed.name), "fetch-failed name");
+                check_prefix(q->fetch_failed.error, sizeof(q->fetch_failed.error), "fetch error");
+                FUZZ_CHECK(q->fetch_failed.status > WIRE_OK &&
+                                   q->fetch_failed.status < WIRE_STATUS_COUNT,
+                           "fetch-failed status %d", q->fetch_failed.status);
                 break;
         case WIRE_REQ_ACQUIRE:
                 check_name(q->acquire.name, sizeof(q->acquire.name), "acquire name");
@@ -140,6 +155,7 @@ static void check_info(const struct wire_info *info, const char *what)
 {
         check_tensor(&info->tensor, what);
         FUZZ_CHECK(STR_OK(info->producer_name), "%s: producer name not terminated", what);
+        check_prefix(info->origin, sizeof(info->origin), "origin");
 }
 
 static void check_reply(const struct wire_reply *p)

@@ -401,6 +401,20 @@ static struct wire_request *sample_request(unsigned i, const char **ret_name, un
         case 29:
                 *ret_name = "untrack";
                 return with_u64(WIRE_REQ_UNTRACK, 0);
+        case 30:
+                *ret_name = "mount";
+                q = req(WIRE_REQ_MOUNT);
+                wire_strcpy(q->mount.prefix, sizeof(q->mount.prefix), "@gpu3/");
+                return q;
+        case 31:
+                *ret_name = "fetch-failed";
+                q = req(WIRE_REQ_FETCH_FAILED);
+                wire_strcpy(q->fetch_failed.name, sizeof(q->fetch_failed.name), "@gpu3/model/w");
+                q->fetch_failed.min_version = 7;
+                q->fetch_failed.status = WIRE_UNREACHABLE;
+                wire_strcpy(q->fetch_failed.error, sizeof(q->fetch_failed.error),
+                            "peer gpu3 lost during the pull");
+                return q;
         default:
                 return NULL;
         }

@@ -1,0 +1,269 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Mounts (1.5): the names under "@<alias>/" are mirrors of a federation
+ * peer's, published by the one session that mounted that prefix: the
+ * federation bridge of this host (dlxfed), running as --federation-uid.
+ *
+ *  - Nobody else publishes under '@': a mirror's bytes come from its origin.
+ *  - An acquire that waits for a name under a mounted prefix, and finds no
+ *    version it may take, sends the mount session a WANTED event (once per
+ *    name and wanted version until the name is published or the fetch
+ *    fails), so that the bridge fetches it. A waiter that came before the
+ *    mount is announced when the mount comes (a bridge restarting).
+ *  - The bridge's FetchFailed fails the waiters it could not serve, with its
+ *    status and message.
+ *  - A mirror keeps its origin's version number (Publish.origin_version),
+ *    so that min_version means the same on every host.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "namespace.h"
+
+struct mount {
+        struct avl_node node; /* in registry.mounts, by prefix */
+        struct list slink;    /* in session.mounts */
+        struct session *s;
+        size_t len;
+        char prefix[]; /* "@<alias>/" */
+};
+
+/* A prefix as a key: its bytes and length (names are not terminated at the prefix's end). */
+struct prefix_key {
+        const char *p;
+        size_t len;
+};
+
+static int cmp_prefix(const void *key, const struct avl_node *n)
+{
+        const struct prefix_key *k = key;
+        const struct mount *m = avl_entry(n, struct mount, node);
+        size_t len = k->len < m->len ? k->len : m->len;
+        int c = memcmp(k->p, m->prefix, len);
+
+        if (c)
+                return c;
+        return k->len < m->len ? -1 : k->len > m->len;
+}
+
+/* The length of name's mount prefix ("@alias/"), or 0 when name is not under one. */
+static size_t mount_prefix_len(const char *name)
+{
+        const char *slash;
+
+        if (name[0] != '@')
+                return 0;
+        slash = strchr(name, '/');
+        return slash ? (size_t)(slash - name) + 1 : 0;
+}
+
+static struct mount *mount_of(struct registry *reg, const char *name)
+{
+        struct prefix_key k = {name, mount_prefix_len(name)};
+        struct avl_node *n;
+
+        if (k.len == 0)
+                return NULL;
+        n = avl_find(&reg->mounts, &k, cmp_prefix);
+        return n ? avl_entry(n, struct mount, node) : NULL;
+}
+
+int mount_check_publish(struct session *s, const struct wire_request *req, char *why, size_t whysz)
+{
+        const char *name = req->publish.tensor.name;
+        struct mount *m = mount_of(s->reg, name);
+
+        if (name[0] == '@' && (!m || m->s != s)) {
+                snprintf(why, whysz,
+                         "names under '@' are mirrors of federation peers: only the bridge "
+                         "that mounted the prefix publishes there");
+                return -EACCES;
+        }
+        if (name[0] != '@' && (req->publish.origin_version || req->publish.origin[0])) {
+                snprintf(why, whysz, "an origin is only for a mirror, under a mounted '@' prefix");
+                return -EINVAL;
+        }
+        return mount_check_version(s->reg, name, req->publish.origin_version, why, whysz);
+}
+
+int mount_check_version(struct registry *reg, const char *name, uint64_t origin_version, char *why,
+                        size_t whysz)
+{
+        struct entry *e = origin_version ? entry_find(reg, name) : NULL;
+
+        if (e && origin_version <= e->last_version) {
+                snprintf(why, whysz,
+                         "origin version %llu is not above the mirror's last version %llu",
+                         (unsigned long long)origin_version, (unsigned long long)e->last_version);
+                return -EEXIST;
+        }
+        return 0;
+}
+
+/* One WANTED per name and version: min_version + 1 is remembered (0: none since). */
+static uint64_t want_mark(uint64_t min_version)
+{
+        return min_version == UINT64_MAX ? UINT64_MAX : min_version + 1;
+}
+
+static void announce(struct mount *m, struct entry *e, uint64_t min_version)
+{
+        e->wanted = want_mark(min_version);
+        session_event(m->s, WIRE_EVENT_WANTED, 0, e->name, min_version, 0, 0);
+}
+
+void mount_wanted(struct registry *reg, struct entry *e, uint64_t min_version)
+{
+        struct mount *m;
+
+        if (e->name[0] != '@' || (e->wanted && want_mark(min_version) <= e->wanted))
+                return;
+        m = mount_of(reg, e->name);
+        if (m)
+                announce(m, e, min_version);
+}
+
+void mount_published(struct entry *e, uint64_t version)
+{
+        if (e->wanted && want_mark(version) >= e->wanted)
+                e->wanted = 0;
+}
+
+/* The highest min_version e's waiters ask for; false when none waits. */
+static bool waiters_max(const struct entry *e, uint64_t *ret)
+{
+        const struct list *pos;
+        bool any = false;
+
+        *ret = 0;
+        for (pos = e->waiters.next; pos != &e->waiters; pos = pos->next) {
+                const struct waiter *w = list_entry(pos, struct waiter, elink);
+                if (w->min_version > *ret)
+                        *ret = w->min_version;
+                any = true;
+        }
+        return any;
+}
+
+void registry_mount(struct session *s, const struct wire_request *req)
+{
+        struct registry *reg = s->reg;
+        const char *prefix = req->mount.prefix;
+        struct prefix_key k = {prefix, strlen(prefix)};
+        struct avl_node *n = avl_find(&reg->mounts, &k, cmp_prefix);
+        struct wire_reply rep;
+        struct mount *m;
+
+        if (!reg->federation || s->uid != reg->federation_uid) {
+                session_fail(s, req->id, -EACCES,
+                             reg->federation ? "mount '%s': only uid %u mounts federation prefixes"
+                                             : "mount '%s': dlxd was started without "
+                                               "--federation-uid",
+                             prefix, (unsigned)reg->federation_uid);
+                return;
+        }
+        if (n) {
+                m = avl_entry(n, struct mount, node);
+                if (m->s != s) {
+                        session_fail(s, req->id, -EBUSY,
+                                     "mount '%s': mounted by another session (pid %d)", prefix,
+                                     (int)m->s->pid);
+                        return;
+                }
+        } else if (s->nmounts >= DLX_MAX_MOUNTS) {
+                session_fail(s, req->id, -EAGAIN, "mount '%s': this client has %d mounts already",
+                             prefix, DLX_MAX_MOUNTS);
+                return;
+        } else {
+                m = malloc(sizeof(*m) + k.len + 1);
+                if (!m) {
+                        session_fail(s, req->id, -ENOMEM, "out of memory");
+                        return;
+                }
+                m->s = s;
+                m->len = k.len;
+                memcpy(m->prefix, prefix, k.len + 1);
+                avl_insert(&reg->mounts, &m->node, &k, cmp_prefix);
+                list_insert_tail(&s->mounts, &m->slink);
+                s->nmounts++;
+                log_session(notice, s, "mounted %s", prefix);
+        }
+
+        reply_init(&rep, req->id, WIRE_REP_NONE);
+        session_send(s, &rep, -1);
+        /* acquires waiting under the prefix (before it, or unheard of): the bridge hears now */
+        for (n = avl_lower_bound(&reg->names, prefix, entry_cmp_name); n; n = avl_next(n)) {
+                struct entry *e = avl_entry(n, struct entry, node);
+                uint64_t want;
+
+                if (strncmp(e->name, prefix, k.len) != 0)
+                        break;
+                e->wanted = 0;
+                if (waiters_max(e, &want))
+                        announce(m, e, want);
+        }
+}
+
+void mount_session_end(struct session *s)
+{
+        while (!list_empty(&s->mounts)) {
+                struct mount *m = list_entry(s->mounts.next, struct mount, slink);
+
+                log_session(notice, s, "unmounted %s", m->prefix);
+                list_remove(&m->slink);
+                avl_remove(&s->reg->mounts, &m->node);
+                free(m);
+        }
+        s->nmounts = 0;
+}
+
+void registry_fetch_failed(struct session *s, const struct wire_request *req)
+{
+        struct registry *reg = s->reg;
+        const char *name = req->fetch_failed.name;
+        struct mount *m = mount_of(reg, name);
+        struct entry *e;
+        struct list *pos, *tmp;
+        struct wire_reply rep;
+        int err = wire_status_errno(req->fetch_failed.status);
+        unsigned failed = 0;
+        uint64_t want;
+        int e_ws;
+
+        if (!m || m->s != s) {
+                session_fail(s, req->id, -EACCES,
+                             "fetch-failed '%s': this client has not mounted its prefix", name);
+                return;
+        }
+        /* answered first: failing the last waiter may free the entry, never this session */
+        reply_init(&rep, req->id, WIRE_REP_NONE);
+        session_send(s, &rep, -1);
+        e = entry_find(reg, name);
+        if (!e)
+                return;
+        /* the entry is freed once, at the end, if nothing holds it then */
+        list_for_each_safe(pos, tmp, &e->waiters)
+        {
+                struct waiter *w = list_entry(pos, struct waiter, elink);
+                struct session *ws = w->s;
+                uint64_t id = w->req_id;
+
+                if (w->min_version > req->fetch_failed.min_version)
+                        continue;
+                failed++;
+                waiter_detach(w);
+                /* a status a client of 1.4 knows */
+                e_ws = err == -EHOSTUNREACH && ws->minor < 5 ? -EIO : err;
+                if (req->fetch_failed.error[0])
+                        session_fail(ws, id, e_ws, "%s", req->fetch_failed.error);
+                else
+                        session_fail(ws, id, e_ws, "fetching '%s' failed: %s", name,
+                                     strerror(-err));
+        }
+        e->wanted = waiters_max(e, &want) ? want_mark(want) : 0;
+        entry_maybe_free(reg, e);
+        log_session(info, s, "fetch of %s failed (%s): %u waiting acquires failed", name,
+                    strerror(-err), failed);
+}
