@@ -305,7 +305,15 @@ static uint64_t lay_out(struct pub_member **by_start, size_t n, struct block *bl
                         b->before = (uint64_t)m->lo - (m->start - b->start);
         }
         for (size_t b = 0; b < nb; b++) {
-                at = align_up(at, GROUP_MEMBER_ALIGN) + (blocks[b].start % GROUP_MEMBER_ALIGN);
+                /*
+                 * Each run keeps the alignment its source had, up to 64 bytes: a
+                 * float at an address 4 past a 64-byte boundary is 4-aligned, and
+                 * costs no 60 bytes of padding.
+                 */
+                uint64_t start = blocks[b].start, a = start & (~start + 1);
+                if (a == 0 || a > GROUP_MEMBER_ALIGN)
+                        a = GROUP_MEMBER_ALIGN;
+                at = align_up(at, a);
                 /* room for every data pointer inside the segment (a hole, if it comes to that) */
                 if (at < blocks[b].before)
                         at += align_up(blocks[b].before - at, GROUP_MEMBER_ALIGN);

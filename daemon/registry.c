@@ -228,8 +228,8 @@ void registry_init(struct registry *reg, uv_loop_t *loop, struct store *st,
                 reg->lim = *lim;
         else
                 registry_default_limits(&reg->lim);
-        /* the limit in force, as stats tell it: no group has more on the wire (0 stays none) */
-        if (reg->lim.max_group_members > GROUP_MEMBERS_MAX)
+        /* the limit in force, as stats tell it: no group has more on the wire, even with "none" */
+        if (reg->lim.max_group_members == 0 || reg->lim.max_group_members > GROUP_MEMBERS_MAX)
                 reg->lim.max_group_members = GROUP_MEMBERS_MAX;
         st->max_bytes = reg->lim.max_bytes;
         st->max_bytes_per_uid = reg->lim.max_bytes_per_uid;

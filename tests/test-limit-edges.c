@@ -797,7 +797,8 @@ START_TEST(max_group_members_over_cap_reads_as_cap)
         static const struct {
                 const char *arg;
                 uint32_t shown;
-        } rows[] = {{"2000000", 1048576}, {"1048577", 1048576}, {"1048576", 1048576}, {"0", 0}};
+        } rows[] = {
+                {"2000000", 1048576}, {"1048577", 1048576}, {"1048576", 1048576}, {"0", 1048576}};
 
         for (size_t i = 0; i < N_ELEMS(rows); i++) {
                 const char *const args[] = {"--max-group-members", rows[i].arg, NULL};

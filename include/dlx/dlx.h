@@ -609,8 +609,10 @@ struct dlx_info {
         uint64_t published_ns; /* CLOCK_REALTIME */
         /*
          * A group's member count; 0 for a tensor. A group is described as
-         * its data: dtype uint8, ndim 1, nbytes the bytes its members' data
-         * takes (storage they share counted once).
+         * its data area: dtype uint8, ndim 1, nbytes the bytes its members'
+         * data takes (storage they share counted once), with the padding
+         * between pieces that lay apart: a copied piece keeps the alignment
+         * its source had, up to 64 bytes.
          */
         uint32_t members;
         /*
