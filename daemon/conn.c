@@ -349,12 +349,12 @@ static void set_events(struct conn *c, int events)
         uv_poll_start(&c->poll, events, on_poll);
 }
 
-/* Watch events may be dropped when the peer leaves too much unread; nothing else is. */
+/* Watch events (and a bridge's WANTED) may be dropped when the peer leaves too much unread. */
 static bool droppable(const struct wire_reply *rep)
 {
         return rep->type == WIRE_REP_EVENT &&
                (rep->event.kind == WIRE_EVENT_PUBLISHED || rep->event.kind == WIRE_EVENT_REPLACED ||
-                rep->event.kind == WIRE_EVENT_UNPUBLISHED);
+                rep->event.kind == WIRE_EVENT_UNPUBLISHED || rep->event.kind == WIRE_EVENT_WANTED);
 }
 
 /* Queues one reply; called by the session. fd is borrowed and duplicated; seg referenced. */

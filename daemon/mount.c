@@ -88,12 +88,24 @@ int mount_check_publish(struct session *s, const struct wire_request *req, char 
         return mount_check_version(s->reg, name, req->publish.origin_version, why, whysz);
 }
 
+bool mount_may_unpublish(struct session *s, const char *name)
+{
+        struct mount *m = mount_of(s->reg, name);
+
+        return !m || m->s == s;
+}
+
 int mount_check_version(struct registry *reg, const char *name, uint64_t origin_version, char *why,
                         size_t whysz)
 {
-        struct entry *e = origin_version ? entry_find(reg, name) : NULL;
+        struct entry *e = entry_find(reg, name);
 
-        if (e && origin_version <= e->last_version) {
+        if (e && !origin_version && e->last_version == UINT64_MAX) {
+                snprintf(why, whysz, "its versions are spent: the last was %llu",
+                         (unsigned long long)UINT64_MAX);
+                return -EOVERFLOW;
+        }
+        if (e && origin_version && origin_version <= e->last_version) {
                 snprintf(why, whysz,
                          "origin version %llu is not above the mirror's last version %llu",
                          (unsigned long long)origin_version, (unsigned long long)e->last_version);
@@ -102,23 +114,43 @@ int mount_check_version(struct registry *reg, const char *name, uint64_t origin_
         return 0;
 }
 
-/* One WANTED per name and version: min_version + 1 is remembered (0: none since). */
-static uint64_t want_mark(uint64_t min_version)
-{
-        return min_version == UINT64_MAX ? UINT64_MAX : min_version + 1;
-}
-
+/*
+ * Tells m's session that an acquire waits for e at min_version or later.
+ * The event goes as a watch event goes: past the session's share of queued
+ * output it is dropped, and the bridge hears DLX_EVENT_LOST instead, then
+ * mounts again to hear of what was dropped. Only what went is remembered
+ * (e->wanted), so that what was dropped is announced then.
+ */
 static void announce(struct mount *m, struct entry *e, uint64_t min_version)
 {
-        e->wanted = want_mark(min_version);
-        session_event(m->s, WIRE_EVENT_WANTED, 0, e->name, min_version, 0, 0);
+        struct wire_reply rep;
+
+        reply_init(&rep, 0, WIRE_REP_EVENT);
+        rep.event.kind = WIRE_EVENT_WANTED;
+        rep.event.watch = 0;
+        memcpy(rep.event.name, e->name, e->len + 1);
+        rep.event.version = min_version;
+        rep.event.token = 0;
+        rep.event.segment = 0;
+        rep.event.events = NULL;
+        rep.event.nevents = 0;
+        if (session_send(m->s, &rep, -1) == 0) {
+                e->wanted_set = true;
+                e->wanted = min_version;
+        }
+}
+
+/* Whether an acquire of e at min_version is announced already (and not answered since). */
+static bool announced(const struct entry *e, uint64_t min_version)
+{
+        return e->wanted_set && min_version <= e->wanted;
 }
 
 void mount_wanted(struct registry *reg, struct entry *e, uint64_t min_version)
 {
         struct mount *m;
 
-        if (e->name[0] != '@' || (e->wanted && want_mark(min_version) <= e->wanted))
+        if (e->name[0] != '@' || announced(e, min_version))
                 return;
         m = mount_of(reg, e->name);
         if (m)
@@ -127,8 +159,8 @@ void mount_wanted(struct registry *reg, struct entry *e, uint64_t min_version)
 
 void mount_published(struct entry *e, uint64_t version)
 {
-        if (e->wanted && want_mark(version) >= e->wanted)
-                e->wanted = 0;
+        if (e->wanted_set && version >= e->wanted)
+                e->wanted_set = false;
 }
 
 /* The highest min_version e's waiters ask for; false when none waits. */
@@ -156,6 +188,12 @@ void registry_mount(struct session *s, const struct wire_request *req)
         struct wire_reply rep;
         struct mount *m;
 
+        if (s->minor < 5) {
+                session_fail(s, req->id, -ENOTSUP,
+                             "mount '%s': a bridge speaks protocol 1.5; this client speaks 1.%u",
+                             prefix, (unsigned)s->minor);
+                return;
+        }
         if (!reg->federation || s->uid != reg->federation_uid) {
                 session_fail(s, req->id, -EACCES,
                              reg->federation ? "mount '%s': only uid %u mounts federation prefixes"
@@ -164,6 +202,8 @@ void registry_mount(struct session *s, const struct wire_request *req)
                              prefix, (unsigned)reg->federation_uid);
                 return;
         }
+        bool again = n != NULL;
+
         if (n) {
                 m = avl_entry(n, struct mount, node);
                 if (m->s != s) {
@@ -193,15 +233,20 @@ void registry_mount(struct session *s, const struct wire_request *req)
 
         reply_init(&rep, req->id, WIRE_REP_NONE);
         session_send(s, &rep, -1);
-        /* acquires waiting under the prefix (before it, or unheard of): the bridge hears now */
+        /*
+         * The acquires waiting under the prefix: a new mount hears of all of
+         * them (a bridge that starts knows of none); a mount again, of those
+         * whose WANTED was dropped.
+         */
         for (n = avl_lower_bound(&reg->names, prefix, entry_cmp_name); n; n = avl_next(n)) {
                 struct entry *e = avl_entry(n, struct entry, node);
                 uint64_t want;
 
                 if (strncmp(e->name, prefix, k.len) != 0)
                         break;
-                e->wanted = 0;
-                if (waiters_max(e, &want))
+                if (!again)
+                        e->wanted_set = false;
+                if (waiters_max(e, &want) && !announced(e, want))
                         announce(m, e, want);
         }
 }
@@ -229,7 +274,6 @@ void registry_fetch_failed(struct session *s, const struct wire_request *req)
         struct wire_reply rep;
         int err = wire_status_errno(req->fetch_failed.status);
         unsigned failed = 0;
-        uint64_t want;
         int e_ws;
 
         if (!m || m->s != s) {
@@ -262,7 +306,8 @@ void registry_fetch_failed(struct session *s, const struct wire_request *req)
                         session_fail(ws, id, e_ws, "fetching '%s' failed: %s", name,
                                      strerror(-err));
         }
-        e->wanted = waiters_max(e, &want) ? want_mark(want) : 0;
+        /* the failure answered what was asked; any acquire left is announced again if asked */
+        e->wanted_set = false;
         entry_maybe_free(reg, e);
         log_session(info, s, "fetch of %s failed (%s): %u waiting acquires failed", name,
                     strerror(-err), failed);

@@ -35,8 +35,9 @@ struct entry {
         struct list versions;    /* struct version, oldest first */
         struct list waiters;     /* struct waiter */
         struct list tracks;      /* struct track (track.c): sessions that follow its version */
-        /* under a mount: min_version + 1 of the last WANTED sent for it (0: none since) */
+        /* under a mount: the min_version of the last WANTED sent for it, if wanted_set */
         uint64_t wanted;
+        bool wanted_set;
         size_t len;
         char name[];
 };
@@ -183,7 +184,12 @@ bool names_full(struct session *s, char *why, size_t whysz);
  * above the name's last. 0, or -EACCES/-EINVAL/-EEXIST with why.
  */
 int mount_check_publish(struct session *s, const struct wire_request *req, char *why, size_t whysz);
-/* An origin version (0: none) above name's last version: 0, or -EEXIST with why. */
+/* s may unpublish name: not under another session's mount. */
+bool mount_may_unpublish(struct session *s, const char *name);
+/*
+ * An origin version above name's last version (-EEXIST), or none (0) and a
+ * next one to be had (-EOVERFLOW after UINT64_MAX): 0, or -errno with why.
+ */
 int mount_check_version(struct registry *reg, const char *name, uint64_t origin_version, char *why,
                         size_t whysz);
 /* An acquire waits on e for min_version: its mount session is told (WANTED), once. */

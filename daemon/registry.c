@@ -902,6 +902,13 @@ void registry_unpublish(struct session *s, const struct wire_request *req)
                              (unsigned)e->owner);
                 return;
         }
+        if (!mount_may_unpublish(s, e->name)) {
+                session_fail(s, req->id, -EACCES,
+                             "'%s' is a mirror: only the bridge that mounted its prefix "
+                             "unpublishes it",
+                             e->name);
+                return;
+        }
         version = e->current->version;
         log_session(info, s, "unpublished %s v%llu", e->name, (unsigned long long)version);
         notify_watchers(reg, WIRE_EVENT_UNPUBLISHED, e, version);

@@ -557,6 +557,7 @@ START_TEST(stat_nbytes_small_members)
         enum { N = 100 };
         static uint8_t bytes[N];
         static char names[N][8];
+        void *heap[N];
         struct dlx_member ms[N];
         struct dlx_info info;
         int64_t one = 1;
@@ -564,8 +565,9 @@ START_TEST(stat_nbytes_small_members)
         for (int i = 0; i < N; i++) {
                 snprintf(names[i], sizeof(names[i]), "m%03d", i);
                 /* separate bytes that do not touch */
+                heap[i] = malloc(1);
                 ms[i] = (struct dlx_member){
-                        names[i], view_of(malloc(1), DT(kDLUInt, 8, 1), 1, &one, NULL, 0, 0, NULL)};
+                        names[i], view_of(heap[i], DT(kDLUInt, 8, 1), 1, &one, NULL, 0, 0, NULL)};
         }
         (void)bytes;
         DLXV(dlx_publish_group(p, "small", ms, N, NULL, NULL));
@@ -573,6 +575,8 @@ START_TEST(stat_nbytes_small_members)
         ck_assert_uint_eq(info.members, N);
         ck_assert_msg(info.nbytes >= N && info.nbytes <= 64 * N,
                       "100 one-byte members: nbytes %" PRIu64, info.nbytes);
+        for (int i = 0; i < N; i++)
+                free(heap[i]); /* copied: the group does not need them */
         dlx_close(p);
 }
 END_TEST

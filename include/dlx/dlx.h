@@ -209,6 +209,8 @@ struct dlx_publish_options {
  *   -EACCES   the name is owned by another user, or is under '@' (a federation
  *             peer's, published only by the bridge that mounted it)
  *   -EEXIST   opts->origin_version is not above the name's last version
+ *   -EOVERFLOW also: the name's last version was UINT64_MAX (a mirror's), and
+ *             there is no next one
  *   -EXDEV    DLX_COPY_NEVER and the memory did not come from dlx_alloc()
  *   -ENOTSUP  a device dlx cannot share (kDLCPU, kDLCUDAHost and kDLCUDA are),
  *             DLX_COPY_ALWAYS for a CUDA tensor, or CUDA memory that cannot be
@@ -699,27 +701,35 @@ int dlx_ping(dlx_client *client);
  *     acquires that were already waiting when the mount came;
  *   - the bridge answers each with a publish of the name (opts->origin_version
  *     and opts->origin) or with dlx_fetch_failed().
- * Mounting a prefix this client has mounted already succeeds and announces
- * every waiting acquire under it again. Returns 0, or:
+ * A bridge that reads its events late loses some, as a watcher does: past
+ * dlxd --max-queued (or its uid's share) WANTED events are dropped, and a
+ * DLX_EVENT_LOST comes when there is room again. Mounting a prefix this
+ * client has mounted already then succeeds and announces every waiting
+ * acquire whose WANTED was dropped. Returns 0, or:
  *   -EINVAL   NULL argument or a prefix not of that form
  *   -EACCES   this uid is not dlxd's --federation-uid (or none was given)
  *   -EBUSY    another client has mounted prefix
  *   -EAGAIN   this client has 1024 mounts already
  *   -ENOTSUP  the daemon speaks protocol 1.4 or older
- * and the errors common to every call.
+ * and the errors common to every call. Names under a mounted prefix are
+ * unpublished only by the mounting client (others get -EACCES, whatever
+ * their uid).
  */
 int dlx_mount(dlx_client *client, const char *prefix);
 
 /*
  * For a federation bridge: fetching name (under a prefix this client mounted)
  * failed. Every acquire waiting for it at a min_version of at most
- * min_version fails with err (a negative errno; -EHOSTUNREACH for a lost
- * peer, say) and message (NULL: a generic one; printable, at most 255
- * bytes; naming the peer is the bridge's part). Acquires waiting for a
- * higher version go on waiting. Returns 0, or -EINVAL (NULL client or name,
- * err not negative, a bad message), -EACCES (the prefix is not this
- * client's), -ENOTSUP (protocol 1.4 or older), and the errors common to
- * every call.
+ * min_version fails with err and message (NULL: a generic one; printable,
+ * at most 255 bytes; naming the peer is the bridge's part). err is one of
+ * the errnos the protocol carries: -ENOENT, -EACCES, -ETIMEDOUT, -ENOSPC,
+ * -EAGAIN, -EINVAL, -EPROTO, -EPROTONOSUPPORT, -EBADF, -EMSGSIZE, -EBUSY,
+ * -EEXIST, -ENOMEM, -EIO, -ENOTSUP, -ESHUTDOWN, -ECONNRESET, -EISDIR,
+ * -ENOTDIR or -EHOSTUNREACH (a lost or unreachable peer; a waiter of a
+ * protocol 1.4 client sees -EIO). Acquires waiting for a higher version go
+ * on waiting. Returns 0, or -EINVAL (NULL client or name, another err, a
+ * bad message), -EACCES (the prefix is not this client's), -ENOTSUP
+ * (protocol 1.4 or older), and the errors common to every call.
  */
 int dlx_fetch_failed(dlx_client *client, const char *name, uint64_t min_version, int err,
                      const char *message);
@@ -741,8 +751,9 @@ enum dlx_event_kind {
          * version >= version (0: any) under a prefix this client mounted, and
          * nothing there satisfies it yet. watch is 0. Sent once per name and
          * version until the name gets such a version or dlx_fetch_failed()
-         * is called for it. After a DLX_EVENT_LOST, dlx_mount() again to hear
-         * of every acquire still waiting.
+         * is called for it. Dropped as watch events are when the bridge
+         * reads too late: after a DLX_EVENT_LOST, dlx_mount() again to hear
+         * of the acquires still waiting whose WANTED was dropped.
          */
         DLX_EVENT_WANTED = 5,
 };

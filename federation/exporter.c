@@ -1,0 +1,387 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * What peers take from this host. A Lookup of an exported name is served
+ * from a real dlx lease, taken for the whole transfer: a replace or an
+ * unpublish meanwhile changes nothing the peer reads. The version's bytes
+ * are registered with UCX for that lease alone and sent as one rendezvous
+ * DATA message; the lease ends when UCX says the send is over: delivered,
+ * or failed with the endpoint (its peer died, or --lease-ms passed and the
+ * endpoint was closed). Only read-only CPU versions of exported names
+ * leave; nothing under '@' is ever exported again.
+ *
+ * Why not a get: UCX 1.13 serves a get over TCP in software, from this
+ * process's worker, and aborts the process (ucs_fatal) when the peer's
+ * socket fails while it sends the reply. A dying importer must never take
+ * the exporter with it. A rendezvous send is a request of ours, and fails
+ * as one; with RDMA, the importer's NIC reads the registered bytes itself.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fed.h"
+#include "fed.pb-c.h"
+#include "layout.h"
+
+struct rlease {
+        struct list link; /* in fed.leases */
+        struct fed *f;
+        struct conn *c;
+        uint64_t id;
+        DLManagedTensorVersioned *t;
+        ucp_mem_h memh;
+        uint64_t header; /* the DATA's: the lookup's id */
+        bool sending;    /* UCX has the send: the lease ends in its callback */
+        uv_timer_t deadline;
+};
+
+/* A lookup waiting on the thread pool for its version. */
+struct waiting {
+        uv_work_t work;
+        struct fed *f;
+        struct conn *c; /* NULL once its endpoint is gone */
+        struct list link;
+        uint64_t id, min_version;
+        uint32_t wait_ms;
+        char name[DLX_NAME_MAX + 1];
+        DLManagedTensorVersioned *t;
+        int err;
+        char error[256];
+};
+
+static struct list waitings = {&waitings, &waitings};
+
+static bool exported(const struct fed *f, const char *name)
+{
+        if (name[0] == '@')
+                return false;
+        for (unsigned i = 0; i < f->cfg.nexports; i++)
+                if (strncmp(name, f->cfg.exports[i], strlen(f->cfg.exports[i])) == 0)
+                        return true;
+        return false;
+}
+
+static void describe_error(struct conn *c, uint64_t id, int err, const char *fmt, ...)
+        __attribute__((format(printf, 4, 5)));
+
+static void describe_error(struct conn *c, uint64_t id, int err, const char *fmt, ...)
+{
+        Dlxf__Describe d = DLXF__DESCRIBE__INIT;
+        char msg[256];
+        uint8_t buf[400];
+        va_list ap;
+
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        d.id = id;
+        d.errnum = err < 0 ? -err : err;
+        d.error = msg;
+        fed_send(c, FED_AM_DESCRIBE, buf, dlxf__describe__pack(&d, buf));
+}
+
+static void lease_closed(uv_handle_t *h)
+{
+        free(h->data);
+}
+
+static void lease_end(struct rlease *l)
+{
+        list_remove(&l->link);
+        if (l->memh)
+                ucp_mem_unmap(l->f->ctx, l->memh);
+        l->t->deleter(l->t);
+        uv_timer_stop(&l->deadline);
+        uv_close((uv_handle_t *)&l->deadline, lease_closed);
+}
+
+static void on_deadline(uv_timer_t *t)
+{
+        struct rlease *l = t->data;
+
+        if (!l->c)
+                return;
+        fed_log(FED_WARN, "%s: lease %llu past its deadline: the peer's endpoint goes", l->c->who,
+                (unsigned long long)l->id);
+        /* the send fails with the endpoint, and its callback ends the lease */
+        fed_close(l->c, "a remote lease past its deadline");
+}
+
+static void on_data_sent(void *req, ucs_status_t status, void *arg)
+{
+        struct rlease *l = arg;
+
+        ucp_request_free(req);
+        l->sending = false;
+        if (status != UCS_OK)
+                fed_log(FED_NOTICE, "lease %llu: the transfer failed: %s",
+                        (unsigned long long)l->id, ucs_status_string(status));
+        lease_end(l);
+}
+
+/* The bytes of l go to c as DATA; the lease ends once they have (or could not). */
+static void send_data(struct conn *c, struct rlease *l, const void *start, size_t length)
+{
+        ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                                 UCP_OP_ATTR_FIELD_USER_DATA |
+                                                 UCP_OP_ATTR_FIELD_FLAGS,
+                                 .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_RNDV,
+                                 .cb.send = on_data_sent,
+                                 .user_data = l};
+        void *r;
+
+        if (l->memh) {
+                p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+                p.memh = l->memh;
+        }
+        if (length == 0)
+                p.flags = UCP_AM_SEND_FLAG_REPLY; /* nothing to meet for */
+        r = ucp_am_send_nbx(c->ep, FED_AM_DATA, &l->header, sizeof(l->header), start, length, &p);
+        if (r == NULL) {
+                lease_end(l);
+        } else if (UCS_PTR_IS_ERR(r)) {
+                fed_log(FED_NOTICE, "%s: lease %llu: cannot send: %s", c->who,
+                        (unsigned long long)l->id, ucs_status_string(UCS_PTR_STATUS(r)));
+                lease_end(l);
+        } else {
+                l->sending = true;
+        }
+}
+
+/* Serves an acquired version (ownership taken) to c as the answer to id. */
+static void serve(struct conn *c, uint64_t id, DLManagedTensorVersioned *t)
+{
+        struct fed *f = c->fed;
+        const DLTensor *d = &t->dl_tensor;
+        Dlxf__Describe desc = DLXF__DESCRIBE__INIT;
+        Dlxf__Layout lay = DLXF__LAYOUT__INIT;
+        uint64_t version = 0;
+        int64_t lo = 0, hi = 0;
+        const char *why = NULL;
+        struct rlease *l;
+        size_t size;
+        uint8_t *buf;
+        int64_t strides[DLX_MAX_NDIM];
+
+        dlx_tensor_info(t, NULL, &version, NULL);
+        if (!(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY)) {
+                describe_error(c, id, ENOTSUP, "federation exports read-only versions only");
+                goto drop;
+        }
+        if (d->device.device_type != kDLCPU) {
+                describe_error(c, id, ENOTSUP, "device %d: only CPU tensors travel yet",
+                               (int)d->device.device_type);
+                goto drop;
+        }
+        if (layout_extent(d->dtype, d->ndim, d->shape, d->strides, d->byte_offset, t->flags, &lo,
+                          &hi, &why) < 0) {
+                describe_error(c, id, EINVAL, "its layout: %s", why);
+                goto drop;
+        }
+        l = calloc(1, sizeof(*l));
+        if (!l) {
+                describe_error(c, id, ENOMEM, "out of memory");
+                goto drop;
+        }
+        l->f = f;
+        l->c = c;
+        l->t = t;
+        l->id = ++f->next_lease;
+        if (hi > lo) {
+                ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                                                         UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+                                           .address = (uint8_t *)d->data + lo,
+                                           .length = (size_t)(hi - lo)};
+                ucs_status_t s = ucp_mem_map(f->ctx, &mp, &l->memh);
+                if (s != UCS_OK) {
+                        if (l->memh)
+                                ucp_mem_unmap(f->ctx, l->memh);
+                        free(l);
+                        describe_error(c, id, EIO, "cannot register it with UCX: %s",
+                                       ucs_status_string(s));
+                        goto drop;
+                }
+        }
+        uv_timer_init(f->loop, &l->deadline);
+        l->deadline.data = l;
+        uv_timer_start(&l->deadline, on_deadline, f->cfg.lease_ms, 0);
+        list_insert_tail(&f->leases, &l->link);
+
+        if (d->strides)
+                memcpy(strides, d->strides, (size_t)d->ndim * sizeof(int64_t));
+        else
+                layout_compact_strides(d->ndim, d->shape, strides);
+        lay.code = d->dtype.code;
+        lay.bits = d->dtype.bits;
+        lay.lanes = d->dtype.lanes;
+        lay.n_shape = lay.n_strides = (size_t)d->ndim;
+        lay.shape = d->shape;
+        lay.strides = strides;
+        lay.byte_offset = (uint64_t)((int64_t)d->byte_offset - lo);
+        lay.flags = t->flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED;
+        desc.id = id;
+        desc.version = version;
+        desc.layout = &lay;
+        desc.lease = l->id;
+        desc.length = (uint64_t)(hi - lo);
+        desc.deadline_ms = f->cfg.lease_ms;
+        l->header = id;
+        size = dlxf__describe__get_packed_size(&desc);
+        buf = malloc(size);
+        if (buf) {
+                dlxf__describe__pack(&desc, buf);
+                fed_send(c, FED_AM_DESCRIBE, buf, size);
+                free(buf);
+        }
+        f->exports_served++;
+        f->bytes_out += desc.length;
+        fed_log(FED_INFO, "%s: lease %llu on v%llu (%llu bytes)", c->who, (unsigned long long)l->id,
+                (unsigned long long)version, (unsigned long long)desc.length);
+        if (!buf) {
+                lease_end(l);
+                fed_close(c, "out of memory");
+                return;
+        }
+        send_data(c, l, (uint8_t *)d->data + lo, (size_t)desc.length);
+        return;
+drop:
+        t->deleter(t);
+}
+
+static void wait_work(uv_work_t *w)
+{
+        struct waiting *q = w->data;
+        struct dlx_acquire_options o = {.min_version = q->min_version, .timeout_ms = q->wait_ms};
+
+        q->err = dlx_acquire(q->f->dlx, q->name, &o, &q->t);
+        if (q->err < 0)
+                snprintf(q->error, sizeof(q->error), "%s", dlx_last_error());
+}
+
+static void wait_done(uv_work_t *w, int status)
+{
+        struct waiting *q = w->data;
+
+        (void)status;
+        list_remove(&q->link);
+        q->f->waiting--;
+        if (!q->c) {
+                if (q->err == 0)
+                        q->t->deleter(q->t);
+        } else if (q->err == 0) {
+                serve(q->c, q->id, q->t);
+        } else {
+                describe_error(q->c, q->id, q->err, "%s", q->error);
+        }
+        free(q);
+}
+
+void fed_export_lookup(struct conn *c, const void *buf, size_t len)
+{
+        struct fed *f = c->fed;
+        Dlxf__Lookup *q = dlxf__lookup__unpack(NULL, len, buf);
+        struct dlx_acquire_options o = {.timeout_ms = 0};
+        char name[DLX_NAME_MAX + 1];
+        const char *why = NULL;
+        DLManagedTensorVersioned *t = NULL;
+        uint64_t id;
+        int err;
+
+        if (!q || q->name.len == 0 || q->name.len > DLX_NAME_MAX ||
+            memchr(q->name.data, 0, q->name.len)) {
+                if (q)
+                        dlxf__lookup__free_unpacked(q, NULL);
+                fed_close(c, "a bad lookup");
+                return;
+        }
+        id = q->id;
+        memcpy(name, q->name.data, q->name.len);
+        name[q->name.len] = '\0';
+        o.min_version = q->min_version;
+        uint32_t wait_ms = q->wait_ms;
+        dlxf__lookup__free_unpacked(q, NULL);
+        if (layout_name_check(name, strlen(name), &why) < 0) {
+                describe_error(c, id, EINVAL, "bad name: %s", why);
+                return;
+        }
+        if (!exported(f, name)) {
+                /* the same answer whether or not it exists: nothing to learn */
+                describe_error(c, id, ENOENT, "'%s' is not exported by %s", name, f->cfg.alias);
+                return;
+        }
+        err = dlx_acquire(f->dlx, name, &o, &t);
+        if (err == 0) {
+                serve(c, id, t);
+                return;
+        }
+        if ((err == -ENOENT || err == -ETIMEDOUT) && wait_ms > 0 && f->waiting < 64) {
+                struct waiting *w = calloc(1, sizeof(*w));
+                if (w) {
+                        w->work.data = w;
+                        w->f = f;
+                        w->c = c;
+                        w->id = id;
+                        w->min_version = o.min_version;
+                        w->wait_ms = wait_ms;
+                        snprintf(w->name, sizeof(w->name), "%s", name);
+                        list_insert_tail(&waitings, &w->link);
+                        f->waiting++;
+                        uv_queue_work(f->loop, &w->work, wait_work, wait_done);
+                        return;
+                }
+        }
+        describe_error(c, id, err, "%s: %s", f->cfg.alias, dlx_last_error());
+}
+
+void fed_export_release(struct conn *c, const void *buf, size_t len)
+{
+        Dlxf__Release *r = dlxf__release__unpack(NULL, len, buf);
+        struct list *pos;
+
+        if (!r) {
+                fed_close(c, "a bad release");
+                return;
+        }
+        /*
+         * A transfer under way cannot be called back (UCX cancels no send): it
+         * ends as it ends, and its lease with it. Nothing else is held.
+         */
+        for (pos = c->fed->leases.next; pos != &c->fed->leases; pos = pos->next) {
+                struct rlease *l = list_entry(pos, struct rlease, link);
+                if (l->id == r->lease && l->c == c && !l->sending) {
+                        lease_end(l);
+                        break;
+                }
+        }
+        dlxf__release__free_unpacked(r, NULL);
+}
+
+void fed_export_conn_gone(struct conn *c)
+{
+        struct list *pos, *tmp;
+
+        list_for_each_safe(pos, tmp, &c->fed->leases)
+        {
+                struct rlease *l = list_entry(pos, struct rlease, link);
+                if (l->c != c)
+                        continue;
+                l->c = NULL;
+                /* a send UCX still has ends the lease in its callback */
+                if (!l->sending)
+                        lease_end(l);
+        }
+        for (pos = waitings.next; pos != &waitings; pos = pos->next) {
+                struct waiting *w = list_entry(pos, struct waiting, link);
+                if (w->c == c)
+                        w->c = NULL;
+        }
+}
+
+void fed_export_stop(struct fed *f)
+{
+        struct list *pos, *tmp;
+
+        list_for_each_safe(pos, tmp, &f->leases) lease_end(list_entry(pos, struct rlease, link));
+}

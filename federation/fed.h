@@ -1,0 +1,174 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * dlxfed: the federation bridge of one host. An ordinary libdlx client of
+ * the local dlxd, and a UCX worker on its own libuv loop:
+ *
+ *   federation.c  main: options and config file, the loop, signals, dlxd's events
+ *   transport.c   UCX: context, worker on the loop, listener, endpoints, messages,
+ *                 the handshake (allow-list, HMAC, versions)
+ *   exporter.c    what peers may take from this host: lookups, leases, deadlines
+ *   importer.c    what local consumers want from peers: pulls and mirrors
+ *
+ * Exporter and importer meet only through struct conn: a UCX endpoint, the
+ * server's side (a peer pulls from us) or the client's (we pull from a peer).
+ */
+#ifndef DLX_FEDERATION_FED_H
+#define DLX_FEDERATION_FED_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include <dlx/dlx.h>
+#include <ucp/api/ucp.h>
+#include <uv.h>
+
+#include "list.h"
+
+#define FED_PROTO_MAJOR 1
+#define FED_PROTO_MINOR 0
+#define FED_ALIAS_MAX 32
+#define FED_NONCE 32
+#define FED_MAC 32
+#define FED_MAX_PEERS 256
+#define FED_MAX_EXPORTS 64
+#define FED_MAX_ALLOW 64
+
+/* Active-message ids: one per message of fed.proto. */
+enum fed_am {
+        FED_AM_HELLO = 1,
+        FED_AM_HELLO_REPLY,
+        FED_AM_AUTH,
+        FED_AM_REFUSED,
+        FED_AM_LOOKUP,
+        FED_AM_DESCRIBE,
+        FED_AM_RELEASE,
+        FED_AM_DATA, /* not protobuf: an 8-byte header (the lookup's id), then the bytes */
+        FED_AM_COUNT
+};
+
+struct fed_addr {
+        struct sockaddr_storage sa;
+        socklen_t len;
+};
+
+/* An allow-list entry: an address and a prefix length. */
+struct fed_net {
+        int family;
+        uint8_t addr[16];
+        unsigned bits;
+};
+
+struct peer {
+        char alias[FED_ALIAS_MAX + 1];
+        char where[80]; /* host:port as given */
+        struct fed_addr addr;
+        struct conn *conn; /* ours to it (we pull), NULL until first wanted */
+        uint64_t pulls, bytes_in, failures;
+};
+
+struct fed_config {
+        const char *alias;  /* this host's, as its peers name it */
+        const char *listen; /* ADDR:PORT, NULL: serve nothing */
+        const char *socket; /* dlxd's, NULL: the default */
+        const char *secret_file;
+        struct peer peers[FED_MAX_PEERS];
+        unsigned npeers;
+        char *exports[FED_MAX_EXPORTS];
+        unsigned nexports;
+        struct fed_net allow[FED_MAX_ALLOW];
+        unsigned nallow;
+        bool allow_ucx_mismatch;
+        uint32_t wait_ms;  /* an importer's lookup waits this long at the origin */
+        uint32_t lease_ms; /* a remote lease lasts at most this long */
+        uint32_t pull_ms;  /* a pull of nothing is given up after this long */
+        int ready_fd;
+};
+
+struct fed {
+        struct fed_config cfg;
+        uv_loop_t *loop;
+        dlx_client *dlx;
+        uv_poll_t dlx_poll;
+        /* UCX */
+        ucp_context_h ctx;
+        ucp_worker_h worker;
+        ucp_listener_h listener;
+        uv_poll_t ucx_poll;
+        uv_prepare_t ucx_prepare;
+        int efd;
+        unsigned ucx_major, ucx_minor, ucx_release;
+        uint8_t secret[256];
+        size_t secret_len;
+        struct list conns;   /* struct conn */
+        struct list closing; /* struct conn, being closed */
+        struct list wants;   /* struct want (importer.c) */
+        uint64_t next_id;
+        bool stopping;
+        /* exporter.c */
+        struct list leases; /* struct rlease */
+        uint64_t next_lease;
+        unsigned waiting; /* lookups waiting on the thread pool */
+        uint64_t bytes_out, exports_served;
+};
+
+struct conn {
+        struct list link; /* in fed.conns or fed.closing */
+        struct fed *fed;
+        ucp_ep_h ep;
+        bool client; /* we connected: we pull from it */
+        bool authed;
+        bool closing;
+        bool freed_leases;
+        struct peer *peer; /* client side: whom we connected to */
+        char who[160];     /* for logs: alias and address */
+        char transport[64];
+        uint8_t nonce_mine[FED_NONCE], nonce_theirs[FED_NONCE];
+        char their_alias[FED_ALIAS_MAX + 1];
+        unsigned their_ucx[3];
+        bool hello_seen;
+        void *close_req;
+        ucs_status_t error; /* UCS_OK until the endpoint failed */
+};
+
+/* ---- federation.c ---- */
+void fed_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define FED_ERR 3
+#define FED_WARN 4
+#define FED_NOTICE 5
+#define FED_INFO 6
+#define FED_DEBUG 7
+extern int fed_log_level;
+
+/* HOST:PORT or [HOST6]:PORT, numeric: 0 or -EINVAL. */
+int fed_parse_addr(const char *s, struct fed_addr *ret);
+
+/* ---- transport.c ---- */
+int fed_ucx_start(struct fed *f);
+void fed_ucx_stop(struct fed *f);
+/* Our endpoint to p, made (and its handshake begun) on first use; NULL when it cannot be. */
+struct conn *fed_connect(struct fed *f, struct peer *p, char *why, size_t whysz);
+/* Sends message id (a packed fed.proto message, copied) on c; -errno closes nothing. */
+int fed_send(struct conn *c, enum fed_am id, const void *buf, size_t len);
+/* Ends c now (force): its requests fail, its leases go once UCX is done with it. */
+void fed_close(struct conn *c, const char *why);
+
+/* ---- exporter.c ---- */
+void fed_export_lookup(struct conn *c, const void *buf, size_t len);
+void fed_export_release(struct conn *c, const void *buf, size_t len);
+/* c is gone and UCX reads no more through it: its leases go. */
+void fed_export_conn_gone(struct conn *c);
+void fed_export_stop(struct fed *f);
+
+/* ---- importer.c ---- */
+void fed_import_wanted(struct fed *f, const char *name, uint64_t min_version);
+void fed_import_authed(struct conn *c);
+void fed_import_describe(struct conn *c, const void *buf, size_t len);
+/* A DATA message: its header, and data as the AM handler has it. Returns the handler's status. */
+ucs_status_t fed_import_data(struct conn *c, const void *header, size_t header_length, void *data,
+                             size_t length, const ucp_am_recv_param_t *param);
+/* c failed or closed: its pulls fail, its peer's mirrors go. */
+void fed_import_conn_lost(struct conn *c, const char *why);
+void fed_import_stop(struct fed *f);
+
+#endif /* DLX_FEDERATION_FED_H */

@@ -1,0 +1,477 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * What local consumers want from peers. dlxd tells us (WANTED) when an
+ * acquire waits for "@<alias>/<name>"; we ask the peer (Lookup), take the
+ * version's bytes (its DATA, a rendezvous) straight into memory dlx_alloc()
+ * gave us, and publish them as a read-only mirror that keeps the origin's
+ * version number. Wants of the same name are coalesced: one
+ * pull per name at a time, for the highest version wanted. Whatever cannot
+ * be had fails the waiting acquires through dlx_fetch_failed(), with a
+ * message that names the peer.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fed.h"
+#include "fed.pb-c.h"
+#include "layout.h"
+#include "wire.h"
+
+struct want {
+        struct list link; /* in fed.wants */
+        struct fed *f;
+        struct peer *p;
+        struct conn *c; /* once asked */
+        uint64_t id;
+        uint64_t min_version;
+        bool asked, pulling;
+        bool ended; /* its receive is being cancelled: freed when UCX says it is done */
+        bool got;   /* its DATA arrived: the peer's lease has ended with the send */
+        char name[DLX_NAME_MAX + 1]; /* the local one, "@alias/..." */
+        /* the pull */
+        DLManagedTensorVersioned *buf;
+        ucp_mem_h memh;
+        void *req;
+        uint64_t lease, version, length;
+        Dlxf__Layout *layout;
+        uv_timer_t timer;
+        bool timer_on;
+};
+
+static struct peer *peer_of(struct fed *f, const char *name)
+{
+        const char *slash = strchr(name, '/');
+        size_t len;
+
+        if (name[0] != '@' || !slash)
+                return NULL;
+        len = (size_t)(slash - name - 1);
+        for (unsigned i = 0; i < f->cfg.npeers; i++)
+                if (strlen(f->cfg.peers[i].alias) == len &&
+                    memcmp(f->cfg.peers[i].alias, name + 1, len) == 0)
+                        return &f->cfg.peers[i];
+        return NULL;
+}
+
+static void timer_closed(uv_handle_t *h)
+{
+        free(h->data);
+}
+
+/* Ends w: its pull's resources go; err < 0 fails the acquires waiting for it. */
+static void want_end(struct want *w, int err, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+
+static void want_free(struct want *w)
+{
+        struct fed *f = w->f;
+
+        if (w->memh)
+                ucp_mem_unmap(f->ctx, w->memh);
+        if (w->lease && !w->got && w->c && !w->c->closing) {
+                Dlxf__Release r = DLXF__RELEASE__INIT;
+                uint8_t b[32];
+                r.lease = w->lease;
+                fed_send(w->c, FED_AM_RELEASE, b, dlxf__release__pack(&r, b));
+        }
+        if (w->buf)
+                w->buf->deleter(w->buf);
+        if (w->layout)
+                dlxf__layout__free_unpacked(w->layout, NULL);
+        if (w->timer_on) {
+                uv_timer_stop(&w->timer);
+                uv_close((uv_handle_t *)&w->timer, timer_closed);
+        } else {
+                free(w);
+        }
+}
+
+static void want_end(struct want *w, int err, const char *fmt, ...)
+{
+        struct fed *f = w->f;
+
+        list_remove(&w->link);
+        list_init(&w->link);
+        if (w->timer_on)
+                uv_timer_stop(&w->timer);
+        if (err < 0) {
+                char msg[256];
+                va_list ap;
+                va_start(ap, fmt);
+                vsnprintf(msg, sizeof(msg), fmt, ap);
+                va_end(ap);
+                fed_log(FED_NOTICE, "%s v%llu+: %s", w->name, (unsigned long long)w->min_version,
+                        msg);
+                if (w->p)
+                        w->p->failures++;
+                /* what the protocol cannot carry to a waiter reaches it as -EIO */
+                if (err < -4095 || wire_status_errno(wire_errno_status(err)) != -err)
+                        err = -EIO;
+                dlx_fetch_failed(f->dlx, w->name, w->min_version, err, msg);
+        }
+        if (w->req) {
+                /* the get may still write into the buffer: all stays until it ends */
+                w->ended = true;
+                ucp_request_cancel(f->worker, w->req);
+                return;
+        }
+        want_free(w);
+}
+
+static void on_pull_timeout(uv_timer_t *t)
+{
+        struct want *w = t->data;
+
+        want_end(w, -ETIMEDOUT, "no answer from peer %s in %u ms for '%s'", w->p->alias,
+                 w->f->cfg.pull_ms, w->name);
+}
+
+static void ask(struct want *w)
+{
+        Dlxf__Lookup q = DLXF__LOOKUP__INIT;
+        const char *remote = strchr(w->name, '/') + 1;
+        uint8_t buf[DLX_NAME_MAX + 64];
+
+        q.id = w->id;
+        q.name.data = (uint8_t *)remote;
+        q.name.len = strlen(remote);
+        q.min_version = w->min_version;
+        q.wait_ms = w->f->cfg.wait_ms;
+        w->asked = true;
+        if (fed_send(w->c, FED_AM_LOOKUP, buf, dlxf__lookup__pack(&q, buf)) < 0)
+                want_end(w, -EHOSTUNREACH, "cannot ask peer %s for '%s'", w->p->alias, remote);
+}
+
+void fed_import_wanted(struct fed *f, const char *name, uint64_t min_version)
+{
+        struct peer *p = peer_of(f, name);
+        struct list *pos;
+        struct want *w;
+        char why[200];
+
+        if (!p) {
+                dlx_fetch_failed(f->dlx, name, min_version, -ENOENT,
+                                 "no such peer in dlxfed's peer list");
+                return;
+        }
+        for (pos = f->wants.next; pos != &f->wants; pos = pos->next) {
+                w = list_entry(pos, struct want, link);
+                /* one pull per name: a lower version comes with it, a higher one after it */
+                if (strcmp(w->name, name) == 0 && w->min_version >= min_version)
+                        return;
+        }
+        w = calloc(1, sizeof(*w));
+        if (!w) {
+                dlx_fetch_failed(f->dlx, name, min_version, -ENOMEM, "dlxfed: out of memory");
+                return;
+        }
+        w->f = f;
+        w->p = p;
+        w->id = ++f->next_id;
+        w->min_version = min_version;
+        snprintf(w->name, sizeof(w->name), "%s", name);
+        list_insert_tail(&f->wants, &w->link);
+        uv_timer_init(f->loop, &w->timer);
+        w->timer.data = w;
+        w->timer_on = true;
+        uv_timer_start(&w->timer, on_pull_timeout, f->cfg.pull_ms + f->cfg.wait_ms, 0);
+        w->c = fed_connect(f, p, why, sizeof(why));
+        if (!w->c) {
+                want_end(w, -EHOSTUNREACH, "%s", why);
+                return;
+        }
+        if (w->c->authed)
+                ask(w);
+}
+
+void fed_import_authed(struct conn *c)
+{
+        struct list *pos, *tmp;
+
+        list_for_each_safe(pos, tmp, &c->fed->wants)
+        {
+                struct want *w = list_entry(pos, struct want, link);
+                if (w->c == c && !w->asked)
+                        ask(w);
+        }
+}
+
+static struct want *want_of(struct conn *c, uint64_t id)
+{
+        struct list *pos;
+
+        for (pos = c->fed->wants.next; pos != &c->fed->wants; pos = pos->next) {
+                struct want *w = list_entry(pos, struct want, link);
+                if (w->c == c && w->id == id)
+                        return w;
+        }
+        return NULL;
+}
+
+static void mirror_deleter(DLManagedTensorVersioned *t)
+{
+        DLManagedTensorVersioned *buf = t->manager_ctx;
+
+        free(t->dl_tensor.shape);
+        free(t);
+        buf->deleter(buf);
+}
+
+/* The bytes are here: the mirror goes up, keeping the origin's version. */
+static void publish_mirror(struct want *w)
+{
+        struct fed *f = w->f;
+        const Dlxf__Layout *l = w->layout;
+
+        w->got = true;
+        DLManagedTensorVersioned *t = calloc(1, sizeof(*t));
+        int64_t *dims = calloc(2 * l->n_shape + 1, sizeof(int64_t));
+        char origin[128];
+        int err;
+
+        if (!t || !dims) {
+                free(t);
+                free(dims);
+                want_end(w, -ENOMEM, "dlxfed: out of memory");
+                return;
+        }
+        if (l->n_shape) {
+                memcpy(dims, l->shape, l->n_shape * sizeof(int64_t));
+                memcpy(dims + l->n_shape, l->strides, l->n_shape * sizeof(int64_t));
+        }
+        t->version.major = DLPACK_MAJOR_VERSION;
+        t->version.minor = DLPACK_MINOR_VERSION;
+        t->manager_ctx = w->buf;
+        t->deleter = mirror_deleter;
+        t->flags = DLPACK_FLAG_BITMASK_READ_ONLY | l->flags;
+        t->dl_tensor.data = w->buf->dl_tensor.data;
+        t->dl_tensor.device = (DLDevice){kDLCPU, 0};
+        t->dl_tensor.ndim = (int32_t)l->n_shape;
+        t->dl_tensor.dtype = (DLDataType){
+                .code = (uint8_t)l->code, .bits = (uint8_t)l->bits, .lanes = (uint16_t)l->lanes};
+        t->dl_tensor.shape = dims;
+        t->dl_tensor.strides = dims + l->n_shape;
+        t->dl_tensor.byte_offset = l->byte_offset;
+        w->buf = NULL; /* the mirror's now */
+        snprintf(origin, sizeof(origin), "ucx %s \xe2\x86\x90 %s v%llu", w->c->transport,
+                 w->p->alias, (unsigned long long)w->version);
+        struct dlx_publish_options o = {
+                .copy = DLX_COPY_NEVER, .origin_version = w->version, .origin = origin};
+        err = dlx_publish(f->dlx, w->name, t, &o, NULL);
+        if (err == -EEXIST) {
+                /* this host has it already, or newer: the waiters have what there is */
+                want_end(w, 0, NULL);
+                return;
+        }
+        if (err < 0) {
+                want_end(w, err, "cannot publish the mirror of '%s' from peer %s: %s", w->name,
+                         w->p->alias, dlx_last_error());
+                return;
+        }
+        w->p->pulls++;
+        w->p->bytes_in += w->length;
+        fed_log(FED_INFO, "%s v%llu: %llu bytes from %s", w->name, (unsigned long long)w->version,
+                (unsigned long long)w->length, w->p->alias);
+        want_end(w, 0, NULL);
+}
+
+static void on_data(void *req, ucs_status_t status, size_t length, void *arg)
+{
+        struct want *w = arg;
+
+        (void)length;
+        ucp_request_free(req);
+        w->req = NULL;
+        if (w->ended) {
+                want_free(w);
+                return;
+        }
+        if (status != UCS_OK) {
+                want_end(w, -EHOSTUNREACH, "peer %s lost during the pull of '%s': %s", w->p->alias,
+                         w->name, ucs_status_string(status));
+                return;
+        }
+        publish_mirror(w);
+}
+
+static int layout_ok(const Dlxf__Layout *l, uint64_t length, const char **why)
+{
+        DLDataType dt;
+        int64_t lo, hi;
+
+        if (l->n_shape != l->n_strides || l->n_shape > DLX_MAX_NDIM || l->code > 255 ||
+            l->bits > 255 || l->lanes > 65535) {
+                *why = "a malformed layout";
+                return -EPROTO;
+        }
+        dt = (DLDataType){
+                .code = (uint8_t)l->code, .bits = (uint8_t)l->bits, .lanes = (uint16_t)l->lanes};
+        if (layout_extent(dt, (int32_t)l->n_shape, l->shape, l->strides, l->byte_offset, l->flags,
+                          &lo, &hi, why) < 0)
+                return -EPROTO;
+        if (lo < 0 || (uint64_t)hi > length) {
+                *why = "a layout past the bytes it describes";
+                return -EPROTO;
+        }
+        return 0;
+}
+
+void fed_import_describe(struct conn *c, const void *buf, size_t len)
+{
+        struct fed *f = c->fed;
+        Dlxf__Describe *d = dlxf__describe__unpack(NULL, len, buf);
+        const char *why = NULL;
+        struct want *w;
+        ucs_status_t s;
+        int err;
+
+        if (!d) {
+                fed_close(c, "an undecodable answer");
+                return;
+        }
+        w = want_of(c, d->id);
+        if (!w || w->pulling) {
+                /* an answer to a want given up: its lease goes back */
+                if (d->errnum == 0 && d->lease) {
+                        Dlxf__Release r = DLXF__RELEASE__INIT;
+                        uint8_t b[32];
+                        r.lease = d->lease;
+                        fed_send(c, FED_AM_RELEASE, b, dlxf__release__pack(&r, b));
+                }
+                dlxf__describe__free_unpacked(d, NULL);
+                return;
+        }
+        if (d->errnum) {
+                err = d->errnum > 0 && d->errnum < 4096 ? -d->errnum : -EIO;
+                want_end(w, err, "peer %s: %s", w->p->alias, d->error ? d->error : "refused");
+                dlxf__describe__free_unpacked(d, NULL);
+                return;
+        }
+        w->pulling = true;
+        w->lease = d->lease;
+        w->version = d->version;
+        w->length = d->length;
+        w->layout = d->layout;
+        d->layout = NULL; /* ours now: freed on its own */
+        if (!w->layout || (err = layout_ok(w->layout, w->length, &why)) < 0 || w->version == 0) {
+                dlxf__describe__free_unpacked(d, NULL);
+                want_end(w, -EPROTO, "peer %s described '%s' wrongly: %s", w->p->alias, w->name,
+                         why ? why : "no layout or version");
+                return;
+        }
+        /* the bytes land in shared memory of this host, where the mirror will be */
+        int64_t n = (int64_t)(w->length ? w->length : 1);
+        DLTensor proto = {.device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLUInt, 8, 1}, .shape = &n};
+        err = dlx_alloc(f->dlx, &proto, &w->buf);
+        if (err < 0) {
+                dlxf__describe__free_unpacked(d, NULL);
+                want_end(w, err, "no room for '%s' (%llu bytes) on this host: %s", w->name,
+                         (unsigned long long)w->length, dlx_last_error());
+                return;
+        }
+        dlxf__describe__free_unpacked(d, NULL);
+        if (w->length == 0)
+                return; /* its DATA is empty: nothing to register */
+        ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                                                 UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+                                   .address = w->buf->dl_tensor.data,
+                                   .length = w->length};
+        s = ucp_mem_map(f->ctx, &mp, &w->memh);
+        if (s != UCS_OK)
+                want_end(w, -EIO, "cannot register room for '%s' from peer %s: %s", w->name,
+                         w->p->alias, ucs_status_string(s));
+        /* the DATA follows */
+}
+
+ucs_status_t fed_import_data(struct conn *c, const void *header, size_t header_length, void *data,
+                             size_t length, const ucp_am_recv_param_t *param)
+{
+        struct fed *f = c->fed;
+        bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
+        uint64_t id;
+        struct want *w;
+
+        if (header_length != sizeof(id)) {
+                if (rndv)
+                        ucp_am_data_release(f->worker, data);
+                fed_close(c, "a DATA message without its header");
+                return UCS_OK;
+        }
+        memcpy(&id, header, sizeof(id));
+        w = want_of(c, id);
+        if (!w || !w->pulling || w->req || !w->buf) {
+                /* a want given up meanwhile: the bytes are dropped, the sender's lease ends */
+                if (rndv)
+                        ucp_am_data_release(f->worker, data);
+                return UCS_OK;
+        }
+        if (length != w->length) {
+                if (rndv)
+                        ucp_am_data_release(f->worker, data);
+                want_end(w, -EPROTO, "peer %s sent %zu bytes of '%s', not %llu", w->p->alias,
+                         length, w->name, (unsigned long long)w->length);
+                return UCS_OK;
+        }
+        if (!rndv) {
+                memcpy(w->buf->dl_tensor.data, data, length);
+                publish_mirror(w);
+                return UCS_OK;
+        }
+        ucp_request_param_t p = {.op_attr_mask =
+                                         UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                                 .cb.recv_am = on_data,
+                                 .user_data = w};
+        if (w->memh) {
+                p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+                p.memh = w->memh;
+        }
+        void *r = ucp_am_recv_data_nbx(f->worker, data, w->buf->dl_tensor.data, length, &p);
+        if (r == NULL)
+                publish_mirror(w);
+        else if (UCS_PTR_IS_ERR(r))
+                want_end(w, -EHOSTUNREACH, "cannot take '%s' from peer %s: %s", w->name,
+                         w->p->alias, ucs_status_string(UCS_PTR_STATUS(r)));
+        else
+                w->req = r;
+        return UCS_OK;
+}
+
+/* Unpublishes what came from p: its mirrors go as a producer's tensors go with it. */
+static int unpublish_one(void *ctx, const struct dlx_info *in)
+{
+        struct fed *f = ctx;
+
+        if (in->origin[0])
+                dlx_unpublish(f->dlx, in->name);
+        return 0;
+}
+
+void fed_import_conn_lost(struct conn *c, const char *why)
+{
+        struct fed *f = c->fed;
+        struct list *pos, *tmp;
+        char prefix[FED_ALIAS_MAX + 3];
+
+        list_for_each_safe(pos, tmp, &f->wants)
+        {
+                struct want *w = list_entry(pos, struct want, link);
+                if (w->c != c)
+                        continue;
+                w->c = NULL; /* no release to send: the endpoint is gone */
+                want_end(w, -EHOSTUNREACH, "%s", why);
+        }
+        if (c->peer && !f->stopping) {
+                snprintf(prefix, sizeof(prefix), "@%s/", c->peer->alias);
+                dlx_list(f->dlx, prefix, unpublish_one, f);
+        }
+}
+
+void fed_import_stop(struct fed *f)
+{
+        while (!list_empty(&f->wants))
+                want_end(list_entry(f->wants.next, struct want, link), -ESHUTDOWN,
+                         "dlxfed is stopping");
+}
