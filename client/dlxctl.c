@@ -37,7 +37,8 @@ struct cmdline {
         char *argv[4];       /* no command takes more than a command and two operands */
         bool writable;       /* put --writable */
         const char *timeout; /* get, watch --timeout MS */
-        const char *count;   /* watch --count N */
+        const char *min_version; /* get --min-version N */
+        const char *count;       /* watch --count N */
 };
 
 static void usage(FILE *f)
@@ -52,8 +53,10 @@ static void usage(FILE *f)
               "  put NAME FILE.safetensors|FILE.npz\n"
               "                                   publish every tensor in the file as one\n"
               "                                   group (persistent, read-only)\n"
-              "  get NAME FILE.npy [--timeout MS] write NAME to a .npy file, waiting up to MS\n"
-              "  get NAME FILE.safetensors|FILE.npz [--timeout MS]\n"
+              "  get NAME FILE.npy [--timeout MS] [--min-version N]\n"
+              "                                   write NAME to a .npy file, waiting up to MS\n"
+              "                                   for it (for version N or later)\n"
+              "  get NAME FILE.safetensors|FILE.npz [--timeout MS] [--min-version N]\n"
               "                                   write the group NAME to one file\n"
               "  rm NAME                          unpublish NAME\n"
               "  watch [PREFIX] [--count N] [--timeout MS]\n"
@@ -576,6 +579,15 @@ static int cmd_get(const struct cmdline *cl)
                 fprintf(stderr, "dlxctl: bad --timeout '%s'\n", cl->timeout);
                 return EXIT_USAGE;
         }
+        if (cl->min_version) {
+                char *end;
+                errno = 0;
+                o.min_version = strtoull(cl->min_version, &end, 10);
+                if (errno || end == cl->min_version || *end || cl->min_version[0] == '-') {
+                        fprintf(stderr, "dlxctl: bad --min-version '%s'\n", cl->min_version);
+                        return EXIT_USAGE;
+                }
+        }
         if (group_file_kind(path))
                 return get_group(name, path, group_file_kind(path), &o);
         err = dlx_acquire(ctl_client(), name, &o, &t);
@@ -828,9 +840,10 @@ enum {
         OPT_WRITABLE = 1 << 0,
         OPT_TIMEOUT = 1 << 1,
         OPT_COUNT = 1 << 2,
+        OPT_MIN_VERSION = 1 << 3,
 };
 
-static const char *const opt_names[] = {"--writable", "--timeout", "--count"};
+static const char *const opt_names[] = {"--writable", "--timeout", "--count", "--min-version"};
 
 struct command {
         const char *name;
@@ -845,7 +858,8 @@ static const struct command commands[] = {
         {"ls", cmd_list, 0, 1, 0, "ls [PREFIX]"},
         {"stat", cmd_stat, 1, 1, 0, "stat NAME"},
         {"put", cmd_put, 2, 2, OPT_WRITABLE, "put NAME FILE.npy|.safetensors|.npz [--writable]"},
-        {"get", cmd_get, 2, 2, OPT_TIMEOUT, "get NAME FILE.npy|.safetensors|.npz [--timeout MS]"},
+        {"get", cmd_get, 2, 2, OPT_TIMEOUT | OPT_MIN_VERSION,
+         "get NAME FILE.npy|.safetensors|.npz [--timeout MS] [--min-version N]"},
         {"rm", cmd_rm, 1, 1, 0, "rm NAME"},
         {"watch", cmd_watch, 0, 1, OPT_COUNT | OPT_TIMEOUT,
          "watch [PREFIX] [--count N] [--timeout MS]"},
@@ -863,10 +877,15 @@ static void add_operand(struct cmdline *cl, char *arg)
 int main(int argc, char **argv)
 {
         static const struct option opts[] = {
-                {"socket", required_argument, NULL, 's'}, {"json", no_argument, NULL, 'j'},
-                {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
-                {"writable", no_argument, NULL, 'W'},     {"timeout", required_argument, NULL, 'T'},
-                {"count", required_argument, NULL, 'C'},  {0},
+                {"socket", required_argument, NULL, 's'},
+                {"json", no_argument, NULL, 'j'},
+                {"help", no_argument, NULL, 'h'},
+                {"version", no_argument, NULL, 'V'},
+                {"writable", no_argument, NULL, 'W'},
+                {"timeout", required_argument, NULL, 'T'},
+                {"count", required_argument, NULL, 'C'},
+                {"min-version", required_argument, NULL, 'M'},
+                {0},
         };
         const struct command *cmd = NULL;
         struct cmdline cl = {0};
@@ -907,6 +926,10 @@ int main(int argc, char **argv)
                 case 'C':
                         cl.count = optarg;
                         given |= OPT_COUNT;
+                        break;
+                case 'M':
+                        cl.min_version = optarg;
+                        given |= OPT_MIN_VERSION;
                         break;
                 default:
                         usage(stderr);
