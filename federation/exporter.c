@@ -3,8 +3,9 @@
  * What peers take from this host. A Lookup of an exported name is served
  * from a real dlx lease, taken for the whole transfer: a replace or an
  * unpublish meanwhile changes nothing the peer reads. The version's bytes
- * are registered with UCX for that lease alone and sent as one rendezvous
- * DATA message; the lease ends when UCX says the send is over: delivered,
+ * are registered with UCX for that lease alone and sent as one DATA message
+ * (UCX's rendezvous protocol for all but small ones, which go eagerly in
+ * one round trip); the lease ends when UCX says the send is over: delivered,
  * or failed with the endpoint (its peer died, or --lease-ms passed and the
  * endpoint was closed). Only read-only CPU versions of exported names
  * leave; nothing under '@' is ever exported again.
@@ -12,7 +13,7 @@
  * Why not a get: UCX 1.13 serves a get over TCP in software, from this
  * process's worker, and aborts the process (ucs_fatal) when the peer's
  * socket fails while it sends the reply. A dying importer must never take
- * the exporter with it. A rendezvous send is a request of ours, and fails
+ * the exporter with it. A send is a request of ours, and fails
  * as one; with RDMA, the importer's NIC reads the registered bytes itself.
  */
 #include <errno.h>
@@ -127,7 +128,7 @@ static void send_data(struct conn *c, struct rlease *l, const void *start, size_
         ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                                  UCP_OP_ATTR_FIELD_USER_DATA |
                                                  UCP_OP_ATTR_FIELD_FLAGS,
-                                 .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_RNDV,
+                                 .flags = UCP_AM_SEND_FLAG_REPLY,
                                  .cb.send = on_data_sent,
                                  .user_data = l};
         void *r;
@@ -136,8 +137,6 @@ static void send_data(struct conn *c, struct rlease *l, const void *start, size_
                 p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
                 p.memh = l->memh;
         }
-        if (length == 0)
-                p.flags = UCP_AM_SEND_FLAG_REPLY; /* nothing to meet for */
         r = ucp_am_send_nbx(c->ep, FED_AM_DATA, &l->header, sizeof(l->header), start, length, &p);
         if (r == NULL) {
                 lease_end(l);

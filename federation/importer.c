@@ -2,10 +2,10 @@
 /*
  * What local consumers want from peers. dlxd tells us (WANTED) when an
  * acquire waits for "@<alias>/<name>"; we ask the peer (Lookup), take the
- * version's bytes (its DATA, a rendezvous) straight into memory dlx_alloc()
- * gave us, and publish them as a read-only mirror that keeps the origin's
- * version number. Wants of the same name are coalesced: one
- * pull per name at a time, for the highest version wanted. Whatever cannot
+ * version's bytes (its DATA: eager when small, a rendezvous when not) into
+ * memory dlx_alloc() gave us, and publish them as a read-only mirror that
+ * keeps the origin's version number. Wants of the same name are coalesced:
+ * one pull per name at a time, for the highest version wanted. Whatever cannot
  * be had fails the waiting acquires through dlx_fetch_failed(), with a
  * message that names the peer.
  */
