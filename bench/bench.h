@@ -38,6 +38,7 @@ enum scenario {
         SC_IDLE = 1u << 11,
         SC_TRACK = 1u << 12,
         SC_GROUP = 1u << 13,
+        SC_FEDERATION = 1u << 14,
 };
 
 /* Where latency measurements run: see pin_self(). */
@@ -322,5 +323,6 @@ int run_placement(void);
 int run_idle(void);
 int run_track(void);
 int run_group(void);
+int run_federation(void);
 
 #endif /* DLX_BENCH_H */

@@ -68,7 +68,7 @@ static void usage(FILE *f)
                 "  --max-size BYTES    largest tensor to use (suffixes K, M, G; default 1G)\n"
                 "  --only LIST         scenarios to run, comma-separated: floor, scale, hot,\n"
                 "                      cold, publish, watch, placement, watches, throughput,\n"
-                "                      exchange, track, group, idle, cuda\n"
+                "                      exchange, track, group, federation, idle, cuda\n"
                 "  --iterations N      timed samples per latency measurement (default 10000)\n"
                 "  --duration SECONDS  length of each throughput run (default 2)\n"
                 "  --pin MODE          where latency measurements and servers run: same\n"
@@ -91,7 +91,7 @@ static const struct {
         {"cold", SC_COLD},       {"publish", SC_PUBLISH},       {"watch", SC_WATCH},
         {"watches", SC_WATCHES}, {"throughput", SC_THROUGHPUT}, {"exchange", SC_EXCHANGE},
         {"cuda", SC_CUDA},       {"placement", SC_PLACEMENT},   {"idle", SC_IDLE},
-        {"track", SC_TRACK},     {"group", SC_GROUP},
+        {"track", SC_TRACK},     {"group", SC_GROUP},           {"federation", SC_FEDERATION},
 };
 
 static int parse_only(const char *s, unsigned *ret)
@@ -322,6 +322,7 @@ int main(int argc, char **argv)
                 {SC_EXCHANGE, run_exchange, "exchange"},
                 {SC_TRACK, run_track, "track"},
                 {SC_GROUP, run_group, "group"},
+                {SC_FEDERATION, run_federation, "federation"},
                 {SC_IDLE, run_idle, "idle"},
                 {SC_CUDA, run_cuda, "cuda"},
         };

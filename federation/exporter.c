@@ -149,6 +149,58 @@ static void send_data(struct conn *c, struct rlease *l, const void *start, size_
         }
 }
 
+/* desc's layout of t, relative to the extent's first byte lo; strides: room for ndim. */
+static void describe_layout(const DLManagedTensorVersioned *t, int64_t lo, Dlxf__Layout *lay,
+                            int64_t *strides)
+{
+        const DLTensor *d = &t->dl_tensor;
+
+        if (d->strides)
+                memcpy(strides, d->strides, (size_t)d->ndim * sizeof(int64_t));
+        else
+                layout_compact_strides(d->ndim, d->shape, strides);
+        lay->code = d->dtype.code;
+        lay->bits = d->dtype.bits;
+        lay->lanes = d->dtype.lanes;
+        lay->n_shape = lay->n_strides = (size_t)d->ndim;
+        lay->shape = d->shape;
+        lay->strides = strides;
+        lay->byte_offset = (uint64_t)((int64_t)d->byte_offset - lo);
+        lay->flags = t->flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED;
+}
+
+/* A small tensor (ownership taken): its bytes in its Describe, and the lease ends at once. */
+static void serve_inline(struct conn *c, uint64_t id, DLManagedTensorVersioned *t, uint64_t version,
+                         int64_t lo, int64_t hi)
+{
+        Dlxf__Describe desc = DLXF__DESCRIBE__INIT;
+        Dlxf__Layout lay = DLXF__LAYOUT__INIT;
+        int64_t strides[DLX_MAX_NDIM];
+        size_t size;
+        uint8_t *buf;
+
+        describe_layout(t, lo, &lay, strides);
+        desc.id = id;
+        desc.version = version;
+        desc.layout = &lay;
+        desc.length = (uint64_t)(hi - lo);
+        desc.inline_ = true;
+        desc.data.data = (uint8_t *)t->dl_tensor.data + lo;
+        desc.data.len = (size_t)(hi - lo);
+        size = dlxf__describe__get_packed_size(&desc);
+        buf = malloc(size);
+        if (buf) {
+                dlxf__describe__pack(&desc, buf);
+                fed_send(c, FED_AM_DESCRIBE, buf, size);
+                free(buf);
+                c->fed->exports_served++;
+                c->fed->bytes_out += desc.length;
+        } else {
+                describe_error(c, id, ENOMEM, "out of memory");
+        }
+        t->deleter(t);
+}
+
 /* Serves an acquired version (ownership taken) to c as the answer to id. */
 static void serve(struct conn *c, uint64_t id, DLManagedTensorVersioned *t)
 {
@@ -179,6 +231,10 @@ static void serve(struct conn *c, uint64_t id, DLManagedTensorVersioned *t)
                 describe_error(c, id, EINVAL, "its layout: %s", why);
                 goto drop;
         }
+        if ((uint64_t)(hi - lo) <= FED_INLINE_MAX) {
+                serve_inline(c, id, t, version, lo, hi);
+                return;
+        }
         l = calloc(1, sizeof(*l));
         if (!l) {
                 describe_error(c, id, ENOMEM, "out of memory");
@@ -208,18 +264,7 @@ static void serve(struct conn *c, uint64_t id, DLManagedTensorVersioned *t)
         uv_timer_start(&l->deadline, on_deadline, f->cfg.lease_ms, 0);
         list_insert_tail(&f->leases, &l->link);
 
-        if (d->strides)
-                memcpy(strides, d->strides, (size_t)d->ndim * sizeof(int64_t));
-        else
-                layout_compact_strides(d->ndim, d->shape, strides);
-        lay.code = d->dtype.code;
-        lay.bits = d->dtype.bits;
-        lay.lanes = d->dtype.lanes;
-        lay.n_shape = lay.n_strides = (size_t)d->ndim;
-        lay.shape = d->shape;
-        lay.strides = strides;
-        lay.byte_offset = (uint64_t)((int64_t)d->byte_offset - lo);
-        lay.flags = t->flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED;
+        describe_layout(t, lo, &lay, strides);
         desc.id = id;
         desc.version = version;
         desc.layout = &lay;

@@ -33,6 +33,8 @@
 #define FED_MAX_PEERS 256
 #define FED_MAX_EXPORTS 64
 #define FED_MAX_ALLOW 64
+/* Tensors up to this size travel inside their Describe: one message, no lease held. */
+#define FED_INLINE_MAX (16u << 10)
 
 /* Active-message ids: one per message of fed.proto. */
 enum fed_am {
@@ -94,6 +96,10 @@ struct fed {
         ucp_context_h ctx;
         ucp_worker_h worker;
         ucp_listener_h listener;
+        struct fed_addr listen_addr;
+        uv_timer_t listen_timer; /* tries again while the address is in use */
+        unsigned listen_tries;
+        bool listen_failed;
         uv_poll_t ucx_poll;
         uv_prepare_t ucx_prepare;
         int efd;

@@ -572,16 +572,50 @@ static int run(int argc, char **argv)
         /* a want that came before the poll started */
         on_dlx(&f.dlx_poll, 0, 0);
         uv_run(&loop, UV_RUN_DEFAULT);
+        if (f.listen_failed) {
+                stop(&f);
+                err = -EADDRINUSE;
+        }
         dlx_close(f.dlx);
         uv_run(&loop, UV_RUN_DEFAULT);
-        err = uv_loop_close(&loop);
+        int closed = uv_loop_close(&loop);
         fed_log(FED_NOTICE, "stopped");
-        return err < 0 ? 1 : 0;
+        return closed < 0 || err < 0 ? 1 : 0;
+}
+
+/*
+ * dlxfed's UCX defaults, for what the environment does not say: TCP
+ * segments of 256 KiB (UCX's own, 8 KiB sent and 64 KiB received, carry
+ * about half of what one TCP stream does), and no signal handlers of UCX's
+ * (the process's signals are its own). UCX takes its transports' settings
+ * from the environment (ucp_config_modify() leaves them unused: UCX warns
+ * "invalid configuration"), and its signal handlers at load, before main():
+ * so they go into the environment, and dlxfed runs itself again with it.
+ */
+static void fed_env_defaults(char **argv)
+{
+        static const char *const defaults[][2] = {
+                {"UCX_TCP_TX_SEG_SIZE", "256k"},
+                {"UCX_TCP_RX_SEG_SIZE", "256k"},
+                {"UCX_ERROR_SIGNALS", ""},
+        };
+        bool all = true;
+
+        for (size_t i = 0; i < sizeof(defaults) / sizeof(defaults[0]); i++)
+                if (!getenv(defaults[i][0])) {
+                        setenv(defaults[i][0], defaults[i][1], 0);
+                        all = false;
+                }
+        if (!all)
+                execv("/proc/self/exe", argv); /* failing that, UCX's own defaults */
 }
 
 int main(int argc, char **argv)
 {
-        int rc = run(argc, argv);
+        int rc;
+
+        fed_env_defaults(argv);
+        rc = run(argc, argv);
 
         config_free(&f.cfg);
         return rc;

@@ -372,6 +372,21 @@ void fed_import_describe(struct conn *c, const void *buf, size_t len)
                          (unsigned long long)w->length, dlx_last_error());
                 return;
         }
+        if (d->inline_) {
+                /* a small one: its bytes are here, and the peer holds nothing for it */
+                w->lease = 0;
+                if (d->data.len != w->length) {
+                        dlxf__describe__free_unpacked(d, NULL);
+                        want_end(w, -EPROTO, "peer %s sent %zu bytes of '%s', not %llu",
+                                 w->p->alias, d->data.len, w->name, (unsigned long long)w->length);
+                        return;
+                }
+                if (w->length)
+                        memcpy(w->buf->dl_tensor.data, d->data.data, w->length);
+                dlxf__describe__free_unpacked(d, NULL);
+                publish_mirror(w);
+                return;
+        }
         dlxf__describe__free_unpacked(d, NULL);
         if (w->length == 0)
                 return; /* its DATA is empty: nothing to register */

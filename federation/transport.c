@@ -631,21 +631,12 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
 
 static void *am_args[FED_AM_COUNT][2];
 
-static int config_default(ucp_config_t *cfg, const char *key, const char *value)
-{
-        char env[64];
-
-        snprintf(env, sizeof(env), "UCX_%s", key);
-        if (getenv(env))
-                return 0; /* the user's word wins */
-        return ucp_config_modify(cfg, key, value) == UCS_OK ? 0 : -EINVAL;
-}
+static int start_listening(struct fed *f);
 
 int fed_ucx_start(struct fed *f)
 {
         ucp_config_t *cfg;
         ucs_status_t s;
-        int err;
 
         if (sodium_init() < 0) {
                 fed_log(FED_ERR, "libsodium cannot start");
@@ -657,21 +648,10 @@ int fed_ucx_start(struct fed *f)
                 fed_log(FED_ERR, "UCX configuration: %s", status_str(s));
                 return -EINVAL;
         }
-        /*
-         * TCP segments of 256 KiB: UCX's defaults (8 KiB sent, 64 KiB received)
-         * reach about half of what one TCP stream carries. The signals are the
-         * process's own.
-         */
-        err = config_default(cfg, "TCP_TX_SEG_SIZE", "256k");
-        if (err == 0)
-                err = config_default(cfg, "TCP_RX_SEG_SIZE", "256k");
-        if (err == 0)
-                err = config_default(cfg, "ERROR_SIGNALS", "");
-        if (err < 0) {
-                ucp_config_release(cfg);
-                fed_log(FED_ERR, "UCX rejects dlxfed's settings");
-                return err;
-        }
+        /* dlxfed's own settings came in the environment: fed_env_defaults() */
+        fed_log(FED_INFO, "UCX %u.%u.%u, TCP segments %s sent and %s received", f->ucx_major,
+                f->ucx_minor, f->ucx_release, getenv("UCX_TCP_TX_SEG_SIZE"),
+                getenv("UCX_TCP_RX_SEG_SIZE"));
         ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
                           .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
                           .name = "dlxfed"};
@@ -715,23 +695,64 @@ int fed_ucx_start(struct fed *f)
         uv_poll_start(&f->ucx_poll, UV_READABLE, on_efd);
 
         if (f->cfg.listen) {
-                struct fed_addr a;
-                if (fed_parse_addr(f->cfg.listen, &a) < 0) {
+                if (fed_parse_addr(f->cfg.listen, &f->listen_addr) < 0) {
                         fed_log(FED_ERR, "bad --listen '%s' (ADDR:PORT)", f->cfg.listen);
                         return -EINVAL;
                 }
-                ucp_listener_params_t lp = {
-                        .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR |
-                                      UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
-                        .sockaddr = {.addr = (struct sockaddr *)&a.sa, .addrlen = a.len},
-                        .conn_handler = {.cb = on_conn_request, .arg = f}};
-                s = ucp_listener_create(f->worker, &lp, &f->listener);
-                if (s != UCS_OK) {
-                        fed_log(FED_ERR, "cannot listen on %s: %s", f->cfg.listen,
-                                s == UCS_ERR_BUSY ? "address in use" : status_str(s));
-                        return -EADDRINUSE;
-                }
+                uv_timer_init(f->loop, &f->listen_timer);
+                f->listen_timer.data = f;
+                return start_listening(f) == -EINVAL ? -EADDRINUSE : 0;
         }
+        return 0;
+}
+
+#define LISTEN_RETRIES 120 /* seconds */
+
+static void on_listen_retry(uv_timer_t *t)
+{
+        struct fed *f = t->data;
+
+        if (start_listening(f) == -EINVAL) {
+                fed_log(FED_ERR, "cannot listen on %s for %d s: stopping", f->cfg.listen,
+                        LISTEN_RETRIES);
+                f->listen_failed = true;
+                uv_stop(f->loop);
+        }
+}
+
+/*
+ * The listener. An address in use may be a dlxfed that stopped a moment
+ * ago: its closed connections keep the port (TIME_WAIT) for a minute, and
+ * UCX binds without SO_REUSEADDR. So that a restart is not refused, it is
+ * tried again each second for LISTEN_RETRIES seconds (pulls from peers work
+ * meanwhile). Returns 0 (listening, or to be tried again) or -EINVAL: give up.
+ */
+static int start_listening(struct fed *f)
+{
+        ucp_listener_params_t lp = {.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR |
+                                                  UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
+                                    .sockaddr = {.addr = (struct sockaddr *)&f->listen_addr.sa,
+                                                 .addrlen = f->listen_addr.len},
+                                    .conn_handler = {.cb = on_conn_request, .arg = f}};
+        ucs_status_t s = ucp_listener_create(f->worker, &lp, &f->listener);
+
+        if (s == UCS_OK) {
+                if (f->listen_tries)
+                        fed_log(FED_NOTICE, "listening on %s", f->cfg.listen);
+                return 0;
+        }
+        f->listener = NULL;
+        if (s != UCS_ERR_BUSY || f->listen_tries >= LISTEN_RETRIES) {
+                fed_log(FED_ERR, "cannot listen on %s: %s", f->cfg.listen,
+                        s == UCS_ERR_BUSY ? "address in use" : status_str(s));
+                return -EINVAL;
+        }
+        if (f->listen_tries++ == 0)
+                fed_log(FED_WARN,
+                        "%s is in use (a dlxfed that stopped a moment ago?): trying again each "
+                        "second for %d s",
+                        f->cfg.listen, LISTEN_RETRIES);
+        uv_timer_start(&f->listen_timer, on_listen_retry, 1000, 0);
         return 0;
 }
 
@@ -743,6 +764,10 @@ void fed_ucx_stop(struct fed *f)
         if (f->listener)
                 ucp_listener_destroy(f->listener);
         f->listener = NULL;
+        if (f->cfg.listen) {
+                uv_timer_stop(&f->listen_timer);
+                uv_close((uv_handle_t *)&f->listen_timer, NULL);
+        }
         list_for_each_safe(pos, tmp, &f->conns)
                 fed_close(list_entry(pos, struct conn, link), "dlxfed is stopping");
         /* every endpoint closed, UCX done with every registration */
