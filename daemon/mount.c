@@ -105,7 +105,14 @@ int mount_check_version(struct registry *reg, const char *name, uint64_t origin_
                          (unsigned long long)UINT64_MAX);
                 return -EOVERFLOW;
         }
-        if (e && origin_version && origin_version <= e->last_version) {
+        /*
+         * Equal is fine where nothing is current: the same origin version
+         * mirrored again (its earlier mirror went with a lost peer, and a
+         * lease keeps the name's number).
+         */
+        if (e && origin_version &&
+            (origin_version < e->last_version ||
+             (origin_version == e->last_version && e->current))) {
                 snprintf(why, whysz,
                          "origin version %llu is not above the mirror's last version %llu",
                          (unsigned long long)origin_version, (unsigned long long)e->last_version);

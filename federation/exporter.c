@@ -311,6 +311,8 @@ static void wait_done(uv_work_t *w, int status)
         (void)status;
         list_remove(&q->link);
         q->f->waiting--;
+        if (q->c)
+                q->c->waiting--;
         if (!q->c) {
                 if (q->err == 0)
                         q->t->deleter(q->t);
@@ -344,7 +346,8 @@ void fed_export_lookup(struct conn *c, const void *buf, size_t len)
         memcpy(name, q->name.data, q->name.len);
         name[q->name.len] = '\0';
         o.min_version = q->min_version;
-        uint32_t wait_ms = q->wait_ms;
+        /* the peer asks; this bridge's --wait-ms bounds it */
+        uint32_t wait_ms = q->wait_ms < f->cfg.wait_ms ? q->wait_ms : f->cfg.wait_ms;
         dlxf__lookup__free_unpacked(q, NULL);
         if (layout_name_check(name, strlen(name), &why) < 0) {
                 describe_error(c, id, EINVAL, "bad name: %s", why);
@@ -360,7 +363,15 @@ void fed_export_lookup(struct conn *c, const void *buf, size_t len)
                 serve(c, id, t);
                 return;
         }
-        if ((err == -ENOENT || err == -ETIMEDOUT) && wait_ms > 0 && f->waiting < 64) {
+        if ((err == -ENOENT || err == -ETIMEDOUT) && wait_ms > 0) {
+                /* the waits take threads: none of them for ever, and no peer all of them */
+                if (f->waiting >= FED_MAX_WAITING || c->waiting >= FED_MAX_WAITING_PEER) {
+                        describe_error(c, id, EAGAIN,
+                                       "%s: too many lookups waiting (%u from this peer, %u in "
+                                       "all): ask again later",
+                                       f->cfg.alias, c->waiting, f->waiting);
+                        return;
+                }
                 struct waiting *w = calloc(1, sizeof(*w));
                 if (w) {
                         w->work.data = w;
@@ -372,6 +383,7 @@ void fed_export_lookup(struct conn *c, const void *buf, size_t len)
                         snprintf(w->name, sizeof(w->name), "%s", name);
                         list_insert_tail(&waitings, &w->link);
                         f->waiting++;
+                        c->waiting++;
                         uv_queue_work(f->loop, &w->work, wait_work, wait_done);
                         return;
                 }

@@ -35,6 +35,13 @@
 #define FED_MAX_ALLOW 64
 /* Tensors up to this size travel inside their Describe: one message, no lease held. */
 #define FED_INLINE_MAX (16u << 10)
+/* Lookups waiting on the thread pool for a version: in all, and from one peer. */
+#define FED_MAX_WAITING 48
+#define FED_MAX_WAITING_PEER 16
+#define FED_THREADPOOL "64"
+/* An endpoint has this long to complete its handshake; so many may be without one at once. */
+#define FED_HANDSHAKE_MS 10000
+#define FED_MAX_UNPROVEN 64
 
 /* Active-message ids: one per message of fed.proto. */
 enum fed_am {
@@ -102,6 +109,7 @@ struct fed {
         bool listen_failed;
         uv_poll_t ucx_poll;
         uv_prepare_t ucx_prepare;
+        uv_timer_t sweep; /* endpoints past their handshake's deadline go */
         int efd;
         unsigned ucx_major, ucx_minor, ucx_release;
         uint8_t secret[256];
@@ -111,6 +119,7 @@ struct fed {
         struct list wants;   /* struct want (importer.c) */
         uint64_t next_id;
         bool stopping;
+        bool dlxd_lost; /* the local dlxd went away: dlxfed exits 1 */
         /* exporter.c */
         struct list leases; /* struct rlease */
         uint64_t next_lease;
@@ -132,6 +141,9 @@ struct conn {
         uint8_t nonce_mine[FED_NONCE], nonce_theirs[FED_NONCE];
         char their_alias[FED_ALIAS_MAX + 1];
         unsigned their_ucx[3];
+        uint32_t their_proto[2]; /* the peer's protocol major and minor, from its hello */
+        unsigned waiting;        /* its lookups waiting on the thread pool (exporter.c) */
+        uint64_t born_ms;        /* when it came, for the handshake's deadline */
         bool hello_seen;
         void *close_req;
         ucs_status_t error; /* UCS_OK until the endpoint failed */

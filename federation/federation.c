@@ -77,6 +77,11 @@ int fed_parse_addr(const char *s, struct fed_addr *ret)
                 return -EINVAL;
         memcpy(host, s, hl);
         host[hl] = '\0';
+        /* a port of 1 to 65535, digits only */
+        char *pend;
+        unsigned long port = strtoul(colon + 1, &pend, 10);
+        if (colon[1] < '0' || colon[1] > '9' || *pend || port == 0 || port > 65535)
+                return -EINVAL;
         if (getaddrinfo(host, colon + 1, &hints, &ai) != 0 || !ai)
                 return -EINVAL;
         memcpy(&ret->sa, ai->ai_addr, ai->ai_addrlen);
@@ -109,7 +114,7 @@ static int parse_net(const char *s, struct fed_net *ret)
         }
         if (slash) {
                 unsigned long b = strtoul(slash + 1, &end, 10);
-                if (!slash[1] || *end || b > ret->bits)
+                if (slash[1] < '0' || slash[1] > '9' || *end || b > ret->bits)
                         return -EINVAL;
                 ret->bits = (unsigned)b;
         }
@@ -260,7 +265,7 @@ static int take(struct fed_config *cfg, int c, char *v, int depth)
                 return 0;
         }
         case 'e':
-                if (cfg->nexports >= FED_MAX_EXPORTS || v[0] == '@' ||
+                if (cfg->nexports >= FED_MAX_EXPORTS || v[0] == '@' || !v[0] ||
                     layout_prefix_check(v, strlen(v), &why) < 0) {
                         fprintf(stderr, "dlxfed: bad --export '%s'%s\n", v,
                                 v[0] == '@' ? ": names under '@' are never exported" : "");
@@ -363,7 +368,12 @@ static int read_config(struct fed_config *cfg, const char *path, int depth)
 
                 n++;
                 key += strspn(key, " \t");
-                end = key + strcspn(key, "#\r\n");
+                /* '#' starts a comment at the line's start or after white space: a name may hold
+                 * one */
+                end = key;
+                while (*end && *end != '\r' && *end != '\n' &&
+                       !(*end == '#' && (end == key || end[-1] == ' ' || end[-1] == '\t')))
+                        end++;
                 while (end > key && (end[-1] == ' ' || end[-1] == '\t'))
                         end--;
                 *end = '\0';
@@ -453,6 +463,7 @@ static void on_dlx(uv_poll_t *h, int status, int events)
         n = dlx_process_events(f->dlx);
         if (n < 0) {
                 fed_log(FED_ERR, "the local dlxd went away: %s", dlx_strerror(n));
+                f->dlxd_lost = true; /* a failure: a service manager restarts it */
                 stop(f);
                 return;
         }
@@ -475,6 +486,9 @@ static void stop(struct fed *f)
         fed_ucx_stop(f);
         uv_poll_stop(&f->dlx_poll);
         uv_close((uv_handle_t *)&f->dlx_poll, NULL);
+        /* lookups waiting on the thread pool end now, not at their peers' leisure */
+        dlx_close(f->dlx);
+        f->dlx = NULL;
         uv_close((uv_handle_t *)&sigint_h, NULL);
         uv_close((uv_handle_t *)&sigterm_h, NULL);
 }
@@ -543,6 +557,8 @@ static int run(int argc, char **argv)
                         return 1;
                 }
         }
+        /* lookups that wait for a version take a thread each (exporter.c) */
+        setenv("UV_THREADPOOL_SIZE", FED_THREADPOOL, 0);
         uv_loop_init(&loop);
         f.loop = &loop;
         list_init(&f.conns);
@@ -576,7 +592,10 @@ static int run(int argc, char **argv)
                 stop(&f);
                 err = -EADDRINUSE;
         }
-        dlx_close(f.dlx);
+        if (f.dlxd_lost)
+                err = -ECONNRESET;
+        if (f.dlx)
+                dlx_close(f.dlx);
         uv_run(&loop, UV_RUN_DEFAULT);
         int closed = uv_loop_close(&loop);
         fed_log(FED_NOTICE, "stopped");

@@ -36,6 +36,8 @@ struct want {
         ucp_mem_h memh;
         void *req;
         uint64_t lease, version, length;
+        uint64_t then_min; /* a higher version wanted meanwhile: asked for after this pull (0: none)
+                            */
         Dlxf__Layout *layout;
         uv_timer_t timer;
         bool timer_on;
@@ -110,7 +112,16 @@ static void want_end(struct want *w, int err, const char *fmt, ...)
                 /* what the protocol cannot carry to a waiter reaches it as -EIO */
                 if (err < -4095 || wire_status_errno(wire_errno_status(err)) != -err)
                         err = -EIO;
-                dlx_fetch_failed(f->dlx, w->name, w->min_version, err, msg);
+                dlx_fetch_failed(f->dlx, w->name,
+                                 w->then_min > w->min_version ? w->then_min : w->min_version, err,
+                                 msg);
+        } else if (w->then_min > w->version && !f->stopping) {
+                /* what came is older than what was wanted meanwhile: ask again */
+                char name[DLX_NAME_MAX + 1];
+                uint64_t then = w->then_min;
+                snprintf(name, sizeof(name), "%s", w->name);
+                w->then_min = 0;
+                fed_import_wanted(f, name, then);
         }
         if (w->req) {
                 /* the get may still write into the buffer: all stays until it ends */
@@ -159,9 +170,15 @@ void fed_import_wanted(struct fed *f, const char *name, uint64_t min_version)
         }
         for (pos = f->wants.next; pos != &f->wants; pos = pos->next) {
                 w = list_entry(pos, struct want, link);
-                /* one pull per name: a lower version comes with it, a higher one after it */
-                if (strcmp(w->name, name) == 0 && w->min_version >= min_version)
-                        return;
+                if (strcmp(w->name, name) != 0)
+                        continue;
+                /*
+                 * One pull per name: a lower version comes with it, a higher
+                 * one is asked for after it, unless what it brings is enough.
+                 */
+                if (min_version > w->min_version && min_version > w->then_min)
+                        w->then_min = min_version;
+                return;
         }
         w = calloc(1, sizeof(*w));
         if (!w) {
@@ -405,13 +422,16 @@ ucs_status_t fed_import_data(struct conn *c, const void *header, size_t header_l
                              size_t length, const ucp_am_recv_param_t *param)
 {
         struct fed *f = c->fed;
+        /*
+         * A rendezvous DATA we do not take is dropped by returning UCS_OK
+         * without receiving it (releasing its descriptor from here would
+         * leak UCX's buffer).
+         */
         bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
         uint64_t id;
         struct want *w;
 
         if (header_length != sizeof(id)) {
-                if (rndv)
-                        ucp_am_data_release(f->worker, data);
                 fed_close(c, "a DATA message without its header");
                 return UCS_OK;
         }
@@ -419,13 +439,9 @@ ucs_status_t fed_import_data(struct conn *c, const void *header, size_t header_l
         w = want_of(c, id);
         if (!w || !w->pulling || w->req || !w->buf) {
                 /* a want given up meanwhile: the bytes are dropped, the sender's lease ends */
-                if (rndv)
-                        ucp_am_data_release(f->worker, data);
                 return UCS_OK;
         }
         if (length != w->length) {
-                if (rndv)
-                        ucp_am_data_release(f->worker, data);
                 want_end(w, -EPROTO, "peer %s sent %zu bytes of '%s', not %llu", w->p->alias,
                          length, w->name, (unsigned long long)w->length);
                 return UCS_OK;

@@ -16,6 +16,7 @@
  * the role byte differing so that neither proof can be replayed as the other.
  */
 #include <arpa/inet.h>
+#include <endian.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <netinet/in.h>
@@ -201,6 +202,7 @@ static struct conn *conn_new(struct fed *f, bool client)
                 return NULL;
         c->fed = f;
         c->client = client;
+        c->born_ms = uv_now(f->loop);
         randombytes_buf(c->nonce_mine, sizeof(c->nonce_mine));
         list_insert_tail(&f->conns, &c->link);
         return c;
@@ -217,6 +219,15 @@ static void on_conn_request(ucp_conn_request_h req, void *arg)
         s = ucp_conn_request_query(req, &attr);
         if (s == UCS_OK)
                 addr_str(&attr.client_address, who, sizeof(who));
+        unsigned unproven = 0;
+        for (struct list *pos = f->conns.next; pos != &f->conns; pos = pos->next)
+                unproven += !list_entry(pos, struct conn, link)->authed;
+        if (s == UCS_OK && unproven >= FED_MAX_UNPROVEN) {
+                fed_log(FED_WARN, "connection from %s refused: %u connections without a handshake",
+                        who, unproven);
+                ucp_listener_reject(f->listener, req);
+                return;
+        }
         if (s != UCS_OK || f->stopping || !allowed(f, &attr.client_address)) {
                 fed_log(FED_WARN, "connection from %s refused: %s", who,
                         s != UCS_OK   ? status_str(s)
@@ -360,7 +371,12 @@ static void transcript_mac(const struct fed *f, const struct conn *c, char role,
         const uint8_t *ns = c->client ? c->nonce_theirs : c->nonce_mine;
         const char *ac = c->client ? f->cfg.alias : c->their_alias;
         const char *as = c->client ? c->their_alias : f->cfg.alias;
-        uint32_t v[4] = {FED_PROTO_MAJOR, 0, 0, 0};
+        /* both sides' protocol and UCX versions, the client's first, little-endian */
+        uint32_t mine[5] = {htole32(FED_PROTO_MAJOR), htole32(FED_PROTO_MINOR),
+                            htole32(f->ucx_major), htole32(f->ucx_minor), htole32(f->ucx_release)};
+        uint32_t theirs[5] = {htole32(c->their_proto[0]), htole32(c->their_proto[1]),
+                              htole32(c->their_ucx[0]), htole32(c->their_ucx[1]),
+                              htole32(c->their_ucx[2])};
 
         crypto_auth_hmacsha256_init(&st, f->secret, f->secret_len);
         crypto_auth_hmacsha256_update(&st, (const uint8_t *)"dlxfed hello", 12);
@@ -369,7 +385,10 @@ static void transcript_mac(const struct fed *f, const struct conn *c, char role,
         crypto_auth_hmacsha256_update(&st, ns, FED_NONCE);
         crypto_auth_hmacsha256_update(&st, (const uint8_t *)ac, strlen(ac) + 1);
         crypto_auth_hmacsha256_update(&st, (const uint8_t *)as, strlen(as) + 1);
-        crypto_auth_hmacsha256_update(&st, (const uint8_t *)v, sizeof(v));
+        crypto_auth_hmacsha256_update(&st, (const uint8_t *)(c->client ? mine : theirs),
+                                      sizeof(mine));
+        crypto_auth_hmacsha256_update(&st, (const uint8_t *)(c->client ? theirs : mine),
+                                      sizeof(mine));
         crypto_auth_hmacsha256_final(&st, mac);
 }
 
@@ -400,9 +419,21 @@ static bool alias_ok(const char *a)
         if (n == 0 || n > FED_ALIAS_MAX)
                 return false;
         for (size_t i = 0; i < n; i++)
-                if ((unsigned char)a[i] <= ' ' || a[i] == '/' || a[i] == 0x7f)
+                if ((unsigned char)a[i] <= ' ' || a[i] == '/' || a[i] == '@' || a[i] == 0x7f ||
+                    (unsigned char)a[i] >= 0x80)
                         return false;
         return true;
+}
+
+/* A client's alias is one of our peers' (any, for a bridge that lists none: it only serves). */
+static bool alias_known(const struct fed *f, const char *alias)
+{
+        if (f->cfg.npeers == 0)
+                return true;
+        for (unsigned i = 0; i < f->cfg.npeers; i++)
+                if (strcmp(f->cfg.peers[i].alias, alias) == 0)
+                        return true;
+        return false;
 }
 
 /* A transport in words from the endpoint's lanes, e.g. "tcp/lo". */
@@ -466,10 +497,17 @@ static void on_hello(struct conn *c, const void *buf, size_t len)
         ucx[1] = h->ucx_minor;
         ucx[2] = h->ucx_release;
         memcpy(c->their_ucx, ucx, sizeof(ucx));
+        c->their_proto[0] = h->major;
+        c->their_proto[1] = h->minor;
         uint32_t major = h->major;
         dlxf__hello__free_unpacked(h, NULL);
         if (versions_ok(c, major, ucx) < 0)
                 return;
+        if (!alias_known(c->fed, c->their_alias)) {
+                refuse(c, EACCES, "'%s' is not in the peer list of '%s'", c->their_alias,
+                       c->fed->cfg.alias);
+                return;
+        }
         transcript_mac(c->fed, c, 'S', mac);
         r.major = FED_PROTO_MAJOR;
         r.minor = FED_PROTO_MINOR;
@@ -505,6 +543,9 @@ static void on_hello_reply(struct conn *c, const void *buf, size_t len)
         ucx[0] = r->ucx_major;
         ucx[1] = r->ucx_minor;
         ucx[2] = r->ucx_release;
+        memcpy(c->their_ucx, ucx, sizeof(ucx));
+        c->their_proto[0] = r->major;
+        c->their_proto[1] = r->minor;
         transcript_mac(c->fed, c, 'S', mac);
         good = sodium_memcmp(mac, r->mac.data, FED_MAC) == 0;
         uint32_t major = r->major;
@@ -581,8 +622,6 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         if (id == FED_AM_DATA) {
                 if (c->authed && c->client)
                         return fed_import_data(c, header, header_length, data, length, param);
-                if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
-                        ucp_am_data_release(f->worker, data);
                 refuse(c, EPROTO, "data nobody asked for");
                 return UCS_OK;
         }
@@ -632,6 +671,22 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
 static void *am_args[FED_AM_COUNT][2];
 
 static int start_listening(struct fed *f);
+
+/* Each second: an endpoint without its handshake done after FED_HANDSHAKE_MS goes. */
+static void on_sweep(uv_timer_t *t)
+{
+        struct fed *f = t->data;
+        uint64_t now = uv_now(f->loop);
+        struct list *pos, *tmp;
+
+        list_for_each_safe(pos, tmp, &f->conns)
+        {
+                struct conn *c = list_entry(pos, struct conn, link);
+                if (!c->authed && now - c->born_ms > FED_HANDSHAKE_MS)
+                        fed_close(c, c->client ? "no handshake from the peer in time"
+                                               : "no handshake in time");
+        }
+}
 
 int fed_ucx_start(struct fed *f)
 {
@@ -687,6 +742,9 @@ int fed_ucx_start(struct fed *f)
                         return -EIO;
                 }
         }
+        uv_timer_init(f->loop, &f->sweep);
+        f->sweep.data = f;
+        uv_timer_start(&f->sweep, on_sweep, 1000, 1000);
         uv_prepare_init(f->loop, &f->ucx_prepare);
         f->ucx_prepare.data = f;
         uv_prepare_start(&f->ucx_prepare, drain);
@@ -768,6 +826,8 @@ void fed_ucx_stop(struct fed *f)
                 uv_timer_stop(&f->listen_timer);
                 uv_close((uv_handle_t *)&f->listen_timer, NULL);
         }
+        uv_timer_stop(&f->sweep);
+        uv_close((uv_handle_t *)&f->sweep, NULL);
         list_for_each_safe(pos, tmp, &f->conns)
                 fed_close(list_entry(pos, struct conn, link), "dlxfed is stopping");
         /* every endpoint closed, UCX done with every registration */

@@ -565,7 +565,7 @@ START_TEST(stat_nbytes_small_members)
         for (int i = 0; i < N; i++) {
                 snprintf(names[i], sizeof(names[i]), "m%03d", i);
                 /* separate bytes that do not touch */
-                heap[i] = malloc(1);
+                heap[i] = calloc(1, 1); /* copied: defined bytes */
                 ms[i] = (struct dlx_member){
                         names[i], view_of(heap[i], DT(kDLUInt, 8, 1), 1, &one, NULL, 0, 0, NULL)};
         }

@@ -386,6 +386,13 @@ START_TEST(mirrors_go_with_their_bridge)
         dlx_close(bridge);
         ck_assert_int_eq(dlx_stat(c, "@gpu3/w", &in), -ENOENT);
         ck_assert(fx_vec_is(t, 8, 5));
+        /* while that copy is held, the same origin version may be mirrored again, once */
+        bridge = fx_connect(&fx, "bridge-again");
+        DLXV(dlx_mount(bridge, "@gpu3/"));
+        ck_assert_int_eq(publish_mirror(bridge, "@gpu3/w", 4, 4, NULL), -EEXIST);
+        DLXV(publish_mirror(bridge, "@gpu3/w", 5, 5, NULL));
+        ck_assert_int_eq(publish_mirror(bridge, "@gpu3/w", 5, 5, NULL), -EEXIST);
+        dlx_close(bridge);
         t->deleter(t);
         /* another bridge takes over */
         bridge = fx_connect(&fx, "bridge-2");

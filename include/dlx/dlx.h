@@ -164,9 +164,11 @@ struct dlx_publish_options {
          * client mounted (dlx_mount()). origin_version: the version to
          * publish as, the origin's number (0: the next, as for any publish),
          * so that min_version means the same on every host; it must be above
-         * the name's last version (-EEXIST). origin: where the mirror came
-         * from, for people (dlx_info.origin; printable, at most 127 bytes).
-         * Elsewhere both must be 0/NULL (-EINVAL).
+         * the name's last version (-EEXIST), or equal to it while the name
+         * has no current version (the same origin version mirrored again).
+         * origin: where the mirror came from, for people (dlx_info.origin;
+         * printable, at most 127 bytes). Elsewhere both must be 0/NULL
+         * (-EINVAL).
          */
         uint64_t origin_version;
         const char *origin;
@@ -208,7 +210,8 @@ struct dlx_publish_options {
  *             "." or ".." component), bad dtype, ndim over 32, negative shape
  *   -EACCES   the name is owned by another user, or is under '@' (a federation
  *             peer's, published only by the bridge that mounted it)
- *   -EEXIST   opts->origin_version is not above the name's last version
+ *   -EEXIST   opts->origin_version is below the name's last version (or equal
+ *             to it while the name has a current version)
  *   -EOVERFLOW also: the name's last version was UINT64_MAX (a mirror's), and
  *             there is no next one
  *   -EXDEV    DLX_COPY_NEVER and the memory did not come from dlx_alloc()

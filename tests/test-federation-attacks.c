@@ -1,0 +1,588 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Attacks on dlxfed, by an independent tester, against what README.md
+ * ("Federation: tensors across hosts"), dlxfed --help, include/dlx/dlx.h and
+ * federation/fed.proto promise. The fixture (two dlxd and two dlxfed on
+ * loopback, UCX_TLS=tcp, UCX_NET_DEVICES=lo) is copied from test-federation.c.
+ * Each test names the promise it checks; a failing test is a finding.
+ * The hostile-peer attacks need a UCX client: tests/fedattack/hostile.c.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <check.h>
+
+#include "fixture.h"
+
+/* the fixture is copied whole from test-federation.c; not every helper is used here */
+#pragma GCC diagnostic ignored "-Wunused-function"
+
+#define DLXV(call)                                                                                 \
+        do {                                                                                       \
+                int err_ = (call);                                                                 \
+                ck_assert_msg(err_ == 0, "%s: %s (%s)", #call, dlx_strerror(err_),                 \
+                              dlx_last_error());                                                   \
+        } while (0)
+
+struct host {
+        struct dlxd_fixture d;
+        pid_t fed;
+        int port;
+        char log[128];
+};
+
+static struct host A, B;
+
+/* A free TCP port on the loopback (the kernel's choice, given back at once). */
+static int free_port(void)
+{
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t len = sizeof(sa);
+        int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+        ck_assert_int_ge(s, 0);
+        ck_assert_int_eq(bind(s, (struct sockaddr *)&sa, sizeof(sa)), 0);
+        ck_assert_int_eq(getsockname(s, (struct sockaddr *)&sa, &len), 0);
+        close(s);
+        return ntohs(sa.sin_port);
+}
+
+static void write_secret(const char *path, const char *text)
+{
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+        close(fd);
+}
+
+/*
+ * Starts h's dlxfed: alias, the secret's text, then extra arguments. Waits
+ * until it serves. Returns 0, or its exit status when it would not start.
+ */
+static int fed_start(struct host *h, const char *alias, const char *secret,
+                     const char *const *extra)
+{
+        const char *dlxfed = getenv("DLXFED");
+        char listen[32], secret_path[128], ready[8], byte;
+        int pipefd[2], status;
+        struct pollfd pfd;
+
+        ck_assert_msg(dlxfed && *dlxfed, "DLXFED is not set");
+        snprintf(secret_path, sizeof(secret_path), "%s/secret-%s", h->d.dir, alias);
+        write_secret(secret_path, secret);
+        snprintf(listen, sizeof(listen), "127.0.0.1:%d", h->port);
+        snprintf(h->log, sizeof(h->log), "%s/dlxfed.log", h->d.dir);
+        ck_assert_int_eq(pipe2(pipefd, O_CLOEXEC), 0);
+        h->fed = fork();
+        ck_assert_int_ge(h->fed, 0);
+        if (h->fed == 0) {
+                const char *argv[48];
+                int n = 0, logfd = open(h->log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+                /* a test that fails takes its bridges with it */
+                prctl(PR_SET_PDEATHSIG, SIGKILL);
+                if (dup2(pipefd[1], 3) < 0 || logfd < 0 || dup2(logfd, 2) < 0)
+                        _exit(127);
+                snprintf(ready, sizeof(ready), "3");
+                setenv("UCX_TLS", "tcp", 1);
+                setenv("UCX_NET_DEVICES", "lo", 1);
+                argv[n++] = "dlxfed";
+                argv[n++] = "--alias";
+                argv[n++] = alias;
+                argv[n++] = "--listen";
+                argv[n++] = listen;
+                argv[n++] = "--secret-file";
+                argv[n++] = secret_path;
+                argv[n++] = "--socket";
+                argv[n++] = h->d.socket;
+                argv[n++] = "--ready-fd";
+                argv[n++] = ready;
+                argv[n++] = "--log-level";
+                argv[n++] = "info";
+                for (int i = 0; extra && extra[i] && n < 47; i++)
+                        argv[n++] = extra[i];
+                argv[n] = NULL;
+                execv(dlxfed, (char *const *)argv);
+                _exit(127);
+        }
+        close(pipefd[1]);
+        pfd.fd = pipefd[0];
+        pfd.events = POLLIN;
+        ck_assert_msg(poll(&pfd, 1, 30000 * fx_slowdown()) == 1, "dlxfed did not start in 30 s");
+        if (read(pipefd[0], &byte, 1) == 1) {
+                close(pipefd[0]);
+                return 0;
+        }
+        close(pipefd[0]);
+        ck_assert_int_eq(waitpid(h->fed, &status, 0), h->fed);
+        h->fed = 0;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* SIGTERM; it must exit 0. */
+static void fed_stop(struct host *h)
+{
+        int status;
+
+        if (h->fed <= 0)
+                return;
+        ck_assert_int_eq(kill(h->fed, SIGTERM), 0);
+        ck_assert_int_eq(waitpid(h->fed, &status, 0), h->fed);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                      "dlxfed did not exit 0 on SIGTERM (status 0x%x); see %s", status, h->log);
+        h->fed = 0;
+}
+
+static void fed_kill(struct host *h)
+{
+        int status;
+
+        ck_assert_int_eq(kill(h->fed, SIGKILL), 0);
+        ck_assert_int_eq(waitpid(h->fed, &status, 0), h->fed);
+        h->fed = 0;
+}
+
+static void hosts_up(void)
+{
+        char uid[16];
+        const char *extra[] = {"--federation-uid", uid, NULL};
+
+        snprintf(uid, sizeof(uid), "%u", (unsigned)getuid());
+        dlxd_start(&A.d, extra);
+        dlxd_start(&B.d, extra);
+        A.port = free_port();
+        B.port = free_port();
+        A.fed = B.fed = 0;
+}
+
+/* A bridge that aborted, or broke an invariant of its own, said so in its log. */
+static void log_clean(struct host *h)
+{
+        char line[512], path[160];
+        FILE *in = fopen(h->log, "re");
+
+        while (in && fgets(line, sizeof(line), in))
+                ck_assert_msg(!strstr(line, "Fatal") && !strstr(line, "broken invariant") &&
+                                      !strstr(line, "backtrace") &&
+                                      !strstr(line, "runtime error") && !strstr(line, "Sanitizer"),
+                              "%s: %s", h->log, line);
+        if (in)
+                fclose(in);
+        unlink(h->log);
+        for (const char *const *a = (const char *const[]){"a", "b", "a@b", NULL}; *a; a++) {
+                snprintf(path, sizeof(path), "%s/secret-%s", h->d.dir, *a);
+                unlink(path);
+        }
+}
+
+static void hosts_down(void)
+{
+        fed_stop(&B);
+        fed_stop(&A);
+        log_clean(&A);
+        log_clean(&B);
+        dlxd_stop(&B.d);
+        dlxd_stop(&A.d);
+}
+
+/* The usual pair: A exports "model/" and "kv/"; B pulls from A (A's peer list admits B). */
+static void feds_up(void)
+{
+        char peer_a[64], peer_b[64];
+        const char *a_args[] = {"--export", "model/", "--export", "kv/", "--peer", peer_b, NULL};
+        const char *b_args[] = {"--peer", peer_a, NULL};
+
+        snprintf(peer_a, sizeof(peer_a), "a=127.0.0.1:%d", A.port);
+        snprintf(peer_b, sizeof(peer_b), "b=127.0.0.1:%d", B.port);
+        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", a_args), 0);
+        ck_assert_int_eq(fed_start(&B, "b", "a shared secret of the pair", b_args), 0);
+}
+
+static DLManagedTensorVersioned *acquire_at(dlx_client *c, const char *name, uint64_t min_version,
+                                            int64_t timeout_ms, int *ret_err)
+{
+        struct dlx_acquire_options o = {.min_version = min_version, .timeout_ms = timeout_ms};
+        DLManagedTensorVersioned *t = NULL;
+
+        *ret_err = dlx_acquire(c, name, &o, &t);
+        return t;
+}
+
+/* A tensor over plain bytes of ours: published by copy, with any layout. */
+struct raw {
+        DLManagedTensorVersioned mt;
+        int64_t shape[4], strides[4];
+        uint8_t *bytes;
+};
+
+static void raw_deleter(DLManagedTensorVersioned *t)
+{
+        struct raw *r = t->manager_ctx;
+        free(r->bytes);
+        free(r);
+}
+
+static DLManagedTensorVersioned *raw_new(DLDataType dt, int ndim, const int64_t *shape,
+                                         const int64_t *strides, size_t nbytes,
+                                         uint64_t byte_offset)
+{
+        struct raw *r = calloc(1, sizeof(*r));
+
+        ck_assert_ptr_nonnull(r);
+        r->bytes = malloc(nbytes ? nbytes : 1);
+        ck_assert_ptr_nonnull(r->bytes);
+        for (size_t i = 0; i < nbytes; i++)
+                r->bytes[i] = (uint8_t)(i * 7 + 3);
+        memcpy(r->shape, shape, (size_t)ndim * sizeof(int64_t));
+        if (strides)
+                memcpy(r->strides, strides, (size_t)ndim * sizeof(int64_t));
+        r->mt.version.major = DLPACK_MAJOR_VERSION;
+        r->mt.version.minor = DLPACK_MINOR_VERSION;
+        r->mt.manager_ctx = r;
+        r->mt.deleter = raw_deleter;
+        r->mt.dl_tensor = (DLTensor){.data = r->bytes,
+                                     .device = {kDLCPU, 0},
+                                     .ndim = ndim,
+                                     .dtype = dt,
+                                     .shape = r->shape,
+                                     .strides = strides ? r->strides : NULL,
+                                     .byte_offset = byte_offset};
+        return &r->mt;
+}
+
+/* Element i's bytes of t (row-major order of its shape), through its own strides. */
+static const uint8_t *element(const DLTensor *t, uint64_t i)
+{
+        int64_t at = 0, stride = 1;
+        size_t esize = (size_t)(t->dtype.bits * t->dtype.lanes + 7) / 8;
+
+        for (int d = t->ndim - 1; d >= 0; d--) {
+                int64_t idx = (int64_t)(i % (uint64_t)t->shape[d]);
+                i /= (uint64_t)t->shape[d];
+                at += idx * (t->strides ? t->strides[d] : stride);
+                stride *= t->shape[d];
+        }
+        return (const uint8_t *)t->data + t->byte_offset + at * (int64_t)esize;
+}
+
+static void expect_same(const DLTensor *a, const DLTensor *b, const char *what)
+{
+        uint64_t n = 1;
+        size_t esize = (size_t)(a->dtype.bits * a->dtype.lanes + 7) / 8;
+
+        ck_assert_msg(a->ndim == b->ndim && a->dtype.code == b->dtype.code &&
+                              a->dtype.bits == b->dtype.bits && a->dtype.lanes == b->dtype.lanes,
+                      "%s: dtype or rank differs", what);
+        for (int d = 0; d < a->ndim; d++) {
+                ck_assert_msg(a->shape[d] == b->shape[d], "%s: shape differs in dim %d", what, d);
+                n *= (uint64_t)a->shape[d];
+        }
+        for (uint64_t i = 0; i < n; i++)
+                ck_assert_msg(memcmp(element(a, i), element(b, i), esize) == 0,
+                              "%s: element %" PRIu64 " differs", what, i);
+}
+
+/* A big tensor on host A: 1 GiB (256 MiB under valgrind), every byte set. */
+static int64_t publish_big(dlx_client *pa, const char *name)
+{
+        int64_t n = (fx_slowdown() > 1 ? 256 : 1024) << 20;
+        DLTensor proto = {.device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLUInt, 8, 1}, .shape = &n};
+        DLManagedTensorVersioned *t;
+
+        DLXV(dlx_alloc(pa, &proto, &t));
+        memset(t->dl_tensor.data, 0x5a, (size_t)n);
+        publish_ok(pa, name, t, NULL, NULL);
+        return n;
+}
+
+/* Waits until A's bridge holds a lease: the pull has begun. */
+static void wait_pull_started(dlx_client *pa)
+{
+        for (int i = 0; i < 2000 && fx_stats(pa).leases == 0; i++)
+                fx_sleep_ms(1);
+}
+
+/* Occurrences of needle in h's log so far. */
+static int log_count(struct host *h, const char *needle)
+{
+        char line[512];
+        int n = 0;
+        FILE *in = fopen(h->log, "re");
+
+        while (in && fgets(line, sizeof(line), in))
+                n += strstr(line, needle) != NULL;
+        if (in)
+                fclose(in);
+        return n;
+}
+
+/* A tensor of n bytes on host A, every byte set. */
+static void publish_bytes(dlx_client *pa, const char *name, int64_t n)
+{
+        DLTensor proto = {.device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLUInt, 8, 1}, .shape = &n};
+        DLManagedTensorVersioned *t;
+
+        DLXV(dlx_alloc(pa, &proto, &t));
+        memset(t->dl_tensor.data, 0x5a, (size_t)n);
+        publish_ok(pa, name, t, NULL, NULL);
+}
+
+/*
+ * README: "A peer that dies takes its mirrors with it (copies consumers hold
+ * stay readable)"; the issue: "the waiting acquire completes normally or
+ * fails with the fetch's error". Here the endpoint goes (A's --lease-ms
+ * passes during a big transfer), B's mirror of model/w is unpublished while a
+ * consumer holds it, and the next want of model/w pulls v1 again: the
+ * bridge's publish gets -EEXIST (the held v1 is the name's last version),
+ * which importer.c's publish_mirror() takes as success, so the waiter hears
+ * nothing and times out, and every later want costs a full copy on A.
+ */
+START_TEST(a_held_mirror_can_be_pulled_again)
+{
+        char peer_a[64], peer_b[64];
+        const char *a_args[] = {"--export", "model/", "--peer", peer_b, "--lease-ms", "30", NULL};
+        const char *b_args[] = {"--peer", peer_a, NULL};
+        dlx_client *pa, *pb;
+        DLManagedTensorVersioned *held, *t;
+        struct dlx_info in;
+        int err;
+
+        hosts_up();
+        snprintf(peer_a, sizeof(peer_a), "a=127.0.0.1:%d", A.port);
+        snprintf(peer_b, sizeof(peer_b), "b=127.0.0.1:%d", B.port);
+        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", a_args), 0);
+        ck_assert_int_eq(fed_start(&B, "b", "a shared secret of the pair", b_args), 0);
+        pa = fx_connect(&A.d, "producer-a");
+        pb = fx_connect(&B.d, "consumer-b");
+        publish_ok(pa, "model/w", fx_vec_f32(pa, 64, 1), NULL, NULL);
+        publish_bytes(pa, "model/big", 256 << 20);
+        held = acquire_at(pb, "@a/model/w", 0, 10000 * fx_slowdown(), &err);
+        DLXV(err);
+        /* a transfer longer than 30 ms: A closes the endpoint, B loses peer a's mirrors */
+        t = acquire_at(pb, "@a/model/big", 0, 20000 * fx_slowdown(), &err);
+        ck_assert_msg(err != 0, "the 256 MiB pull beat A's 30 ms lease deadline; no test");
+        for (int i = 0; i < 200 && dlx_stat(pb, "@a/model/w", &in) == 0; i++)
+                fx_sleep_ms(50);
+        ck_assert_int_eq(dlx_stat(pb, "@a/model/w", &in), -ENOENT);
+        ck_assert(fx_vec_is(held, 64, 1));
+        /* peer a is alive: a new want reconnects and gets model/w, or fails saying why */
+        t = acquire_at(pb, "@a/model/w", 0, 5000 * fx_slowdown(), &err);
+        ck_assert_msg(err == 0 || err != -ETIMEDOUT,
+                      "a want of a name the peer serves timed out with no word from the bridge: "
+                      "%s (%s); A served it %d times",
+                      dlx_strerror(err), dlx_last_error(), log_count(&A, "on v1 (256 bytes)"));
+        if (t)
+                t->deleter(t);
+        held->deleter(held);
+        dlx_close(pb);
+        dlx_close(pa);
+        hosts_down();
+}
+END_TEST
+
+/*
+ * README: "one network copy per host per version. Wants of one name are
+ * coalesced into one pull." A has v3; one consumer on B waits for any
+ * version, another (while that pull runs) for v2 or later: both are served
+ * by v3, yet importer.c starts a second pull for the higher min_version.
+ */
+START_TEST(one_version_is_one_pull)
+{
+        dlx_client *pa, *pb;
+        DLManagedTensorVersioned *t;
+        int err;
+
+        hosts_up();
+        feds_up();
+        pa = fx_connect(&A.d, "producer-a");
+        pb = fx_connect(&B.d, "consumer-b");
+        for (int i = 0; i < 3; i++)
+                publish_bytes(pa, "model/big", 256 << 20);
+        pid_t child = fork();
+        ck_assert_int_ge(child, 0);
+        if (child == 0) {
+                dlx_client *c = fx_connect(&B.d, "first");
+                DLManagedTensorVersioned *x = acquire_at(c, "@a/model/big", 0, 30000, &err);
+                if (x)
+                        x->deleter(x);
+                fx_child_exit(err == 0 ? 0 : 1);
+        }
+        wait_pull_started(pa);
+        t = acquire_at(pb, "@a/model/big", 2, 30000 * fx_slowdown(), &err);
+        DLXV(err);
+        t->deleter(t);
+        ck_assert_int_eq(fx_wait(child), 0);
+        ck_assert_msg(log_count(&A, "on v3 (") == 1, "A sent v3 to B %d times",
+                      log_count(&A, "on v3 ("));
+        dlx_close(pb);
+        dlx_close(pa);
+        hosts_down();
+}
+END_TEST
+
+/*
+ * README: "A restarted bridge mounts its prefixes again and hears of every
+ * acquire still waiting"; the issue: "If dlxfed restarts, it reconnects
+ * lazily". A bridge stopped cleanly (SIGTERM) after serving one pull cannot
+ * listen again on its --listen port for TCP's TIME_WAIT (60 s): UCX binds
+ * without SO_REUSEADDR, and dlxfed exits 1, "address in use".
+ */
+START_TEST(a_stopped_bridge_starts_again_on_its_port)
+{
+        char peer_b[64];
+        const char *a_args[] = {"--export", "model/", "--peer", peer_b, NULL};
+        dlx_client *pa, *pb;
+        DLManagedTensorVersioned *t;
+        int err;
+
+        hosts_up();
+        feds_up();
+        snprintf(peer_b, sizeof(peer_b), "b=127.0.0.1:%d", B.port);
+        pa = fx_connect(&A.d, "producer-a");
+        pb = fx_connect(&B.d, "consumer-b");
+        publish_ok(pa, "model/w", fx_vec_f32(pa, 64, 1), NULL, NULL);
+        t = acquire_at(pb, "@a/model/w", 0, 10000 * fx_slowdown(), &err);
+        DLXV(err);
+        t->deleter(t);
+        fed_stop(&A);
+        ck_assert_msg(fed_start(&A, "a", "a shared secret of the pair", a_args) == 0,
+                      "dlxfed A would not start again on its port (see %s)", A.log);
+        dlx_close(pb);
+        dlx_close(pa);
+        hosts_down();
+}
+END_TEST
+
+/*
+ * README: "dlxfed sets UCX's TCP segments to 256 KiB ... and leaves the
+ * process's signals alone (UCX_ERROR_SIGNALS)". transport.c sets them with
+ * ucp_config_modify(), which UCX 1.13 takes and then reports, at
+ * ucp_worker_create(), as "invalid configurations: TCP_TX_SEG_SIZE=256k,
+ * TCP_RX_SEG_SIZE=256k,ERROR_SIGNALS=": none applies, and UCX installs its
+ * SIGSEGV, SIGBUS, SIGILL and SIGFPE handlers in dlxfed.
+ */
+START_TEST(ucx_leaves_the_signals_alone)
+{
+        char path[64], line[256];
+        unsigned long long caught = 0;
+        FILE *in;
+
+#ifdef __SANITIZE_ADDRESS__
+        return; /* ASan catches SIGSEGV and SIGBUS itself */
+#endif
+        hosts_up();
+        unsetenv("UCX_ERROR_SIGNALS");
+        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", NULL), 0);
+        snprintf(path, sizeof(path), "/proc/%d/status", (int)A.fed);
+        in = fopen(path, "re");
+        ck_assert_ptr_nonnull(in);
+        while (fgets(line, sizeof(line), in))
+                if (strncmp(line, "SigCgt:", 7) == 0)
+                        caught = strtoull(line + 7, NULL, 16);
+        fclose(in);
+        int segv = (caught >> (SIGSEGV - 1)) & 1, bus = (caught >> (SIGBUS - 1)) & 1;
+        int invalid = log_count(&A, "invalid configuration");
+        fed_stop(&A);
+        ck_assert_msg(!segv && !bus, "dlxfed catches SIGSEGV %d, SIGBUS %d (SigCgt %llx)", segv,
+                      bus, caught);
+        ck_assert_msg(invalid == 0, "UCX called dlxfed's settings invalid");
+        hosts_down();
+}
+END_TEST
+
+/*
+ * README: "--config FILE takes the same options, one per line (... export
+ * model/, # comments)" and "By default nothing is [exported]". A '#' inside a
+ * value (a legal name byte) cuts the line there: "export my#model/" exports
+ * "my", and with it every name starting "my".
+ */
+START_TEST(a_hash_in_a_config_value_does_not_widen_an_export)
+{
+        char cfg[160], peer_b[64], line[128];
+        const char *a_args[] = {"--config", cfg, NULL};
+        const char *b_args[] = {"--peer", line, NULL};
+        dlx_client *pa, *pb;
+        DLManagedTensorVersioned *t;
+        FILE *out;
+        int err;
+
+        hosts_up();
+        snprintf(peer_b, sizeof(peer_b), "b=127.0.0.1:%d", B.port);
+        snprintf(cfg, sizeof(cfg), "%s/fed.conf", A.d.dir);
+        out = fopen(cfg, "we");
+        ck_assert_ptr_nonnull(out);
+        fprintf(out, "# A's bridge\npeer %s\nexport my#model/\n", peer_b);
+        fclose(out);
+        snprintf(line, sizeof(line), "a=127.0.0.1:%d", A.port);
+        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", a_args), 0);
+        ck_assert_int_eq(fed_start(&B, "b", "a shared secret of the pair", b_args), 0);
+        pa = fx_connect(&A.d, "producer-a");
+        pb = fx_connect(&B.d, "consumer-b");
+        publish_ok(pa, "mysecrets/key", fx_vec_f32(pa, 8, 0), NULL, NULL);
+        t = acquire_at(pb, "@a/mysecrets/key", 0, 10000 * fx_slowdown(), &err);
+        if (t)
+                t->deleter(t);
+        ck_assert_msg(err != 0, "'mysecrets/key' left A under 'export my#model/'");
+        unlink(cfg);
+        dlx_close(pb);
+        dlx_close(pa);
+        hosts_down();
+}
+END_TEST
+
+/*
+ * The issue: "dlxd A restarted under a running dlxfed A: a clear exit or
+ * error?" dlxfed logs "the local dlxd went away" and exits 0: to a service
+ * manager (Restart=on-failure) a clean stop, so the host stops exporting.
+ */
+START_TEST(a_lost_dlxd_is_a_failed_exit)
+{
+        int status;
+        pid_t fed;
+
+        hosts_up();
+        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", NULL), 0);
+        fed = A.fed;
+        /* dlxd stops (SIGTERM) under its running bridge, then comes back */
+        ck_assert_int_eq(kill(A.d.pid, SIGTERM), 0);
+        ck_assert_int_eq(waitpid(A.d.pid, NULL, 0), A.d.pid);
+        A.d.pid = 0;
+        ck_assert_int_eq(waitpid(fed, &status, 0), fed);
+        A.fed = 0;
+        ck_assert_msg(log_count(&A, "the local dlxd went away") == 1, "no word of it in the log");
+        dlxd_restart(&A.d, (const char *const[]){"--federation-uid", "0", NULL});
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) != 0,
+                      "dlxfed exited 0x%x when its dlxd went away", status);
+        hosts_down();
+}
+END_TEST
+
+Suite *federation_attacks_suite(void)
+{
+        Suite *s = suite_create("federation-attacks");
+        TCase *tc = tcase_create("loopback");
+
+        tcase_add_unchecked_fixture(tc, fx_reaper_init, fx_reaper_run);
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, a_held_mirror_can_be_pulled_again);
+        tcase_add_test(tc, one_version_is_one_pull);
+        tcase_add_test(tc, a_stopped_bridge_starts_again_on_its_port);
+        tcase_add_test(tc, ucx_leaves_the_signals_alone);
+        tcase_add_test(tc, a_hash_in_a_config_value_does_not_widen_an_export);
+        tcase_add_test(tc, a_lost_dlxd_is_a_failed_exit);
+        suite_add_tcase(s, tc);
+        return s;
+}
