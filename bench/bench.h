@@ -222,6 +222,9 @@ struct latency {
 };
 /* Reports it (sorting v and floor); its stats into *ret (may be NULL). Returns the ratio, or 0. */
 double latency_row(const struct latency *l, struct stats *ret);
+/* One figure (GB/s, B, ms ...), with its ratio to what ratio_to names when ratio > 0. */
+void report_value(const char *scenario, const char *key, const char *label, double value,
+                  const char *unit, double ratio, const char *ratio_to);
 /* A target: value op limit, printed as met or missed (never a failure). */
 void report_target(const char *key, const char *what, double value, bool at_most, double limit,
                    const char *unit);

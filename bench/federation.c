@@ -322,21 +322,6 @@ static double acquire_ns(dlx_client *b, const char *name)
         return ns;
 }
 
-static void value_row(const char *key, const char *label, double value, const char *unit,
-                      double ratio, const char *ratio_to)
-{
-        struct row row = {.scenario = SCENARIO, .has_value = true, .value = value, .unit = unit};
-
-        snprintf(row.key, sizeof(row.key), "%s", key);
-        snprintf(row.label, sizeof(row.label), "%s", label);
-        if (ratio > 0) {
-                row.has_ratio = true;
-                row.ratio = ratio;
-                row.ratio_to = ratio_to;
-        }
-        report_row(&row);
-}
-
 static int median_of(double *v, int n, double *ret)
 {
         struct stats st;
@@ -404,11 +389,11 @@ static int measure(void)
                 goto out;
         snprintf(label, sizeof(label), "TCP stream, %llu MiB memfd to memfd",
                  (unsigned long long)(big >> 20));
-        value_row("tcp_stream_gbps", label, (double)big / bulk_ns, "GB/s", 0, NULL);
+        report_value(SCENARIO, "tcp_stream_gbps", label, (double)big / bulk_ns, "GB/s", 0, NULL);
         snprintf(label, sizeof(label), "cold pull of %llu MiB (acquire on B)",
                  (unsigned long long)(big >> 20));
-        value_row("cold_pull_gbps", label, (double)big / pull_ns, "GB/s", bulk_ns / pull_ns,
-                  "tcp stream");
+        report_value(SCENARIO, "cold_pull_gbps", label, (double)big / pull_ns, "GB/s",
+                     bulk_ns / pull_ns, "tcp stream");
 
         /* uncached 4 KiB acquires, against a TCP round trip */
         for (long i = 0; i < n; i++) {
@@ -426,10 +411,10 @@ static int measure(void)
         struct stats st_rtt, st_cold;
         stats_of(rtt, (size_t)n, &st_rtt);
         stats_of(cold, (size_t)n, &st_cold);
-        value_row("tcp_rtt_us", "TCP round trip, 64 B, TCP_NODELAY", st_rtt.median / 1e3, "us", 0,
-                  NULL);
-        value_row("uncached_4k_us", "acquire on B of a 4 KiB name B lacks", st_cold.median / 1e3,
-                  "us", st_cold.median / st_rtt.median, "tcp rt");
+        report_value(SCENARIO, "tcp_rtt_us", "TCP round trip, 64 B, TCP_NODELAY",
+                     st_rtt.median / 1e3, "us", 0, NULL);
+        report_value(SCENARIO, "uncached_4k_us", "acquire on B of a 4 KiB name B lacks",
+                     st_cold.median / 1e3, "us", st_cold.median / st_rtt.median, "tcp rt");
 
         /* the mirror again (cached), against a name of B's own */
         bench_name(name, sizeof(name), "bench/fed/small/%d", 0);
@@ -449,10 +434,10 @@ static int measure(void)
         struct stats st_cached, st_local;
         stats_of(cached, (size_t)n, &st_cached);
         stats_of(local, (size_t)n, &st_local);
-        value_row("local_acquire_us", "acquire on B of a name of B's", st_local.median / 1e3, "us",
-                  0, NULL);
-        value_row("cached_mirror_us", "acquire on B of a mirror it has", st_cached.median / 1e3,
-                  "us", st_cached.median / st_local.median, "local");
+        report_value(SCENARIO, "local_acquire_us", "acquire on B of a name of B's",
+                     st_local.median / 1e3, "us", 0, NULL);
+        report_value(SCENARIO, "cached_mirror_us", "acquire on B of a mirror it has",
+                     st_cached.median / 1e3, "us", st_cached.median / st_local.median, "local");
 
         /* UCX's own segment sizes: both bridges again, told by the environment */
         dlx_close(a);
@@ -471,8 +456,8 @@ static int measure(void)
         if (!a || !b || cold_pulls(a, b, big, k, "dflt", &dflt_ns) < 0)
                 goto out;
         snprintf(label, sizeof(label), "... with UCX's segments (8K/64K)");
-        value_row("cold_pull_default_segments_gbps", label, (double)big / dflt_ns, "GB/s",
-                  bulk_ns / dflt_ns, "tcp stream");
+        report_value(SCENARIO, "cold_pull_default_segments_gbps", label, (double)big / dflt_ns,
+                     "GB/s", bulk_ns / dflt_ns, "tcp stream");
 
         if (!opt.quick) {
                 report_target("federation_cold_pull", "cold pull >= 0.8x one TCP stream",

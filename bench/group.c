@@ -331,21 +331,6 @@ static int run_stall(struct group_run *r)
         return a < 0 || b < 0 ? -1 : 0;
 }
 
-static void value_row(const char *key, const char *label, double value, const char *unit,
-                      double ratio, const char *ratio_to)
-{
-        struct row row = {.scenario = "group", .has_value = true, .value = value, .unit = unit};
-
-        snprintf(row.key, sizeof(row.key), "%s", key);
-        snprintf(row.label, sizeof(row.label), "%s", label);
-        if (ratio > 0) {
-                row.has_ratio = true;
-                row.ratio = ratio;
-                row.ratio_to = ratio_to;
-        }
-        report_row(&row);
-}
-
 int run_group(void)
 {
         struct group_run *r = shm_alloc(sizeof(*r));
@@ -374,29 +359,30 @@ int run_group(void)
                 double pub_ratio = r->publish_singles / pub, acq_ratio = r->acquire_singles / acq;
 
                 snprintf(label, sizeof(label), "publish_group, %ld members", r->n);
-                value_row("publish_group_ms", label, pub / 1e6, "ms", 0, NULL);
+                report_value("group", "publish_group_ms", label, pub / 1e6, "ms", 0, NULL);
                 snprintf(label, sizeof(label), "%ld dlx_publish, one each", r->n);
-                value_row("publish_singles_ms", label, r->publish_singles / 1e6, "ms", pub_ratio,
-                          "group");
+                report_value("group", "publish_singles_ms", label, r->publish_singles / 1e6, "ms",
+                             pub_ratio, "group");
                 snprintf(label, sizeof(label), "dlx_group_publish, allocated in place");
-                value_row("publish_alloc_ms", label, pub_alloc / 1e6, "ms", pub_alloc / pub,
-                          "group");
+                report_value("group", "publish_alloc_ms", label, pub_alloc / 1e6, "ms",
+                             pub_alloc / pub, "group");
                 snprintf(label, sizeof(label), "acquire_group + release, %ld members", r->n);
-                value_row("acquire_group_ms", label, acq / 1e6, "ms", 0, NULL);
+                report_value("group", "acquire_group_ms", label, acq / 1e6, "ms", 0, NULL);
                 snprintf(label, sizeof(label), "... every member taken as a tensor");
-                value_row("acquire_take_ms", label, take / 1e6, "ms", take / acq, "group");
+                report_value("group", "acquire_take_ms", label, take / 1e6, "ms", take / acq,
+                             "group");
                 snprintf(label, sizeof(label), "%ld dlx_acquire + release, one each", r->n);
-                value_row("acquire_singles_ms", label, r->acquire_singles / 1e6, "ms", acq_ratio,
-                          "group");
+                report_value("group", "acquire_singles_ms", label, r->acquire_singles / 1e6, "ms",
+                             acq_ratio, "group");
                 if (r->rss_members) {
                         double per = (double)(r->rss_after - r->rss_before) * 1024.0 /
                                      (double)r->rss_members;
                         snprintf(label, sizeof(label), "dlxd RSS per member (%ld members)",
                                  r->rss_members);
-                        value_row("daemon_bytes_per_member", label, per, "B", 0, NULL);
-                        value_row("table_bytes_per_member",
-                                  "group table per member, in its shared segment",
-                                  r->table_per_member, "B", 0, NULL);
+                        report_value("group", "daemon_bytes_per_member", label, per, "B", 0, NULL);
+                        report_value("group", "table_bytes_per_member",
+                                     "group table per member, in its shared segment",
+                                     r->table_per_member, "B", 0, NULL);
                         report_target("daemon_bytes_per_member", "dlxd memory per member <= 512 B",
                                       per, true, 512, "B");
                 } else {
@@ -406,10 +392,12 @@ int run_group(void)
                         snprintf(label, sizeof(label), "publish_group, %ld members, %.0f MB table",
                                  r->stall_members,
                                  (double)r->stall_members * STALL_TABLE_PER_MEMBER / 1e6);
-                        value_row("stall_publish_ms", label, r->stall_publish / 1e6, "ms", 0, NULL);
-                        value_row("stall_ping_max_ms", "... another client's worst ping meanwhile",
-                                  r->stall_max / 1e6, "ms", r->stall_max / r->stall_median,
-                                  "its median");
+                        report_value("group", "stall_publish_ms", label, r->stall_publish / 1e6,
+                                     "ms", 0, NULL);
+                        report_value("group", "stall_ping_max_ms",
+                                     "... another client's worst ping meanwhile",
+                                     r->stall_max / 1e6, "ms", r->stall_max / r->stall_median,
+                                     "its median");
                 }
                 if (!opt.quick) {
                         report_target("acquire_group_ratio", "group acquire >= 50x the singles'",

@@ -131,15 +131,6 @@ static void probe_end(struct probe *p)
         p->runs = runs < 0 || p->runs < 0 ? -1 : runs - p->runs;
 }
 
-static void value_row(const char *key, const char *label, double value, const char *unit)
-{
-        struct row r = {.scenario = "idle", .has_value = true, .value = value, .unit = unit};
-
-        snprintf(r.key, sizeof(r.key), "%s", key);
-        snprintf(r.label, sizeof(r.label), "%s", label);
-        report_row(&r);
-}
-
 int run_idle(void)
 {
         static const struct how hows[4] = {
@@ -190,14 +181,17 @@ int run_idle(void)
         for (int i = 0; i < 4; i++)
                 probe_end(&pw[i]);
         secs = (double)(now_ns() - t0) / 1e9;
-        value_row("dlxd_cpu", "dlxd, 64 clients connected: CPU", 100.0 * (double)d.cpu / 1e9 / secs,
-                  "% of a CPU");
-        value_row("dlxd_runs", "dlxd: times it ran", (double)d.runs / secs, "per s");
+        report_value("idle", "dlxd_cpu", "dlxd, 64 clients connected: CPU",
+                     100.0 * (double)d.cpu / 1e9 / secs, "% of a CPU", 0, NULL);
+        report_value("idle", "dlxd_runs", "dlxd: times it ran", (double)d.runs / secs, "per s", 0,
+                     NULL);
         for (int i = 0; i < 4; i++) {
                 snprintf(key, sizeof(key), "blocked_%d_cpu", i);
-                value_row(key, labels[i][0], (double)pw[i].cpu / 1e3 / secs, "us per s");
+                report_value("idle", key, labels[i][0], (double)pw[i].cpu / 1e3 / secs, "us per s",
+                             0, NULL);
                 snprintf(key, sizeof(key), "blocked_%d_runs", i);
-                value_row(key, labels[i][1], (double)pw[i].runs / secs, "per s");
+                report_value("idle", key, labels[i][1], (double)pw[i].runs / secs, "per s", 0,
+                             NULL);
                 if (hows[i].no_timeout)
                         silent += (double)pw[i].runs;
                 else if ((double)pw[i].runs / secs > pinging)

@@ -671,6 +671,21 @@ double latency_row(const struct latency *l, struct stats *ret)
         return r.has_ratio ? r.ratio : 0;
 }
 
+void report_value(const char *scenario, const char *key, const char *label, double value,
+                  const char *unit, double ratio, const char *ratio_to)
+{
+        struct row row = {.scenario = scenario, .has_value = true, .value = value, .unit = unit};
+
+        snprintf(row.key, sizeof(row.key), "%s", key);
+        snprintf(row.label, sizeof(row.label), "%s", label);
+        if (ratio > 0) {
+                row.has_ratio = true;
+                row.ratio = ratio;
+                row.ratio_to = ratio_to;
+        }
+        report_row(&row);
+}
+
 void report_target(const char *key, const char *what, double value, bool at_most, double limit,
                    const char *unit)
 {

@@ -140,7 +140,7 @@ static int held_fetch_failed(dlx_client *c, const char *name, uint64_t min_versi
 
         if (e < 0)
                 return e;
-        if (err >= 0 || err < -4095 || wire_status_errno(wire_errno_status(err)) != -err)
+        if (!wire_errno_carried(err))
                 return dlx__fail(-EINVAL,
                                  "fetch-failed '%s': err %d is not an errno a waiter can be told "
                                  "(dlx.h lists them)",

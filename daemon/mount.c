@@ -70,7 +70,8 @@ static struct mount *mount_of(struct registry *reg, const char *name)
         return n ? avl_entry(n, struct mount, node) : NULL;
 }
 
-int mount_check_publish(struct session *s, const struct wire_request *req, char *why, size_t whysz)
+int mount_check_publish(struct session *s, const struct wire_request *req, const struct entry *e,
+                        char *why, size_t whysz)
 {
         const char *name = req->publish.tensor.name;
         struct mount *m = mount_of(s->reg, name);
@@ -85,7 +86,7 @@ int mount_check_publish(struct session *s, const struct wire_request *req, char 
                 snprintf(why, whysz, "an origin is only for a mirror, under a mounted '@' prefix");
                 return -EINVAL;
         }
-        return mount_check_version(s->reg, name, req->publish.origin_version, why, whysz);
+        return mount_check_version(e, req->publish.origin_version, why, whysz);
 }
 
 bool mount_may_unpublish(struct session *s, const char *name)
@@ -95,11 +96,8 @@ bool mount_may_unpublish(struct session *s, const char *name)
         return !m || m->s == s;
 }
 
-int mount_check_version(struct registry *reg, const char *name, uint64_t origin_version, char *why,
-                        size_t whysz)
+int mount_check_version(const struct entry *e, uint64_t origin_version, char *why, size_t whysz)
 {
-        struct entry *e = entry_find(reg, name);
-
         if (e && !origin_version && e->last_version == UINT64_MAX) {
                 snprintf(why, whysz, "its versions are spent: the last was %llu",
                          (unsigned long long)UINT64_MAX);

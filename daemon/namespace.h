@@ -179,19 +179,21 @@ bool names_full(struct session *s, char *why, size_t whysz);
 /* ---- mount.c: federation mounts (1.5) ---- */
 
 /*
- * Whether s may publish req: a name under '@' only from the session that
- * mounted its prefix, origin fields only there, an origin version only
- * above the name's last. 0, or -EACCES/-EINVAL/-EEXIST with why.
+ * Whether s may publish req, whose name's entry is e (NULL: none yet): a
+ * name under '@' only from the session that mounted its prefix, origin
+ * fields only there, an origin version only above the name's last. 0, or -EACCES/-EINVAL/-EEXIST
+ * with why.
  */
-int mount_check_publish(struct session *s, const struct wire_request *req, char *why, size_t whysz);
+int mount_check_publish(struct session *s, const struct wire_request *req, const struct entry *e,
+                        char *why, size_t whysz);
 /* s may unpublish name: not under another session's mount. */
 bool mount_may_unpublish(struct session *s, const char *name);
 /*
- * An origin version above name's last version (-EEXIST), or none (0) and a
- * next one to be had (-EOVERFLOW after UINT64_MAX): 0, or -errno with why.
+ * An origin version above the last version of entry e (NULL: none yet; -EEXIST),
+ * or none (0) and a next one to be had (-EOVERFLOW after UINT64_MAX): 0, or
+ * -errno with why.
  */
-int mount_check_version(struct registry *reg, const char *name, uint64_t origin_version, char *why,
-                        size_t whysz);
+int mount_check_version(const struct entry *e, uint64_t origin_version, char *why, size_t whysz);
 /* An acquire waits on e for min_version: its mount session is told (WANTED), once. */
 void mount_wanted(struct registry *reg, struct entry *e, uint64_t min_version);
 /* e got version: what was wanted up to it is no longer outstanding. */

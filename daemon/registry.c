@@ -596,8 +596,7 @@ static void publish_finish(struct session *s, const struct wire_request *req, bo
         }
         /* a group checked off the loop: the name may have moved on meanwhile */
         if (err == 0)
-                err = mount_check_version(reg, t->name, req->publish.origin_version, why,
-                                          sizeof(why));
+                err = mount_check_version(e, req->publish.origin_version, why, sizeof(why));
         if (err == 0 && req->publish.origin[0] && !(origin = strdup(req->publish.origin))) {
                 err = -ENOMEM;
                 snprintf(why, sizeof(why), "out of memory");
@@ -824,13 +823,13 @@ void registry_publish(struct session *s, const struct wire_request *req, int fd)
         char why[320];
         int err;
 
-        err = mount_check_publish(s, req, why, sizeof(why));
+        e = entry_find(reg, t->name);
+        err = mount_check_publish(s, req, e, why, sizeof(why));
         if (err < 0) {
                 fd_drop(&fd);
                 session_fail(s, req->id, err, "publish '%s': %s", t->name, why);
                 return;
         }
-        e = entry_find(reg, t->name);
         if (e && e->current && !may_write(s, e)) {
                 fd_drop(&fd);
                 session_fail(s, req->id, -EACCES, "'%s' is owned by uid %u", t->name,

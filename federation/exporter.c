@@ -52,8 +52,6 @@ struct waiting {
         char error[256];
 };
 
-static struct list waitings = {&waitings, &waitings};
-
 static bool exported(const struct fed *f, const char *name)
 {
         if (name[0] == '@')
@@ -381,7 +379,7 @@ void fed_export_lookup(struct conn *c, const void *buf, size_t len)
                         w->min_version = o.min_version;
                         w->wait_ms = wait_ms;
                         snprintf(w->name, sizeof(w->name), "%s", name);
-                        list_insert_tail(&waitings, &w->link);
+                        list_insert_tail(&f->waitings, &w->link);
                         f->waiting++;
                         c->waiting++;
                         uv_queue_work(f->loop, &w->work, wait_work, wait_done);
@@ -428,7 +426,7 @@ void fed_export_conn_gone(struct conn *c)
                 if (!l->sending)
                         lease_end(l);
         }
-        for (pos = waitings.next; pos != &waitings; pos = pos->next) {
+        for (pos = c->fed->waitings.next; pos != &c->fed->waitings; pos = pos->next) {
                 struct waiting *w = list_entry(pos, struct waiting, link);
                 if (w->c == c)
                         w->c = NULL;

@@ -123,7 +123,8 @@ struct fed {
         /* exporter.c */
         struct list leases; /* struct rlease */
         uint64_t next_lease;
-        unsigned waiting; /* lookups waiting on the thread pool */
+        struct list waitings; /* struct waiting: lookups on the thread pool */
+        unsigned waiting;     /* how many */
         uint64_t bytes_out, exports_served;
 };
 

@@ -565,6 +565,7 @@ static int run(int argc, char **argv)
         list_init(&f.closing);
         list_init(&f.wants);
         list_init(&f.leases);
+        list_init(&f.waitings);
         err = fed_ucx_start(&f);
         if (err < 0) {
                 dlx_close(f.dlx);

@@ -110,7 +110,7 @@ static void want_end(struct want *w, int err, const char *fmt, ...)
                 if (w->p)
                         w->p->failures++;
                 /* what the protocol cannot carry to a waiter reaches it as -EIO */
-                if (err < -4095 || wire_status_errno(wire_errno_status(err)) != -err)
+                if (!wire_errno_carried(err))
                         err = -EIO;
                 dlx_fetch_failed(f->dlx, w->name,
                                  w->then_min > w->min_version ? w->then_min : w->min_version, err,

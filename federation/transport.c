@@ -436,11 +436,26 @@ static bool alias_known(const struct fed *f, const char *alias)
         return false;
 }
 
-/* A transport in words from the endpoint's lanes, e.g. "tcp/lo". */
+/* A lane's transport in words ("tcp/lo") from a line of ucp_ep_print_info(), into buf. */
+static bool lane_transport(const char *line, char *buf, size_t len)
+{
+        const char *lane = strstr(line, "lane["), *tl;
+
+        tl = lane ? strchr(lane, ':') : NULL;
+        tl = tl ? strchr(tl + 1, ':') : NULL;
+        if (!tl)
+                return false;
+        tl++;
+        snprintf(buf, len, "%.*s", (int)strcspn(tl, " ."), tl);
+        return true;
+}
+
+/* The endpoint's transport in words: its first lane that does RMA, else its first lane. */
 static void find_transport(struct conn *c)
 {
-        char *text = NULL;
+        char *text = NULL, *save = NULL, first[sizeof(c->transport)] = "unknown";
         size_t len = 0;
+        bool have_first = false;
         FILE *m = open_memstream(&text, &len);
 
         snprintf(c->transport, sizeof(c->transport), "unknown");
@@ -448,31 +463,14 @@ static void find_transport(struct conn *c)
                 return;
         ucp_ep_print_info(c->ep, m);
         fclose(m);
-        /* the first lane that does RMA, else the first lane */
-        for (int pass = 0; pass < 2 && text; pass++) {
-                for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-                        char *lane = strstr(line, "lane["), *tl, *end;
-                        if (!lane || (pass == 0 && !strstr(line, "rma")))
-                                continue;
-                        tl = strchr(lane, ':');
-                        tl = tl ? strchr(tl + 1, ':') : NULL;
-                        if (!tl)
-                                continue;
-                        tl++;
-                        end = tl + strcspn(tl, " .");
-                        snprintf(c->transport, sizeof(c->transport), "%.*s", (int)(end - tl), tl);
-                        free(text);
-                        return;
-                }
-                /* strtok cut it: print again for the second pass */
-                free(text);
-                text = NULL;
-                m = open_memstream(&text, &len);
-                if (!m)
-                        return;
-                ucp_ep_print_info(c->ep, m);
-                fclose(m);
+        for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+                if (strstr(line, "rma") && lane_transport(line, c->transport, sizeof(c->transport)))
+                        break;
+                if (!have_first)
+                        have_first = lane_transport(line, first, sizeof(first));
         }
+        if (strcmp(c->transport, "unknown") == 0)
+                snprintf(c->transport, sizeof(c->transport), "%s", first);
         free(text);
 }
 

@@ -43,6 +43,11 @@ int wire_status_errno(int status)
         return status_errno[status];
 }
 
+bool wire_errno_carried(int err)
+{
+        return err < 0 && err >= -4095 && wire_status_errno(wire_errno_status(err)) == -err;
+}
+
 enum wire_status wire_errno_status(int err)
 {
         if (err < 0)

@@ -59,6 +59,8 @@ enum wire_status {
 int wire_status_errno(int status);
 /* Status for a positive or negative errno (unlisted ones -> WIRE_INTERNAL). */
 enum wire_status wire_errno_status(int err);
+/* Whether -err (err negative) reaches a peer as itself: a status of its own carries it. */
+bool wire_errno_carried(int err);
 
 struct wire_tensor {
         char name[DLX_NAME_MAX + 1];
