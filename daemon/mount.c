@@ -7,9 +7,10 @@
  *  - Nobody else publishes under '@': a mirror's bytes come from its origin.
  *  - An acquire that waits for a name under a mounted prefix, and finds no
  *    version it may take, sends the mount session a WANTED event (once per
- *    name and wanted version until the name is published or the fetch
- *    fails), so that the bridge fetches it. A waiter that came before the
- *    mount is announced when the mount comes (a bridge restarting).
+ *    name and wanted version until the name gets such a version or a fetch
+ *    up to it fails; a lower version is asked for too, as the peer may
+ *    have it where it has not the higher), so that the bridge fetches it. A waiter that came before
+ * the mount is announced when the mount comes (a bridge restarting).
  *  - The bridge's FetchFailed fails the waiters it could not serve, with its
  *    status and message.
  *  - A mirror keeps its origin's version number (Publish.origin_version),
@@ -120,11 +121,71 @@ int mount_check_version(const struct entry *e, uint64_t origin_version, char *wh
 }
 
 /*
+ * What WANTED events asked of the bridge for e and are not answered yet,
+ * by min_version: one event per name and version. Past MOUNT_WANTED_MAX
+ * versions the lowest is forgotten and may be asked for again: a bridge
+ * hears of a want twice rather than dlxd keeping every number a client names.
+ */
+#define MOUNT_WANTED_MAX 64
+
+static bool announced(const struct entry *e, uint64_t min_version)
+{
+        for (unsigned i = 0; i < e->nwanted; i++)
+                if (e->wanted[i] == min_version)
+                        return true;
+        return false;
+}
+
+static void remember(struct entry *e, uint64_t min_version)
+{
+        unsigned low = 0;
+
+        if (e->nwanted == MOUNT_WANTED_MAX) {
+                for (unsigned i = 1; i < e->nwanted; i++)
+                        if (e->wanted[i] < e->wanted[low])
+                                low = i;
+                e->wanted[low] = min_version;
+                return;
+        }
+        /* grown in powers of two from 4 */
+        if (e->nwanted == 0 || (e->nwanted >= 4 && !(e->nwanted & (e->nwanted - 1)))) {
+                unsigned n = e->nwanted ? 2 * e->nwanted : 4;
+                uint64_t *w = realloc(e->wanted, n * sizeof(*w));
+                if (!w)
+                        return; /* not remembered: it may be asked for again */
+                e->wanted = w;
+        }
+        e->wanted[e->nwanted++] = min_version;
+}
+
+/* A publish of version, or a FetchFailed up to it, answered what asked for at most version. */
+static void forget_up_to(struct entry *e, uint64_t version)
+{
+        unsigned j = 0;
+
+        for (unsigned i = 0; i < e->nwanted; i++)
+                if (e->wanted[i] > version)
+                        e->wanted[j++] = e->wanted[i];
+        e->nwanted = j;
+        if (j == 0) {
+                free(e->wanted);
+                e->wanted = NULL;
+        }
+}
+
+void mount_entry_free(struct entry *e)
+{
+        free(e->wanted);
+        e->wanted = NULL;
+        e->nwanted = 0;
+}
+
+/*
  * Tells m's session that an acquire waits for e at min_version or later.
  * The event goes as a watch event goes: past the session's share of queued
  * output it is dropped, and the bridge hears DLX_EVENT_LOST instead, then
- * mounts again to hear of what was dropped. Only what went is remembered
- * (e->wanted), so that what was dropped is announced then.
+ * mounts again to hear of what was dropped. Only what went is remembered,
+ * so that what was dropped is announced then.
  */
 static void announce(struct mount *m, struct entry *e, uint64_t min_version)
 {
@@ -139,16 +200,8 @@ static void announce(struct mount *m, struct entry *e, uint64_t min_version)
         rep.event.segment = 0;
         rep.event.events = NULL;
         rep.event.nevents = 0;
-        if (session_send(m->s, &rep, -1) == 0) {
-                e->wanted_set = true;
-                e->wanted = min_version;
-        }
-}
-
-/* Whether an acquire of e at min_version is announced already (and not answered since). */
-static bool announced(const struct entry *e, uint64_t min_version)
-{
-        return e->wanted_set && min_version <= e->wanted;
+        if (session_send(m->s, &rep, -1) == 0)
+                remember(e, min_version);
 }
 
 void mount_wanted(struct registry *reg, struct entry *e, uint64_t min_version)
@@ -164,24 +217,7 @@ void mount_wanted(struct registry *reg, struct entry *e, uint64_t min_version)
 
 void mount_published(struct entry *e, uint64_t version)
 {
-        if (e->wanted_set && version >= e->wanted)
-                e->wanted_set = false;
-}
-
-/* The highest min_version e's waiters ask for; false when none waits. */
-static bool waiters_max(const struct entry *e, uint64_t *ret)
-{
-        const struct list *pos;
-        bool any = false;
-
-        *ret = 0;
-        for (pos = e->waiters.next; pos != &e->waiters; pos = pos->next) {
-                const struct waiter *w = list_entry(pos, struct waiter, elink);
-                if (w->min_version > *ret)
-                        *ret = w->min_version;
-                any = true;
-        }
-        return any;
+        forget_up_to(e, version);
 }
 
 void registry_mount(struct session *s, const struct wire_request *req)
@@ -245,14 +281,17 @@ void registry_mount(struct session *s, const struct wire_request *req)
          */
         for (n = avl_lower_bound(&reg->names, prefix, entry_cmp_name); n; n = avl_next(n)) {
                 struct entry *e = avl_entry(n, struct entry, node);
-                uint64_t want;
+                struct list *pos;
 
                 if (strncmp(e->name, prefix, k.len) != 0)
                         break;
                 if (!again)
-                        e->wanted_set = false;
-                if (waiters_max(e, &want) && !announced(e, want))
-                        announce(m, e, want);
+                        mount_entry_free(e);
+                for (pos = e->waiters.next; pos != &e->waiters; pos = pos->next) {
+                        const struct waiter *w = list_entry(pos, struct waiter, elink);
+                        if (!announced(e, w->min_version))
+                                announce(m, e, w->min_version);
+                }
         }
 }
 
@@ -311,8 +350,8 @@ void registry_fetch_failed(struct session *s, const struct wire_request *req)
                         session_fail(ws, id, e_ws, "fetching '%s' failed: %s", name,
                                      strerror(-err));
         }
-        /* the failure answered what was asked; any acquire left is announced again if asked */
-        e->wanted_set = false;
+        /* the failure answered what was asked up to its version; the rest is still asked */
+        forget_up_to(e, req->fetch_failed.min_version);
         entry_maybe_free(reg, e);
         log_session(info, s, "fetch of %s failed (%s): %u waiting acquires failed", name,
                     strerror(-err), failed);

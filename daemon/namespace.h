@@ -35,9 +35,13 @@ struct entry {
         struct list versions;    /* struct version, oldest first */
         struct list waiters;     /* struct waiter */
         struct list tracks;      /* struct track (track.c): sessions that follow its version */
-        /* under a mount: the min_version of the last WANTED sent for it, if wanted_set */
-        uint64_t wanted;
-        bool wanted_set;
+        /*
+         * Under a mount: the min_versions its WANTED events asked for, not
+         * yet answered by a publish or a FetchFailed (mount.c), at most
+         * MOUNT_WANTED_MAX of them.
+         */
+        uint64_t *wanted;
+        unsigned nwanted;
         size_t len;
         char name[];
 };
@@ -198,6 +202,7 @@ int mount_check_version(const struct entry *e, uint64_t origin_version, char *wh
 void mount_wanted(struct registry *reg, struct entry *e, uint64_t min_version);
 /* e got version: what was wanted up to it is no longer outstanding. */
 void mount_published(struct entry *e, uint64_t version);
+void mount_entry_free(struct entry *e);
 /* s lets go of its mounts (closing, or bye). */
 void mount_session_end(struct session *s);
 

@@ -83,6 +83,7 @@ void entry_maybe_free(struct registry *reg, struct entry *e)
             !list_empty(&e->tracks))
                 return;
         avl_remove(&reg->names, &e->node);
+        mount_entry_free(e);
         free(e);
 }
 

@@ -4,10 +4,18 @@
  * acquire waits for "@<alias>/<name>"; we ask the peer (Lookup), take the
  * version's bytes (its DATA: eager when small, a rendezvous when not) into
  * memory dlx_alloc() gave us, and publish them as a read-only mirror that
- * keeps the origin's version number. Wants of the same name are coalesced:
- * one pull per name at a time, for the highest version wanted. Whatever cannot
- * be had fails the waiting acquires through dlx_fetch_failed(), with a
- * message that names the peer.
+ * keeps the origin's version number.
+ *
+ * Wants of one name are coalesced: a want that a pull under way covers, or
+ * that asks for the version another asks for, rides along with it. A want
+ * of another version asks on its own: a higher one waits on the peer, a
+ * lower one may be there already. Of two pulls of a name, the one that
+ * brings an older version is dropped when its version is known.
+ *
+ * Whatever cannot be had fails the waiting acquires through
+ * dlx_fetch_failed(), with a message that names the peer. That fails every
+ * waiter up to a version, so a failure waits while a want of a lower
+ * version of the name is still under way (fail_or_defer()).
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -36,8 +44,11 @@ struct want {
         ucp_mem_h memh;
         void *req;
         uint64_t lease, version, length;
-        uint64_t then_min; /* a higher version wanted meanwhile: asked for after this pull (0: none)
-                            */
+        uint64_t covers; /* the highest version whose waiters it answers (>= min_version) */
+        /* a failure of a higher version, sent once this want has ended (0: none) */
+        uint64_t defer_min;
+        int defer_err;
+        char defer_msg[256];
         Dlxf__Layout *layout;
         uv_timer_t timer;
         bool timer_on;
@@ -91,6 +102,33 @@ static void want_free(struct want *w)
         }
 }
 
+/*
+ * Fails the acquires waiting for name up to min_version, unless a want of a
+ * version at most that is still under way: its waiters would fail with
+ * these, so the failure waits for that want to end.
+ */
+static void fail_or_defer(struct fed *f, const char *name, uint64_t min_version, int err,
+                          const char *msg)
+{
+        struct list *pos;
+
+        for (pos = f->wants.next; pos != &f->wants; pos = pos->next) {
+                struct want *u = list_entry(pos, struct want, link);
+                if (strcmp(u->name, name) != 0 || u->min_version > min_version)
+                        continue;
+                if (min_version >= u->defer_min) {
+                        u->defer_min = min_version;
+                        u->defer_err = err;
+                        snprintf(u->defer_msg, sizeof(u->defer_msg), "%s", msg);
+                }
+                return;
+        }
+        /* what the protocol cannot carry to a waiter reaches it as -EIO */
+        if (!wire_errno_carried(err))
+                err = -EIO;
+        dlx_fetch_failed(f->dlx, name, min_version, err, msg);
+}
+
 static void want_end(struct want *w, int err, const char *fmt, ...)
 {
         struct fed *f = w->f;
@@ -109,20 +147,11 @@ static void want_end(struct want *w, int err, const char *fmt, ...)
                         msg);
                 if (w->p)
                         w->p->failures++;
-                /* what the protocol cannot carry to a waiter reaches it as -EIO */
-                if (!wire_errno_carried(err))
-                        err = -EIO;
-                dlx_fetch_failed(f->dlx, w->name,
-                                 w->then_min > w->min_version ? w->then_min : w->min_version, err,
-                                 msg);
-        } else if (w->then_min > w->version && !f->stopping) {
-                /* what came is older than what was wanted meanwhile: ask again */
-                char name[DLX_NAME_MAX + 1];
-                uint64_t then = w->then_min;
-                snprintf(name, sizeof(name), "%s", w->name);
-                w->then_min = 0;
-                fed_import_wanted(f, name, then);
+                fail_or_defer(f, w->name, w->covers, err, msg);
         }
+        /* a higher version's failure waited for this want: published, it may not be one */
+        if (w->defer_min && (err < 0 || w->defer_min > w->version))
+                fail_or_defer(f, w->name, w->defer_min, w->defer_err, w->defer_msg);
         if (w->req) {
                 /* the get may still write into the buffer: all stays until it ends */
                 w->ended = true;
@@ -172,23 +201,23 @@ void fed_import_wanted(struct fed *f, const char *name, uint64_t min_version)
                 w = list_entry(pos, struct want, link);
                 if (strcmp(w->name, name) != 0)
                         continue;
-                /*
-                 * One pull per name: a lower version comes with it, a higher
-                 * one is asked for after it, unless what it brings is enough.
-                 */
-                if (min_version > w->min_version && min_version > w->then_min)
-                        w->then_min = min_version;
-                return;
+                /* a pull that brings enough, or an ask for the same version: it rides along */
+                if (w->pulling ? w->version >= min_version : w->min_version == min_version) {
+                        if (min_version > w->covers)
+                                w->covers = min_version;
+                        return;
+                }
         }
         w = calloc(1, sizeof(*w));
         if (!w) {
-                dlx_fetch_failed(f->dlx, name, min_version, -ENOMEM, "dlxfed: out of memory");
+                fail_or_defer(f, name, min_version, -ENOMEM, "dlxfed: out of memory");
                 return;
         }
         w->f = f;
         w->p = p;
         w->id = ++f->next_id;
         w->min_version = min_version;
+        w->covers = min_version;
         snprintf(w->name, sizeof(w->name), "%s", name);
         list_insert_tail(&f->wants, &w->link);
         uv_timer_init(f->loop, &w->timer);
@@ -314,6 +343,36 @@ static void on_data(void *req, ucs_status_t status, size_t length, void *arg)
         publish_mirror(w);
 }
 
+/*
+ * Two asks of a name got their answers: a pull of a version as new as w's
+ * is under way already, so w's waiters are its, and w's lease goes back.
+ */
+static bool ride_along(struct want *w)
+{
+        struct list *pos;
+
+        for (pos = w->f->wants.next; pos != &w->f->wants; pos = pos->next) {
+                struct want *u = list_entry(pos, struct want, link);
+                if (u == w || !u->pulling || strcmp(u->name, w->name) != 0 ||
+                    u->version < w->version)
+                        continue;
+                if (w->covers > u->covers)
+                        u->covers = w->covers;
+                if (w->defer_min > u->defer_min) {
+                        u->defer_min = w->defer_min;
+                        u->defer_err = w->defer_err;
+                        memcpy(u->defer_msg, w->defer_msg, sizeof(u->defer_msg));
+                }
+                w->defer_min = 0;
+                fed_log(FED_DEBUG, "%s v%llu: pulled once, for wants of v%llu+ and v%llu+", w->name,
+                        (unsigned long long)u->version, (unsigned long long)u->min_version,
+                        (unsigned long long)w->min_version);
+                want_end(w, 0, NULL);
+                return true;
+        }
+        return false;
+}
+
 static int layout_ok(const Dlxf__Layout *l, uint64_t length, const char **why)
 {
         DLDataType dt;
@@ -373,10 +432,17 @@ void fed_import_describe(struct conn *c, const void *buf, size_t len)
         w->length = d->length;
         w->layout = d->layout;
         d->layout = NULL; /* ours now: freed on its own */
-        if (!w->layout || (err = layout_ok(w->layout, w->length, &why)) < 0 || w->version == 0) {
+        if (w->version < w->min_version)
+                why = "a version older than the one asked for";
+        if (!w->layout || why || (err = layout_ok(w->layout, w->length, &why)) < 0 ||
+            w->version == 0) {
                 dlxf__describe__free_unpacked(d, NULL);
                 want_end(w, -EPROTO, "peer %s described '%s' wrongly: %s", w->p->alias, w->name,
                          why ? why : "no layout or version");
+                return;
+        }
+        if (ride_along(w)) {
+                dlxf__describe__free_unpacked(d, NULL);
                 return;
         }
         /* the bytes land in shared memory of this host, where the mirror will be */

@@ -216,3 +216,17 @@ void wait_pull_started(dlx_client *pa)
         for (int i = 0; i < 2000 && fx_stats(pa).leases == 0; i++)
                 fx_sleep_ms(1);
 }
+
+/* Occurrences of needle in h's log so far. */
+int log_count(struct host *h, const char *needle)
+{
+        char line[512];
+        int n = 0;
+        FILE *in = fopen(h->log, "re");
+
+        while (in && fgets(line, sizeof(line), in))
+                n += strstr(line, needle) != NULL;
+        if (in)
+                fclose(in);
+        return n;
+}

@@ -56,5 +56,7 @@ DLManagedTensorVersioned *acquire_at(dlx_client *c, const char *name, uint64_t m
 int64_t publish_big(dlx_client *pa, const char *name);
 /* Waits until A's bridge holds a lease: the pull has begun. */
 void wait_pull_started(dlx_client *pa);
+/* Occurrences of needle in h's bridge's log so far. */
+int log_count(struct host *h, const char *needle);
 
 #endif /* DLX_TESTS_FEDHOSTS_H */

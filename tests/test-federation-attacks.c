@@ -27,20 +27,6 @@
 
 #include "fedhosts.h"
 
-/* Occurrences of needle in h's log so far. */
-static int log_count(struct host *h, const char *needle)
-{
-        char line[512];
-        int n = 0;
-        FILE *in = fopen(h->log, "re");
-
-        while (in && fgets(line, sizeof(line), in))
-                n += strstr(line, needle) != NULL;
-        if (in)
-                fclose(in);
-        return n;
-}
-
 /* A tensor of n bytes on host A, every byte set. */
 static void publish_bytes(dlx_client *pa, const char *name, int64_t n)
 {

@@ -227,15 +227,17 @@ END_TEST
 START_TEST(a_waiting_acquire_is_wanted_once)
 {
         dlx_client *bridge = fx_connect(&fx, "bridge");
-        struct waiter w1, w2, w3;
+        struct waiter w1, w2, w3, w4;
         uint64_t v;
 
         DLXV(dlx_mount(bridge, "@gpu3/"));
         waiter_start(&w1, "@gpu3/w", 7);
         expect_wanted(bridge, "@gpu3/w", 7);
-        /* the same or a lower version: asked already */
+        /* the same version: asked already; a lower one is asked for too (the peer may have it) */
         waiter_start(&w2, "@gpu3/w", 7);
+        expect_no_event(bridge, 300);
         waiter_start(&w3, "@gpu3/w", 2);
+        expect_wanted(bridge, "@gpu3/w", 2);
         expect_no_event(bridge, 300);
         DLXV(publish_mirror(bridge, "@gpu3/w", 7, 7, &v));
         waiter_join(&w1);
@@ -255,12 +257,16 @@ START_TEST(a_waiting_acquire_is_wanted_once)
         DLXV(publish_mirror(bridge, "@gpu3/w", 10, 10, NULL));
         waiter_join(&w1);
         ck_assert_uint_eq(w1.version, 10);
-        /* 12 is still outstanding: not asked again */
-        waiter_start(&w3, "@gpu3/w", 11);
+        /* 12 is still outstanding: not asked again; 11 is new */
+        waiter_start(&w4, "@gpu3/w", 12);
         expect_no_event(bridge, 300);
+        waiter_start(&w3, "@gpu3/w", 11);
+        expect_wanted(bridge, "@gpu3/w", 11);
         DLXV(publish_mirror(bridge, "@gpu3/w", 12, 12, NULL));
         waiter_join(&w2);
         waiter_join(&w3);
+        waiter_join(&w4);
+        ck_assert_uint_eq(w4.version, 12);
         ck_assert_uint_eq(w2.version, 12);
         ck_assert_uint_eq(w3.version, 12);
         dlx_close(bridge);

@@ -754,7 +754,9 @@ enum dlx_event_kind {
          * version >= version (0: any) under a prefix this client mounted, and
          * nothing there satisfies it yet. watch is 0. Sent once per name and
          * version until the name gets such a version or dlx_fetch_failed()
-         * is called for it. Dropped as watch events are when the bridge
+         * is called for it (or a higher one). A version lower than one asked
+         * for already is asked for too: the peer may have it and not the
+         * higher one. Dropped as watch events are when the bridge
          * reads too late: after a DLX_EVENT_LOST, dlx_mount() again to hear
          * of the acquires still waiting whose WANTED was dropped.
          */
