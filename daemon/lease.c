@@ -188,6 +188,7 @@ void waiter_end(struct waiter *w)
 
 void waiter_detach(struct waiter *w)
 {
+        mount_waiter_gone(w);
         list_remove(&w->elink);
         list_remove(&w->slink);
         if (!count_take(w->s->nwaiters, 1))
@@ -290,7 +291,7 @@ void registry_acquire(struct session *s, const struct wire_request *req)
         list_insert_tail(&e->waiters, &w->elink);
         list_insert_tail(&s->waiters, &w->slink);
         s->nwaiters++;
-        mount_wanted(reg, e, w->min_version);
+        mount_wanted(reg, w);
 }
 
 void registry_release(struct session *s, const struct wire_request *req)

@@ -6,10 +6,10 @@
  *
  *  - Nobody else publishes under '@': a mirror's bytes come from its origin.
  *  - An acquire that waits for a name under a mounted prefix, and finds no
- *    version it may take, sends the mount session a WANTED event (once per
- *    name and wanted version until the name gets such a version or a fetch
- *    up to it fails; a lower version is asked for too, as the peer may
- *    have it where it has not the higher), so that the bridge fetches it. A waiter that came before
+ *    version it may take, sends the mount session a WANTED event: once per
+ *    name and wanted version while acquires wait for it (a lower version
+ *    is asked for too, as the peer may have it where it has not the
+ *    higher), so that the bridge fetches it. A waiter that came before
  * the mount is announced when the mount comes (a bridge restarting).
  *  - The bridge's FetchFailed fails the waiters it could not serve, with its
  *    status and message.
@@ -121,103 +121,117 @@ int mount_check_version(const struct entry *e, uint64_t origin_version, char *wh
 }
 
 /*
- * What WANTED events asked of the bridge for e and are not answered yet,
- * by min_version: one event per name and version. Past MOUNT_WANTED_MAX
- * versions the lowest is forgotten and may be asked for again: a bridge
- * hears of a want twice rather than dlxd keeping every number a client names.
+ * What WANTED events asked of the bridge for e, while acquires wait: one
+ * event per name and version. Each version asked for counts the waiters it
+ * stands for (those announced, and those that came after with the same
+ * version); it is forgotten with the last of them: served by a publish,
+ * failed by a FetchFailed, timed out or gone with its client. So what dlxd
+ * keeps is bounded by the acquires that wait, and an acquire that comes
+ * later is announced again.
  */
-#define MOUNT_WANTED_MAX 64
 
-static bool announced(const struct entry *e, uint64_t min_version)
+/* The index of min_version in e->wanted, or where it would go (*found false). */
+static unsigned want_index(const struct entry *e, uint64_t min_version, bool *found)
 {
-        for (unsigned i = 0; i < e->nwanted; i++)
-                if (e->wanted[i] == min_version)
-                        return true;
-        return false;
+        unsigned lo = 0, hi = e->nwanted;
+
+        while (lo < hi) {
+                unsigned mid = lo + (hi - lo) / 2;
+                if (e->wanted[mid].min_version < min_version)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        *found = lo < e->nwanted && e->wanted[lo].min_version == min_version;
+        return lo;
 }
 
-static void remember(struct entry *e, uint64_t min_version)
+/* w is counted under its version, which its bridge was told of. */
+static void count(struct entry *e, struct waiter *w)
 {
-        unsigned low = 0;
+        bool found;
+        unsigned i = want_index(e, w->min_version, &found);
 
-        if (e->nwanted == MOUNT_WANTED_MAX) {
-                for (unsigned i = 1; i < e->nwanted; i++)
-                        if (e->wanted[i] < e->wanted[low])
-                                low = i;
-                e->wanted[low] = min_version;
+        if (!found) {
+                if (e->nwanted == e->wanted_cap) {
+                        unsigned cap = e->wanted_cap ? 2 * e->wanted_cap : 4;
+                        struct mount_want *n = realloc(e->wanted, cap * sizeof(*n));
+                        if (!n)
+                                return; /* not counted: announced again when asked */
+                        e->wanted = n;
+                        e->wanted_cap = cap;
+                }
+                memmove(&e->wanted[i + 1], &e->wanted[i], (e->nwanted - i) * sizeof(*e->wanted));
+                e->wanted[i] = (struct mount_want){w->min_version, 0};
+                e->nwanted++;
+        }
+        e->wanted[i].waiters++;
+        w->announced = true;
+}
+
+void mount_waiter_gone(struct waiter *w)
+{
+        struct entry *e = w->e;
+        bool found;
+        unsigned i;
+
+        if (!w->announced)
                 return;
-        }
-        /* grown in powers of two from 4 */
-        if (e->nwanted == 0 || (e->nwanted >= 4 && !(e->nwanted & (e->nwanted - 1)))) {
-                unsigned n = e->nwanted ? 2 * e->nwanted : 4;
-                uint64_t *w = realloc(e->wanted, n * sizeof(*w));
-                if (!w)
-                        return; /* not remembered: it may be asked for again */
-                e->wanted = w;
-        }
-        e->wanted[e->nwanted++] = min_version;
-}
-
-/* A publish of version, or a FetchFailed up to it, answered what asked for at most version. */
-static void forget_up_to(struct entry *e, uint64_t version)
-{
-        unsigned j = 0;
-
-        for (unsigned i = 0; i < e->nwanted; i++)
-                if (e->wanted[i] > version)
-                        e->wanted[j++] = e->wanted[i];
-        e->nwanted = j;
-        if (j == 0) {
-                free(e->wanted);
-                e->wanted = NULL;
-        }
+        w->announced = false;
+        i = want_index(e, w->min_version, &found);
+        if (!found || --e->wanted[i].waiters > 0)
+                return;
+        memmove(&e->wanted[i], &e->wanted[i + 1], (e->nwanted - i - 1) * sizeof(*e->wanted));
+        e->nwanted--;
 }
 
 void mount_entry_free(struct entry *e)
 {
         free(e->wanted);
         e->wanted = NULL;
-        e->nwanted = 0;
+        e->nwanted = e->wanted_cap = 0;
 }
 
 /*
- * Tells m's session that an acquire waits for e at min_version or later.
- * The event goes as a watch event goes: past the session's share of queued
- * output it is dropped, and the bridge hears DLX_EVENT_LOST instead, then
- * mounts again to hear of what was dropped. Only what went is remembered,
- * so that what was dropped is announced then.
+ * Tells m's session that w waits for its entry at its min_version or later,
+ * unless it was told already. The event goes as a watch event goes: past
+ * the session's share of queued output it is dropped, and the bridge hears
+ * DLX_EVENT_LOST instead, then mounts again to hear of what was dropped.
+ * Only what went is counted, so that what was dropped is announced then.
  */
-static void announce(struct mount *m, struct entry *e, uint64_t min_version)
+static void announce(struct mount *m, struct waiter *w)
 {
+        struct entry *e = w->e;
         struct wire_reply rep;
+        bool found;
 
+        want_index(e, w->min_version, &found);
+        if (found) {
+                count(e, w);
+                return;
+        }
         reply_init(&rep, 0, WIRE_REP_EVENT);
         rep.event.kind = WIRE_EVENT_WANTED;
         rep.event.watch = 0;
         memcpy(rep.event.name, e->name, e->len + 1);
-        rep.event.version = min_version;
+        rep.event.version = w->min_version;
         rep.event.token = 0;
         rep.event.segment = 0;
         rep.event.events = NULL;
         rep.event.nevents = 0;
         if (session_send(m->s, &rep, -1) == 0)
-                remember(e, min_version);
+                count(e, w);
 }
 
-void mount_wanted(struct registry *reg, struct entry *e, uint64_t min_version)
+void mount_wanted(struct registry *reg, struct waiter *w)
 {
         struct mount *m;
 
-        if (e->name[0] != '@' || announced(e, min_version))
+        if (w->e->name[0] != '@')
                 return;
-        m = mount_of(reg, e->name);
+        m = mount_of(reg, w->e->name);
         if (m)
-                announce(m, e, min_version);
-}
-
-void mount_published(struct entry *e, uint64_t version)
-{
-        forget_up_to(e, version);
+                announce(m, w);
 }
 
 void registry_mount(struct session *s, const struct wire_request *req)
@@ -285,12 +299,15 @@ void registry_mount(struct session *s, const struct wire_request *req)
 
                 if (strncmp(e->name, prefix, k.len) != 0)
                         break;
-                if (!again)
-                        mount_entry_free(e);
+                if (!again) {
+                        for (pos = e->waiters.next; pos != &e->waiters; pos = pos->next)
+                                list_entry(pos, struct waiter, elink)->announced = false;
+                        e->nwanted = 0;
+                }
                 for (pos = e->waiters.next; pos != &e->waiters; pos = pos->next) {
-                        const struct waiter *w = list_entry(pos, struct waiter, elink);
-                        if (!announced(e, w->min_version))
-                                announce(m, e, w->min_version);
+                        struct waiter *w = list_entry(pos, struct waiter, elink);
+                        if (!w->announced)
+                                announce(m, w);
                 }
         }
 }
@@ -350,8 +367,6 @@ void registry_fetch_failed(struct session *s, const struct wire_request *req)
                         session_fail(ws, id, e_ws, "fetching '%s' failed: %s", name,
                                      strerror(-err));
         }
-        /* the failure answered what was asked up to its version; the rest is still asked */
-        forget_up_to(e, req->fetch_failed.min_version);
         entry_maybe_free(reg, e);
         log_session(info, s, "fetch of %s failed (%s): %u waiting acquires failed", name,
                     strerror(-err), failed);

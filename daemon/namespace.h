@@ -36,14 +36,18 @@ struct entry {
         struct list waiters;     /* struct waiter */
         struct list tracks;      /* struct track (track.c): sessions that follow its version */
         /*
-         * Under a mount: the min_versions its WANTED events asked for, not
-         * yet answered by a publish or a FetchFailed (mount.c), at most
-         * MOUNT_WANTED_MAX of them.
+         * Under a mount: the min_versions its WANTED events asked for, each
+         * with the count of waiters it stands for (mount.c), by version.
          */
-        uint64_t *wanted;
-        unsigned nwanted;
+        struct mount_want *wanted;
+        unsigned nwanted, wanted_cap;
         size_t len;
         char name[];
+};
+
+struct mount_want {
+        uint64_t min_version;
+        uint32_t waiters;
 };
 
 struct version {
@@ -98,7 +102,8 @@ struct waiter {
         struct entry *e;
         uint64_t req_id;
         uint64_t min_version;
-        bool group; /* a group is wanted (1.3) */
+        bool group;     /* a group is wanted (1.3) */
+        bool announced; /* its mount's bridge was told (WANTED): counted in e->wanted */
         bool timed;
         uv_timer_t timer;
 };
@@ -199,9 +204,9 @@ bool mount_may_unpublish(struct session *s, const char *name);
  */
 int mount_check_version(const struct entry *e, uint64_t origin_version, char *why, size_t whysz);
 /* An acquire waits on e for min_version: its mount session is told (WANTED), once. */
-void mount_wanted(struct registry *reg, struct entry *e, uint64_t min_version);
+void mount_wanted(struct registry *reg, struct waiter *w);
+void mount_waiter_gone(struct waiter *w);
 /* e got version: what was wanted up to it is no longer outstanding. */
-void mount_published(struct entry *e, uint64_t version);
 void mount_entry_free(struct entry *e);
 /* s lets go of its mounts (closing, or bye). */
 void mount_session_end(struct session *s);

@@ -675,7 +675,6 @@ static void publish_finish(struct session *s, const struct wire_request *req, bo
         session_send(s, &rep, -1);
 
         notify_watchers(reg, replaced ? WIRE_EVENT_REPLACED : WIRE_EVENT_PUBLISHED, e, v->version);
-        mount_published(e, v->version);
         wake_waiters(e);
 }
 

@@ -52,7 +52,7 @@ struct waiting {
         char error[256];
 };
 
-static bool exported(const struct fed *f, const char *name)
+bool fed_exported(const struct fed *f, const char *name)
 {
         if (name[0] == '@')
                 return false;
@@ -351,7 +351,7 @@ void fed_export_lookup(struct conn *c, const void *buf, size_t len)
                 describe_error(c, id, EINVAL, "bad name: %s", why);
                 return;
         }
-        if (!exported(f, name)) {
+        if (!fed_exported(f, name)) {
                 /* the same answer whether or not it exists: nothing to learn */
                 describe_error(c, id, ENOENT, "'%s' is not exported by %s", name, f->cfg.alias);
                 return;
@@ -431,6 +431,7 @@ void fed_export_conn_gone(struct conn *c)
                 if (w->c == c)
                         w->c = NULL;
         }
+        fed_export_follows_gone(c);
 }
 
 void fed_export_stop(struct fed *f)

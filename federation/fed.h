@@ -26,7 +26,7 @@
 #include "list.h"
 
 #define FED_PROTO_MAJOR 1
-#define FED_PROTO_MINOR 0
+#define FED_PROTO_MINOR 1 /* 1.1: Follow, Change */
 #define FED_ALIAS_MAX 32
 #define FED_NONCE 32
 #define FED_MAC 32
@@ -42,8 +42,15 @@
 /* An endpoint has this long to complete its handshake; so many may be without one at once. */
 #define FED_HANDSHAKE_MS 10000
 #define FED_MAX_UNPROVEN 64
+/* Prefixes one host follows (--follow), and one peer may follow here. */
+#define FED_MAX_FOLLOWS 64
+/* Pulls under way at once for what is followed; the rest wait their turn. */
+#define FED_MAX_EAGER 16
 
 /* Active-message ids: one per message of fed.proto. */
+/* Change.kind beyond dlx_event_kind's */
+enum fed_change { FED_CHANGE_BEGIN = 4, FED_CHANGE_SYNCED = 5, FED_CHANGE_REFUSED = 6 };
+
 enum fed_am {
         FED_AM_HELLO = 1,
         FED_AM_HELLO_REPLY,
@@ -53,6 +60,8 @@ enum fed_am {
         FED_AM_DESCRIBE,
         FED_AM_RELEASE,
         FED_AM_DATA, /* not protobuf: an 8-byte header (the lookup's id), then the bytes */
+        FED_AM_FOLLOW,
+        FED_AM_CHANGE,
         FED_AM_COUNT
 };
 
@@ -85,6 +94,8 @@ struct fed_config {
         unsigned npeers;
         char *exports[FED_MAX_EXPORTS];
         unsigned nexports;
+        char *follows[FED_MAX_FOLLOWS]; /* local prefixes, "@alias/..." */
+        unsigned nfollows;
         struct fed_net allow[FED_MAX_ALLOW];
         unsigned nallow;
         bool allow_ucx_mismatch;
@@ -117,7 +128,14 @@ struct fed {
         struct list conns;   /* struct conn */
         struct list closing; /* struct conn, being closed */
         struct list wants;   /* struct want (importer.c) */
+        unsigned nwants;
         uint64_t next_id;
+        /* follow.c: ours of peers' prefixes, and eager pulls waiting their turn */
+        struct list follows; /* struct ifollow */
+        struct list eager;   /* struct eager */
+        uv_timer_t eager_timer;
+        /* follow.c: peers' of ours */
+        struct list rfollows; /* struct rfollow */
         bool stopping;
         bool dlxd_lost; /* the local dlxd went away: dlxfed exits 1 */
         /* exporter.c */
@@ -159,6 +177,8 @@ void fed_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
 #define FED_DEBUG 7
 extern int fed_log_level;
 
+/* The peer whose mount name ("@alias/...") is under; NULL: none. */
+struct peer *fed_peer_of(struct fed_config *cfg, const char *name);
 /* HOST:PORT or [HOST6]:PORT, numeric: 0 or -EINVAL. */
 int fed_parse_addr(const char *s, struct fed_addr *ret);
 
@@ -173,6 +193,8 @@ int fed_send(struct conn *c, enum fed_am id, const void *buf, size_t len);
 void fed_close(struct conn *c, const char *why);
 
 /* ---- exporter.c ---- */
+/* Whether peers may have name: under an exported prefix, and not a mirror. */
+bool fed_exported(const struct fed *f, const char *name);
 void fed_export_lookup(struct conn *c, const void *buf, size_t len);
 void fed_export_release(struct conn *c, const void *buf, size_t len);
 /* c is gone and UCX reads no more through it: its leases go. */
@@ -189,5 +211,22 @@ ucs_status_t fed_import_data(struct conn *c, const void *header, size_t header_l
 /* c failed or closed: its pulls fail, its peer's mirrors go. */
 void fed_import_conn_lost(struct conn *c, const char *why);
 void fed_import_stop(struct fed *f);
+/* A follow heard name is unpublished at its origin: pulls under way serve, then go. */
+void fed_import_origin_gone(struct fed *f, const char *name);
+
+/* ---- follow.c ---- */
+/* Server side: a peer's Follow; an event of a watch of ours (LOST: every listing again). */
+void fed_export_follow(struct conn *c, const void *buf, size_t len);
+void fed_export_event(struct fed *f, const struct dlx_event *ev);
+/* c is gone: its follows' watches go. */
+void fed_export_follows_gone(struct conn *c);
+/* Client side: what --follow named is asked for, again after its endpoint is lost. */
+void fed_follow_start(struct fed *f);
+void fed_follow_authed(struct conn *c);
+void fed_follow_change(struct conn *c, const void *buf, size_t len);
+void fed_follow_conn_lost(struct conn *c);
+/* A want ended: eager pulls waiting their turn may go. */
+void fed_follow_kick(struct fed *f);
+void fed_follow_stop(struct fed *f);
 
 #endif /* DLX_FEDERATION_FED_H */

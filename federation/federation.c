@@ -57,6 +57,21 @@ void fed_log(int level, const char *fmt, ...)
 }
 
 /* HOST:PORT or [HOST6]:PORT, numeric addresses only: what UCX binds and connects to. */
+struct peer *fed_peer_of(struct fed_config *cfg, const char *name)
+{
+        const char *slash = strchr(name, '/');
+        size_t len;
+
+        if (name[0] != '@' || !slash)
+                return NULL;
+        len = (size_t)(slash - name - 1);
+        for (unsigned i = 0; i < cfg->npeers; i++)
+                if (strlen(cfg->peers[i].alias) == len &&
+                    memcmp(cfg->peers[i].alias, name + 1, len) == 0)
+                        return &cfg->peers[i];
+        return NULL;
+}
+
 int fed_parse_addr(const char *s, struct fed_addr *ret)
 {
         char host[80];
@@ -160,6 +175,9 @@ static void usage(FILE *out)
                 "  -p, --peer ALIAS=ADDR:PORT  a peer to pull from (repeatable, at most %d)\n"
                 "  -e, --export PREFIX       let peers take names starting with PREFIX\n"
                 "                            (repeatable; default: nothing is exported)\n"
+                "  -f, --follow @ALIAS/PREFIX  pull the peer's names under PREFIX as they are\n"
+                "                            published there, and drop them when they go\n"
+                "                            (repeatable; default: pull on first want only)\n"
                 "  -A, --allow ADDR[/BITS]   accept connections from there only (repeatable;\n"
                 "                            default: the peers' addresses)\n"
                 "  -k, --secret-file FILE    the shared secret (0600, at least 16 bytes)\n"
@@ -192,6 +210,7 @@ static const struct option long_opts[] = {
         {"listen", required_argument, NULL, 'L'},
         {"peer", required_argument, NULL, 'p'},
         {"export", required_argument, NULL, 'e'},
+        {"follow", required_argument, NULL, 'f'},
         {"allow", required_argument, NULL, 'A'},
         {"secret-file", required_argument, NULL, 'k'},
         {"socket", required_argument, NULL, 's'},
@@ -213,6 +232,8 @@ static void config_free(struct fed_config *cfg)
 {
         for (unsigned i = 0; i < cfg->nexports; i++)
                 free(cfg->exports[i]);
+        for (unsigned i = 0; i < cfg->nfollows; i++)
+                free(cfg->follows[i]);
         free((char *)cfg->alias);
         free((char *)cfg->listen);
         free((char *)cfg->socket);
@@ -272,6 +293,15 @@ static int take(struct fed_config *cfg, int c, char *v, int depth)
                         return -EINVAL;
                 }
                 cfg->exports[cfg->nexports++] = v;
+                return 1;
+        case 'f':
+                /* its alias is checked against the peers once all options are read */
+                if (cfg->nfollows >= FED_MAX_FOLLOWS || v[0] != '@' || !strchr(v, '/') ||
+                    layout_prefix_check(v, strlen(v), &why) < 0) {
+                        fprintf(stderr, "dlxfed: bad --follow '%s' (@ALIAS/PREFIX)\n", v);
+                        return -EINVAL;
+                }
+                cfg->follows[cfg->nfollows++] = v;
                 return 1;
         case 'A':
                 if (cfg->nallow >= FED_MAX_ALLOW || parse_net(v, &cfg->allow[cfg->nallow]) < 0) {
@@ -468,10 +498,13 @@ static void on_dlx(uv_poll_t *h, int status, int events)
                 return;
         }
         while (!f->stopping && dlx_next_event(f->dlx, &ev, 0) == 0) {
-                if (ev.kind == DLX_EVENT_WANTED)
+                if (ev.kind == DLX_EVENT_WANTED) {
                         fed_import_wanted(f, ev.name, ev.version);
-                else if (ev.kind == DLX_EVENT_LOST)
-                        mount_all(f); /* hear of every waiting acquire again */
+                        continue;
+                }
+                if (ev.kind == DLX_EVENT_LOST)
+                        mount_all(f);     /* hear of every waiting acquire again */
+                fed_export_event(f, &ev); /* peers' follows */
         }
 }
 
@@ -482,6 +515,7 @@ static void stop(struct fed *f)
         if (f->stopping)
                 return;
         fed_log(FED_NOTICE, "stopping");
+        fed_follow_stop(f);
         fed_import_stop(f);
         fed_ucx_stop(f);
         uv_poll_stop(&f->dlx_poll);
@@ -511,7 +545,7 @@ static int run(int argc, char **argv)
         f.cfg.lease_ms = 60000;
         f.cfg.pull_ms = 60000;
         f.cfg.ready_fd = -1;
-        while ((c = getopt_long(argc, argv, "a:L:p:e:A:k:s:c:r:l:hV", long_opts, NULL)) != -1) {
+        while ((c = getopt_long(argc, argv, "a:L:p:e:f:A:k:s:c:r:l:hV", long_opts, NULL)) != -1) {
                 if (c == 'h') {
                         usage(stdout);
                         return 0;
@@ -537,6 +571,12 @@ static int run(int argc, char **argv)
                 fprintf(stderr, "dlxfed: --alias and --secret-file are required (see --help)\n");
                 return 2;
         }
+        for (unsigned i = 0; i < f.cfg.nfollows; i++)
+                if (!fed_peer_of(&f.cfg, f.cfg.follows[i])) {
+                        fprintf(stderr, "dlxfed: --follow '%s': its alias is not a --peer\n",
+                                f.cfg.follows[i]);
+                        return 2;
+                }
         if (load_secret(&f) < 0)
                 return 1;
         signal(SIGPIPE, SIG_IGN);
@@ -566,6 +606,11 @@ static int run(int argc, char **argv)
         list_init(&f.wants);
         list_init(&f.leases);
         list_init(&f.waitings);
+        list_init(&f.follows);
+        list_init(&f.eager);
+        list_init(&f.rfollows);
+        uv_timer_init(&loop, &f.eager_timer);
+        f.eager_timer.data = &f;
         err = fed_ucx_start(&f);
         if (err < 0) {
                 dlx_close(f.dlx);
@@ -586,6 +631,7 @@ static int run(int argc, char **argv)
                 (void)!write(f.cfg.ready_fd, "R", 1);
                 close(f.cfg.ready_fd);
         }
+        fed_follow_start(&f);
         /* a want that came before the poll started */
         on_dlx(&f.dlx_poll, 0, 0);
         uv_run(&loop, UV_RUN_DEFAULT);

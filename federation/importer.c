@@ -38,6 +38,7 @@ struct want {
         bool asked, pulling;
         bool ended; /* its receive is being cancelled: freed when UCX says it is done */
         bool got;   /* its DATA arrived: the peer's lease has ended with the send */
+        bool gone;  /* unpublished at its origin meanwhile: its mirror goes once it serves */
         char name[DLX_NAME_MAX + 1]; /* the local one, "@alias/..." */
         /* the pull */
         DLManagedTensorVersioned *buf;
@@ -53,21 +54,6 @@ struct want {
         uv_timer_t timer;
         bool timer_on;
 };
-
-static struct peer *peer_of(struct fed *f, const char *name)
-{
-        const char *slash = strchr(name, '/');
-        size_t len;
-
-        if (name[0] != '@' || !slash)
-                return NULL;
-        len = (size_t)(slash - name - 1);
-        for (unsigned i = 0; i < f->cfg.npeers; i++)
-                if (strlen(f->cfg.peers[i].alias) == len &&
-                    memcmp(f->cfg.peers[i].alias, name + 1, len) == 0)
-                        return &f->cfg.peers[i];
-        return NULL;
-}
 
 static void timer_closed(uv_handle_t *h)
 {
@@ -135,6 +121,8 @@ static void want_end(struct want *w, int err, const char *fmt, ...)
 
         list_remove(&w->link);
         list_init(&w->link);
+        f->nwants--;
+        fed_follow_kick(f);
         if (w->timer_on)
                 uv_timer_stop(&w->timer);
         if (err < 0) {
@@ -187,7 +175,7 @@ static void ask(struct want *w)
 
 void fed_import_wanted(struct fed *f, const char *name, uint64_t min_version)
 {
-        struct peer *p = peer_of(f, name);
+        struct peer *p = fed_peer_of(&f->cfg, name);
         struct list *pos;
         struct want *w;
         char why[200];
@@ -220,6 +208,7 @@ void fed_import_wanted(struct fed *f, const char *name, uint64_t min_version)
         w->covers = min_version;
         snprintf(w->name, sizeof(w->name), "%s", name);
         list_insert_tail(&f->wants, &w->link);
+        f->nwants++;
         uv_timer_init(f->loop, &w->timer);
         w->timer.data = w;
         w->timer_on = true;
@@ -321,6 +310,9 @@ static void publish_mirror(struct want *w)
         w->p->bytes_in += w->length;
         fed_log(FED_INFO, "%s v%llu: %llu bytes from %s", w->name, (unsigned long long)w->version,
                 (unsigned long long)w->length, w->p->alias);
+        /* the acquires that waited have it now; a follow said it is gone at its origin */
+        if (w->gone)
+                dlx_unpublish(f->dlx, w->name);
         want_end(w, 0, NULL);
 }
 
@@ -563,6 +555,17 @@ void fed_import_conn_lost(struct conn *c, const char *why)
         if (c->peer && !f->stopping) {
                 snprintf(prefix, sizeof(prefix), "@%s/", c->peer->alias);
                 dlx_list(f->dlx, prefix, unpublish_one, f);
+        }
+}
+
+void fed_import_origin_gone(struct fed *f, const char *name)
+{
+        struct list *pos;
+
+        for (pos = f->wants.next; pos != &f->wants; pos = pos->next) {
+                struct want *w = list_entry(pos, struct want, link);
+                if (strcmp(w->name, name) == 0)
+                        w->gone = true;
         }
 }
 

@@ -167,6 +167,7 @@ static void conn_close(struct conn *c, const char *why, bool force)
                 if (c->peer && c->peer->conn == c)
                         c->peer->conn = NULL;
                 fed_import_conn_lost(c, why);
+                fed_follow_conn_lost(c);
         }
         list_remove(&c->link);
         list_insert_tail(&f->closing, &c->link);
@@ -566,6 +567,7 @@ static void on_hello_reply(struct conn *c, const void *buf, size_t len)
         find_transport(c);
         fed_log(FED_NOTICE, "%s: connected over ucx %s", c->who, c->transport);
         fed_import_authed(c);
+        fed_follow_authed(c);
 }
 
 static void on_auth(struct conn *c, const void *buf, size_t len)
@@ -642,21 +644,28 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
                 break;
         case FED_AM_LOOKUP:
         case FED_AM_RELEASE:
+        case FED_AM_FOLLOW:
                 if (!c->authed || c->client) {
                         refuse(c, EACCES, "a request before the handshake");
                         break;
                 }
                 if (id == FED_AM_LOOKUP)
                         fed_export_lookup(c, data, length);
-                else
+                else if (id == FED_AM_RELEASE)
                         fed_export_release(c, data, length);
+                else
+                        fed_export_follow(c, data, length);
                 break;
         case FED_AM_DESCRIBE:
+        case FED_AM_CHANGE:
                 if (!c->authed || !c->client) {
                         refuse(c, EPROTO, "an answer to nothing");
                         break;
                 }
-                fed_import_describe(c, data, length);
+                if (id == FED_AM_DESCRIBE)
+                        fed_import_describe(c, data, length);
+                else
+                        fed_follow_change(c, data, length);
                 break;
         default:
                 break;

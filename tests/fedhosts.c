@@ -131,11 +131,17 @@ void fed_kill(struct host *h)
 
 void hosts_up(void)
 {
+        hosts_up_a(NULL, NULL);
+}
+
+void hosts_up_a(const char *key, const char *value)
+{
         char uid[16];
-        const char *extra[] = {"--federation-uid", uid, NULL};
+        const char *extra[] = {"--federation-uid", uid, key, value, NULL};
 
         snprintf(uid, sizeof(uid), "%u", (unsigned)getuid());
         dlxd_start(&A.d, extra);
+        extra[2] = NULL;
         dlxd_start(&B.d, extra);
         A.port = free_port();
         B.port = free_port();

@@ -44,6 +44,8 @@ void fed_stop(struct host *h);
 void fed_kill(struct host *h);
 /* Both dlxd (--federation-uid: this uid) and two free ports; no bridge yet. */
 void hosts_up(void);
+/* The same, A's dlxd with one more option (key value) */
+void hosts_up_a(const char *key, const char *value);
 /* The log of h's bridge holds nothing alarming; it and the secrets go. */
 void log_clean(struct host *h);
 /* Both bridges stopped (exit 0), their logs checked, both dlxd stopped. */

@@ -753,12 +753,14 @@ enum dlx_event_kind {
          * Federation bridges only (dlx_mount()): an acquire waits for name at
          * version >= version (0: any) under a prefix this client mounted, and
          * nothing there satisfies it yet. watch is 0. Sent once per name and
-         * version until the name gets such a version or dlx_fetch_failed()
-         * is called for it (or a higher one). A version lower than one asked
-         * for already is asked for too: the peer may have it and not the
-         * higher one. Dropped as watch events are when the bridge
-         * reads too late: after a DLX_EVENT_LOST, dlx_mount() again to hear
-         * of the acquires still waiting whose WANTED was dropped.
+         * version while acquires wait for it: until the name gets such a
+         * version, dlx_fetch_failed() fails them (it, or a higher version),
+         * or they time out or go; an acquire of it that comes after that is
+         * announced again. A version lower than one asked for already is
+         * asked for too: the peer may have it and not the higher one.
+         * Dropped as watch events are when the bridge reads too late: after
+         * a DLX_EVENT_LOST, dlx_mount() again to hear of the acquires still
+         * waiting whose WANTED was dropped.
          */
         DLX_EVENT_WANTED = 5,
 };

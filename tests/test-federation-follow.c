@@ -1,0 +1,212 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * dlxfed --follow @ALIAS/PREFIX on loopback: what the README and
+ * dlxfed --help promise a user of host B that follows a prefix of host A:
+ *  - what A exports under it is mirrored on B without anyone acquiring it:
+ *    what is there when following begins, then each new version;
+ *  - a name A unpublishes goes from B too (copies held stay readable);
+ *  - nothing A does not export comes, and a follow of such a prefix is
+ *    refused, loudly, in B's log;
+ *  - a follow that cannot reach its peer yet asks again until it can.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <check.h>
+
+#include "fedhosts.h"
+
+/* Waits up to 15 s for B's name to be at version (0: to be gone); its info. */
+static struct dlx_info wait_for(dlx_client *c, const char *name, uint64_t version)
+{
+        struct dlx_info in;
+        int err = 0;
+
+        memset(&in, 0, sizeof(in));
+        for (int i = 0; i < 300 * fx_slowdown(); i++) {
+                err = dlx_stat(c, name, &in);
+                if (version ? err == 0 && in.version == version : err == -ENOENT)
+                        return in;
+                fx_sleep_ms(50);
+        }
+        ck_abort_msg("'%s' on B: %s at v%llu, not %s v%llu", name, err ? dlx_strerror(err) : "is",
+                     (unsigned long long)(err ? 0 : in.version), version ? "at" : "gone at",
+                     (unsigned long long)version);
+        return in;
+}
+
+/* A exports model/ to b; B follows follow (its alias's peer is A). */
+static void follow_up(const char *follow)
+{
+        char peer_a[64], peer_b[64];
+        const char *a_args[] = {"--export", "model/", "--peer", peer_b, NULL};
+        const char *b_args[] = {"--peer", peer_a, "--follow", follow, NULL};
+
+        snprintf(peer_a, sizeof(peer_a), "a=127.0.0.1:%d", A.port);
+        snprintf(peer_b, sizeof(peer_b), "b=127.0.0.1:%d", B.port);
+        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", a_args), 0);
+        ck_assert_int_eq(fed_start(&B, "b", "a shared secret of the pair", b_args), 0);
+}
+
+START_TEST(a_followed_prefix_is_mirrored_as_it_changes)
+{
+        dlx_client *pa, *pb;
+        DLManagedTensorVersioned *held;
+        struct dlx_acquire_options now = {.timeout_ms = 0};
+        struct dlx_info in;
+
+        hosts_up();
+        pa = fx_connect(&A.d, "producer-a");
+        pb = fx_connect(&B.d, "looker-b");
+        /* there before following begins; and a name A does not export */
+        publish_ok(pa, "model/w", fx_vec_f32(pa, 64, 1), NULL, NULL);
+        publish_ok(pa, "secret/k", fx_vec_f32(pa, 64, 1), NULL, NULL);
+        follow_up("@a/");
+        in = wait_for(pb, "@a/model/w", 1);
+        ck_assert_msg(strstr(in.origin, "\xe2\x86\x90 a v1") != NULL, "origin '%s'", in.origin);
+        /* nobody acquired it: it came by the follow */
+        ck_assert_uint_eq(in.leases, 0);
+
+        /* a new version, a new name */
+        publish_ok(pa, "model/w", fx_vec_f32(pa, 64, 2), NULL, NULL);
+        publish_ok(pa, "model/b", fx_vec_f32(pa, 16, 7), NULL, NULL);
+        wait_for(pb, "@a/model/w", 2);
+        wait_for(pb, "@a/model/b", 1);
+        DLXV(dlx_acquire(pb, "@a/model/w", &now, &held));
+        ck_assert(fx_vec_is(held, 64, 2));
+
+        /* unpublished at A: gone from B, while the copy held stays readable */
+        DLXV(dlx_unpublish(pa, "model/w"));
+        wait_for(pb, "@a/model/w", 0);
+        ck_assert(fx_vec_is(held, 64, 2));
+        held->deleter(held);
+        ck_assert_int_eq(dlx_stat(pb, "@a/secret/k", &in), -ENOENT);
+        ck_assert_int_eq(log_count(&A, "secret/k"), 0);
+        dlx_close(pb);
+        dlx_close(pa);
+        hosts_down();
+}
+END_TEST
+
+START_TEST(a_follow_of_what_is_not_exported_is_refused)
+{
+        dlx_client *pa, *pb;
+        struct dlx_info in;
+
+        hosts_up();
+        pa = fx_connect(&A.d, "producer-a");
+        pb = fx_connect(&B.d, "looker-b");
+        publish_ok(pa, "secret/k", fx_vec_f32(pa, 64, 1), NULL, NULL);
+        follow_up("@a/secret/");
+        for (int i = 0; i < 100 && log_count(&B, "will not let us follow") == 0; i++)
+                fx_sleep_ms(50);
+        ck_assert_int_eq(log_count(&B, "will not let us follow 'secret/'"), 1);
+        ck_assert_int_eq(dlx_stat(pb, "@a/secret/k", &in), -ENOENT);
+        dlx_close(pb);
+        dlx_close(pa);
+        hosts_down();
+}
+END_TEST
+
+START_TEST(a_follow_needs_a_peer_of_the_list)
+{
+        char peer_a[64];
+        const char *unknown[] = {"--peer", peer_a, "--follow", "@zz/model/", NULL};
+        const char *not_mount[] = {"--peer", peer_a, "--follow", "model/", NULL};
+
+        hosts_up();
+        snprintf(peer_a, sizeof(peer_a), "a=127.0.0.1:%d", A.port);
+        ck_assert_int_eq(fed_start(&B, "b", "a shared secret of the pair", unknown), 2);
+        ck_assert_int_eq(fed_start(&B, "b", "a shared secret of the pair", not_mount), 2);
+        hosts_down();
+}
+END_TEST
+
+START_TEST(a_follow_asks_again_until_its_peer_is_there)
+{
+        char peer_a[64], peer_b[64];
+        const char *a_args[] = {"--export", "model/", "--peer", peer_b, NULL};
+        const char *b_args[] = {"--peer", peer_a, "--follow", "@a/model/", NULL};
+        dlx_client *pa, *pb;
+
+        hosts_up();
+        snprintf(peer_a, sizeof(peer_a), "a=127.0.0.1:%d", A.port);
+        snprintf(peer_b, sizeof(peer_b), "b=127.0.0.1:%d", B.port);
+        pa = fx_connect(&A.d, "producer-a");
+        pb = fx_connect(&B.d, "looker-b");
+        publish_ok(pa, "model/w", fx_vec_f32(pa, 64, 3), NULL, NULL);
+        /* B first: nobody listens at A's port yet */
+        ck_assert_int_eq(fed_start(&B, "b", "a shared secret of the pair", b_args), 0);
+        fx_sleep_ms(1500);
+        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", a_args), 0);
+        wait_for(pb, "@a/model/w", 1);
+        dlx_close(pb);
+        dlx_close(pa);
+        hosts_down();
+}
+END_TEST
+
+/*
+ * A's bridge stopped while A changes much: A's dlxd drops the events it
+ * cannot queue (--max-queued 4096), A's bridge lists the prefix again, and
+ * B ends with what A has, no more (what went while events were dropped goes).
+ */
+#define NNEW 1500
+START_TEST(a_follow_catches_up_after_events_were_dropped)
+{
+        dlx_client *pa, *pb;
+        char name[DLX_NAME_MAX + 1];
+
+        hosts_up_a("--max-queued", "4096");
+        pa = fx_connect(&A.d, "producer-a");
+        pb = fx_connect(&B.d, "looker-b");
+        for (int i = 0; i < 10; i++) {
+                snprintf(name, sizeof(name), "model/old%d", i);
+                publish_ok(pa, name, fx_vec_f32(pa, 4, (float)i), NULL, NULL);
+        }
+        follow_up("@a/model/");
+        wait_for(pb, "@a/model/old9", 1);
+        ck_assert_int_eq(kill(A.fed, SIGSTOP), 0);
+        /* more than the socket's buffers take, then the unpublishes, whose events are dropped */
+        for (int i = 0; i < NNEW; i++) {
+                snprintf(name, sizeof(name), "model/new%04d-%0200d", i, 0);
+                publish_ok(pa, name, fx_vec_f32(pa, 4, (float)i), NULL, NULL);
+        }
+        for (int i = 0; i < 5; i++) {
+                snprintf(name, sizeof(name), "model/old%d", i);
+                DLXV(dlx_unpublish(pa, name));
+        }
+        ck_assert_int_eq(kill(A.fed, SIGCONT), 0);
+        for (int i = 0; i < NNEW; i++) {
+                snprintf(name, sizeof(name), "@a/model/new%04d-%0200d", i, 0);
+                wait_for(pb, name, 1);
+        }
+        for (int i = 0; i < 10; i++) {
+                snprintf(name, sizeof(name), "@a/model/old%d", i);
+                wait_for(pb, name, i < 5 ? 0 : 1);
+        }
+        ck_assert_int_ge(log_count(&A, "were dropped: listing it again"), 1);
+        dlx_close(pb);
+        dlx_close(pa);
+        hosts_down();
+}
+END_TEST
+
+Suite *federation_follow_suite(void)
+{
+        Suite *s = suite_create("federation-follow");
+        TCase *tc = tcase_create("loopback");
+
+        tcase_add_unchecked_fixture(tc, fx_reaper_init, fx_reaper_run);
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, a_followed_prefix_is_mirrored_as_it_changes);
+        tcase_add_test(tc, a_follow_of_what_is_not_exported_is_refused);
+        tcase_add_test(tc, a_follow_needs_a_peer_of_the_list);
+        tcase_add_test(tc, a_follow_asks_again_until_its_peer_is_there);
+        tcase_add_test(tc, a_follow_catches_up_after_events_were_dropped);
+        suite_add_tcase(s, tc);
+        return s;
+}
