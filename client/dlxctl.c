@@ -7,19 +7,24 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <libgen.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <dlx/dlx.h>
+#include <jansson.h>
 
 #include "layout.h"
 #include "npy.h"
 #include "npz.h"
 #include "safetensors.h"
+#include "sockpath.h"
 #include "tfile.h"
 
 #define EXIT_USAGE 2
@@ -62,12 +67,18 @@ static void usage(FILE *f)
               "  watch [PREFIX] [--count N] [--timeout MS]\n"
               "                                   print events as names change\n"
               "  stats                            the daemon's counters and limits\n"
+              "  peers [SOCKET]                   the federation bridge's peers: who is\n"
+              "                                   connected, over what, what moved (asks\n"
+              "                                   dlxfed at SOCKET, default: dlxfed.sock\n"
+              "                                   next to the daemon socket)\n"
               "\n"
               "Options (before or after the command; after \"--\" every argument is a name,\n"
               "prefix or file, even one that starts with '-'):\n"
               "  -s, --socket PATH  daemon socket (default: $DLX_SOCKET, then\n"
               "                     $XDG_RUNTIME_DIR/dlx/dlxd.sock, then /tmp/dlx-$UID/dlxd.sock)\n"
-              "  -j, --json         machine-readable output (list, stat, watch, stats, put, get)\n"
+              "  -j, --json         machine-readable output (list, stat, watch, stats, peers, "
+              "put,\n"
+              "                     get)\n"
               "  -h, --help         this help\n"
               "  -V, --version      the version\n"
               "\n"
@@ -835,6 +846,136 @@ static int cmd_stats(const struct cmdline *cl)
         return 0;
 }
 
+/* Reads all of what dlxfed's control socket at path says (one JSON line); NULL when it cannot. */
+static char *read_control(const char *path)
+{
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        size_t len = 0, cap = 4096;
+        char *buf = NULL;
+        ssize_t n;
+        int fd;
+
+        if (strlen(path) >= sizeof(sa.sun_path)) {
+                fprintf(stderr, "dlxctl: peers: '%s' is too long for a socket path\n", path);
+                return NULL;
+        }
+        strcpy(sa.sun_path, path);
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+                fprintf(stderr, "dlxctl: peers: no dlxfed answers at %s: %s\n", path,
+                        strerror(errno));
+                if (fd >= 0)
+                        close(fd);
+                return NULL;
+        }
+        buf = malloc(cap);
+        while (buf) {
+                if (len + 1 == cap) {
+                        char *more = cap < (16u << 20) ? realloc(buf, cap * 2) : NULL;
+                        if (!more) {
+                                free(buf);
+                                buf = NULL;
+                                fprintf(stderr, "dlxctl: peers: dlxfed's answer is too long\n");
+                                break;
+                        }
+                        buf = more;
+                        cap *= 2;
+                }
+                n = read(fd, buf + len, cap - len - 1);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0) {
+                        fprintf(stderr, "dlxctl: peers: reading %s: %s\n", path, strerror(errno));
+                        free(buf);
+                        buf = NULL;
+                        break;
+                }
+                if (n == 0) {
+                        buf[len] = '\0';
+                        break;
+                }
+                len += (size_t)n;
+        }
+        close(fd);
+        return buf;
+}
+
+static const char *json_text(const json_t *o, const char *key)
+{
+        const char *s = json_string_value(json_object_get(o, key));
+
+        return s && *s ? s : "-";
+}
+
+static uint64_t json_count(const json_t *o, const char *key)
+{
+        json_int_t v = json_integer_value(json_object_get(o, key));
+
+        return v > 0 ? (uint64_t)v : 0;
+}
+
+static void peer_row(const json_t *e, const char *role, const char *count_key,
+                     const char *bytes_key)
+{
+        char b[48];
+
+        printf("%-16s %-6s %-10s %-12s %-22s %8" PRIu64 " %10s %8" PRIu64 " %7" PRIu64 "\n",
+               json_text(e, "alias"), role, json_text(e, "state"), json_text(e, "transport"),
+               json_text(e, "address"), json_count(e, count_key),
+               human_size(json_count(e, bytes_key), b, sizeof(b)), json_count(e, "failures"),
+               json_count(e, "follows"));
+}
+
+static int cmd_peers(const struct cmdline *cl)
+{
+        char path[108], dlxd[108];
+        json_error_t jerr;
+        json_t *o, *a;
+        char *text;
+        size_t i;
+        int err;
+
+        if (cl->argc > 1) {
+                snprintf(path, sizeof(path), "%s", cl->argv[1]);
+        } else {
+                err = sockpath_resolve(socket_path, dlxd, sizeof(dlxd));
+                if (err < 0 || snprintf(path, sizeof(path), "%s/dlxfed.sock", dirname(dlxd)) >=
+                                       (int)sizeof(path)) {
+                        fprintf(stderr, "dlxctl: peers: the daemon's socket path is too long\n");
+                        return EXIT_FAILURE;
+                }
+        }
+        text = read_control(path);
+        if (!text)
+                return EXIT_FAILURE;
+        o = json_loads(text, 0, &jerr);
+        if (!json_is_object(o)) {
+                fprintf(stderr, "dlxctl: peers: %s did not answer as dlxfed does: %s\n", path,
+                        jerr.text);
+                free(text);
+                json_decref(o);
+                return EXIT_FAILURE;
+        }
+        if (json) {
+                fputs(text, stdout);
+        } else {
+                printf("dlxfed '%s', %s %s, up %.1f s\n", json_text(o, "alias"),
+                       json_is_string(json_object_get(o, "listen")) ? "listening on"
+                                                                    : "not listening",
+                       json_is_string(json_object_get(o, "listen")) ? json_text(o, "listen") : "",
+                       (double)json_count(o, "uptime_ms") / 1000.0);
+                printf("%-16s %-6s %-10s %-12s %-22s %8s %10s %8s %7s\n", "PEER", "ROLE", "STATE",
+                       "TRANSPORT", "ADDRESS", "VERSIONS", "BYTES", "FAILURES", "FOLLOWS");
+                json_array_foreach(json_object_get(o, "peers"), i, a)
+                        peer_row(a, "pull", "pulls", "bytes_in");
+                json_array_foreach(json_object_get(o, "clients"), i, a)
+                        peer_row(a, "serve", "served", "bytes_out");
+        }
+        free(text);
+        json_decref(o);
+        return 0;
+}
+
 /* The options only some commands take, as bits of struct command's options. */
 enum {
         OPT_WRITABLE = 1 << 0,
@@ -864,6 +1005,7 @@ static const struct command commands[] = {
         {"watch", cmd_watch, 0, 1, OPT_COUNT | OPT_TIMEOUT,
          "watch [PREFIX] [--count N] [--timeout MS]"},
         {"stats", cmd_stats, 0, 0, 0, "stats"},
+        {"peers", cmd_peers, 0, 1, 0, "peers [SOCKET]"},
 };
 
 /* Counts every operand; keeps the first few, enough for any valid command line. */

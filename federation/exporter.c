@@ -193,6 +193,8 @@ static void serve_inline(struct conn *c, uint64_t id, DLManagedTensorVersioned *
                 free(buf);
                 c->fed->exports_served++;
                 c->fed->bytes_out += desc.length;
+                c->served++;
+                c->bytes_out += desc.length;
         } else {
                 describe_error(c, id, ENOMEM, "out of memory");
         }
@@ -279,6 +281,8 @@ static void serve(struct conn *c, uint64_t id, DLManagedTensorVersioned *t)
         }
         f->exports_served++;
         f->bytes_out += desc.length;
+        c->served++;
+        c->bytes_out += desc.length;
         fed_log(FED_INFO, "%s: lease %llu on v%llu (%llu bytes)", c->who, (unsigned long long)l->id,
                 (unsigned long long)version, (unsigned long long)desc.length);
         if (!buf) {

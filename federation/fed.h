@@ -90,6 +90,7 @@ struct fed_config {
         const char *listen; /* ADDR:PORT, NULL: serve nothing */
         const char *socket; /* dlxd's, NULL: the default */
         const char *secret_file;
+        const char *control; /* dlxctl peers asks here; NULL: next to dlxd's socket */
         struct peer peers[FED_MAX_PEERS];
         unsigned npeers;
         char *exports[FED_MAX_EXPORTS];
@@ -136,6 +137,12 @@ struct fed {
         uv_timer_t eager_timer;
         /* follow.c: peers' of ours */
         struct list rfollows; /* struct rfollow */
+        unsigned rf_walking;  /* rfollows is being walked: what goes is freed after */
+        /* control.c */
+        uv_pipe_t control;
+        bool control_on;
+        char control_path[108];
+        uint64_t started_ms;
         bool stopping;
         bool dlxd_lost; /* the local dlxd went away: dlxfed exits 1 */
         /* exporter.c */
@@ -156,6 +163,7 @@ struct conn {
         bool freed_leases;
         struct peer *peer; /* client side: whom we connected to */
         char who[160];     /* for logs: alias and address */
+        char addr[80];     /* the peer's address, numeric */
         char transport[64];
         uint8_t nonce_mine[FED_NONCE], nonce_theirs[FED_NONCE];
         char their_alias[FED_ALIAS_MAX + 1];
@@ -164,6 +172,7 @@ struct conn {
         unsigned waiting;        /* its lookups waiting on the thread pool (exporter.c) */
         uint64_t born_ms;        /* when it came, for the handshake's deadline */
         bool hello_seen;
+        uint64_t served, bytes_out; /* server side: versions sent to the peer, their bytes */
         void *close_req;
         ucs_status_t error; /* UCS_OK until the endpoint failed */
 };
@@ -213,6 +222,14 @@ void fed_import_conn_lost(struct conn *c, const char *why);
 void fed_import_stop(struct fed *f);
 /* A follow heard name is unpublished at its origin: pulls under way serve, then go. */
 void fed_import_origin_gone(struct fed *f, const char *name);
+
+/* ---- control.c: what dlxctl peers reads ---- */
+/* Listens at cfg.control (or next to dlxd's socket): 0, or -errno, said on stderr. */
+int fed_control_start(struct fed *f);
+void fed_control_stop(struct fed *f);
+/* Prefixes followed on p's endpoint, for the report (follow.c). */
+unsigned fed_follow_count(const struct fed *f, const struct peer *p);
+unsigned fed_rfollow_count(const struct fed *f, const struct conn *c);
 
 /* ---- follow.c ---- */
 /* Server side: a peer's Follow; an event of a watch of ours (LOST: every listing again). */

@@ -183,6 +183,8 @@ static void usage(FILE *out)
                 "  -k, --secret-file FILE    the shared secret (0600, at least 16 bytes)\n"
                 "                            every peer proves it holds (required)\n"
                 "  -s, --socket PATH         the local dlxd's socket (default: as dlxctl)\n"
+                "  --control PATH            answer dlxctl peers there (default: dlxfed.sock\n"
+                "                            next to dlxd's socket; mode 0660)\n"
                 "  -c, --config FILE         read options from FILE: one per line, the long\n"
                 "                            name without '--', then its value ('#' comments)\n"
                 "  --wait-ms MS              how long a peer waits for a version not there yet\n"
@@ -203,7 +205,7 @@ static void usage(FILE *out)
                 FED_MAX_PEERS);
 }
 
-enum { OPT_WAIT = 256, OPT_LEASE, OPT_PULL, OPT_MISMATCH };
+enum { OPT_WAIT = 256, OPT_LEASE, OPT_PULL, OPT_MISMATCH, OPT_CONTROL };
 
 static const struct option long_opts[] = {
         {"alias", required_argument, NULL, 'a'},
@@ -214,6 +216,7 @@ static const struct option long_opts[] = {
         {"allow", required_argument, NULL, 'A'},
         {"secret-file", required_argument, NULL, 'k'},
         {"socket", required_argument, NULL, 's'},
+        {"control", required_argument, NULL, OPT_CONTROL},
         {"config", required_argument, NULL, 'c'},
         {"wait-ms", required_argument, NULL, OPT_WAIT},
         {"lease-ms", required_argument, NULL, OPT_LEASE},
@@ -238,6 +241,7 @@ static void config_free(struct fed_config *cfg)
         free((char *)cfg->listen);
         free((char *)cfg->socket);
         free((char *)cfg->secret_file);
+        free((char *)cfg->control);
         memset(cfg, 0, sizeof(*cfg));
 }
 
@@ -317,6 +321,10 @@ static int take(struct fed_config *cfg, int c, char *v, int depth)
         case 's':
                 free((char *)cfg->socket);
                 cfg->socket = v;
+                return 1;
+        case OPT_CONTROL:
+                free((char *)cfg->control);
+                cfg->control = v;
                 return 1;
         case 'c':
                 if (depth > 0) {
@@ -515,6 +523,7 @@ static void stop(struct fed *f)
         if (f->stopping)
                 return;
         fed_log(FED_NOTICE, "stopping");
+        fed_control_stop(f);
         fed_follow_stop(f);
         fed_import_stop(f);
         fed_ucx_stop(f);
@@ -611,7 +620,9 @@ static int run(int argc, char **argv)
         list_init(&f.rfollows);
         uv_timer_init(&loop, &f.eager_timer);
         f.eager_timer.data = &f;
-        err = fed_ucx_start(&f);
+        err = fed_control_start(&f);
+        if (err == 0 && (err = fed_ucx_start(&f)) < 0)
+                fed_control_stop(&f);
         if (err < 0) {
                 dlx_close(f.dlx);
                 return 1;

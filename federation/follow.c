@@ -30,7 +30,7 @@
 
 struct rfollow {
         struct list link; /* in fed.rfollows */
-        struct conn *c;
+        struct conn *c;   /* NULL: gone with its endpoint, freed once nobody walks the list */
         uint64_t id, watch;
         uint64_t listings; /* how many began */
         uint64_t listed;   /* names the one under way named */
@@ -54,10 +54,38 @@ static void change_send(struct conn *c, uint64_t follow, unsigned kind, const ch
         fed_send(c, FED_AM_CHANGE, buf, dlxf__change__pack(&m, buf));
 }
 
+/*
+ * A send may fail at once and take its endpoint with it, and the endpoint
+ * its follows: while the list is walked (f->rf_walking) they are only
+ * marked (c NULL), and freed after.
+ */
+static void rfollows_walk(struct fed *f)
+{
+        f->rf_walking++;
+}
+
+static void rfollows_done(struct fed *f)
+{
+        struct list *pos, *tmp;
+
+        if (--f->rf_walking)
+                return;
+        list_for_each_safe(pos, tmp, &f->rfollows)
+        {
+                struct rfollow *r = list_entry(pos, struct rfollow, link);
+                if (!r->c) {
+                        list_remove(&r->link);
+                        free(r);
+                }
+        }
+}
+
 static int list_one(void *ctx, const struct dlx_info *in)
 {
         struct rfollow *r = ctx;
 
+        if (!r->c)
+                return 1; /* its endpoint went meanwhile */
         /* what a Lookup would refuse is not offered: groups, writable versions */
         if (fed_exported(r->c->fed, in->name) && in->members == 0 &&
             (in->flags & DLPACK_FLAG_BITMASK_READ_ONLY)) {
@@ -77,6 +105,8 @@ static void listing(struct rfollow *r)
         r->listed = 0;
         change_send(r->c, r->id, FED_CHANGE_BEGIN, "", 0, 0, NULL, r->listings);
         err = dlx_list(f->dlx, r->prefix, list_one, r);
+        if (!r->c)
+                return;
         if (err < 0) {
                 /* no SYNCED: the client keeps what it has, and hears of changes */
                 fed_log(FED_WARN, "%s: cannot list '%s': %s", r->c->who, r->prefix,
@@ -145,7 +175,9 @@ void fed_export_follow(struct conn *c, const void *buf, size_t len)
                 memcpy(r->prefix, prefix, sizeof(prefix));
                 list_insert_tail(&f->rfollows, &r->link);
                 fed_log(FED_INFO, "%s follows '%s'", c->who, prefix);
+                rfollows_walk(f);
                 listing(r);
+                rfollows_done(f);
         }
         dlxf__follow__free_unpacked(m, NULL);
 }
@@ -154,9 +186,10 @@ void fed_export_event(struct fed *f, const struct dlx_event *ev)
 {
         struct list *pos;
 
+        rfollows_walk(f);
         for (pos = f->rfollows.next; pos != &f->rfollows; pos = pos->next) {
                 struct rfollow *r = list_entry(pos, struct rfollow, link);
-                if (r->c->closing)
+                if (!r->c || r->c->closing)
                         continue;
                 if (ev->kind == DLX_EVENT_LOST) {
                         /* what changed meanwhile is not known: all of it again */
@@ -166,6 +199,7 @@ void fed_export_event(struct fed *f, const struct dlx_event *ev)
                 } else if (r->watch == ev->watch && fed_exported(f, ev->name))
                         change_send(r->c, r->id, ev->kind, ev->name, ev->version, 0, NULL, 0);
         }
+        rfollows_done(f);
 }
 
 void fed_export_follows_gone(struct conn *c)
@@ -180,9 +214,10 @@ void fed_export_follows_gone(struct conn *c)
                         continue;
                 if (f->dlx)
                         dlx_unwatch(f->dlx, r->watch);
-                list_remove(&r->link);
-                free(r);
+                r->c = NULL;
         }
+        rfollows_walk(f);
+        rfollows_done(f); /* frees them, unless the list is being walked */
 }
 
 /* ---- the importer: prefixes of peers we follow ---- */
@@ -555,4 +590,22 @@ void fed_follow_stop(struct fed *f)
         }
         uv_timer_stop(&f->eager_timer);
         uv_close((uv_handle_t *)&f->eager_timer, NULL);
+}
+
+unsigned fed_follow_count(const struct fed *f, const struct peer *p)
+{
+        unsigned n = 0;
+
+        for (const struct list *pos = f->follows.next; pos != &f->follows; pos = pos->next)
+                n += list_entry(pos, struct ifollow, link)->p == p;
+        return n;
+}
+
+unsigned fed_rfollow_count(const struct fed *f, const struct conn *c)
+{
+        unsigned n = 0;
+
+        for (const struct list *pos = f->rfollows.next; pos != &f->rfollows; pos = pos->next)
+                n += list_entry(pos, struct rfollow, link)->c == c;
+        return n;
 }

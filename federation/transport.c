@@ -243,6 +243,7 @@ static void on_conn_request(ucp_conn_request_h req, void *arg)
                 return;
         }
         snprintf(c->who, sizeof(c->who), "client %s", who);
+        snprintf(c->addr, sizeof(c->addr), "%s", who);
         ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST |
                                             UCP_EP_PARAM_FIELD_ERR_HANDLER |
                                             UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
@@ -275,6 +276,7 @@ struct conn *fed_connect(struct fed *f, struct peer *p, char *why, size_t whysz)
         }
         c->peer = p;
         snprintf(c->who, sizeof(c->who), "peer %s (%s)", p->alias, p->where);
+        snprintf(c->addr, sizeof(c->addr), "%s", p->where);
         ucp_ep_params_t ep = {
                 .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
                               UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,

@@ -11,8 +11,11 @@
  */
 #include <errno.h>
 #include <signal.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <check.h>
@@ -195,6 +198,69 @@ START_TEST(a_follow_catches_up_after_events_were_dropped)
 }
 END_TEST
 
+/* What `dlxctl [--json] peers` prints for h, its exit status in *rc. */
+static char *peers_of(struct host *h, bool as_json, int *rc)
+{
+        static char out[8192];
+        char cmd[512];
+        size_t n;
+        FILE *p;
+
+        snprintf(cmd, sizeof(cmd), "%s --socket %s %s peers 2>&1", getenv("DLXCTL"), h->d.socket,
+                 as_json ? "--json" : "");
+        p = popen(cmd, "r");
+        ck_assert_ptr_nonnull(p);
+        n = fread(out, 1, sizeof(out) - 1, p);
+        out[n] = '\0';
+        *rc = pclose(p);
+        return out;
+}
+
+/*
+ * README: "dlxctl peers: who is connected, via what, and bytes moved". B
+ * follows A's model/ and pulls model/w (256 bytes): B reports peer a,
+ * connected over tcp/lo, one version and 256 bytes in, one follow; A reports
+ * client b, one version and 256 bytes out, one follow.
+ */
+START_TEST(dlxctl_peers_says_who_is_connected_and_what_moved)
+{
+        dlx_client *pa, *pb;
+        char *out;
+        int rc;
+
+        hosts_up();
+        pa = fx_connect(&A.d, "producer-a");
+        pb = fx_connect(&B.d, "looker-b");
+        /* no bridge yet: a clear error */
+        out = peers_of(&B, false, &rc);
+        ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 1 && strstr(out, "no dlxfed answers"),
+                      "%s", out);
+        publish_ok(pa, "model/w", fx_vec_f32(pa, 64, 1), NULL, NULL);
+        follow_up("@a/model/");
+        wait_for(pb, "@a/model/w", 1);
+        out = peers_of(&B, true, &rc);
+        ck_assert_msg(rc == 0, "%s", out);
+        ck_assert_msg(
+                strstr(out, "\"alias\":\"b\"") && strstr(out, "\"peers\":[{\"alias\":\"a\"") &&
+                        strstr(out, "\"state\":\"connected\"") &&
+                        strstr(out, "\"transport\":\"tcp/lo\"") &&
+                        strstr(out, "\"pulls\":1,\"bytes_in\":256,\"failures\":0,\"follows\":1"),
+                "B: %s", out);
+        out = peers_of(&A, true, &rc);
+        ck_assert_msg(rc == 0, "%s", out);
+        ck_assert_msg(strstr(out, "\"clients\":[{\"alias\":\"b\"") &&
+                              strstr(out, "\"served\":1,\"bytes_out\":256,\"follows\":1"),
+                      "A: %s", out);
+        out = peers_of(&B, false, &rc);
+        ck_assert_msg(rc == 0 && strstr(out, "PEER") && strstr(out, "pull") &&
+                              strstr(out, "connected") && strstr(out, "127.0.0.1"),
+                      "B: %s", out);
+        dlx_close(pb);
+        dlx_close(pa);
+        hosts_down();
+}
+END_TEST
+
 Suite *federation_follow_suite(void)
 {
         Suite *s = suite_create("federation-follow");
@@ -207,6 +273,7 @@ Suite *federation_follow_suite(void)
         tcase_add_test(tc, a_follow_needs_a_peer_of_the_list);
         tcase_add_test(tc, a_follow_asks_again_until_its_peer_is_there);
         tcase_add_test(tc, a_follow_catches_up_after_events_were_dropped);
+        tcase_add_test(tc, dlxctl_peers_says_who_is_connected_and_what_moved);
         suite_add_tcase(s, tc);
         return s;
 }
