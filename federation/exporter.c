@@ -81,6 +81,17 @@ static void describe_error(struct conn *c, uint64_t id, int err, const char *fmt
         fed_send(c, FED_AM_DESCRIBE, buf, dlxf__describe__pack(&d, buf));
 }
 
+/* A lookup dlxd refused: err and its message, a group said as what it is. */
+static void lookup_failed(struct conn *c, uint64_t id, const char *name, int err, const char *msg)
+{
+        if (err == -EISDIR)
+                describe_error(c, id, ENOTSUP,
+                               "'%s' on %s is a group: groups do not cross hosts yet", name,
+                               c->fed->cfg.alias);
+        else
+                describe_error(c, id, err, "%s", msg);
+}
+
 static void lease_closed(uv_handle_t *h)
 {
         free(h->data);
@@ -321,7 +332,7 @@ static void wait_done(uv_work_t *w, int status)
         } else if (q->err == 0) {
                 serve(q->c, q->id, q->t);
         } else {
-                describe_error(q->c, q->id, q->err, "%s", q->error);
+                lookup_failed(q->c, q->id, q->name, q->err, q->error);
         }
         free(q);
 }
@@ -390,7 +401,9 @@ void fed_export_lookup(struct conn *c, const void *buf, size_t len)
                         return;
                 }
         }
-        describe_error(c, id, err, "%s: %s", f->cfg.alias, dlx_last_error());
+        char msg[300];
+        snprintf(msg, sizeof(msg), "%s: %s", f->cfg.alias, dlx_last_error());
+        lookup_failed(c, id, name, err, msg);
 }
 
 void fed_export_release(struct conn *c, const void *buf, size_t len)
