@@ -50,6 +50,7 @@ static PyStructSequence_Field info_fields[] = {
         {"live_versions", NULL},
         {"published", "When, in seconds since the epoch."},
         {"members", "A group's member count (publish_dict); 0 for a tensor."},
+        {"origin", "A federation mirror's origin ('ucx tcp/eth1 \u2190 a v7'); '' for others."},
         {NULL, NULL},
 };
 
@@ -57,7 +58,7 @@ static PyStructSequence_Desc info_desc = {
         "dlx.Info",
         "What the daemon knows of a name (Client.stat, Client.list).",
         info_fields,
-        20,
+        21,
 };
 
 static PyObject *int64_tuple(const int64_t *v, int32_t n)
@@ -115,7 +116,7 @@ PyObject *dlxpy_event_new(const struct dlx_event *ev)
 
 PyObject *dlxpy_info_new(const struct dlx_info *i)
 {
-        PyObject *v[20] = {
+        PyObject *v[21] = {
                 PyUnicode_FromString(i->name),
                 PyLong_FromUnsignedLongLong(i->version),
                 dlxpy_dtype_name(i->dtype),
@@ -138,9 +139,11 @@ PyObject *dlxpy_info_new(const struct dlx_info *i)
                 PyLong_FromUnsignedLong(i->live_versions),
                 PyFloat_FromDouble((double)i->published_ns / 1e9),
                 PyLong_FromUnsignedLong(i->members),
+                PyUnicode_DecodeUTF8(i->origin, (Py_ssize_t)strnlen(i->origin, sizeof(i->origin)),
+                                     "replace"),
         };
 
-        return fill(&info_type, v, 20);
+        return fill(&info_type, v, 21);
 }
 
 /* ---- dlx.Watch ----------------------------------------------------------------------------------
