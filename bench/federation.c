@@ -118,9 +118,9 @@ static int start_dlxd(struct fedhost *h, const char *name)
 
 /* h's bridge, alias name, pulling from peer (alias palias); default_segments: UCX's own. */
 static int start_fed(struct fedhost *h, const char *name, const struct fedhost *peer,
-                     const char *palias, bool exporter, bool default_segments)
+                     const char *palias, bool exporter, bool default_segments, const char *follow)
 {
-        char listen[32], peerarg[64], secret[128], log[128], exp[80];
+        char listen[32], peerarg[64], secret[128], log[128], exp[80], fol[120];
         char *argv[24];
         /* UCX's own segment sizes, where asked, come from the environment (dlxfed defers) */
         char *env[] = {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo",
@@ -151,6 +151,11 @@ static int start_fed(struct fedhost *h, const char *name, const struct fedhost *
                 snprintf(exp, sizeof(exp), "%s/", opt.prefix);
                 argv[n++] = "--export";
                 argv[n++] = exp;
+        }
+        if (follow) {
+                snprintf(fol, sizeof(fol), "@%s/%s/%s", palias, opt.prefix, follow);
+                argv[n++] = "--follow";
+                argv[n++] = fol;
         }
         argv[n] = NULL;
         h->fed = spawn_ready(argv, env, log);
@@ -322,6 +327,31 @@ static double acquire_ns(dlx_client *b, const char *name)
         return ns;
 }
 
+/*
+ * A replace on A of a 4 KiB name B follows, until an acquire on B of that
+ * version returns (ns): the watch event, the Change, the pull and the
+ * mirror's publish. -1 on error.
+ */
+static double follow_ns(dlx_client *a, dlx_client *b, const char *name, const char *remote)
+{
+        int64_t n = 4096;
+        DLTensor proto = {.device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLUInt, 8, 1}, .shape = &n};
+        struct dlx_acquire_options o = {.timeout_ms = 60000};
+        DLManagedTensorVersioned *t;
+        uint64_t t0;
+        int err = dlx_alloc(a, &proto, &t);
+
+        if (err < 0)
+                return -1;
+        memset(t->dl_tensor.data, 0x5a, 4096);
+        t0 = now_ns();
+        if (dlx_publish(a, name, t, NULL, &o.min_version) < 0 || dlx_acquire(b, remote, &o, &t) < 0)
+                return -1;
+        double ns = (double)(now_ns() - t0);
+        t->deleter(t);
+        return ns;
+}
+
 static int median_of(double *v, int n, double *ret)
 {
         struct stats st;
@@ -448,8 +478,8 @@ static int measure(void)
         /* ports of their own: the old ones wait out their closed connections (TIME_WAIT) */
         ha.port = free_port();
         hb.port = free_port();
-        if (start_fed(&ha, "a", &hb, "b", true, true) < 0 ||
-            start_fed(&hb, "b", &ha, "a", false, true) < 0)
+        if (start_fed(&ha, "a", &hb, "b", true, true, NULL) < 0 ||
+            start_fed(&hb, "b", &ha, "a", false, true, "bench/fed/follow/") < 0)
                 goto out;
         a = connect_to(&ha, "bench-fed-a");
         b = connect_to(&hb, "bench-fed-b");
@@ -458,6 +488,21 @@ static int measure(void)
         snprintf(label, sizeof(label), "... with UCX's segments (8K/64K)");
         report_value(SCENARIO, "cold_pull_default_segments_gbps", label, (double)big / dflt_ns,
                      "GB/s", bulk_ns / dflt_ns, "tcp stream");
+
+        /* B follows A's fed/follow/: a replace on A, until B has it */
+        bench_name(name, sizeof(name), "bench/fed/follow/w");
+        snprintf(remote, sizeof(remote), "@a/%s", name);
+        for (long i = -20; i < n; i++) {
+                double f = follow_ns(a, b, name, remote);
+                if (f < 0)
+                        goto out;
+                if (i >= 0)
+                        cold[i] = f;
+        }
+        struct stats st_follow;
+        stats_of(cold, (size_t)n, &st_follow);
+        report_value(SCENARIO, "follow_4k_us", "a replace on A until B acquires it (--follow)",
+                     st_follow.median / 1e3, "us", st_follow.median / st_rtt.median, "tcp rt");
 
         if (!opt.quick) {
                 report_target("federation_cold_pull", "cold pull >= 0.8x one TCP stream",
@@ -506,8 +551,8 @@ int run_federation(void)
         ha.port = free_port();
         hb.port = free_port();
         if (start_dlxd(&ha, "a") == 0 && start_dlxd(&hb, "b") == 0 &&
-            start_fed(&ha, "a", &hb, "b", true, false) == 0 &&
-            start_fed(&hb, "b", &ha, "a", false, false) == 0)
+            start_fed(&ha, "a", &hb, "b", true, false, NULL) == 0 &&
+            start_fed(&hb, "b", &ha, "a", false, false, NULL) == 0)
                 err = measure();
         if (err < 0)
                 report_error(SCENARIO,
