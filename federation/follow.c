@@ -384,13 +384,17 @@ void fed_follow_conn_lost(struct conn *c)
         }
 }
 
-/* Pulls name's version, unless this host has it or newer; in turn past FED_MAX_EAGER. */
-static void pull(struct fed *f, const char *name, uint64_t version)
+/*
+ * Pulls name's version; in turn past FED_MAX_EAGER. ask: whether dlxd is
+ * asked first if this host has it or newer (a listing's names; a live
+ * event's version is new here, and needs no round trip).
+ */
+static void pull(struct fed *f, const char *name, uint64_t version, bool ask)
 {
         struct dlx_info in;
         struct eager *e;
 
-        if (dlx_stat(f->dlx, name, &in) == 0 && in.version >= version)
+        if (ask && dlx_stat(f->dlx, name, &in) == 0 && in.version >= version)
                 return;
         if (f->nwants < FED_MAX_EAGER) {
                 fed_import_wanted(f, name, version);
@@ -414,7 +418,7 @@ static void on_eager(uv_timer_t *t)
         while (!f->stopping && f->nwants < FED_MAX_EAGER && !list_empty(&f->eager)) {
                 struct eager *e = list_entry(f->eager.next, struct eager, link);
                 list_remove(&e->link);
-                pull(f, e->name, e->version);
+                pull(f, e->name, e->version, true);
                 free(e);
         }
 }
@@ -560,7 +564,7 @@ void fed_follow_change(struct conn *c, const void *buf, size_t len)
                 if (m->listing && m->listing == fl->listing)
                         seen_add(fl, name);
                 if (m->version)
-                        pull(f, name, m->version);
+                        pull(f, name, m->version, m->listing != 0);
                 break;
         default:
                 break; /* a kind of a later minor */
