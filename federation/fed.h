@@ -123,7 +123,13 @@ struct fed {
         uv_prepare_t ucx_prepare;
         uv_timer_t sweep; /* endpoints past their handshake's deadline go */
         int efd;
+        /*
+         * What this bridge says it speaks (Hello, HelloReply, the MAC): its
+         * own protocol and UCX versions. The tests make a bridge claim others
+         * (DLXFED_TEST_CLAIM, fed_ucx_start()) to see a mismatch refused.
+         */
         unsigned ucx_major, ucx_minor, ucx_release;
+        uint32_t proto_major, proto_minor;
         uint8_t secret[256];
         size_t secret_len;
         struct list conns;   /* struct conn */
@@ -160,6 +166,7 @@ struct conn {
         bool client; /* we connected: we pull from it */
         bool authed;
         bool closing;
+        bool closed; /* UCX is done with it: freed from the loop (conns_reap()) */
         bool freed_leases;
         struct peer *peer; /* client side: whom we connected to */
         char who[160];     /* for logs: alias and address */

@@ -8,9 +8,12 @@
  *
  * Wants of one name are coalesced: a want that a pull under way covers, or
  * that asks for the version another asks for, rides along with it. A want
- * of another version asks on its own: a higher one waits on the peer, a
- * lower one may be there already. Of two pulls of a name, the one that
- * brings an older version is dropped when its version is known.
+ * of a higher version than one asked for and not answered yet waits for
+ * that answer (the peer has nothing for the lower one yet, or sends what it
+ * has, which may do: then_min); a want of a lower version asks on its own,
+ * as the peer may have it while it has not the higher one. Of two pulls of
+ * a name, the one that brings an older version is dropped when its
+ * version is known.
  *
  * Whatever cannot be had fails the waiting acquires through
  * dlx_fetch_failed(), with a message that names the peer. That fails every
@@ -39,6 +42,7 @@ struct want {
         bool ended; /* its receive is being cancelled: freed when UCX says it is done */
         bool got;   /* its DATA arrived: the peer's lease has ended with the send */
         bool gone;  /* unpublished at its origin meanwhile: its mirror goes once it serves */
+        bool done;  /* want_end() ran: once is all (a failed send may end it under its caller) */
         char name[DLX_NAME_MAX + 1]; /* the local one, "@alias/..." */
         /* the pull */
         DLManagedTensorVersioned *buf;
@@ -46,6 +50,8 @@ struct want {
         void *req;
         uint64_t lease, version, length;
         uint64_t covers; /* the highest version whose waiters it answers (>= min_version) */
+        /* a higher version wanted before the answer: asked for then, unless it is covered */
+        uint64_t then_min;
         /* a failure of a higher version, sent once this want has ended (0: none) */
         uint64_t defer_min;
         int defer_err;
@@ -119,6 +125,9 @@ static void want_end(struct want *w, int err, const char *fmt, ...)
 {
         struct fed *f = w->f;
 
+        if (w->done)
+                return;
+        w->done = true;
         list_remove(&w->link);
         list_init(&w->link);
         f->nwants--;
@@ -135,7 +144,8 @@ static void want_end(struct want *w, int err, const char *fmt, ...)
                         msg);
                 if (w->p)
                         w->p->failures++;
-                fail_or_defer(f, w->name, w->covers, err, msg);
+                fail_or_defer(f, w->name, w->then_min > w->covers ? w->then_min : w->covers, err,
+                              msg);
         }
         /* a higher version's failure waited for this want: published, it may not be one */
         if (w->defer_min && (err < 0 || w->defer_min > w->version))
@@ -185,6 +195,8 @@ void fed_import_wanted(struct fed *f, const char *name, uint64_t min_version)
                                  "no such peer in dlxfed's peer list");
                 return;
         }
+        struct want *lower = NULL;
+
         for (pos = f->wants.next; pos != &f->wants; pos = pos->next) {
                 w = list_entry(pos, struct want, link);
                 if (strcmp(w->name, name) != 0)
@@ -195,6 +207,14 @@ void fed_import_wanted(struct fed *f, const char *name, uint64_t min_version)
                                 w->covers = min_version;
                         return;
                 }
+                if (!w->pulling && w->min_version < min_version)
+                        lower = w;
+        }
+        if (lower) {
+                /* what the lower ask brings may do; if not, this is asked for then */
+                if (min_version > lower->then_min)
+                        lower->then_min = min_version;
+                return;
         }
         w = calloc(1, sizeof(*w));
         if (!w) {
@@ -359,7 +379,12 @@ static bool ride_along(struct want *w)
                 fed_log(FED_DEBUG, "%s v%llu: pulled once, for wants of v%llu+ and v%llu+", w->name,
                         (unsigned long long)u->version, (unsigned long long)u->min_version,
                         (unsigned long long)w->min_version);
+                char name[DLX_NAME_MAX + 1];
+                uint64_t then = w->then_min;
+                memcpy(name, w->name, sizeof(name));
                 want_end(w, 0, NULL);
+                if (then)
+                        fed_import_wanted(u->f, name, then);
                 return true;
         }
         return false;
@@ -436,6 +461,17 @@ void fed_import_describe(struct conn *c, const void *buf, size_t len)
         if (ride_along(w)) {
                 dlxf__describe__free_unpacked(d, NULL);
                 return;
+        }
+        if (w->then_min) {
+                /* what was wanted meanwhile: covered by what comes, or asked for now */
+                uint64_t then = w->then_min;
+                w->then_min = 0;
+                if (then <= w->version) {
+                        if (then > w->covers)
+                                w->covers = then;
+                } else {
+                        fed_import_wanted(f, w->name, then);
+                }
         }
         /* the bytes land in shared memory of this host, where the mirror will be */
         int64_t n = (int64_t)(w->length ? w->length : 1);

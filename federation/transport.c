@@ -96,6 +96,25 @@ static bool allowed(const struct fed *f, const struct sockaddr_storage *sa)
 
 /* ---- the worker on the loop ---- */
 
+static void conn_free(struct conn *c);
+
+/*
+ * Frees the endpoints UCX is done with. Only from the loop: a send that
+ * fails at once may close its endpoint under its caller, which must find
+ * it still there (closing), with its leases and pulls as they were.
+ */
+static void conns_reap(struct fed *f)
+{
+        struct list *pos, *tmp;
+
+        list_for_each_safe(pos, tmp, &f->closing)
+        {
+                struct conn *c = list_entry(pos, struct conn, link);
+                if (c->closed)
+                        conn_free(c);
+        }
+}
+
 static void drain(uv_prepare_t *h)
 {
         struct fed *f = h->data;
@@ -103,6 +122,7 @@ static void drain(uv_prepare_t *h)
         for (;;) {
                 while (ucp_worker_progress(f->worker))
                         ;
+                conns_reap(f);
                 if (ucp_worker_arm(f->worker) != UCS_ERR_BUSY)
                         break;
         }
@@ -144,7 +164,7 @@ static void on_closed(void *req, ucs_status_t status, void *arg)
         (void)status;
         ucp_request_free(req);
         c->close_req = NULL;
-        conn_free(c);
+        c->closed = true;
 }
 
 /* force: at once, dropping what is unsent; else once what was sent has left. */
@@ -173,7 +193,7 @@ static void conn_close(struct conn *c, const char *why, bool force)
         list_insert_tail(&f->closing, &c->link);
         r = ucp_ep_close_nbx(c->ep, &p);
         if (r == NULL || UCS_PTR_IS_ERR(r))
-                conn_free(c);
+                c->closed = true;
         else
                 c->close_req = r;
 }
@@ -293,8 +313,8 @@ struct conn *fed_connect(struct fed *f, struct peer *p, char *why, size_t whysz)
                 return NULL;
         }
         p->conn = c;
-        h.major = FED_PROTO_MAJOR;
-        h.minor = FED_PROTO_MINOR;
+        h.major = f->proto_major;
+        h.minor = f->proto_minor;
         h.alias = (char *)f->cfg.alias;
         h.ucx_major = f->ucx_major;
         h.ucx_minor = f->ucx_minor;
@@ -375,8 +395,8 @@ static void transcript_mac(const struct fed *f, const struct conn *c, char role,
         const char *ac = c->client ? f->cfg.alias : c->their_alias;
         const char *as = c->client ? c->their_alias : f->cfg.alias;
         /* both sides' protocol and UCX versions, the client's first, little-endian */
-        uint32_t mine[5] = {htole32(FED_PROTO_MAJOR), htole32(FED_PROTO_MINOR),
-                            htole32(f->ucx_major), htole32(f->ucx_minor), htole32(f->ucx_release)};
+        uint32_t mine[5] = {htole32(f->proto_major), htole32(f->proto_minor), htole32(f->ucx_major),
+                            htole32(f->ucx_minor), htole32(f->ucx_release)};
         uint32_t theirs[5] = {htole32(c->their_proto[0]), htole32(c->their_proto[1]),
                               htole32(c->their_ucx[0]), htole32(c->their_ucx[1]),
                               htole32(c->their_ucx[2])};
@@ -510,8 +530,8 @@ static void on_hello(struct conn *c, const void *buf, size_t len)
                 return;
         }
         transcript_mac(c->fed, c, 'S', mac);
-        r.major = FED_PROTO_MAJOR;
-        r.minor = FED_PROTO_MINOR;
+        r.major = c->fed->proto_major;
+        r.minor = c->fed->proto_minor;
         r.alias = (char *)c->fed->cfg.alias;
         r.ucx_major = c->fed->ucx_major;
         r.ucx_minor = c->fed->ucx_minor;
@@ -707,6 +727,14 @@ int fed_ucx_start(struct fed *f)
                 return -EIO;
         }
         ucp_get_version(&f->ucx_major, &f->ucx_minor, &f->ucx_release);
+        f->proto_major = FED_PROTO_MAJOR;
+        f->proto_minor = FED_PROTO_MINOR;
+        /* for the tests only: "PMAJOR.PMINOR UCXMAJOR.UCXMINOR.UCXRELEASE", claimed on the wire */
+        const char *claim = getenv("DLXFED_TEST_CLAIM");
+        if (claim && sscanf(claim, "%u.%u %u.%u.%u", &f->proto_major, &f->proto_minor,
+                            &f->ucx_major, &f->ucx_minor, &f->ucx_release) == 5)
+                fed_log(FED_WARN, "claiming protocol %u.%u and UCX %u.%u.%u (DLXFED_TEST_CLAIM)",
+                        f->proto_major, f->proto_minor, f->ucx_major, f->ucx_minor, f->ucx_release);
         s = ucp_config_read(NULL, NULL, &cfg);
         if (s != UCS_OK) {
                 fed_log(FED_ERR, "UCX configuration: %s", status_str(s));
@@ -840,8 +868,10 @@ void fed_ucx_stop(struct fed *f)
         list_for_each_safe(pos, tmp, &f->conns)
                 fed_close(list_entry(pos, struct conn, link), "dlxfed is stopping");
         /* every endpoint closed, UCX done with every registration */
-        while (!list_empty(&f->closing))
+        while (!list_empty(&f->closing)) {
                 ucp_worker_progress(f->worker);
+                conns_reap(f);
+        }
         fed_export_stop(f);
         uv_prepare_stop(&f->ucx_prepare);
         uv_poll_stop(&f->ucx_poll);

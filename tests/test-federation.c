@@ -441,6 +441,78 @@ START_TEST(an_exporter_killed_mid_pull_leaves_the_importer_nothing)
 }
 END_TEST
 
+/*
+ * B's bridge claims versions of its own (DLXFED_TEST_CLAIM) to A, which
+ * exports model/; extra (may be NULL) goes to both.
+ */
+static void pair_claiming(const char *claim, const char *extra)
+{
+        char peer_a[64], peer_b[64];
+        const char *a_args[] = {"--export", "model/", "--peer", peer_b, extra, NULL};
+        const char *b_args[] = {"--peer", peer_a, extra, NULL};
+
+        snprintf(peer_a, sizeof(peer_a), "a=127.0.0.1:%d", A.port);
+        snprintf(peer_b, sizeof(peer_b), "b=127.0.0.1:%d", B.port);
+        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", a_args), 0);
+        setenv("DLXFED_TEST_CLAIM", claim, 1);
+        ck_assert_int_eq(fed_start(&B, "b", "a shared secret of the pair", b_args), 0);
+        unsetenv("DLXFED_TEST_CLAIM");
+}
+
+/* The acquire of @a/model/w on B: 0, or its error with its message in why. */
+static int acquire_w(dlx_client *pb, char *why, size_t len)
+{
+        DLManagedTensorVersioned *t;
+        int err;
+
+        t = acquire_at(pb, "@a/model/w", 0, 10000 * fx_slowdown(), &err);
+        snprintf(why, len, "%s", err ? dlx_last_error() : "");
+        if (t)
+                t->deleter(t);
+        return err;
+}
+
+/*
+ * README: "A peer of another UCX minor version is refused
+ * (--allow-ucx-mismatch overrides)"; fed.proto: "a peer of another major is
+ * refused". B claims UCX 1.0.0, then protocol 2.0: they are refused, and
+ * B's consumer hears why, at once; with --allow-ucx-mismatch (on both) the
+ * UCX minor passes, another protocol major never does.
+ */
+START_TEST(another_version_is_refused)
+{
+        static const struct {
+                const char *claim, *extra, *expect;
+        } cases[] = {
+                {"1.1 1.0.0", NULL, "minors must match"},
+                {"2.0 1.0.0", "--allow-ucx-mismatch", "protocol 2"},
+                {"1.1 1.0.0", "--allow-ucx-mismatch", NULL},
+        };
+        char why[300];
+
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+                dlx_client *pa, *pb;
+                int err;
+
+                hosts_up();
+                pair_claiming(cases[i].claim, cases[i].extra);
+                pa = fx_connect(&A.d, "producer-a");
+                pb = fx_connect(&B.d, "consumer-b");
+                publish_ok(pa, "model/w", fx_vec_f32(pa, 8, 0), NULL, NULL);
+                err = acquire_w(pb, why, sizeof(why));
+                if (cases[i].expect)
+                        ck_assert_msg(err == -EHOSTUNREACH && strstr(why, cases[i].expect),
+                                      "claim %s: %s (%s)", cases[i].claim, dlx_strerror(err), why);
+                else
+                        ck_assert_msg(err == 0, "claim %s with --allow-ucx-mismatch: %s (%s)",
+                                      cases[i].claim, dlx_strerror(err), why);
+                dlx_close(pb);
+                dlx_close(pa);
+                hosts_down();
+        }
+}
+END_TEST
+
 Suite *federation_suite(void)
 {
         Suite *s = suite_create("federation");
@@ -454,6 +526,7 @@ Suite *federation_suite(void)
         tcase_add_test(tc, a_peer_without_the_secret_gets_nothing);
         tcase_add_test(tc, a_peer_off_the_allow_list_gets_nothing);
         tcase_add_test(tc, bad_configurations_are_refused);
+        tcase_add_test(tc, another_version_is_refused);
         tcase_add_test(tc, a_dead_exporter_takes_its_mirrors);
         tcase_add_test(tc, an_importer_killed_mid_pull_leaves_the_exporter_nothing);
         tcase_add_test(tc, an_exporter_killed_mid_pull_leaves_the_importer_nothing);
