@@ -199,7 +199,8 @@ void fed_import_wanted(struct fed *f, const char *name, uint64_t min_version)
 
         for (pos = f->wants.next; pos != &f->wants; pos = pos->next) {
                 w = list_entry(pos, struct want, link);
-                if (strcmp(w->name, name) != 0)
+                /* a pull of a life of the name that ended at its origin serves nothing new */
+                if (w->gone || strcmp(w->name, name) != 0)
                         continue;
                 /* a pull that brings enough, or an ask for the same version: it rides along */
                 if (w->pulling ? w->version >= min_version : w->min_version == min_version) {
@@ -266,32 +267,37 @@ static struct want *want_of(struct conn *c, uint64_t id)
         return NULL;
 }
 
-static void mirror_deleter(DLManagedTensorVersioned *t)
-{
-        DLManagedTensorVersioned *buf = t->manager_ctx;
+/* The pulled bytes, held by each mirror tensor made of them and by the pull while it publishes. */
+struct mbuf {
+        DLManagedTensorVersioned *buf;
+        unsigned refs;
+};
 
-        free(t->dl_tensor.shape);
-        free(t);
-        buf->deleter(buf);
+static void mbuf_put(struct mbuf *mb)
+{
+        if (--mb->refs == 0) {
+                mb->buf->deleter(mb->buf);
+                free(mb);
+        }
 }
 
-/* The bytes are here: the mirror goes up, keeping the origin's version. */
-static void publish_mirror(struct want *w)
+static void mirror_deleter(DLManagedTensorVersioned *t)
 {
-        struct fed *f = w->f;
-        const Dlxf__Layout *l = w->layout;
+        free(t->dl_tensor.shape);
+        mbuf_put(t->manager_ctx);
+        free(t);
+}
 
-        w->got = true;
+/* A read-only tensor of mb's bytes, as the layout says; NULL when out of memory. */
+static DLManagedTensorVersioned *mirror_tensor(struct mbuf *mb, const Dlxf__Layout *l)
+{
         DLManagedTensorVersioned *t = calloc(1, sizeof(*t));
         int64_t *dims = calloc(2 * l->n_shape + 1, sizeof(int64_t));
-        char origin[128];
-        int err;
 
         if (!t || !dims) {
                 free(t);
                 free(dims);
-                want_end(w, -ENOMEM, "dlxfed: out of memory");
-                return;
+                return NULL;
         }
         if (l->n_shape) {
                 memcpy(dims, l->shape, l->n_shape * sizeof(int64_t));
@@ -299,10 +305,11 @@ static void publish_mirror(struct want *w)
         }
         t->version.major = DLPACK_MAJOR_VERSION;
         t->version.minor = DLPACK_MINOR_VERSION;
-        t->manager_ctx = w->buf;
+        t->manager_ctx = mb;
+        mb->refs++;
         t->deleter = mirror_deleter;
         t->flags = DLPACK_FLAG_BITMASK_READ_ONLY | l->flags;
-        t->dl_tensor.data = w->buf->dl_tensor.data;
+        t->dl_tensor.data = mb->buf->dl_tensor.data;
         t->dl_tensor.device = (DLDevice){kDLCPU, 0};
         t->dl_tensor.ndim = (int32_t)l->n_shape;
         t->dl_tensor.dtype = (DLDataType){
@@ -310,12 +317,53 @@ static void publish_mirror(struct want *w)
         t->dl_tensor.shape = dims;
         t->dl_tensor.strides = dims + l->n_shape;
         t->dl_tensor.byte_offset = l->byte_offset;
-        w->buf = NULL; /* the mirror's now */
+        return t;
+}
+
+/*
+ * The bytes are here: the mirror goes up, keeping the origin's version.
+ * Where this host still holds copies of a higher version of a name that has
+ * none current, the origin numbered the name anew (it was unpublished there
+ * and published again, and its dlxd kept no number): the mirror goes up as
+ * this host's next version, as versions here never go down; its origin
+ * still says which version of the origin's it is.
+ */
+static void publish_mirror(struct want *w)
+{
+        struct fed *f = w->f;
+        struct mbuf *mb = calloc(1, sizeof(*mb));
+        DLManagedTensorVersioned *t;
+        struct dlx_info in;
+        char origin[128];
+        uint64_t v = 0;
+        int err;
+
+        w->got = true;
+        if (!mb) {
+                want_end(w, -ENOMEM, "dlxfed: out of memory");
+                return;
+        }
+        mb->buf = w->buf;
+        mb->refs = 1; /* ours, while publishing */
+        w->buf = NULL;
         snprintf(origin, sizeof(origin), "ucx %s \xe2\x86\x90 %s v%llu", w->c->transport,
                  w->p->alias, (unsigned long long)w->version);
         struct dlx_publish_options o = {
                 .copy = DLX_COPY_NEVER, .origin_version = w->version, .origin = origin};
-        err = dlx_publish(f->dlx, w->name, t, &o, NULL);
+        t = mirror_tensor(mb, w->layout);
+        err = t ? dlx_publish(f->dlx, w->name, t, &o, &v) : -ENOMEM;
+        if (err == -EEXIST && dlx_stat(f->dlx, w->name, &in) == -ENOENT) {
+                o.origin_version = 0;
+                t = mirror_tensor(mb, w->layout);
+                err = t ? dlx_publish(f->dlx, w->name, t, &o, &v) : -ENOMEM;
+                if (err == 0)
+                        fed_log(FED_NOTICE,
+                                "%s: %s numbered it anew, and copies of a higher version are "
+                                "held here: its v%llu is v%llu here",
+                                w->name, w->p->alias, (unsigned long long)w->version,
+                                (unsigned long long)v);
+        }
+        mbuf_put(mb);
         if (err == -EEXIST) {
                 /* this host has it already, or newer: the waiters have what there is */
                 want_end(w, 0, NULL);
@@ -323,7 +371,7 @@ static void publish_mirror(struct want *w)
         }
         if (err < 0) {
                 want_end(w, err, "cannot publish the mirror of '%s' from peer %s: %s", w->name,
-                         w->p->alias, dlx_last_error());
+                         w->p->alias, err == -ENOMEM ? "out of memory" : dlx_last_error());
                 return;
         }
         w->p->pulls++;
@@ -365,7 +413,7 @@ static bool ride_along(struct want *w)
 
         for (pos = w->f->wants.next; pos != &w->f->wants; pos = pos->next) {
                 struct want *u = list_entry(pos, struct want, link);
-                if (u == w || !u->pulling || strcmp(u->name, w->name) != 0 ||
+                if (u == w || !u->pulling || u->gone || strcmp(u->name, w->name) != 0 ||
                     u->version < w->version)
                         continue;
                 if (w->covers > u->covers)
