@@ -8,7 +8,9 @@
  * one round trip); the lease ends when UCX says the send is over: delivered,
  * or failed with the endpoint (its peer died, or --lease-ms passed and the
  * endpoint was closed). Only read-only CPU versions of exported names
- * leave; nothing under '@' is ever exported again.
+ * leave; nothing under '@' is ever exported again. A group (protocol 1.2)
+ * goes as one: one group lease, one Describe naming its members, and the
+ * span of memory its members lie in as one DATA.
  *
  * Why not a get: UCX 1.13 serves a get over TCP in software, from this
  * process's worker, and aborts the process (ucs_fatal) when the peer's
@@ -26,12 +28,26 @@
 #include "fed.pb-c.h"
 #include "layout.h"
 
+/* What a lease holds: a tensor, or a group. */
+struct hold {
+        DLManagedTensorVersioned *t;
+        dlx_group *g;
+};
+
+static void hold_drop(struct hold *h)
+{
+        if (h->t)
+                h->t->deleter(h->t);
+        dlx_group_release(h->g);
+        *h = (struct hold){0};
+}
+
 struct rlease {
         struct list link; /* in fed.leases */
         struct fed *f;
         struct conn *c;
         uint64_t id;
-        DLManagedTensorVersioned *t;
+        struct hold h;
         ucp_mem_h memh;
         uint64_t header; /* the DATA's: the lookup's id */
         bool sending;    /* UCX has the send: the lease ends in its callback */
@@ -47,7 +63,8 @@ struct waiting {
         uint64_t id, min_version;
         uint32_t wait_ms;
         char name[DLX_NAME_MAX + 1];
-        DLManagedTensorVersioned *t;
+        bool groups; /* the peer takes groups */
+        struct hold h;
         int err;
         char error[256];
 };
@@ -86,10 +103,32 @@ static void lookup_failed(struct conn *c, uint64_t id, const char *name, int err
 {
         if (err == -EISDIR)
                 describe_error(c, id, ENOTSUP,
-                               "'%s' on %s is a group: groups do not cross hosts yet", name,
-                               c->fed->cfg.alias);
+                               "'%s' on %s is a group: groups cross hosts from protocol 1.2, "
+                               "and this link speaks 1.%u",
+                               name, c->fed->cfg.alias, (unsigned)fed_minor(c));
         else
                 describe_error(c, id, err, "%s", msg);
+}
+
+/*
+ * A version of name at o's min_version, as a tensor or (groups) as a group,
+ * waiting as o says. A name may turn from one to the other between two
+ * calls: asked again then, a few times.
+ */
+static int acquire_any(dlx_client *dlx, const char *name, const struct dlx_acquire_options *o,
+                       bool groups, struct hold *h)
+{
+        int err = -EAGAIN;
+
+        for (int tries = 0; tries < 4; tries++) {
+                err = dlx_acquire(dlx, name, o, &h->t);
+                if (err != -EISDIR || !groups)
+                        return err;
+                err = dlx_acquire_group(dlx, name, NULL, 0, o, &h->g);
+                if (err != -ENOTDIR)
+                        return err;
+        }
+        return err;
 }
 
 static void lease_closed(uv_handle_t *h)
@@ -102,7 +141,7 @@ static void lease_end(struct rlease *l)
         list_remove(&l->link);
         if (l->memh)
                 ucp_mem_unmap(l->f->ctx, l->memh);
-        l->t->deleter(l->t);
+        hold_drop(&l->h);
         uv_timer_stop(&l->deadline);
         uv_close((uv_handle_t *)&l->deadline, lease_closed);
 }
@@ -158,12 +197,13 @@ static void send_data(struct conn *c, struct rlease *l, const void *start, size_
         }
 }
 
-/* desc's layout of t, relative to the extent's first byte lo; strides: room for ndim. */
-static void describe_layout(const DLManagedTensorVersioned *t, int64_t lo, Dlxf__Layout *lay,
-                            int64_t *strides)
+/*
+ * d's layout (flags: its DLPack flags), element 0 at byte_offset from the
+ * extent's first byte; strides: room for ndim.
+ */
+static void describe_layout(const DLTensor *d, uint64_t flags, uint64_t byte_offset,
+                            Dlxf__Layout *lay, int64_t *strides)
 {
-        const DLTensor *d = &t->dl_tensor;
-
         if (d->strides)
                 memcpy(strides, d->strides, (size_t)d->ndim * sizeof(int64_t));
         else
@@ -174,60 +214,121 @@ static void describe_layout(const DLManagedTensorVersioned *t, int64_t lo, Dlxf_
         lay->n_shape = lay->n_strides = (size_t)d->ndim;
         lay->shape = d->shape;
         lay->strides = strides;
-        lay->byte_offset = (uint64_t)((int64_t)d->byte_offset - lo);
-        lay->flags = t->flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED;
+        lay->byte_offset = byte_offset;
+        lay->flags = flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED;
 }
 
-/* A small tensor (ownership taken): its bytes in its Describe, and the lease ends at once. */
-static void serve_inline(struct conn *c, uint64_t id, DLManagedTensorVersioned *t, uint64_t version,
-                         int64_t lo, int64_t hi)
+/* The answer to a lookup: packed and sent, or -ENOMEM / -E2BIG. */
+static int describe_send(struct conn *c, const Dlxf__Describe *desc)
 {
-        Dlxf__Describe desc = DLXF__DESCRIBE__INIT;
-        Dlxf__Layout lay = DLXF__LAYOUT__INIT;
-        int64_t strides[DLX_MAX_NDIM];
-        size_t size;
+        size_t size = dlxf__describe__get_packed_size(desc);
         uint8_t *buf;
 
-        describe_layout(t, lo, &lay, strides);
-        desc.id = id;
-        desc.version = version;
-        desc.layout = &lay;
-        desc.length = (uint64_t)(hi - lo);
-        desc.inline_ = true;
-        desc.data.data = (uint8_t *)t->dl_tensor.data + lo;
-        desc.data.len = (size_t)(hi - lo);
-        size = dlxf__describe__get_packed_size(&desc);
+        if (size > FED_DESCRIBE_MAX)
+                return -E2BIG;
         buf = malloc(size);
-        if (buf) {
-                dlxf__describe__pack(&desc, buf);
-                fed_send(c, FED_AM_DESCRIBE, buf, size);
-                free(buf);
-                c->fed->exports_served++;
-                c->fed->bytes_out += desc.length;
-                c->served++;
-                c->bytes_out += desc.length;
-        } else {
-                describe_error(c, id, ENOMEM, "out of memory");
+        if (!buf)
+                return -ENOMEM;
+        dlxf__describe__pack(desc, buf);
+        fed_send(c, FED_AM_DESCRIBE, buf, size);
+        free(buf);
+        return 0;
+}
+
+static void count_served(struct conn *c, uint64_t bytes)
+{
+        c->fed->exports_served++;
+        c->fed->bytes_out += bytes;
+        c->served++;
+        c->bytes_out += bytes;
+}
+
+/*
+ * Sends desc (its version and layout or members filled in) and the bytes
+ * [start, start + desc->length) it describes, held by h (ownership taken):
+ * inside the Describe when small, else as DATA under a lease of their own.
+ */
+static void serve_bytes(struct conn *c, uint64_t id, Dlxf__Describe *desc, struct hold *h,
+                        const uint8_t *start)
+{
+        struct fed *f = c->fed;
+        struct rlease *l;
+        int err;
+
+        desc->id = id;
+        if (desc->length <= FED_INLINE_MAX) {
+                /* a small one: one message, and no lease held */
+                desc->inline_ = true;
+                desc->data.data = (uint8_t *)start;
+                desc->data.len = (size_t)desc->length;
+                err = describe_send(c, desc);
+                if (err == 0)
+                        count_served(c, desc->length);
+                goto out;
         }
-        t->deleter(t);
+        l = calloc(1, sizeof(*l));
+        if (!l) {
+                err = -ENOMEM;
+                goto out;
+        }
+        ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                                                 UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+                                   .address = (void *)start,
+                                   .length = (size_t)desc->length};
+        ucs_status_t s = ucp_mem_map(f->ctx, &mp, &l->memh);
+        if (s != UCS_OK) {
+                if (l->memh)
+                        ucp_mem_unmap(f->ctx, l->memh);
+                free(l);
+                describe_error(c, id, EIO, "cannot register it with UCX: %s", ucs_status_string(s));
+                hold_drop(h);
+                return;
+        }
+        l->f = f;
+        l->c = c;
+        l->h = *h;
+        *h = (struct hold){0};
+        l->id = ++f->next_lease;
+        l->header = id;
+        desc->lease = l->id;
+        desc->deadline_ms = f->cfg.lease_ms;
+        uv_timer_init(f->loop, &l->deadline);
+        l->deadline.data = l;
+        uv_timer_start(&l->deadline, on_deadline, f->cfg.lease_ms, 0);
+        list_insert_tail(&f->leases, &l->link);
+        err = describe_send(c, desc);
+        if (err < 0) {
+                lease_end(l);
+                goto out;
+        }
+        count_served(c, desc->length);
+        fed_log(FED_INFO, "%s: lease %llu on v%llu (%llu bytes%s)", c->who,
+                (unsigned long long)l->id, (unsigned long long)desc->version,
+                (unsigned long long)desc->length, desc->n_members ? ", a group" : "");
+        send_data(c, l, start, (size_t)desc->length);
+        return;
+out:
+        if (err == -E2BIG)
+                describe_error(c, id, E2BIG,
+                               "its description is over the %u bytes one message may hold",
+                               FED_DESCRIBE_MAX);
+        else if (err < 0)
+                describe_error(c, id, ENOMEM, "out of memory");
+        hold_drop(h);
 }
 
 /* Serves an acquired version (ownership taken) to c as the answer to id. */
-static void serve(struct conn *c, uint64_t id, DLManagedTensorVersioned *t)
+static void serve(struct conn *c, uint64_t id, struct hold *h)
 {
-        struct fed *f = c->fed;
+        const DLManagedTensorVersioned *t = h->t;
         const DLTensor *d = &t->dl_tensor;
         Dlxf__Describe desc = DLXF__DESCRIBE__INIT;
         Dlxf__Layout lay = DLXF__LAYOUT__INIT;
-        uint64_t version = 0;
         int64_t lo = 0, hi = 0;
         const char *why = NULL;
-        struct rlease *l;
-        size_t size;
-        uint8_t *buf;
         int64_t strides[DLX_MAX_NDIM];
 
-        dlx_tensor_info(t, NULL, &version, NULL);
+        dlx_tensor_info(t, NULL, &desc.version, NULL);
         if (!(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY)) {
                 describe_error(c, id, ENOTSUP, "federation exports read-only versions only");
                 goto drop;
@@ -242,69 +343,98 @@ static void serve(struct conn *c, uint64_t id, DLManagedTensorVersioned *t)
                 describe_error(c, id, EINVAL, "its layout: %s", why);
                 goto drop;
         }
-        if ((uint64_t)(hi - lo) <= FED_INLINE_MAX) {
-                serve_inline(c, id, t, version, lo, hi);
-                return;
-        }
-        l = calloc(1, sizeof(*l));
-        if (!l) {
-                describe_error(c, id, ENOMEM, "out of memory");
-                goto drop;
-        }
-        l->f = f;
-        l->c = c;
-        l->t = t;
-        l->id = ++f->next_lease;
-        if (hi > lo) {
-                ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
-                                                         UCP_MEM_MAP_PARAM_FIELD_LENGTH,
-                                           .address = (uint8_t *)d->data + lo,
-                                           .length = (size_t)(hi - lo)};
-                ucs_status_t s = ucp_mem_map(f->ctx, &mp, &l->memh);
-                if (s != UCS_OK) {
-                        if (l->memh)
-                                ucp_mem_unmap(f->ctx, l->memh);
-                        free(l);
-                        describe_error(c, id, EIO, "cannot register it with UCX: %s",
-                                       ucs_status_string(s));
-                        goto drop;
-                }
-        }
-        uv_timer_init(f->loop, &l->deadline);
-        l->deadline.data = l;
-        uv_timer_start(&l->deadline, on_deadline, f->cfg.lease_ms, 0);
-        list_insert_tail(&f->leases, &l->link);
-
-        describe_layout(t, lo, &lay, strides);
-        desc.id = id;
-        desc.version = version;
+        describe_layout(d, t->flags, (uint64_t)((int64_t)d->byte_offset - lo), &lay, strides);
         desc.layout = &lay;
-        desc.lease = l->id;
         desc.length = (uint64_t)(hi - lo);
-        desc.deadline_ms = f->cfg.lease_ms;
-        l->header = id;
-        size = dlxf__describe__get_packed_size(&desc);
-        buf = malloc(size);
-        if (buf) {
-                dlxf__describe__pack(&desc, buf);
-                fed_send(c, FED_AM_DESCRIBE, buf, size);
-                free(buf);
-        }
-        f->exports_served++;
-        f->bytes_out += desc.length;
-        c->served++;
-        c->bytes_out += desc.length;
-        fed_log(FED_INFO, "%s: lease %llu on v%llu (%llu bytes)", c->who, (unsigned long long)l->id,
-                (unsigned long long)version, (unsigned long long)desc.length);
-        if (!buf) {
-                lease_end(l);
-                fed_close(c, "out of memory");
-                return;
-        }
-        send_data(c, l, (uint8_t *)d->data + lo, (size_t)desc.length);
+        serve_bytes(c, id, &desc, h, (const uint8_t *)d->data + lo);
         return;
 drop:
-        t->deleter(t);
+        hold_drop(h);
+}
+
+/*
+ * Serves an acquired group (ownership taken): its members' layouts, relative
+ * to the first byte of the span of memory they lie in (one mapping), and
+ * that span as one DATA.
+ */
+static void serve_group(struct conn *c, uint64_t id, struct hold *h)
+{
+        dlx_group *g = h->g;
+        size_t n = dlx_group_count(g);
+        Dlxf__Describe desc = DLXF__DESCRIBE__INIT;
+        Dlxf__Member *ms = calloc(n, sizeof(*ms));
+        Dlxf__Member **mp = calloc(n, sizeof(*mp));
+        Dlxf__Layout *lays = calloc(n, sizeof(*lays));
+        int64_t *strides = calloc(n * DLX_MAX_NDIM + 1, sizeof(int64_t));
+        int64_t *los = calloc(n + 1, sizeof(int64_t)), *his = calloc(n + 1, sizeof(int64_t));
+        uintptr_t start = UINTPTR_MAX, end = 0;
+        const char *why = NULL;
+
+        if (!ms || !mp || !lays || !strides || !los || !his) {
+                describe_error(c, id, ENOMEM, "out of memory");
+                hold_drop(h);
+                goto out;
+        }
+        desc.version = dlx_group_version(g);
+        for (size_t i = 0; i < n; i++) {
+                const DLTensor *d = dlx_group_tensor(g, i);
+                if (d->device.device_type != kDLCPU) {
+                        describe_error(c, id, ENOTSUP,
+                                       "a device group: only CPU groups travel yet");
+                        hold_drop(h);
+                        goto out;
+                }
+                if (layout_extent(d->dtype, d->ndim, d->shape, d->strides, d->byte_offset, 0,
+                                  &los[i], &his[i], &why) < 0) {
+                        describe_error(c, id, EINVAL, "member '%s': %s", dlx_group_name(g, i), why);
+                        hold_drop(h);
+                        goto out;
+                }
+                if (his[i] > los[i]) {
+                        uintptr_t a = (uintptr_t)d->data + (uintptr_t)los[i];
+                        if (a < start)
+                                start = a;
+                        if (a + (uintptr_t)(his[i] - los[i]) > end)
+                                end = a + (uintptr_t)(his[i] - los[i]);
+                }
+        }
+        if (end == 0)
+                start = end = 0; /* every member empty: no bytes */
+        for (size_t i = 0; i < n; i++) {
+                const DLTensor *d = dlx_group_tensor(g, i);
+                Dlxf__Layout *lay = &lays[i];
+
+                dlxf__layout__init(lay);
+                dlxf__member__init(&ms[i]);
+                /* an empty member reads nothing: its place is the extent's start */
+                describe_layout(d, 0,
+                                his[i] > los[i] ? (uintptr_t)d->data + d->byte_offset - start : 0,
+                                lay, strides + i * DLX_MAX_NDIM);
+                ms[i].name.data = (uint8_t *)dlx_group_name(g, i);
+                ms[i].name.len = strlen(dlx_group_name(g, i));
+                ms[i].layout = lay;
+                mp[i] = &ms[i];
+        }
+        desc.n_members = n;
+        desc.members = mp;
+        desc.length = end - start;
+        serve_bytes(c, id, &desc, h, (const uint8_t *)start);
+out:
+        free(ms);
+        free(mp);
+        free(lays);
+        free(strides);
+        free(los);
+        free(his);
+}
+
+/* Serves what was acquired for id, a tensor or a group (ownership taken). */
+static void serve_held(struct conn *c, uint64_t id, struct hold *h)
+{
+        if (h->g)
+                serve_group(c, id, h);
+        else
+                serve(c, id, h);
 }
 
 static void wait_work(uv_work_t *w)
@@ -312,7 +442,7 @@ static void wait_work(uv_work_t *w)
         struct waiting *q = w->data;
         struct dlx_acquire_options o = {.min_version = q->min_version, .timeout_ms = q->wait_ms};
 
-        q->err = dlx_acquire(q->f->dlx, q->name, &o, &q->t);
+        q->err = acquire_any(q->f->dlx, q->name, &o, q->groups, &q->h);
         if (q->err < 0)
                 snprintf(q->error, sizeof(q->error), "%s", dlx_last_error());
 }
@@ -327,10 +457,9 @@ static void wait_done(uv_work_t *w, int status)
         if (q->c)
                 q->c->waiting--;
         if (!q->c) {
-                if (q->err == 0)
-                        q->t->deleter(q->t);
+                hold_drop(&q->h);
         } else if (q->err == 0) {
-                serve(q->c, q->id, q->t);
+                serve_held(q->c, q->id, &q->h);
         } else {
                 lookup_failed(q->c, q->id, q->name, q->err, q->error);
         }
@@ -344,7 +473,8 @@ void fed_export_lookup(struct conn *c, const void *buf, size_t len)
         struct dlx_acquire_options o = {.timeout_ms = 0};
         char name[DLX_NAME_MAX + 1];
         const char *why = NULL;
-        DLManagedTensorVersioned *t = NULL;
+        struct hold h = {0};
+        bool groups = fed_minor(c) >= 2;
         uint64_t id;
         int err;
 
@@ -371,9 +501,9 @@ void fed_export_lookup(struct conn *c, const void *buf, size_t len)
                 describe_error(c, id, ENOENT, "'%s' is not exported by %s", name, f->cfg.alias);
                 return;
         }
-        err = dlx_acquire(f->dlx, name, &o, &t);
+        err = acquire_any(f->dlx, name, &o, groups, &h);
         if (err == 0) {
-                serve(c, id, t);
+                serve_held(c, id, &h);
                 return;
         }
         if ((err == -ENOENT || err == -ETIMEDOUT) && wait_ms > 0) {
@@ -393,6 +523,7 @@ void fed_export_lookup(struct conn *c, const void *buf, size_t len)
                         w->id = id;
                         w->min_version = o.min_version;
                         w->wait_ms = wait_ms;
+                        w->groups = groups;
                         snprintf(w->name, sizeof(w->name), "%s", name);
                         list_insert_tail(&f->waitings, &w->link);
                         f->waiting++;

@@ -26,7 +26,7 @@
 #include "list.h"
 
 #define FED_PROTO_MAJOR 1
-#define FED_PROTO_MINOR 1 /* 1.1: Follow, Change */
+#define FED_PROTO_MINOR 2 /* 1.1: Follow, Change; 1.2: groups (Describe.members) */
 #define FED_ALIAS_MAX 32
 #define FED_NONCE 32
 #define FED_MAC 32
@@ -35,6 +35,11 @@
 #define FED_MAX_ALLOW 64
 /* Tensors up to this size travel inside their Describe: one message, no lease held. */
 #define FED_INLINE_MAX (16u << 10)
+/*
+ * A Describe, a group's members included, is at most this long: control
+ * messages go eagerly, and a peer holds each whole while it reads it.
+ */
+#define FED_DESCRIBE_MAX (16u << 20)
 /* Lookups waiting on the thread pool for a version: in all, and from one peer. */
 #define FED_MAX_WAITING 48
 #define FED_MAX_WAITING_PEER 16
@@ -183,6 +188,9 @@ struct conn {
         void *close_req;
         ucs_status_t error; /* UCS_OK until the endpoint failed */
 };
+
+/* The minor of protocol 1 both ends of c speak (a bridge may claim an older one: tests). */
+uint32_t fed_minor(const struct conn *c);
 
 /* ---- federation.c ---- */
 void fed_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -86,8 +86,8 @@ static int list_one(void *ctx, const struct dlx_info *in)
 
         if (!r->c)
                 return 1; /* its endpoint went meanwhile */
-        /* what a Lookup would refuse is not offered: groups, writable versions */
-        if (fed_exported(r->c->fed, in->name) && in->members == 0 &&
+        /* what a Lookup would refuse is not offered: writable versions, groups before 1.2 */
+        if (fed_exported(r->c->fed, in->name) && (in->members == 0 || fed_minor(r->c) >= 2) &&
             (in->flags & DLPACK_FLAG_BITMASK_READ_ONLY)) {
                 change_send(r->c, r->id, DLX_EVENT_PUBLISHED, in->name, in->version, 0, NULL,
                             r->listings);

@@ -4,7 +4,11 @@
  * acquire waits for "@<alias>/<name>"; we ask the peer (Lookup), take the
  * version's bytes (its DATA: eager when small, a rendezvous when not) into
  * memory dlx_alloc() gave us, and publish them as a read-only mirror that
- * keeps the origin's version number.
+ * keeps the origin's version number. A group (protocol 1.2) comes as one
+ * extent: where its members lie as dlx_group_alloc() would lay them out
+ * (a group made that way at its origin), it lands in such a group and is
+ * published without a copy; else it lands in one buffer and
+ * dlx_publish_group() lays it out, one local copy.
  *
  * Wants of one name are coalesced: a want that a pull under way covers, or
  * that asks for the version another asks for, rides along with it. A want
@@ -46,6 +50,9 @@ struct want {
         char name[DLX_NAME_MAX + 1]; /* the local one, "@alias/..." */
         /* the pull */
         DLManagedTensorVersioned *buf;
+        Dlxf__Describe *group; /* a group's answer: its members */
+        dlx_group *g;          /* a group landing in place */
+        uint8_t *dest;         /* where the bytes land: buf's, or g's */
         ucp_mem_h memh;
         void *req;
         uint64_t lease, version, length;
@@ -84,6 +91,9 @@ static void want_free(struct want *w)
         }
         if (w->buf)
                 w->buf->deleter(w->buf);
+        dlx_group_release(w->g);
+        if (w->group)
+                dlxf__describe__free_unpacked(w->group, NULL);
         if (w->layout)
                 dlxf__layout__free_unpacked(w->layout, NULL);
         if (w->timer_on) {
@@ -320,6 +330,74 @@ static DLManagedTensorVersioned *mirror_tensor(struct mbuf *mb, const Dlxf__Layo
         return t;
 }
 
+/* A member's name, from the peer's bytes (checked by members_ok()). */
+/* The members' names, NUL-terminated, in one allocation (free() it); NULL: out of memory. */
+static char **member_names(const Dlxf__Describe *d)
+{
+        size_t n = d->n_members, bytes = n * sizeof(char *);
+        char **v, *at;
+
+        for (size_t i = 0; i < n; i++)
+                bytes += d->members[i]->name.len + 1;
+        v = malloc(bytes);
+        if (!v)
+                return NULL;
+        at = (char *)(v + n);
+        for (size_t i = 0; i < n; i++) {
+                v[i] = at;
+                memcpy(at, d->members[i]->name.data, d->members[i]->name.len);
+                at += d->members[i]->name.len;
+                *at++ = '\0';
+        }
+        return v;
+}
+
+/* A group's members, views of mb's bytes, published (dlx_publish_group() lays them out). */
+static int publish_members(struct want *w, struct mbuf *mb, const struct dlx_publish_options *o,
+                           uint64_t *v)
+{
+        size_t n = w->group->n_members;
+        struct dlx_member *ms = calloc(n, sizeof(*ms));
+        char **names = member_names(w->group);
+        int err = ms && names ? 0 : -ENOMEM;
+
+        for (size_t i = 0; err == 0 && i < n; i++) {
+                ms[i].name = names[i];
+                ms[i].tensor = mirror_tensor(mb, w->group->members[i]->layout);
+                if (!ms[i].tensor)
+                        err = -ENOMEM;
+        }
+        if (err == 0) {
+                /* takes every member's tensor, whatever it returns */
+                err = dlx_publish_group(w->f->dlx, w->name, ms, n, o, v);
+        } else if (ms) {
+                for (size_t i = 0; i < n; i++)
+                        if (ms[i].tensor)
+                                ms[i].tensor->deleter(ms[i].tensor);
+        }
+        free(ms);
+        free(names);
+        return err;
+}
+
+/* The mirror of what w brought (mb: its bytes, NULL for a group in place) up as o says. */
+static int publish_one(struct want *w, struct mbuf *mb, struct dlx_publish_options *o, uint64_t *v)
+{
+        DLManagedTensorVersioned *t;
+
+        if (w->g) {
+                o->copy = DLX_COPY_NEVER;
+                return dlx_group_publish(w->f->dlx, w->name, w->g, o, v);
+        }
+        if (w->group) {
+                o->copy = DLX_COPY_IF_NEEDED;
+                return publish_members(w, mb, o, v);
+        }
+        o->copy = DLX_COPY_NEVER;
+        t = mirror_tensor(mb, w->layout);
+        return t ? dlx_publish(w->f->dlx, w->name, t, o, v) : -ENOMEM;
+}
+
 /*
  * The bytes are here: the mirror goes up, keeping the origin's version.
  * Where this host still holds copies of a higher version of a name that has
@@ -331,31 +409,30 @@ static DLManagedTensorVersioned *mirror_tensor(struct mbuf *mb, const Dlxf__Layo
 static void publish_mirror(struct want *w)
 {
         struct fed *f = w->f;
-        struct mbuf *mb = calloc(1, sizeof(*mb));
-        DLManagedTensorVersioned *t;
+        struct mbuf *mb = NULL;
         struct dlx_info in;
         char origin[128];
         uint64_t v = 0;
         int err;
 
         w->got = true;
-        if (!mb) {
-                want_end(w, -ENOMEM, "dlxfed: out of memory");
-                return;
+        if (w->buf) {
+                mb = calloc(1, sizeof(*mb));
+                if (!mb) {
+                        want_end(w, -ENOMEM, "dlxfed: out of memory");
+                        return;
+                }
+                mb->buf = w->buf;
+                mb->refs = 1; /* ours, while publishing */
+                w->buf = NULL;
         }
-        mb->buf = w->buf;
-        mb->refs = 1; /* ours, while publishing */
-        w->buf = NULL;
         snprintf(origin, sizeof(origin), "ucx %s \xe2\x86\x90 %s v%llu", w->c->transport,
                  w->p->alias, (unsigned long long)w->version);
-        struct dlx_publish_options o = {
-                .copy = DLX_COPY_NEVER, .origin_version = w->version, .origin = origin};
-        t = mirror_tensor(mb, w->layout);
-        err = t ? dlx_publish(f->dlx, w->name, t, &o, &v) : -ENOMEM;
+        struct dlx_publish_options o = {.origin_version = w->version, .origin = origin};
+        err = publish_one(w, mb, &o, &v);
         if (err == -EEXIST && dlx_stat(f->dlx, w->name, &in) == -ENOENT) {
                 o.origin_version = 0;
-                t = mirror_tensor(mb, w->layout);
-                err = t ? dlx_publish(f->dlx, w->name, t, &o, &v) : -ENOMEM;
+                err = publish_one(w, mb, &o, &v);
                 if (err == 0)
                         fed_log(FED_NOTICE,
                                 "%s: %s numbered it anew, and copies of a higher version are "
@@ -363,7 +440,8 @@ static void publish_mirror(struct want *w)
                                 w->name, w->p->alias, (unsigned long long)w->version,
                                 (unsigned long long)v);
         }
-        mbuf_put(mb);
+        if (mb)
+                mbuf_put(mb);
         if (err == -EEXIST) {
                 /* this host has it already, or newer: the waiters have what there is */
                 want_end(w, 0, NULL);
@@ -376,8 +454,14 @@ static void publish_mirror(struct want *w)
         }
         w->p->pulls++;
         w->p->bytes_in += w->length;
-        fed_log(FED_INFO, "%s v%llu: %llu bytes from %s", w->name, (unsigned long long)w->version,
-                (unsigned long long)w->length, w->p->alias);
+        if (w->group)
+                fed_log(FED_INFO, "%s v%llu: a group of %zu, %llu bytes from %s, %s", w->name,
+                        (unsigned long long)w->version, w->group->n_members,
+                        (unsigned long long)w->length, w->p->alias,
+                        w->g ? "in place" : "laid out here");
+        else
+                fed_log(FED_INFO, "%s v%llu: %llu bytes from %s", w->name,
+                        (unsigned long long)w->version, (unsigned long long)w->length, w->p->alias);
         /* the acquires that waited have it now; a follow said it is gone at its origin */
         if (w->gone)
                 dlx_unpublish(f->dlx, w->name);
@@ -438,12 +522,13 @@ static bool ride_along(struct want *w)
         return false;
 }
 
-static int layout_ok(const Dlxf__Layout *l, uint64_t length, const char **why)
+/* A layout the peer sent: sound, and inside length bytes ([*lo, *hi) of them). */
+static int layout_ok(const Dlxf__Layout *l, uint64_t length, int64_t *lo, int64_t *hi,
+                     const char **why)
 {
         DLDataType dt;
-        int64_t lo, hi;
 
-        if (l->n_shape != l->n_strides || l->n_shape > DLX_MAX_NDIM || l->code > 255 ||
+        if (!l || l->n_shape != l->n_strides || l->n_shape > DLX_MAX_NDIM || l->code > 255 ||
             l->bits > 255 || l->lanes > 65535) {
                 *why = "a malformed layout";
                 return -EPROTO;
@@ -451,13 +536,121 @@ static int layout_ok(const Dlxf__Layout *l, uint64_t length, const char **why)
         dt = (DLDataType){
                 .code = (uint8_t)l->code, .bits = (uint8_t)l->bits, .lanes = (uint16_t)l->lanes};
         if (layout_extent(dt, (int32_t)l->n_shape, l->shape, l->strides, l->byte_offset, l->flags,
-                          &lo, &hi, why) < 0)
+                          lo, hi, why) < 0)
                 return -EPROTO;
-        if (lo < 0 || (uint64_t)hi > length) {
+        if (*lo < 0 || (uint64_t)*hi > length) {
                 *why = "a layout past the bytes it describes";
                 return -EPROTO;
         }
         return 0;
+}
+
+/*
+ * A group's members as the peer sent them: each named and laid out inside
+ * length bytes. *tight: the members' bytes span all length of them, from
+ * the first (what landing in place needs).
+ */
+static int members_ok(const Dlxf__Describe *d, uint64_t length, bool *tight, const char **why)
+{
+        int64_t first = INT64_MAX, last = 0, lo, hi;
+
+        for (size_t i = 0; i < d->n_members; i++) {
+                const Dlxf__Member *m = d->members[i];
+                if (m->name.len == 0 || m->name.len > DLX_NAME_MAX ||
+                    memchr(m->name.data, 0, m->name.len)) {
+                        *why = "a member without a name";
+                        return -EPROTO;
+                }
+                if (layout_ok(m->layout, length, &lo, &hi, why) < 0)
+                        return -EPROTO;
+                if (hi > lo) {
+                        first = lo < first ? lo : first;
+                        last = hi > last ? hi : last;
+                }
+        }
+        *tight = first == INT64_MAX ? length == 0 : first == 0 && (uint64_t)last == length;
+        return 0;
+}
+
+/*
+ * A group whose members lie as dlx_group_alloc() lays them out (compact, in
+ * name order, 64-byte aligned: a group made that way at its origin) lands
+ * in such a group, to be published without a copy. False: it does not.
+ */
+static bool land_in_place(struct want *w)
+{
+        const Dlxf__Describe *d = w->group;
+        size_t n = d->n_members;
+        struct dlx_member_layout *ls = calloc(n, sizeof(*ls));
+        char **names = member_names(d);
+        dlx_group *g = NULL;
+        uint8_t *base = NULL;
+        bool ok = ls && names;
+
+        for (size_t i = 0; ok && i < n; i++) {
+                const Dlxf__Layout *l = d->members[i]->layout;
+                int64_t compact[DLX_MAX_NDIM];
+                layout_compact_strides((int32_t)l->n_shape, l->shape, compact);
+                ok = l->flags == 0 &&
+                     (l->n_shape == 0 ||
+                      memcmp(compact, l->strides, l->n_shape * sizeof(int64_t)) == 0);
+                ls[i] = (struct dlx_member_layout){
+                        .name = names[i],
+                        .dtype = {(uint8_t)l->code, (uint8_t)l->bits, (uint16_t)l->lanes},
+                        .ndim = (int32_t)l->n_shape,
+                        .shape = l->shape};
+        }
+        if (ok && dlx_group_alloc(w->f->dlx, ls, n, &g) < 0)
+                ok = false;
+        for (size_t i = 0; ok && i < n; i++) {
+                const Dlxf__Layout *l = d->members[i]->layout;
+                int64_t at = dlx_group_find(g, names[i]), lo, hi;
+                const char *why;
+                const DLTensor *t = at >= 0 ? dlx_group_tensor(g, (size_t)at) : NULL;
+                if (!t) {
+                        ok = false;
+                        break;
+                }
+                layout_ok(l, w->length, &lo, &hi, &why);
+                if (hi <= lo)
+                        continue; /* empty: nothing lands in it */
+                uint8_t *p = (uint8_t *)t->data + t->byte_offset - l->byte_offset;
+                if (!base)
+                        base = p;
+                ok = p == base;
+        }
+        free(ls);
+        free(names);
+        if (!ok) {
+                dlx_group_release(g);
+                return false;
+        }
+        static uint8_t nothing;
+        w->g = g;
+        w->dest = base ? base : &nothing;
+        return true;
+}
+
+/* Where the answer's bytes land: a group in place, else a dlx_alloc() buffer of this host. */
+static int land(struct want *w, bool tight)
+{
+        int64_t n = (int64_t)(w->length ? w->length : 1);
+        DLTensor proto = {.device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLUInt, 8, 1}, .shape = &n};
+        int err;
+
+        if (w->group && tight && land_in_place(w))
+                return 0;
+        err = dlx_alloc(w->f->dlx, &proto, &w->buf);
+        if (err == 0)
+                w->dest = w->buf->dl_tensor.data;
+        return err;
+}
+
+/* Frees an answer, unless it is w's group's (freed with w). */
+static void describe_drop(struct want *w, Dlxf__Describe *d)
+{
+        if (d != w->group)
+                dlxf__describe__free_unpacked(d, NULL);
 }
 
 void fed_import_describe(struct conn *c, const void *buf, size_t len)
@@ -466,6 +659,8 @@ void fed_import_describe(struct conn *c, const void *buf, size_t len)
         Dlxf__Describe *d = dlxf__describe__unpack(NULL, len, buf);
         const char *why = NULL;
         struct want *w;
+        bool tight = false;
+        int64_t lo, hi;
         ucs_status_t s;
         int err;
 
@@ -495,19 +690,30 @@ void fed_import_describe(struct conn *c, const void *buf, size_t len)
         w->lease = d->lease;
         w->version = d->version;
         w->length = d->length;
-        w->layout = d->layout;
-        d->layout = NULL; /* ours now: freed on its own */
-        if (w->version < w->min_version)
+        if (d->n_members) {
+                w->group = d; /* ours now: freed with w */
+        } else {
+                w->layout = d->layout;
+                d->layout = NULL; /* ours now: freed on its own */
+        }
+        if (w->version == 0)
+                why = "no version";
+        else if (w->version < w->min_version)
                 why = "a version older than the one asked for";
-        if (!w->layout || why || (err = layout_ok(w->layout, w->length, &why)) < 0 ||
-            w->version == 0) {
-                dlxf__describe__free_unpacked(d, NULL);
+        else if (w->group)
+                members_ok(w->group, w->length, &tight, &why);
+        else if (!w->layout)
+                why = "no layout";
+        else
+                layout_ok(w->layout, w->length, &lo, &hi, &why);
+        if (why) {
+                describe_drop(w, d);
                 want_end(w, -EPROTO, "peer %s described '%s' wrongly: %s", w->p->alias, w->name,
-                         why ? why : "no layout or version");
+                         why);
                 return;
         }
         if (ride_along(w)) {
-                dlxf__describe__free_unpacked(d, NULL);
+                describe_drop(w, d);
                 return;
         }
         if (w->then_min) {
@@ -522,11 +728,9 @@ void fed_import_describe(struct conn *c, const void *buf, size_t len)
                 }
         }
         /* the bytes land in shared memory of this host, where the mirror will be */
-        int64_t n = (int64_t)(w->length ? w->length : 1);
-        DLTensor proto = {.device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLUInt, 8, 1}, .shape = &n};
-        err = dlx_alloc(f->dlx, &proto, &w->buf);
+        err = land(w, tight);
         if (err < 0) {
-                dlxf__describe__free_unpacked(d, NULL);
+                describe_drop(w, d);
                 want_end(w, err, "no room for '%s' (%llu bytes) on this host: %s", w->name,
                          (unsigned long long)w->length, dlx_last_error());
                 return;
@@ -535,23 +739,23 @@ void fed_import_describe(struct conn *c, const void *buf, size_t len)
                 /* a small one: its bytes are here, and the peer holds nothing for it */
                 w->lease = 0;
                 if (d->data.len != w->length) {
-                        dlxf__describe__free_unpacked(d, NULL);
+                        describe_drop(w, d);
                         want_end(w, -EPROTO, "peer %s sent %zu bytes of '%s', not %llu",
                                  w->p->alias, d->data.len, w->name, (unsigned long long)w->length);
                         return;
                 }
                 if (w->length)
-                        memcpy(w->buf->dl_tensor.data, d->data.data, w->length);
-                dlxf__describe__free_unpacked(d, NULL);
+                        memcpy(w->dest, d->data.data, w->length);
+                describe_drop(w, d);
                 publish_mirror(w);
                 return;
         }
-        dlxf__describe__free_unpacked(d, NULL);
+        describe_drop(w, d);
         if (w->length == 0)
                 return; /* its DATA is empty: nothing to register */
         ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
                                                  UCP_MEM_MAP_PARAM_FIELD_LENGTH,
-                                   .address = w->buf->dl_tensor.data,
+                                   .address = w->dest,
                                    .length = w->length};
         s = ucp_mem_map(f->ctx, &mp, &w->memh);
         if (s != UCS_OK)
@@ -579,7 +783,7 @@ ucs_status_t fed_import_data(struct conn *c, const void *header, size_t header_l
         }
         memcpy(&id, header, sizeof(id));
         w = want_of(c, id);
-        if (!w || !w->pulling || w->req || !w->buf) {
+        if (!w || !w->pulling || w->req || !w->dest) {
                 /* a want given up meanwhile: the bytes are dropped, the sender's lease ends */
                 return UCS_OK;
         }
@@ -589,7 +793,7 @@ ucs_status_t fed_import_data(struct conn *c, const void *header, size_t header_l
                 return UCS_OK;
         }
         if (!rndv) {
-                memcpy(w->buf->dl_tensor.data, data, length);
+                memcpy(w->dest, data, length);
                 publish_mirror(w);
                 return UCS_OK;
         }
@@ -601,7 +805,7 @@ ucs_status_t fed_import_data(struct conn *c, const void *header, size_t header_l
                 p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
                 p.memh = w->memh;
         }
-        void *r = ucp_am_recv_data_nbx(f->worker, data, w->buf->dl_tensor.data, length, &p);
+        void *r = ucp_am_recv_data_nbx(f->worker, data, w->dest, length, &p);
         if (r == NULL)
                 publish_mirror(w);
         else if (UCS_PTR_IS_ERR(r))

@@ -334,13 +334,19 @@ static void on_sent(void *req, ucs_status_t status, void *arg)
         ucp_request_free(req);
 }
 
+uint32_t fed_minor(const struct conn *c)
+{
+        return c->their_proto[1] < c->fed->proto_minor ? c->their_proto[1] : c->fed->proto_minor;
+}
+
 int fed_send(struct conn *c, enum fed_am id, const void *buf, size_t len)
 {
         void *copy = malloc(len ? len : 1);
         ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                                  UCP_OP_ATTR_FIELD_USER_DATA |
                                                  UCP_OP_ATTR_FIELD_FLAGS,
-                                 .flags = UCP_AM_SEND_FLAG_REPLY,
+                                 /* never by rendezvous: on_am() takes control messages whole */
+                                 .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER,
                                  .cb.send = on_sent,
                                  .user_data = copy};
         void *r;

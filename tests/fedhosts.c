@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -181,16 +182,76 @@ void hosts_down(void)
 }
 
 /* The usual pair: A exports "model/" and "kv/"; B pulls from A (A's peer list admits B). */
-void feds_up(void)
-{
-        char peer_a[64], peer_b[64];
-        const char *a_args[] = {"--export", "model/", "--export", "kv/", "--peer", peer_b, NULL};
-        const char *b_args[] = {"--peer", peer_a, NULL};
+char peer_a[64], peer_b[64];
 
+void set_peers(void)
+{
         snprintf(peer_a, sizeof(peer_a), "a=127.0.0.1:%d", A.port);
         snprintf(peer_b, sizeof(peer_b), "b=127.0.0.1:%d", B.port);
-        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", a_args), 0);
-        ck_assert_int_eq(fed_start(&B, "b", "a shared secret of the pair", b_args), 0);
+}
+
+/* args: "--peer", peer, then extra (NULL-terminated, at most 20). */
+static void peer_args(const char **args, const char *peer, const char *const *extra)
+{
+        int n = 2;
+
+        args[0] = "--peer";
+        args[1] = peer;
+        for (int i = 0; extra && extra[i]; i++) {
+                ck_assert_int_lt(n, 22);
+                args[n++] = extra[i];
+        }
+        args[n] = NULL;
+}
+
+void pair_up(const char *const *a_extra, const char *const *b_extra)
+{
+        const char *a_args[24], *b_args[24];
+
+        set_peers();
+        peer_args(a_args, peer_b, a_extra);
+        peer_args(b_args, peer_a, b_extra);
+        ck_assert_int_eq(fed_start(&A, "a", FED_SECRET, a_args), 0);
+        ck_assert_int_eq(fed_start(&B, "b", FED_SECRET, b_args), 0);
+}
+
+void b_again(const char *const *b_extra)
+{
+        const char *b_args[24];
+
+        peer_args(b_args, peer_a, b_extra);
+        B.port = free_port();
+        ck_assert_int_eq(fed_start(&B, "b", FED_SECRET, b_args), 0);
+}
+
+void feds_up(void)
+{
+        const char *a_args[] = {"--export", "model/", "--export", "kv/", NULL};
+
+        pair_up(a_args, NULL);
+}
+
+struct dlx_info wait_for_ms(dlx_client *c, const char *name, uint64_t version, int ms)
+{
+        struct dlx_info in;
+        int err = 0;
+
+        memset(&in, 0, sizeof(in));
+        for (int i = 0; i < ms / 50 * fx_slowdown(); i++) {
+                err = dlx_stat(c, name, &in);
+                if (version ? err == 0 && in.version == version : err == -ENOENT)
+                        return in;
+                fx_sleep_ms(50);
+        }
+        ck_abort_msg("'%s' on B: %s at v%llu, not %s v%llu", name, err ? dlx_strerror(err) : "is",
+                     (unsigned long long)(err ? 0 : in.version), version ? "at" : "gone at",
+                     (unsigned long long)version);
+        return in;
+}
+
+struct dlx_info wait_for(dlx_client *c, const char *name, uint64_t version)
+{
+        return wait_for_ms(c, name, version, 15000);
 }
 
 DLManagedTensorVersioned *acquire_at(dlx_client *c, const char *name, uint64_t min_version,
@@ -235,4 +296,76 @@ int log_count(struct host *h, const char *needle)
         if (in)
                 fclose(in);
         return n;
+}
+
+struct raw {
+        DLManagedTensorVersioned mt;
+        int64_t shape[4], strides[4];
+        uint8_t *bytes;
+};
+
+static void raw_deleter(DLManagedTensorVersioned *t)
+{
+        struct raw *r = t->manager_ctx;
+        free(r->bytes);
+        free(r);
+}
+
+DLManagedTensorVersioned *raw_new(DLDataType dt, int ndim, const int64_t *shape,
+                                  const int64_t *strides, size_t nbytes, uint64_t byte_offset)
+{
+        struct raw *r = calloc(1, sizeof(*r));
+
+        ck_assert_ptr_nonnull(r);
+        r->bytes = malloc(nbytes ? nbytes : 1);
+        ck_assert_ptr_nonnull(r->bytes);
+        for (size_t i = 0; i < nbytes; i++)
+                r->bytes[i] = (uint8_t)(i * 7 + 3);
+        memcpy(r->shape, shape, (size_t)ndim * sizeof(int64_t));
+        if (strides)
+                memcpy(r->strides, strides, (size_t)ndim * sizeof(int64_t));
+        r->mt.version.major = DLPACK_MAJOR_VERSION;
+        r->mt.version.minor = DLPACK_MINOR_VERSION;
+        r->mt.manager_ctx = r;
+        r->mt.deleter = raw_deleter;
+        r->mt.dl_tensor = (DLTensor){.data = r->bytes,
+                                     .device = {kDLCPU, 0},
+                                     .ndim = ndim,
+                                     .dtype = dt,
+                                     .shape = r->shape,
+                                     .strides = strides ? r->strides : NULL,
+                                     .byte_offset = byte_offset};
+        return &r->mt;
+}
+
+/* Element i's bytes of t (row-major order of its shape), through its own strides. */
+static const uint8_t *element(const DLTensor *t, uint64_t i)
+{
+        int64_t at = 0, stride = 1;
+        size_t esize = (size_t)(t->dtype.bits * t->dtype.lanes + 7) / 8;
+
+        for (int d = t->ndim - 1; d >= 0; d--) {
+                int64_t idx = (int64_t)(i % (uint64_t)t->shape[d]);
+                i /= (uint64_t)t->shape[d];
+                at += idx * (t->strides ? t->strides[d] : stride);
+                stride *= t->shape[d];
+        }
+        return (const uint8_t *)t->data + t->byte_offset + at * (int64_t)esize;
+}
+
+void expect_same(const DLTensor *a, const DLTensor *b, const char *what)
+{
+        uint64_t n = 1;
+        size_t esize = (size_t)(a->dtype.bits * a->dtype.lanes + 7) / 8;
+
+        ck_assert_msg(a->ndim == b->ndim && a->dtype.code == b->dtype.code &&
+                              a->dtype.bits == b->dtype.bits && a->dtype.lanes == b->dtype.lanes,
+                      "%s: dtype or rank differs", what);
+        for (int d = 0; d < a->ndim; d++) {
+                ck_assert_msg(a->shape[d] == b->shape[d], "%s: shape differs in dim %d", what, d);
+                n *= (uint64_t)a->shape[d];
+        }
+        for (uint64_t i = 0; i < n; i++)
+                ck_assert_msg(memcmp(element(a, i), element(b, i), esize) == 0,
+                              "%s: element %" PRIu64 " differs", what, i);
 }

@@ -50,7 +50,6 @@ static void publish_bytes(dlx_client *pa, const char *name, int64_t n)
  */
 START_TEST(a_held_mirror_can_be_pulled_again)
 {
-        char peer_a[64], peer_b[64];
         const char *a_args[] = {"--export", "model/", "--peer", peer_b, "--lease-ms", "30", NULL};
         const char *b_args[] = {"--peer", peer_a, NULL};
         dlx_client *pa, *pb;
@@ -59,10 +58,9 @@ START_TEST(a_held_mirror_can_be_pulled_again)
         int err;
 
         hosts_up();
-        snprintf(peer_a, sizeof(peer_a), "a=127.0.0.1:%d", A.port);
-        snprintf(peer_b, sizeof(peer_b), "b=127.0.0.1:%d", B.port);
-        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", a_args), 0);
-        ck_assert_int_eq(fed_start(&B, "b", "a shared secret of the pair", b_args), 0);
+        set_peers();
+        ck_assert_int_eq(fed_start(&A, "a", FED_SECRET, a_args), 0);
+        ck_assert_int_eq(fed_start(&B, "b", FED_SECRET, b_args), 0);
         pa = fx_connect(&A.d, "producer-a");
         pb = fx_connect(&B.d, "consumer-b");
         publish_ok(pa, "model/w", fx_vec_f32(pa, 64, 1), NULL, NULL);
@@ -140,7 +138,6 @@ END_TEST
  */
 START_TEST(a_stopped_bridge_starts_again_on_its_port)
 {
-        char peer_b[64];
         const char *a_args[] = {"--export", "model/", "--peer", peer_b, NULL};
         dlx_client *pa, *pb;
         DLManagedTensorVersioned *t;
@@ -148,7 +145,7 @@ START_TEST(a_stopped_bridge_starts_again_on_its_port)
 
         hosts_up();
         feds_up();
-        snprintf(peer_b, sizeof(peer_b), "b=127.0.0.1:%d", B.port);
+        set_peers();
         pa = fx_connect(&A.d, "producer-a");
         pb = fx_connect(&B.d, "consumer-b");
         publish_ok(pa, "model/w", fx_vec_f32(pa, 64, 1), NULL, NULL);
@@ -156,7 +153,7 @@ START_TEST(a_stopped_bridge_starts_again_on_its_port)
         DLXV(err);
         t->deleter(t);
         fed_stop(&A);
-        ck_assert_msg(fed_start(&A, "a", "a shared secret of the pair", a_args) == 0,
+        ck_assert_msg(fed_start(&A, "a", FED_SECRET, a_args) == 0,
                       "dlxfed A would not start again on its port (see %s)", A.log);
         dlx_close(pb);
         dlx_close(pa);
@@ -183,7 +180,7 @@ START_TEST(ucx_leaves_the_signals_alone)
 #endif
         hosts_up();
         unsetenv("UCX_ERROR_SIGNALS");
-        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", NULL), 0);
+        ck_assert_int_eq(fed_start(&A, "a", FED_SECRET, NULL), 0);
         snprintf(path, sizeof(path), "/proc/%d/status", (int)A.fed);
         in = fopen(path, "re");
         ck_assert_ptr_nonnull(in);
@@ -209,7 +206,7 @@ END_TEST
  */
 START_TEST(a_hash_in_a_config_value_does_not_widen_an_export)
 {
-        char cfg[160], peer_b[64], line[128];
+        char cfg[160], line[128];
         const char *a_args[] = {"--config", cfg, NULL};
         const char *b_args[] = {"--peer", line, NULL};
         dlx_client *pa, *pb;
@@ -218,15 +215,15 @@ START_TEST(a_hash_in_a_config_value_does_not_widen_an_export)
         int err;
 
         hosts_up();
-        snprintf(peer_b, sizeof(peer_b), "b=127.0.0.1:%d", B.port);
+        set_peers();
         snprintf(cfg, sizeof(cfg), "%s/fed.conf", A.d.dir);
         out = fopen(cfg, "we");
         ck_assert_ptr_nonnull(out);
         fprintf(out, "# A's bridge\npeer %s\nexport my#model/\n", peer_b);
         fclose(out);
         snprintf(line, sizeof(line), "a=127.0.0.1:%d", A.port);
-        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", a_args), 0);
-        ck_assert_int_eq(fed_start(&B, "b", "a shared secret of the pair", b_args), 0);
+        ck_assert_int_eq(fed_start(&A, "a", FED_SECRET, a_args), 0);
+        ck_assert_int_eq(fed_start(&B, "b", FED_SECRET, b_args), 0);
         pa = fx_connect(&A.d, "producer-a");
         pb = fx_connect(&B.d, "consumer-b");
         publish_ok(pa, "mysecrets/key", fx_vec_f32(pa, 8, 0), NULL, NULL);
@@ -252,7 +249,7 @@ START_TEST(a_lost_dlxd_is_a_failed_exit)
         pid_t fed;
 
         hosts_up();
-        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", NULL), 0);
+        ck_assert_int_eq(fed_start(&A, "a", FED_SECRET, NULL), 0);
         fed = A.fed;
         /* dlxd stops (SIGTERM) under its running bridge, then comes back */
         ck_assert_int_eq(kill(A.d.pid, SIGTERM), 0);

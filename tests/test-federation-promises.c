@@ -18,16 +18,14 @@
 #include "fedhosts.h"
 
 /* A (--export model/, peer b, extra a_extra), B with alias b_alias (peer a). */
-static void pair_up(const char *b_alias, const char *a_extra_k, const char *a_extra_v)
+static void pair_as(const char *b_alias, const char *a_extra_k, const char *a_extra_v)
 {
-        static char peer_a[64], peer_b[64];
         const char *a_args[] = {"--export", "model/", "--peer", peer_b, a_extra_k, a_extra_v, NULL};
         const char *b_args[] = {"--peer", peer_a, NULL};
 
-        snprintf(peer_a, sizeof(peer_a), "a=127.0.0.1:%d", A.port);
-        snprintf(peer_b, sizeof(peer_b), "b=127.0.0.1:%d", B.port);
-        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", a_args), 0);
-        ck_assert_int_eq(fed_start(&B, b_alias, "a shared secret of the pair", b_args), 0);
+        set_peers();
+        ck_assert_int_eq(fed_start(&A, "a", FED_SECRET, a_args), 0);
+        ck_assert_int_eq(fed_start(&B, b_alias, FED_SECRET, b_args), 0);
 }
 
 /*
@@ -41,7 +39,7 @@ START_TEST(an_alias_not_in_the_peer_list_is_refused)
         int err;
 
         hosts_up();
-        pair_up("mallory", NULL, NULL);
+        pair_as("mallory", NULL, NULL);
         pa = fx_connect(&A.d, "producer-a");
         pb = fx_connect(&B.d, "consumer-b");
         publish_ok(pa, "model/w", fx_vec_f32(pa, 64, 1), NULL, NULL);
@@ -72,7 +70,7 @@ START_TEST(a_lookup_waits_no_longer_than_wait_ms)
         pid_t child;
 
         hosts_up();
-        pair_up("b", "--wait-ms", "500");
+        pair_as("b", "--wait-ms", "500");
         child = fork();
         ck_assert_int_ge(child, 0);
         if (child == 0) {
@@ -118,7 +116,7 @@ START_TEST(sigterm_ends_waiting_lookups_at_once)
         pid_t child;
 
         hosts_up();
-        pair_up("b", "--wait-ms", "60000");
+        pair_as("b", "--wait-ms", "60000");
         child = fork();
         ck_assert_int_ge(child, 0);
         if (child == 0) {
@@ -168,7 +166,7 @@ START_TEST(at_most_16_lookups_of_one_peer_wait)
         int early = 0, got = 0, other = 0;
 
         hosts_up();
-        pair_up("b", "--wait-ms", "8000");
+        pair_as("b", "--wait-ms", "8000");
         pa = fx_connect(&A.d, "producer-a");
         for (int i = 0; i < NWANT; i++) {
                 kids[i] = fork();
@@ -225,7 +223,7 @@ START_TEST(wants_of_two_min_versions_are_one_copy_each)
         const uint64_t mins[3] = {0, 2, 2};
 
         hosts_up();
-        pair_up("b", "--wait-ms", "8000");
+        pair_as("b", "--wait-ms", "8000");
         pa = fx_connect(&A.d, "producer-a");
         publish_ok(pa, "model/w", fx_vec_f32(pa, 64, 1), NULL, NULL);
         for (int i = 0; i < 3; i++) {
@@ -274,7 +272,6 @@ END_TEST
  */
 START_TEST(a_bridge_with_no_peers_takes_any)
 {
-        static char peer_a[64];
         const char *a_args[] = {"--export", "model/", "--allow", "127.0.0.1", NULL};
         const char *b_args[] = {"--peer", peer_a, NULL};
         dlx_client *pa, *pb;
@@ -282,9 +279,9 @@ START_TEST(a_bridge_with_no_peers_takes_any)
         int err;
 
         hosts_up();
-        snprintf(peer_a, sizeof(peer_a), "a=127.0.0.1:%d", A.port);
-        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", a_args), 0);
-        ck_assert_int_eq(fed_start(&B, "anyone", "a shared secret of the pair", b_args), 0);
+        set_peers();
+        ck_assert_int_eq(fed_start(&A, "a", FED_SECRET, a_args), 0);
+        ck_assert_int_eq(fed_start(&B, "anyone", FED_SECRET, b_args), 0);
         pa = fx_connect(&A.d, "producer-a");
         pb = fx_connect(&B.d, "consumer-b");
         publish_ok(pa, "model/w", fx_vec_f32(pa, 64, 1), NULL, NULL);
@@ -314,7 +311,7 @@ START_TEST(a_want_for_any_version_is_not_failed_by_a_want_for_a_later_one)
         pid_t child;
 
         hosts_up();
-        pair_up("b", "--wait-ms", "1500");
+        pair_as("b", "--wait-ms", "1500");
         pa = fx_connect(&A.d, "producer-a");
         publish_ok(pa, "model/w", fx_vec_f32(pa, 64, 1), NULL, NULL);
         child = fork();
@@ -360,7 +357,7 @@ START_TEST(a_failure_of_a_later_version_waits_for_a_pull_under_way)
         pid_t child;
 
         hosts_up();
-        pair_up("b", "--wait-ms", "100");
+        pair_as("b", "--wait-ms", "100");
         pa = fx_connect(&A.d, "producer-a");
         size = publish_big(pa, "model/big");
         pb = fx_connect(&B.d, "consumer-any");

@@ -35,80 +35,6 @@
 
 #include "fedhosts.h"
 
-/* A tensor over plain bytes of ours: published by copy, with any layout. */
-struct raw {
-        DLManagedTensorVersioned mt;
-        int64_t shape[4], strides[4];
-        uint8_t *bytes;
-};
-
-static void raw_deleter(DLManagedTensorVersioned *t)
-{
-        struct raw *r = t->manager_ctx;
-        free(r->bytes);
-        free(r);
-}
-
-static DLManagedTensorVersioned *raw_new(DLDataType dt, int ndim, const int64_t *shape,
-                                         const int64_t *strides, size_t nbytes,
-                                         uint64_t byte_offset)
-{
-        struct raw *r = calloc(1, sizeof(*r));
-
-        ck_assert_ptr_nonnull(r);
-        r->bytes = malloc(nbytes ? nbytes : 1);
-        ck_assert_ptr_nonnull(r->bytes);
-        for (size_t i = 0; i < nbytes; i++)
-                r->bytes[i] = (uint8_t)(i * 7 + 3);
-        memcpy(r->shape, shape, (size_t)ndim * sizeof(int64_t));
-        if (strides)
-                memcpy(r->strides, strides, (size_t)ndim * sizeof(int64_t));
-        r->mt.version.major = DLPACK_MAJOR_VERSION;
-        r->mt.version.minor = DLPACK_MINOR_VERSION;
-        r->mt.manager_ctx = r;
-        r->mt.deleter = raw_deleter;
-        r->mt.dl_tensor = (DLTensor){.data = r->bytes,
-                                     .device = {kDLCPU, 0},
-                                     .ndim = ndim,
-                                     .dtype = dt,
-                                     .shape = r->shape,
-                                     .strides = strides ? r->strides : NULL,
-                                     .byte_offset = byte_offset};
-        return &r->mt;
-}
-
-/* Element i's bytes of t (row-major order of its shape), through its own strides. */
-static const uint8_t *element(const DLTensor *t, uint64_t i)
-{
-        int64_t at = 0, stride = 1;
-        size_t esize = (size_t)(t->dtype.bits * t->dtype.lanes + 7) / 8;
-
-        for (int d = t->ndim - 1; d >= 0; d--) {
-                int64_t idx = (int64_t)(i % (uint64_t)t->shape[d]);
-                i /= (uint64_t)t->shape[d];
-                at += idx * (t->strides ? t->strides[d] : stride);
-                stride *= t->shape[d];
-        }
-        return (const uint8_t *)t->data + t->byte_offset + at * (int64_t)esize;
-}
-
-static void expect_same(const DLTensor *a, const DLTensor *b, const char *what)
-{
-        uint64_t n = 1;
-        size_t esize = (size_t)(a->dtype.bits * a->dtype.lanes + 7) / 8;
-
-        ck_assert_msg(a->ndim == b->ndim && a->dtype.code == b->dtype.code &&
-                              a->dtype.bits == b->dtype.bits && a->dtype.lanes == b->dtype.lanes,
-                      "%s: dtype or rank differs", what);
-        for (int d = 0; d < a->ndim; d++) {
-                ck_assert_msg(a->shape[d] == b->shape[d], "%s: shape differs in dim %d", what, d);
-                n *= (uint64_t)a->shape[d];
-        }
-        for (uint64_t i = 0; i < n; i++)
-                ck_assert_msg(memcmp(element(a, i), element(b, i), esize) == 0,
-                              "%s: element %" PRIu64 " differs", what, i);
-}
-
 START_TEST(every_dtype_and_layout_crosses)
 {
         static const struct {
@@ -249,7 +175,6 @@ END_TEST
 
 START_TEST(a_peer_without_the_secret_gets_nothing)
 {
-        char peer_a[64];
         const char *a_args[] = {"--export", "model/", "--allow", "127.0.0.1", NULL};
         const char *b_args[] = {"--peer", peer_a, NULL};
         dlx_client *pa, *pb;
@@ -257,7 +182,7 @@ START_TEST(a_peer_without_the_secret_gets_nothing)
         int err;
 
         hosts_up();
-        snprintf(peer_a, sizeof(peer_a), "a=127.0.0.1:%d", A.port);
+        set_peers();
         ck_assert_int_eq(fed_start(&A, "a", "the secret of host a's cluster", a_args), 0);
         ck_assert_int_eq(fed_start(&B, "b", "another cluster's secret here", b_args), 0);
         pa = fx_connect(&A.d, "producer-a");
@@ -277,7 +202,6 @@ END_TEST
 
 START_TEST(a_peer_off_the_allow_list_gets_nothing)
 {
-        char peer_a[64];
         const char *a_args[] = {"--export", "model/", "--allow", "192.0.2.0/24", NULL};
         const char *b_args[] = {"--peer", peer_a, "--pull-ms", "3000", "--wait-ms", "1000", NULL};
         dlx_client *pa, *pb;
@@ -285,9 +209,9 @@ START_TEST(a_peer_off_the_allow_list_gets_nothing)
         int err;
 
         hosts_up();
-        snprintf(peer_a, sizeof(peer_a), "a=127.0.0.1:%d", A.port);
-        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", a_args), 0);
-        ck_assert_int_eq(fed_start(&B, "b", "a shared secret of the pair", b_args), 0);
+        set_peers();
+        ck_assert_int_eq(fed_start(&A, "a", FED_SECRET, a_args), 0);
+        ck_assert_int_eq(fed_start(&B, "b", FED_SECRET, b_args), 0);
         pa = fx_connect(&A.d, "producer-a");
         pb = fx_connect(&B.d, "consumer-b");
         publish_ok(pa, "model/w", fx_vec_f32(pa, 8, 0), NULL, NULL);
@@ -310,17 +234,17 @@ START_TEST(bad_configurations_are_refused)
         char secret_path[160];
 
         hosts_up();
-        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", at_export), 2);
-        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", bad_peer), 2);
-        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", bad_allow), 2);
-        ck_assert_int_eq(fed_start(&A, "a@b", "a shared secret of the pair", NULL), 2);
+        ck_assert_int_eq(fed_start(&A, "a", FED_SECRET, at_export), 2);
+        ck_assert_int_eq(fed_start(&A, "a", FED_SECRET, bad_peer), 2);
+        ck_assert_int_eq(fed_start(&A, "a", FED_SECRET, bad_allow), 2);
+        ck_assert_int_eq(fed_start(&A, "a@b", FED_SECRET, NULL), 2);
         /* a short secret, and one others may read */
         ck_assert_int_eq(fed_start(&A, "a", "short", NULL), 1);
         snprintf(secret_path, sizeof(secret_path), "%s/secret-a", A.d.dir);
         ck_assert_int_eq(chmod(secret_path, 0640), 0);
-        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", NULL), 1);
+        ck_assert_int_eq(fed_start(&A, "a", FED_SECRET, NULL), 1);
         ck_assert_int_eq(chmod(secret_path, 0600), 0);
-        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", NULL), 0);
+        ck_assert_int_eq(fed_start(&A, "a", FED_SECRET, NULL), 0);
         fed_stop(&A);
         hosts_down();
 }
@@ -447,15 +371,13 @@ END_TEST
  */
 static void pair_claiming(const char *claim, const char *extra)
 {
-        char peer_a[64], peer_b[64];
         const char *a_args[] = {"--export", "model/", "--peer", peer_b, extra, NULL};
         const char *b_args[] = {"--peer", peer_a, extra, NULL};
 
-        snprintf(peer_a, sizeof(peer_a), "a=127.0.0.1:%d", A.port);
-        snprintf(peer_b, sizeof(peer_b), "b=127.0.0.1:%d", B.port);
-        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", a_args), 0);
+        set_peers();
+        ck_assert_int_eq(fed_start(&A, "a", FED_SECRET, a_args), 0);
         setenv("DLXFED_TEST_CLAIM", claim, 1);
-        ck_assert_int_eq(fed_start(&B, "b", "a shared secret of the pair", b_args), 0);
+        ck_assert_int_eq(fed_start(&B, "b", FED_SECRET, b_args), 0);
         unsetenv("DLXFED_TEST_CLAIM");
 }
 

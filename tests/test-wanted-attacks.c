@@ -965,16 +965,12 @@ END_TEST
 
 /* ---- two hosts ------------------------------------------------------------------------------ */
 
-static void pair_up(const char *wait_ms)
+/* A exports model/, waiting up to wait_ms for a version; B pulls. */
+static void pair_waiting(const char *wait_ms)
 {
-        static char peer_a[64], peer_b[64];
-        const char *a_args[] = {"--export", "model/", "--peer", peer_b, "--wait-ms", wait_ms, NULL};
-        const char *b_args[] = {"--peer", peer_a, NULL};
+        const char *a_args[] = {"--export", "model/", "--wait-ms", wait_ms, NULL};
 
-        snprintf(peer_a, sizeof(peer_a), "a=127.0.0.1:%d", A.port);
-        snprintf(peer_b, sizeof(peer_b), "b=127.0.0.1:%d", B.port);
-        ck_assert_int_eq(fed_start(&A, "a", "a shared secret of the pair", a_args), 0);
-        ck_assert_int_eq(fed_start(&B, "b", "a shared secret of the pair", b_args), 0);
+        pair_up(a_args, NULL);
 }
 
 static void publish_n(dlx_client *pa, const char *name, int64_t n, float base)
@@ -1018,7 +1014,7 @@ START_TEST(distinct_lower_wants_met_by_one_version_are_one_copy)
         struct waiter w[NW];
 
         hosts_up();
-        pair_up("5000");
+        pair_waiting("5000");
         pa = fx_connect(&A.d, "producer-a");
         for (int v = 1; v <= 5; v++)
                 publish_n(pa, "model/w", 4 << 20, (float)v);
@@ -1058,7 +1054,7 @@ START_TEST(versions_published_during_the_waits_copied_once_each)
         int worst = 0;
 
         hosts_up();
-        pair_up("8000");
+        pair_waiting("8000");
         pa = fx_connect(&A.d, "producer-a");
         publish_n(pa, "model/v", 1 << 20, 1);
         for (int i = 0; i < 3; i++)
@@ -1110,7 +1106,7 @@ START_TEST(a_failure_of_higher_wants_fails_only_them)
         struct waiter w[4];
 
         hosts_up();
-        pair_up("800");
+        pair_waiting("800");
         pa = fx_connect(&A.d, "producer-a");
         publish_n(pa, "model/f", 1 << 20, 1);
         for (int i = 3; i >= 0; i--)
@@ -1163,7 +1159,7 @@ START_TEST(peer_killed_with_lower_and_higher_wants_pending)
         int64_t t0;
 
         hosts_up();
-        pair_up("30000");
+        pair_waiting("30000");
         pa = fx_connect(&A.d, "producer-a");
         look = fx_connect(&A.d, "looks-at-a");
         publish_big(pa, "model/big");
@@ -1222,7 +1218,7 @@ START_TEST(wants_arriving_during_a_pull_copy_each_version_once)
         static const uint64_t mins[4] = {0, 0, 1, 2};
 
         hosts_up();
-        pair_up("20000");
+        pair_waiting("20000");
         pa = fx_connect(&A.d, "producer-a");
         look = fx_connect(&A.d, "looks-at-a");
         publish_big(pa, "model/p");
@@ -1270,7 +1266,7 @@ START_TEST(a_consumer_retrying_a_want_is_one_copy)
         pid_t kid;
 
         hosts_up();
-        pair_up("8000");
+        pair_waiting("8000");
         pa = fx_connect(&A.d, "producer-a");
         publish_n(pa, "model/r", 1 << 20, 1);
         kid = fork();
