@@ -51,6 +51,8 @@
 #define FED_MAX_FOLLOWS 64
 /* Pulls under way at once for what is followed; the rest wait their turn. */
 #define FED_MAX_EAGER 16
+/* Names of one listing a follower keeps, to drop what it no longer names. */
+#define FED_MAX_LISTED (1u << 20)
 
 /* Active-message ids: one per message of fed.proto. */
 /* Change.kind beyond dlx_event_kind's */
@@ -148,7 +150,6 @@ struct fed {
         uv_timer_t eager_timer;
         /* follow.c: peers' of ours */
         struct list rfollows; /* struct rfollow */
-        unsigned rf_walking;  /* rfollows is being walked: what goes is freed after */
         /* control.c */
         uv_pipe_t control;
         bool control_on;

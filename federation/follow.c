@@ -30,7 +30,7 @@
 
 struct rfollow {
         struct list link; /* in fed.rfollows */
-        struct conn *c;   /* NULL: gone with its endpoint, freed once nobody walks the list */
+        struct conn *c;   /* freed with its endpoint (fed_export_follows_gone()) */
         uint64_t id, watch;
         uint64_t listings; /* how many began */
         uint64_t listed;   /* names the one under way named */
@@ -54,38 +54,10 @@ static void change_send(struct conn *c, uint64_t follow, unsigned kind, const ch
         fed_send(c, FED_AM_CHANGE, buf, dlxf__change__pack(&m, buf));
 }
 
-/*
- * A send may fail at once and take its endpoint with it, and the endpoint
- * its follows: while the list is walked (f->rf_walking) they are only
- * marked (c NULL), and freed after.
- */
-static void rfollows_walk(struct fed *f)
-{
-        f->rf_walking++;
-}
-
-static void rfollows_done(struct fed *f)
-{
-        struct list *pos, *tmp;
-
-        if (--f->rf_walking)
-                return;
-        list_for_each_safe(pos, tmp, &f->rfollows)
-        {
-                struct rfollow *r = list_entry(pos, struct rfollow, link);
-                if (!r->c) {
-                        list_remove(&r->link);
-                        free(r);
-                }
-        }
-}
-
 static int list_one(void *ctx, const struct dlx_info *in)
 {
         struct rfollow *r = ctx;
 
-        if (!r->c)
-                return 1; /* its endpoint went meanwhile */
         /* what a Lookup would refuse is not offered: writable versions, groups before 1.2 */
         if (fed_exported(r->c->fed, in->name) && (in->members == 0 || fed_minor(r->c) >= 2) &&
             (in->flags & DLPACK_FLAG_BITMASK_READ_ONLY)) {
@@ -105,8 +77,6 @@ static void listing(struct rfollow *r)
         r->listed = 0;
         change_send(r->c, r->id, FED_CHANGE_BEGIN, "", 0, 0, NULL, r->listings);
         err = dlx_list(f->dlx, r->prefix, list_one, r);
-        if (!r->c)
-                return;
         if (err < 0) {
                 /* no SYNCED: the client keeps what it has, and hears of changes */
                 fed_log(FED_WARN, "%s: cannot list '%s': %s", r->c->who, r->prefix,
@@ -175,21 +145,23 @@ void fed_export_follow(struct conn *c, const void *buf, size_t len)
                 memcpy(r->prefix, prefix, sizeof(prefix));
                 list_insert_tail(&f->rfollows, &r->link);
                 fed_log(FED_INFO, "%s follows '%s'", c->who, prefix);
-                rfollows_walk(f);
                 listing(r);
-                rfollows_done(f);
         }
         dlxf__follow__free_unpacked(m, NULL);
 }
 
+/*
+ * A send that fails at once closes its endpoint, which is freed (and its
+ * follows with it) only from the loop (conns_reap()): the list stays as it
+ * is while it is walked.
+ */
 void fed_export_event(struct fed *f, const struct dlx_event *ev)
 {
         struct list *pos;
 
-        rfollows_walk(f);
         for (pos = f->rfollows.next; pos != &f->rfollows; pos = pos->next) {
                 struct rfollow *r = list_entry(pos, struct rfollow, link);
-                if (!r->c || r->c->closing)
+                if (r->c->closing)
                         continue;
                 if (ev->kind == DLX_EVENT_LOST) {
                         /* what changed meanwhile is not known: all of it again */
@@ -199,7 +171,6 @@ void fed_export_event(struct fed *f, const struct dlx_event *ev)
                 } else if (r->watch == ev->watch && fed_exported(f, ev->name))
                         change_send(r->c, r->id, ev->kind, ev->name, ev->version, 0, NULL, 0);
         }
-        rfollows_done(f);
 }
 
 void fed_export_follows_gone(struct conn *c)
@@ -214,10 +185,9 @@ void fed_export_follows_gone(struct conn *c)
                         continue;
                 if (f->dlx)
                         dlx_unwatch(f->dlx, r->watch);
-                r->c = NULL;
+                list_remove(&r->link);
+                free(r);
         }
-        rfollows_walk(f);
-        rfollows_done(f); /* frees them, unless the list is being walked */
 }
 
 /* ---- the importer: prefixes of peers we follow ---- */
@@ -256,10 +226,16 @@ static void seen_clear(struct ifollow *fl)
         fl->nseen = fl->cap = 0;
 }
 
+/*
+ * Keeps a name a listing named. Past FED_MAX_LISTED of them the listing
+ * cannot be seen whole: its count will not match, and nothing is dropped.
+ */
 static void seen_add(struct ifollow *fl, const char *name)
 {
         char *copy;
 
+        if (fl->nseen >= FED_MAX_LISTED)
+                return;
         if (fl->nseen == fl->cap) {
                 size_t cap = fl->cap ? 2 * fl->cap : 64;
                 char **s = realloc(fl->seen, cap * sizeof(*s));
@@ -430,19 +406,26 @@ void fed_follow_kick(struct fed *f)
                 uv_timer_start(&f->eager_timer, on_eager, 0, 0);
 }
 
-static void unpublish_mirror(struct fed *f, const char *name)
+/* Drops the pulls waiting their turn: of name, or (NULL) all. */
+static void eager_drop(struct fed *f, const char *name)
 {
         struct list *pos, *tmp;
-        struct dlx_info in;
 
         list_for_each_safe(pos, tmp, &f->eager)
         {
                 struct eager *e = list_entry(pos, struct eager, link);
-                if (strcmp(e->name, name) == 0) {
+                if (!name || strcmp(e->name, name) == 0) {
                         list_remove(&e->link);
                         free(e);
                 }
         }
+}
+
+static void unpublish_mirror(struct fed *f, const char *name)
+{
+        struct dlx_info in;
+
+        eager_drop(f, name);
         fed_import_origin_gone(f, name);
         if (dlx_stat(f->dlx, name, &in) == 0 && in.origin[0] && dlx_unpublish(f->dlx, name) == 0)
                 fed_log(FED_INFO, "%s: unpublished at its origin", name);
@@ -587,11 +570,7 @@ void fed_follow_stop(struct fed *f)
                 uv_timer_stop(&fl->retry);
                 uv_close((uv_handle_t *)&fl->retry, follow_closed);
         }
-        while (!list_empty(&f->eager)) {
-                struct eager *e = list_entry(f->eager.next, struct eager, link);
-                list_remove(&e->link);
-                free(e);
-        }
+        eager_drop(f, NULL);
         uv_timer_stop(&f->eager_timer);
         uv_close((uv_handle_t *)&f->eager_timer, NULL);
 }
