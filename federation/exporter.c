@@ -271,10 +271,18 @@ static void serve_bytes(struct conn *c, uint64_t id, Dlxf__Describe *desc, struc
                 err = -ENOMEM;
                 goto out;
         }
-        ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
-                                                 UCP_MEM_MAP_PARAM_FIELD_LENGTH,
-                                   .address = (void *)start,
-                                   .length = (size_t)desc->length};
+        /*
+         * Read-only: what a lease maps is (a sealed memfd, mapped PROT_READ),
+         * and an RDMA registration that asks for no write access pins such
+         * pages; the peer's NIC only reads them.
+         */
+        ucp_mem_map_params_t mp = {
+                .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                              UCP_MEM_MAP_PARAM_FIELD_PROT | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE,
+                .address = (void *)start,
+                .length = (size_t)desc->length,
+                .prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_REMOTE_READ,
+                .memory_type = UCS_MEMORY_TYPE_HOST};
         ucs_status_t s = ucp_mem_map(f->ctx, &mp, &l->memh);
         if (s != UCS_OK) {
                 if (l->memh)

@@ -107,6 +107,7 @@ struct fed_config {
         struct fed_net allow[FED_MAX_ALLOW];
         unsigned nallow;
         bool allow_ucx_mismatch;
+        bool require_rdma; /* --require-rdma: no peer over emulated RMA */
         uint32_t wait_ms;  /* an importer's lookup waits this long at the origin */
         uint32_t lease_ms; /* a remote lease lasts at most this long */
         uint32_t pull_ms;  /* a pull of nothing is given up after this long */

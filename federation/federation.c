@@ -194,6 +194,8 @@ static void usage(FILE *out)
                 "  --pull-ms MS              how long a pull may take beyond --wait-ms\n"
                 "                            (default 60000)\n"
                 "  --allow-ucx-mismatch      talk to peers of another UCX minor version\n"
+                "  --require-rdma            refuse a peer reached without RDMA (UCX's\n"
+                "                            software-emulated RMA over TCP, say)\n"
                 "  -r, --ready-fd N          write one byte to fd N once serving, then close it\n"
                 "  -l, --log-level LEVEL     error, warning, notice (default), info or debug\n"
                 "  -h, --help                show this help\n"
@@ -205,7 +207,7 @@ static void usage(FILE *out)
                 FED_MAX_PEERS);
 }
 
-enum { OPT_WAIT = 256, OPT_LEASE, OPT_PULL, OPT_MISMATCH, OPT_CONTROL };
+enum { OPT_WAIT = 256, OPT_LEASE, OPT_PULL, OPT_MISMATCH, OPT_CONTROL, OPT_RDMA };
 
 static const struct option long_opts[] = {
         {"alias", required_argument, NULL, 'a'},
@@ -222,6 +224,7 @@ static const struct option long_opts[] = {
         {"lease-ms", required_argument, NULL, OPT_LEASE},
         {"pull-ms", required_argument, NULL, OPT_PULL},
         {"allow-ucx-mismatch", no_argument, NULL, OPT_MISMATCH},
+        {"require-rdma", no_argument, NULL, OPT_RDMA},
         {"ready-fd", required_argument, NULL, 'r'},
         {"log-level", required_argument, NULL, 'l'},
         {"help", no_argument, NULL, 'h'},
@@ -345,6 +348,9 @@ static int take(struct fed_config *cfg, int c, char *v, int depth)
         }
         case OPT_MISMATCH:
                 cfg->allow_ucx_mismatch = true;
+                return 0;
+        case OPT_RDMA:
+                cfg->require_rdma = true;
                 return 0;
         case 'r': {
                 char *end;

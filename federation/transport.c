@@ -503,6 +503,28 @@ static void find_transport(struct conn *c)
         free(text);
 }
 
+/*
+ * Whether c's RMA goes over RDMA: a lane of an InfiniBand or RoCE transport
+ * (rc, dc: UCX's rc_verbs, rc_mlx5, dc_mlx5). Over TCP UCX emulates RMA in
+ * software, from the peer's worker.
+ */
+static bool over_rdma(const struct conn *c)
+{
+        return strncmp(c->transport, "rc", 2) == 0 || strncmp(c->transport, "dc", 2) == 0;
+}
+
+/* The handshake is over: with --require-rdma, a peer without RDMA is refused. */
+static bool transport_ok(struct conn *c)
+{
+        find_transport(c);
+        if (!c->fed->cfg.require_rdma || over_rdma(c))
+                return true;
+        refuse(c, EPROTONOSUPPORT,
+               "%s is reached over ucx %s, not RDMA, and %s requires RDMA (--require-rdma)", c->who,
+               c->transport, c->fed->cfg.alias);
+        return false;
+}
+
 static void on_hello(struct conn *c, const void *buf, size_t len)
 {
         Dlxf__Hello *h = dlxf__hello__unpack(NULL, len, buf);
@@ -591,8 +613,9 @@ static void on_hello_reply(struct conn *c, const void *buf, size_t len)
         a.mac.data = mac;
         a.mac.len = FED_MAC;
         fed_send(c, FED_AM_AUTH, out, dlxf__auth__pack(&a, out));
+        if (!transport_ok(c))
+                return;
         c->authed = true;
-        find_transport(c);
         fed_log(FED_NOTICE, "%s: connected over ucx %s", c->who, c->transport);
         fed_import_authed(c);
         fed_follow_authed(c);
@@ -617,8 +640,9 @@ static void on_auth(struct conn *c, const void *buf, size_t len)
                 refuse(c, EACCES, "%s does not hold our secret (HMAC mismatch)", c->who);
                 return;
         }
+        if (!transport_ok(c))
+                return;
         c->authed = true;
-        find_transport(c);
         fed_log(FED_NOTICE, "%s: authenticated, over ucx %s", c->who, c->transport);
 }
 

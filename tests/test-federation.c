@@ -435,6 +435,40 @@ START_TEST(another_version_is_refused)
 }
 END_TEST
 
+/*
+ * dlxfed --help: "--require-rdma  refuse a peer reached without RDMA (UCX's
+ * software-emulated RMA over TCP, say)". On loopback (tcp/lo) a bridge that
+ * requires RDMA, on either side, pulls nothing, and the consumer hears why
+ * at once, naming the transport.
+ */
+START_TEST(a_bridge_that_requires_rdma_refuses_tcp)
+{
+        const char *rdma[] = {"--require-rdma", NULL};
+        const char *exp[] = {"--export", "model/", NULL};
+        const char *exp_rdma[] = {"--export", "model/", "--require-rdma", NULL};
+        char why[300];
+
+        for (int side = 0; side < 2; side++) {
+                dlx_client *pa, *pb;
+                int err;
+
+                hosts_up();
+                pair_up(side ? exp_rdma : exp, side ? NULL : rdma);
+                pa = fx_connect(&A.d, "producer-a");
+                pb = fx_connect(&B.d, "consumer-b");
+                publish_ok(pa, "model/w", fx_vec_f32(pa, 8, 0), NULL, NULL);
+                err = acquire_w(pb, why, sizeof(why));
+                ck_assert_msg(
+                        err == -EHOSTUNREACH && strstr(why, "not RDMA") && strstr(why, "tcp/lo"),
+                        "%s requiring RDMA: %s (%s)", side ? "A" : "B", dlx_strerror(err), why);
+                ck_assert_int_ge(log_count(side ? &A : &B, "--require-rdma"), 1);
+                dlx_close(pb);
+                dlx_close(pa);
+                hosts_down();
+        }
+}
+END_TEST
+
 Suite *federation_suite(void)
 {
         Suite *s = suite_create("federation");
@@ -449,6 +483,7 @@ Suite *federation_suite(void)
         tcase_add_test(tc, a_peer_off_the_allow_list_gets_nothing);
         tcase_add_test(tc, bad_configurations_are_refused);
         tcase_add_test(tc, another_version_is_refused);
+        tcase_add_test(tc, a_bridge_that_requires_rdma_refuses_tcp);
         tcase_add_test(tc, a_dead_exporter_takes_its_mirrors);
         tcase_add_test(tc, an_importer_killed_mid_pull_leaves_the_exporter_nothing);
         tcase_add_test(tc, an_exporter_killed_mid_pull_leaves_the_importer_nothing);
