@@ -297,6 +297,25 @@ static double tcp_bulk(uint64_t size)
         return t;
 }
 
+/*
+ * Touches size bytes of fresh memory and gives them back, so that what the
+ * next transfer writes into is memory this host used a moment ago. In a VM
+ * that reports free pages to its host (virtio-balloon), memory not touched
+ * for a while costs about twice as much to fault in (the host backs it
+ * again), and which of two transfers gets such memory would decide their
+ * ratio: each floor and each pull is measured after this, alike.
+ */
+static void warm(uint64_t size)
+{
+        uint8_t *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+        if (p == MAP_FAILED)
+                return;
+        for (uint64_t i = 0; i < size; i += 4096)
+                p[i] = 1;
+        munmap(p, size);
+}
+
 /* ---- the measurements ---- */
 
 static int publish_bytes(dlx_client *c, const char *name, uint64_t size)
@@ -376,6 +395,7 @@ static int cold_pulls(dlx_client *a, dlx_client *b, uint64_t size, int k, const 
                 snprintf(remote, sizeof(remote), "@a/%s", name);
                 if (publish_bytes(a, name, size) < 0)
                         return -1;
+                warm(size);
                 t[i] = acquire_ns(b, remote);
                 dlx_unpublish(a, name);
         }
@@ -409,8 +429,10 @@ static int measure(void)
                 goto out;
 
         /* floors */
-        for (int i = 0; i < k; i++)
+        for (int i = 0; i < k; i++) {
+                warm(big);
                 bulk[i] = tcp_bulk(big);
+        }
         if (median_of(bulk, k, &bulk_ns) < 0 || tcp_rtt(n, rtt) < 0)
                 goto out;
 
