@@ -325,39 +325,86 @@ out:
         hold_drop(h);
 }
 
-/* Serves an acquired version (ownership taken) to c as the answer to id. */
-static void serve(struct conn *c, uint64_t id, struct hold *h)
+/*
+ * desc's version, layout (lay, strides: room for DLX_MAX_NDIM) and length
+ * for t, and the first byte of its extent in *start. 0, or a positive
+ * errno and why in msg: what federation does not export.
+ */
+static int describe_tensor(const DLManagedTensorVersioned *t, Dlxf__Describe *desc,
+                           Dlxf__Layout *lay, int64_t *strides, const uint8_t **start, char *msg,
+                           size_t msglen)
 {
-        const DLManagedTensorVersioned *t = h->t;
         const DLTensor *d = &t->dl_tensor;
-        Dlxf__Describe desc = DLXF__DESCRIBE__INIT;
-        Dlxf__Layout lay = DLXF__LAYOUT__INIT;
         int64_t lo = 0, hi = 0;
         const char *why = NULL;
-        int64_t strides[DLX_MAX_NDIM];
 
-        dlx_tensor_info(t, NULL, &desc.version, NULL);
+        dlx_tensor_info(t, NULL, &desc->version, NULL);
         if (!(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY)) {
-                describe_error(c, id, ENOTSUP, "federation exports read-only versions only");
-                goto drop;
+                snprintf(msg, msglen, "federation exports read-only versions only");
+                return ENOTSUP;
         }
         if (d->device.device_type != kDLCPU) {
-                describe_error(c, id, ENOTSUP, "device %d: only CPU tensors travel yet",
-                               (int)d->device.device_type);
-                goto drop;
+                snprintf(msg, msglen, "device %d: only CPU tensors travel yet",
+                         (int)d->device.device_type);
+                return ENOTSUP;
         }
         if (layout_extent(d->dtype, d->ndim, d->shape, d->strides, d->byte_offset, t->flags, &lo,
                           &hi, &why) < 0) {
-                describe_error(c, id, EINVAL, "its layout: %s", why);
-                goto drop;
+                snprintf(msg, msglen, "its layout: %s", why);
+                return EINVAL;
         }
-        describe_layout(d, t->flags, (uint64_t)((int64_t)d->byte_offset - lo), &lay, strides);
-        desc.layout = &lay;
-        desc.length = (uint64_t)(hi - lo);
-        serve_bytes(c, id, &desc, h, (const uint8_t *)d->data + lo);
-        return;
-drop:
-        hold_drop(h);
+        describe_layout(d, t->flags, (uint64_t)((int64_t)d->byte_offset - lo), lay, strides);
+        desc->layout = lay;
+        desc->length = (uint64_t)(hi - lo);
+        *start = (const uint8_t *)d->data + lo;
+        return 0;
+}
+
+/* Serves an acquired version (ownership taken) to c as the answer to id. */
+static void serve(struct conn *c, uint64_t id, struct hold *h)
+{
+        Dlxf__Describe desc = DLXF__DESCRIBE__INIT;
+        Dlxf__Layout lay = DLXF__LAYOUT__INIT;
+        int64_t strides[DLX_MAX_NDIM];
+        const uint8_t *start = NULL;
+        char msg[200];
+        int err = describe_tensor(h->t, &desc, &lay, strides, &start, msg, sizeof(msg));
+
+        if (err) {
+                describe_error(c, id, err, "%s", msg);
+                hold_drop(h);
+                return;
+        }
+        serve_bytes(c, id, &desc, h, start);
+}
+
+uint8_t *fed_export_offer(struct conn *c, const char *name, uint64_t version, size_t *ret_len)
+{
+        struct dlx_acquire_options o = {.min_version = version, .timeout_ms = 0};
+        Dlxf__Describe desc = DLXF__DESCRIBE__INIT;
+        Dlxf__Layout lay = DLXF__LAYOUT__INIT;
+        DLManagedTensorVersioned *t = NULL;
+        int64_t strides[DLX_MAX_NDIM];
+        const uint8_t *start = NULL;
+        uint8_t *buf = NULL;
+        char msg[200];
+
+        if (dlx_acquire(c->fed->dlx, name, &o, &t) < 0)
+                return NULL; /* a group, or gone already: the client asks */
+        if (describe_tensor(t, &desc, &lay, strides, &start, msg, sizeof(msg)) == 0 &&
+            desc.length <= FED_INLINE_MAX) {
+                desc.inline_ = true;
+                desc.data.data = (uint8_t *)start;
+                desc.data.len = (size_t)desc.length;
+                *ret_len = dlxf__describe__get_packed_size(&desc);
+                buf = malloc(*ret_len);
+                if (buf) {
+                        dlxf__describe__pack(&desc, buf);
+                        count_served(c, desc.length);
+                }
+        }
+        t->deleter(t);
+        return buf;
 }
 
 /*

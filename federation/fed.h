@@ -225,11 +225,22 @@ void fed_export_lookup(struct conn *c, const void *buf, size_t len);
 void fed_export_release(struct conn *c, const void *buf, size_t len);
 /* c is gone and UCX reads no more through it: its leases go. */
 void fed_export_conn_gone(struct conn *c);
+/*
+ * For a follower (c) told of name's version: the current version at that
+ * one or later, when small (FED_INLINE_MAX), as a packed inline Describe
+ * (malloc()ed, *ret_len bytes); NULL: not offered, the follower asks.
+ */
+uint8_t *fed_export_offer(struct conn *c, const char *name, uint64_t version, size_t *ret_len);
 void fed_export_stop(struct fed *f);
 
 /* ---- importer.c ---- */
 void fed_import_wanted(struct fed *f, const char *name, uint64_t min_version);
 void fed_import_authed(struct conn *c);
+/*
+ * A follower's offer of name (a packed inline Describe, from a Change) taken
+ * as if asked for and answered. False: not one to take (ask instead).
+ */
+bool fed_import_offered(struct conn *c, const char *name, const void *buf, size_t len);
 void fed_import_describe(struct conn *c, const void *buf, size_t len);
 /* A DATA message: its header, and data as the AM handler has it. Returns the handler's status. */
 ucs_status_t fed_import_data(struct conn *c, const void *header, size_t header_length, void *data,

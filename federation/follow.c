@@ -37,11 +37,14 @@ struct rfollow {
         char prefix[DLX_NAME_MAX + 1];
 };
 
-static void change_send(struct conn *c, uint64_t follow, unsigned kind, const char *name,
-                        uint64_t version, int err, const char *error, uint64_t listing)
+/* A Change; offer: a packed Describe of the version (offer_len bytes), or NULL. */
+static void change_offer(struct conn *c, uint64_t follow, unsigned kind, const char *name,
+                         uint64_t version, int err, const char *error, uint64_t listing,
+                         const uint8_t *offer, size_t offer_len)
 {
         Dlxf__Change m = DLXF__CHANGE__INIT;
-        uint8_t buf[DLX_NAME_MAX + 400];
+        uint8_t small[DLX_NAME_MAX + 400], *buf = small;
+        size_t len;
 
         m.follow = follow;
         m.listing = listing;
@@ -51,7 +54,23 @@ static void change_send(struct conn *c, uint64_t follow, unsigned kind, const ch
         m.version = version;
         m.errnum = err < 0 ? -err : err;
         m.error = (char *)(error ? error : "");
+        m.describe.data = (uint8_t *)offer;
+        m.describe.len = offer ? offer_len : 0;
+        len = dlxf__change__get_packed_size(&m);
+        if (len > sizeof(small) && !(buf = malloc(len))) {
+                /* the client asks instead */
+                m.describe.len = 0;
+                buf = small;
+        }
         fed_send(c, FED_AM_CHANGE, buf, dlxf__change__pack(&m, buf));
+        if (buf != small)
+                free(buf);
+}
+
+static void change_send(struct conn *c, uint64_t follow, unsigned kind, const char *name,
+                        uint64_t version, int err, const char *error, uint64_t listing)
+{
+        change_offer(c, follow, kind, name, version, err, error, listing, NULL, 0);
 }
 
 static int list_one(void *ctx, const struct dlx_info *in)
@@ -168,8 +187,17 @@ void fed_export_event(struct fed *f, const struct dlx_event *ev)
                         fed_log(FED_NOTICE, "%s: events of '%s' were dropped: listing it again",
                                 r->c->who, r->prefix);
                         listing(r);
-                } else if (r->watch == ev->watch && fed_exported(f, ev->name))
-                        change_send(r->c, r->id, ev->kind, ev->name, ev->version, 0, NULL, 0);
+                } else if (r->watch == ev->watch && fed_exported(f, ev->name)) {
+                        /* a small new version goes with its news: the follower needs not ask */
+                        size_t len = 0;
+                        uint8_t *offer =
+                                ev->kind != DLX_EVENT_UNPUBLISHED && fed_minor(r->c) >= 2
+                                        ? fed_export_offer(r->c, ev->name, ev->version, &len)
+                                        : NULL;
+                        change_offer(r->c, r->id, ev->kind, ev->name, ev->version, 0, NULL, 0,
+                                     offer, len);
+                        free(offer);
+                }
         }
 }
 
@@ -546,7 +574,9 @@ void fed_follow_change(struct conn *c, const void *buf, size_t len)
                 }
                 if (m->listing && m->listing == fl->listing)
                         seen_add(fl, name);
-                if (m->version)
+                /* a small version may come with its news (1.2): taken as a pull's answer */
+                if (m->version && !(m->describe.len && !m->listing &&
+                                    fed_import_offered(c, name, m->describe.data, m->describe.len)))
                         pull(f, name, m->version, m->listing != 0);
                 break;
         default:

@@ -43,10 +43,11 @@ struct want {
         uint64_t id;
         uint64_t min_version;
         bool asked, pulling;
-        bool ended; /* its receive is being cancelled: freed when UCX says it is done */
-        bool got;   /* its DATA arrived: the peer's lease has ended with the send */
-        bool gone;  /* unpublished at its origin meanwhile: its mirror goes once it serves */
-        bool done;  /* want_end() ran: once is all (a failed send may end it under its caller) */
+        bool ended;   /* its receive is being cancelled: freed when UCX says it is done */
+        bool got;     /* its DATA arrived: the peer's lease has ended with the send */
+        bool gone;    /* unpublished at its origin meanwhile: its mirror goes once it serves */
+        bool done;    /* want_end() ran: once is all (a failed send may end it under its caller) */
+        bool offered; /* it came with a follow's news: nobody asked */
         char name[DLX_NAME_MAX + 1]; /* the local one, "@alias/..." */
         /* the pull */
         DLManagedTensorVersioned *buf;
@@ -193,6 +194,28 @@ static void ask(struct want *w)
                 want_end(w, -EHOSTUNREACH, "cannot ask peer %s for '%s'", w->p->alias, remote);
 }
 
+/* A want of name at min_version or later from p, timed; NULL when out of memory. */
+static struct want *want_new(struct fed *f, struct peer *p, const char *name, uint64_t min_version)
+{
+        struct want *w = calloc(1, sizeof(*w));
+
+        if (!w)
+                return NULL;
+        w->f = f;
+        w->p = p;
+        w->id = ++f->next_id;
+        w->min_version = min_version;
+        w->covers = min_version;
+        snprintf(w->name, sizeof(w->name), "%s", name);
+        list_insert_tail(&f->wants, &w->link);
+        f->nwants++;
+        uv_timer_init(f->loop, &w->timer);
+        w->timer.data = w;
+        w->timer_on = true;
+        uv_timer_start(&w->timer, on_pull_timeout, f->cfg.pull_ms + f->cfg.wait_ms, 0);
+        return w;
+}
+
 void fed_import_wanted(struct fed *f, const char *name, uint64_t min_version)
 {
         struct peer *p = fed_peer_of(&f->cfg, name);
@@ -227,23 +250,11 @@ void fed_import_wanted(struct fed *f, const char *name, uint64_t min_version)
                         lower->then_min = min_version;
                 return;
         }
-        w = calloc(1, sizeof(*w));
+        w = want_new(f, p, name, min_version);
         if (!w) {
                 fail_or_defer(f, name, min_version, -ENOMEM, "dlxfed: out of memory");
                 return;
         }
-        w->f = f;
-        w->p = p;
-        w->id = ++f->next_id;
-        w->min_version = min_version;
-        w->covers = min_version;
-        snprintf(w->name, sizeof(w->name), "%s", name);
-        list_insert_tail(&f->wants, &w->link);
-        f->nwants++;
-        uv_timer_init(f->loop, &w->timer);
-        w->timer.data = w;
-        w->timer_on = true;
-        uv_timer_start(&w->timer, on_pull_timeout, f->cfg.pull_ms + f->cfg.wait_ms, 0);
         w->c = fed_connect(f, p, why, sizeof(why));
         if (!w->c) {
                 want_end(w, -EHOSTUNREACH, "%s", why);
@@ -460,8 +471,9 @@ static void publish_mirror(struct want *w)
                         (unsigned long long)w->length, w->p->alias,
                         w->g ? "in place" : "laid out here");
         else
-                fed_log(FED_INFO, "%s v%llu: %llu bytes from %s", w->name,
-                        (unsigned long long)w->version, (unsigned long long)w->length, w->p->alias);
+                fed_log(FED_INFO, "%s v%llu: %llu bytes from %s%s", w->name,
+                        (unsigned long long)w->version, (unsigned long long)w->length, w->p->alias,
+                        w->offered ? ", with its news" : "");
         /* the acquires that waited have it now; a follow said it is gone at its origin */
         if (w->gone)
                 dlx_unpublish(f->dlx, w->name);
@@ -653,33 +665,16 @@ static void describe_drop(struct want *w, Dlxf__Describe *d)
                 dlxf__describe__free_unpacked(d, NULL);
 }
 
-void fed_import_describe(struct conn *c, const void *buf, size_t len)
+/* w's answer d (ownership taken): the bytes are here, or come as DATA, or it failed. */
+static void answered(struct want *w, Dlxf__Describe *d)
 {
-        struct fed *f = c->fed;
-        Dlxf__Describe *d = dlxf__describe__unpack(NULL, len, buf);
+        struct fed *f = w->f;
         const char *why = NULL;
-        struct want *w;
         bool tight = false;
         int64_t lo, hi;
         ucs_status_t s;
         int err;
 
-        if (!d) {
-                fed_close(c, "an undecodable answer");
-                return;
-        }
-        w = want_of(c, d->id);
-        if (!w || w->pulling) {
-                /* an answer to a want given up: its lease goes back */
-                if (d->errnum == 0 && d->lease) {
-                        Dlxf__Release r = DLXF__RELEASE__INIT;
-                        uint8_t b[32];
-                        r.lease = d->lease;
-                        fed_send(c, FED_AM_RELEASE, b, dlxf__release__pack(&r, b));
-                }
-                dlxf__describe__free_unpacked(d, NULL);
-                return;
-        }
         if (d->errnum) {
                 err = d->errnum > 0 && d->errnum < 4096 ? -d->errnum : -EIO;
                 want_end(w, err, "peer %s: %s", w->p->alias, d->error ? d->error : "refused");
@@ -762,6 +757,73 @@ void fed_import_describe(struct conn *c, const void *buf, size_t len)
                 want_end(w, -EIO, "cannot register room for '%s' from peer %s: %s", w->name,
                          w->p->alias, ucs_status_string(s));
         /* the DATA follows */
+}
+
+void fed_import_describe(struct conn *c, const void *buf, size_t len)
+{
+        Dlxf__Describe *d = dlxf__describe__unpack(NULL, len, buf);
+        struct want *w;
+
+        if (!d) {
+                fed_close(c, "an undecodable answer");
+                return;
+        }
+        w = want_of(c, d->id);
+        if (!w || w->pulling) {
+                /* an answer to a want given up: its lease goes back */
+                if (d->errnum == 0 && d->lease) {
+                        Dlxf__Release r = DLXF__RELEASE__INIT;
+                        uint8_t b[32];
+                        r.lease = d->lease;
+                        fed_send(c, FED_AM_RELEASE, b, dlxf__release__pack(&r, b));
+                }
+                dlxf__describe__free_unpacked(d, NULL);
+                return;
+        }
+        answered(w, d);
+}
+
+bool fed_import_offered(struct conn *c, const char *name, const void *buf, size_t len)
+{
+        struct fed *f = c->fed;
+        struct peer *p = fed_peer_of(&f->cfg, name);
+        Dlxf__Describe *d = dlxf__describe__unpack(NULL, len, buf);
+        struct list *pos;
+        struct want *w;
+
+        if (!d) {
+                fed_close(c, "an undecodable offer");
+                return true;
+        }
+        if (!p || d->errnum || !d->inline_ || d->lease || d->n_members || d->version == 0) {
+                dlxf__describe__free_unpacked(d, NULL);
+                return false;
+        }
+        struct want *asked = NULL;
+
+        for (pos = f->wants.next; pos != &f->wants; pos = pos->next) {
+                w = list_entry(pos, struct want, link);
+                if (w->gone || strcmp(w->name, name) != 0)
+                        continue;
+                /* a pull under way brings it, or newer */
+                if (w->pulling && w->version >= d->version) {
+                        dlxf__describe__free_unpacked(d, NULL);
+                        return true;
+                }
+                /* a consumer's want asked of the peer meanwhile: this is its answer */
+                if (!w->pulling && w->c == c && w->min_version <= d->version && !asked)
+                        asked = w;
+        }
+        w = asked ? asked : want_new(f, p, name, d->version);
+        if (!w) {
+                dlxf__describe__free_unpacked(d, NULL);
+                return false;
+        }
+        w->c = c;
+        w->asked = true;
+        w->offered = true;
+        answered(w, d);
+        return true;
 }
 
 ucs_status_t fed_import_data(struct conn *c, const void *header, size_t header_length, void *data,

@@ -57,6 +57,18 @@ START_TEST(a_followed_prefix_is_mirrored_as_it_changes)
         wait_for(pb, "@a/model/b", 1);
         DLXV(dlx_acquire(pb, "@a/model/w", &now, &held));
         ck_assert(fx_vec_is(held, 64, 2));
+        /* small ones came with their news: B asked A for neither */
+        ck_assert_int_eq(log_count(&B, "@a/model/w v2: 256 bytes from a, with its news"), 1);
+        ck_assert_int_eq(log_count(&B, "@a/model/b v1: 64 bytes from a, with its news"), 1);
+        /* a big one is asked for, and comes the same */
+        publish_ok(pa, "model/big", fx_vec_f32(pa, 8192, 3), NULL, NULL);
+        wait_for(pb, "@a/model/big", 1);
+        ck_assert_int_eq(log_count(&B, "@a/model/big v1: 32768 bytes from a"), 1);
+        ck_assert_int_eq(log_count(&B, "@a/model/big v1: 32768 bytes from a, with"), 0);
+        DLManagedTensorVersioned *big;
+        DLXV(dlx_acquire(pb, "@a/model/big", &now, &big));
+        ck_assert(fx_vec_is(big, 8192, 3));
+        big->deleter(big);
 
         /* unpublished at A: gone from B, while the copy held stays readable */
         DLXV(dlx_unpublish(pa, "model/w"));
@@ -235,6 +247,38 @@ START_TEST(dlxctl_peers_says_who_is_connected_and_what_moved)
 }
 END_TEST
 
+/*
+ * fed.proto: a Change carries a small version's bytes from protocol 1.2 on.
+ * A follower that speaks 1.1 (DLXFED_TEST_CLAIM) gets none, asks, and is
+ * mirrored all the same.
+ */
+START_TEST(a_follower_of_1_1_asks_and_gets_the_same)
+{
+        const char *a_args[] = {"--export", "model/", "--allow-ucx-mismatch", NULL};
+        const char *b_args[] = {"--follow", "@a/model/", "--allow-ucx-mismatch", NULL};
+        dlx_client *pa, *pb;
+        DLManagedTensorVersioned *t;
+
+        hosts_up();
+        pa = fx_connect(&A.d, "producer-a");
+        pb = fx_connect(&B.d, "looker-b");
+        setenv("DLXFED_TEST_CLAIM", "1.1 1.0.0", 1);
+        pair_up(a_args, b_args);
+        unsetenv("DLXFED_TEST_CLAIM");
+        publish_ok(pa, "model/w", fx_vec_f32(pa, 64, 1), NULL, NULL);
+        wait_for(pb, "@a/model/w", 1);
+        publish_ok(pa, "model/w", fx_vec_f32(pa, 64, 2), NULL, NULL);
+        wait_for(pb, "@a/model/w", 2);
+        t = acquire_ok(pb, "@a/model/w", NULL);
+        ck_assert(fx_vec_is(t, 64, 2));
+        t->deleter(t);
+        ck_assert_int_eq(log_count(&B, "with its news"), 0);
+        dlx_close(pb);
+        dlx_close(pa);
+        hosts_down();
+}
+END_TEST
+
 Suite *federation_follow_suite(void)
 {
         Suite *s = suite_create("federation-follow");
@@ -248,6 +292,7 @@ Suite *federation_follow_suite(void)
         tcase_add_test(tc, a_follow_asks_again_until_its_peer_is_there);
         tcase_add_test(tc, a_follow_catches_up_after_events_were_dropped);
         tcase_add_test(tc, dlxctl_peers_says_who_is_connected_and_what_moved);
+        tcase_add_test(tc, a_follower_of_1_1_asks_and_gets_the_same);
         suite_add_tcase(s, tc);
         return s;
 }
