@@ -41,27 +41,35 @@ def _beside_dlxd(env, rel):
     return str(path) if os.access(path, os.X_OK) else None
 
 
-class Daemon:
-    def __init__(self, path, *extra):
-        self.dir = tempfile.mkdtemp(prefix="dlx-pytest-")
-        self.socket = os.path.join(self.dir, "dlxd.sock")
-        self.log = open(os.path.join(self.dir, "dlxd.log"), "w+")
+class Process:
+    """A program started with --ready-fd N, its output in a log file of its own."""
+
+    def start(self, argv, log_path, what, timeout=20, env=None):
+        self.log = open(log_path, "w+")
         r, w = os.pipe()
         self.proc = subprocess.Popen(
-            [path, "--socket", self.socket, "--ready-fd", str(w), "--log-level", "info", *extra],
-            pass_fds=[w], stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
+            [*argv, "--ready-fd", str(w)],
+            pass_fds=[w], stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL, env=env)
         os.close(w)
-        ready, _, _ = select.select([r], [], [], 20)
+        ready, _, _ = select.select([r], [], [], timeout)
         byte = os.read(r, 1) if ready else b""
         os.close(r)
         if not byte:
             self.proc.kill()
-            raise RuntimeError(f"dlxd did not become ready: {self.logtext()}")
+            raise RuntimeError(f"{what} did not become ready: {self.logtext()}")
 
     def logtext(self):
         self.log.flush()
         self.log.seek(0)
         return self.log.read()
+
+
+class Daemon(Process):
+    def __init__(self, path, *extra):
+        self.dir = tempfile.mkdtemp(prefix="dlx-pytest-")
+        self.socket = os.path.join(self.dir, "dlxd.sock")
+        self.start([path, "--socket", self.socket, "--log-level", "info", *extra],
+                   os.path.join(self.dir, "dlxd.log"), "dlxd")
 
     def stop(self):
         """Stops dlxd; its directory goes with it unless it exited non-zero (its log stays)."""

@@ -3,17 +3,15 @@
 loopback (each a dlxd and a dlxfed, UCX over TCP on lo), a numpy array
 published on host A and acquired on host B as "@a/<name>"."""
 import os
-import select
 import signal
 import socket
-import subprocess
 import time
 
 import numpy as np
 import pytest
 
 import dlx
-from conftest import Daemon, _beside_dlxd, _dlxd_path
+from conftest import Daemon, Process, _beside_dlxd, _dlxd_path
 
 
 def _free_port():
@@ -22,31 +20,16 @@ def _free_port():
         return s.getsockname()[1]
 
 
-class Bridge:
+class Bridge(Process):
     def __init__(self, path, daemon, alias, port, *extra):
         self.secret = os.path.join(daemon.dir, "fed.secret")
         fd = os.open(self.secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.write(fd, b"a secret the two hosts share\n")
         os.close(fd)
-        self.log = open(os.path.join(daemon.dir, "dlxfed.log"), "w+")
         env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo")
-        r, w = os.pipe()
-        self.proc = subprocess.Popen(
-            [path, "--alias", alias, "--listen", f"127.0.0.1:{port}", "--socket", daemon.socket,
-             "--secret-file", self.secret, "--ready-fd", str(w), "--log-level", "info", *extra],
-            pass_fds=[w], stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL, env=env)
-        os.close(w)
-        ready, _, _ = select.select([r], [], [], 30)
-        byte = os.read(r, 1) if ready else b""
-        os.close(r)
-        if not byte:
-            self.proc.kill()
-            raise RuntimeError(f"dlxfed did not become ready: {self.logtext()}")
-
-    def logtext(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
+        self.start([path, "--alias", alias, "--listen", f"127.0.0.1:{port}", "--socket",
+                    daemon.socket, "--secret-file", self.secret, "--log-level", "info", *extra],
+                   os.path.join(daemon.dir, "dlxfed.log"), "dlxfed", timeout=30, env=env)
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
