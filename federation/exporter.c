@@ -101,7 +101,15 @@ static void describe_error(struct conn *c, uint64_t id, int err, const char *fmt
 /* A lookup dlxd refused: err and its message, a group said as what it is. */
 static void lookup_failed(struct conn *c, uint64_t id, const char *name, int err, const char *msg)
 {
-        if (err == -EISDIR)
+        struct dlx_info in;
+
+        /* device memory this host cannot map (no CUDA driver, say) is refused as device memory */
+        if (err != -ENOENT && err != -ETIMEDOUT && err != -EAGAIN &&
+            dlx_stat(c->fed->dlx, name, &in) == 0 && in.device.device_type != kDLCPU)
+                describe_error(c, id, ENOTSUP,
+                               "'%s' on %s is in device memory (%s): only CPU %s travel yet", name,
+                               c->fed->cfg.alias, in.storage, in.members ? "groups" : "tensors");
+        else if (err == -EISDIR)
                 describe_error(c, id, ENOTSUP,
                                "'%s' on %s is a group: groups cross hosts from protocol 1.2, "
                                "and this link speaks 1.%u",
@@ -408,6 +416,22 @@ uint8_t *fed_export_offer(struct conn *c, const char *name, uint64_t version, si
 }
 
 /*
+ * Member i's DLPack flags, which a DLTensor does not carry: whether a
+ * sub-byte member is padded (a byte per element) decides its layout.
+ */
+static uint64_t member_flags(dlx_group *g, size_t i)
+{
+        DLManagedTensorVersioned *t;
+        uint64_t flags;
+
+        if (dlx_group_tensor(g, i)->dtype.bits >= 8 || dlx_group_take(g, i, &t) < 0)
+                return 0;
+        flags = t->flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED;
+        t->deleter(t);
+        return flags;
+}
+
+/*
  * Serves an acquired group (ownership taken): its members' layouts, relative
  * to the first byte of the span of memory they lie in (one mapping), and
  * that span as one DATA.
@@ -422,10 +446,11 @@ static void serve_group(struct conn *c, uint64_t id, struct hold *h)
         Dlxf__Layout *lays = calloc(n, sizeof(*lays));
         int64_t *strides = calloc(n * DLX_MAX_NDIM + 1, sizeof(int64_t));
         int64_t *los = calloc(n + 1, sizeof(int64_t)), *his = calloc(n + 1, sizeof(int64_t));
+        uint64_t *flags = calloc(n + 1, sizeof(uint64_t));
         uintptr_t start = UINTPTR_MAX, end = 0;
         const char *why = NULL;
 
-        if (!ms || !mp || !lays || !strides || !los || !his) {
+        if (!ms || !mp || !lays || !strides || !los || !his || !flags) {
                 describe_error(c, id, ENOMEM, "out of memory");
                 hold_drop(h);
                 goto out;
@@ -433,13 +458,14 @@ static void serve_group(struct conn *c, uint64_t id, struct hold *h)
         desc.version = dlx_group_version(g);
         for (size_t i = 0; i < n; i++) {
                 const DLTensor *d = dlx_group_tensor(g, i);
+                flags[i] = member_flags(g, i);
                 if (d->device.device_type != kDLCPU) {
                         describe_error(c, id, ENOTSUP,
                                        "a device group: only CPU groups travel yet");
                         hold_drop(h);
                         goto out;
                 }
-                if (layout_extent(d->dtype, d->ndim, d->shape, d->strides, d->byte_offset, 0,
+                if (layout_extent(d->dtype, d->ndim, d->shape, d->strides, d->byte_offset, flags[i],
                                   &los[i], &his[i], &why) < 0) {
                         describe_error(c, id, EINVAL, "member '%s': %s", dlx_group_name(g, i), why);
                         hold_drop(h);
@@ -462,7 +488,7 @@ static void serve_group(struct conn *c, uint64_t id, struct hold *h)
                 dlxf__layout__init(lay);
                 dlxf__member__init(&ms[i]);
                 /* an empty member reads nothing: its place is the extent's start */
-                describe_layout(d, 0,
+                describe_layout(d, flags[i],
                                 his[i] > los[i] ? (uintptr_t)d->data + d->byte_offset - start : 0,
                                 lay, strides + i * DLX_MAX_NDIM);
                 ms[i].name.data = (uint8_t *)dlx_group_name(g, i);
@@ -481,6 +507,7 @@ out:
         free(strides);
         free(los);
         free(his);
+        free(flags);
 }
 
 /* Serves what was acquired for id, a tensor or a group (ownership taken). */

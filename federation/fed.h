@@ -40,6 +40,8 @@
  * messages go eagerly, and a peer holds each whole while it reads it.
  */
 #define FED_DESCRIBE_MAX (16u << 20)
+/* Any control message (a Change carries a Describe) is refused past this. */
+#define FED_CONTROL_MAX (FED_DESCRIBE_MAX + 4096)
 /* Lookups waiting on the thread pool for a version: in all, and from one peer. */
 #define FED_MAX_WAITING 48
 #define FED_MAX_WAITING_PEER 16

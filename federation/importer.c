@@ -410,18 +410,41 @@ static int publish_one(struct want *w, struct mbuf *mb, struct dlx_publish_optio
 }
 
 /*
+ * A publish of w's version was refused as not above the mirror's last one:
+ * whether the origin numbered the name anew. So it did where the name has
+ * no current version here (its copies are held), or where the current
+ * mirror is of an older version of the origin's than w's, though numbered
+ * higher here (it was numbered anew before).
+ */
+static bool numbered_anew(const struct want *w)
+{
+        struct dlx_info in;
+        const char *at;
+        char *end;
+        int err = dlx_stat(w->f->dlx, w->name, &in);
+
+        if (err == -ENOENT)
+                return true;
+        /* the origin, as publish_mirror() wrote it: "... <alias> v<version>" */
+        at = err == 0 ? strrchr(in.origin, 'v') : NULL;
+        if (!at || at == in.origin || at[-1] != ' ')
+                return false;
+        unsigned long long mirrored = strtoull(at + 1, &end, 10);
+        return *end == '\0' && mirrored < w->version;
+}
+
+/*
  * The bytes are here: the mirror goes up, keeping the origin's version.
  * Where this host still holds copies of a higher version of a name that has
  * none current, the origin numbered the name anew (it was unpublished there
  * and published again, and its dlxd kept no number): the mirror goes up as
  * this host's next version, as versions here never go down; its origin
- * still says which version of the origin's it is.
+ * still says which version of the origin's it is (numbered_anew()).
  */
 static void publish_mirror(struct want *w)
 {
         struct fed *f = w->f;
         struct mbuf *mb = NULL;
-        struct dlx_info in;
         char origin[128];
         uint64_t v = 0;
         int err;
@@ -441,13 +464,13 @@ static void publish_mirror(struct want *w)
                  w->p->alias, (unsigned long long)w->version);
         struct dlx_publish_options o = {.origin_version = w->version, .origin = origin};
         err = publish_one(w, mb, &o, &v);
-        if (err == -EEXIST && dlx_stat(f->dlx, w->name, &in) == -ENOENT) {
+        if (err == -EEXIST && numbered_anew(w)) {
                 o.origin_version = 0;
                 err = publish_one(w, mb, &o, &v);
                 if (err == 0)
                         fed_log(FED_NOTICE,
-                                "%s: %s numbered it anew, and copies of a higher version are "
-                                "held here: its v%llu is v%llu here",
+                                "%s: %s numbered it anew (it was unpublished there and "
+                                "published again): its v%llu is v%llu here",
                                 w->name, w->p->alias, (unsigned long long)w->version,
                                 (unsigned long long)v);
         }

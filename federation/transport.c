@@ -677,7 +677,8 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
                 refuse(c, EPROTO, "data nobody asked for");
                 return UCS_OK;
         }
-        if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        /* a Describe (its group's members) is the longest, and bounded by its sender */
+        if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length > FED_CONTROL_MAX) {
                 refuse(c, EMSGSIZE, "a control message of %zu bytes", length);
                 return UCS_OK;
         }
