@@ -868,6 +868,9 @@ static char *read_control(const char *path)
                         close(fd);
                 return NULL;
         }
+        /* a bridge that is stopped (SIGSTOP) or stuck does not hang us: 5 s, then an error */
+        struct timeval tv = {.tv_sec = 5};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
         buf = malloc(cap);
         while (buf) {
                 if (len + 1 == cap) {
@@ -885,7 +888,8 @@ static char *read_control(const char *path)
                 if (n < 0 && errno == EINTR)
                         continue;
                 if (n < 0) {
-                        fprintf(stderr, "dlxctl: peers: reading %s: %s\n", path, strerror(errno));
+                        fprintf(stderr, "dlxctl: peers: reading %s: %s\n", path,
+                                errno == EAGAIN ? "no answer in 5 s" : strerror(errno));
                         free(buf);
                         buf = NULL;
                         break;

@@ -21,7 +21,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -129,6 +131,21 @@ static void on_control(uv_stream_t *server, int status)
                 uv_close((uv_handle_t *)&a->pipe, answer_closed);
 }
 
+/* Whether something listens on the socket at path (a stale one refuses the connection). */
+static bool socket_answers(const char *path)
+{
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        bool alive;
+
+        if (s < 0)
+                return true; /* cannot tell: leave it be */
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+        alive = connect(s, (struct sockaddr *)&sa, sizeof(sa)) == 0 || errno != ECONNREFUSED;
+        close(s);
+        return alive;
+}
+
 int fed_control_start(struct fed *f)
 {
         char dlxd[108];
@@ -155,15 +172,27 @@ int fed_control_start(struct fed *f)
         uv_pipe_init(f->loop, &f->control, 0);
         f->control.data = f;
         f->control_on = true;
-        /* a predecessor's socket goes: one bridge per dlxd */
+        /* a predecessor's socket goes (one bridge per dlxd); a live one is not ours to take */
         struct stat st;
-        if (lstat(f->control_path, &st) == 0 && S_ISSOCK(st.st_mode))
+        if (lstat(f->control_path, &st) == 0 && S_ISSOCK(st.st_mode)) {
+                if (socket_answers(f->control_path)) {
+                        fprintf(stderr,
+                                "dlxfed: %s is a live socket (another dlxfed's, or dlxd's own): "
+                                "give this bridge --control PATH of its own\n",
+                                f->control_path);
+                        return -EADDRINUSE;
+                }
                 unlink(f->control_path);
+        }
         old = umask(0117);
         err = uv_pipe_bind(&f->control, f->control_path);
         umask(old);
         if (err == 0)
                 err = uv_listen((uv_stream_t *)&f->control, 16, on_control);
+        if (err == 0 && lstat(f->control_path, &st) == 0) {
+                f->control_dev = st.st_dev;
+                f->control_ino = st.st_ino;
+        }
         if (err < 0) {
                 fprintf(stderr, "dlxfed: cannot serve %s: %s\n", f->control_path, uv_strerror(err));
                 return err;
@@ -173,9 +202,14 @@ int fed_control_start(struct fed *f)
 
 void fed_control_stop(struct fed *f)
 {
+        struct stat st;
+
         if (!f->control_on)
                 return;
         f->control_on = false;
         uv_close((uv_handle_t *)&f->control, NULL);
-        unlink(f->control_path);
+        /* only if it is still ours: another may have taken the path meanwhile */
+        if (lstat(f->control_path, &st) == 0 && st.st_dev == f->control_dev &&
+            st.st_ino == f->control_ino)
+                unlink(f->control_path);
 }

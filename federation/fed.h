@@ -157,6 +157,8 @@ struct fed {
         uv_pipe_t control;
         bool control_on;
         char control_path[108];
+        dev_t control_dev; /* the socket bound there, to unlink only our own */
+        ino_t control_ino;
         uint64_t started_ms;
         bool stopping;
         bool dlxd_lost; /* the local dlxd went away: dlxfed exits 1 */

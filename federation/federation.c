@@ -627,9 +627,17 @@ static int run(int argc, char **argv)
         uv_timer_init(&loop, &f.eager_timer);
         f.eager_timer.data = &f;
         err = fed_control_start(&f);
-        if (err == 0 && (err = fed_ucx_start(&f)) < 0)
-                fed_control_stop(&f);
         if (err < 0) {
+                /* nothing of UCX's yet: what there is closes, and the loop with it */
+                fed_control_stop(&f);
+                uv_close((uv_handle_t *)&f.eager_timer, NULL);
+                dlx_close(f.dlx);
+                uv_run(&loop, UV_RUN_DEFAULT);
+                uv_loop_close(&loop);
+                return 1;
+        }
+        if ((err = fed_ucx_start(&f)) < 0) {
+                fed_control_stop(&f);
                 dlx_close(f.dlx);
                 return 1;
         }

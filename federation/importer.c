@@ -14,7 +14,7 @@
  * that asks for the version another asks for, rides along with it. A want
  * of a higher version than one asked for and not answered yet waits for
  * that answer (the peer has nothing for the lower one yet, or sends what it
- * has, which may do: then_min); a want of a lower version asks on its own,
+ * has, which may do: want.then); a want of a lower version asks on its own,
  * as the peer may have it while it has not the higher one. Of two pulls of
  * a name, the one that brings an older version is dropped when its
  * version is known.
@@ -58,8 +58,13 @@ struct want {
         void *req;
         uint64_t lease, version, length;
         uint64_t covers; /* the highest version whose waiters it answers (>= min_version) */
-        /* a higher version wanted before the answer: asked for then, unless it is covered */
-        uint64_t then_min;
+        /*
+         * Higher versions wanted before the answer, ascending: each asked for
+         * then, unless what came covers it (a list, not the highest alone: a
+         * want of v2 must not wait on a v5 that may never come).
+         */
+        uint64_t *then;
+        size_t nthen, then_cap;
         /* a failure of a higher version, sent once this want has ended (0: none) */
         uint64_t defer_min;
         int defer_err;
@@ -97,6 +102,7 @@ static void want_free(struct want *w)
                 dlxf__describe__free_unpacked(w->group, NULL);
         if (w->layout)
                 dlxf__layout__free_unpacked(w->layout, NULL);
+        free(w->then);
         if (w->timer_on) {
                 uv_timer_stop(&w->timer);
                 uv_close((uv_handle_t *)&w->timer, timer_closed);
@@ -155,8 +161,8 @@ static void want_end(struct want *w, int err, const char *fmt, ...)
                         msg);
                 if (w->p)
                         w->p->failures++;
-                fail_or_defer(f, w->name, w->then_min > w->covers ? w->then_min : w->covers, err,
-                              msg);
+                uint64_t top = w->nthen ? w->then[w->nthen - 1] : 0;
+                fail_or_defer(f, w->name, top > w->covers ? top : w->covers, err, msg);
         }
         /* a higher version's failure waited for this want: published, it may not be one */
         if (w->defer_min && (err < 0 || w->defer_min > w->version))
@@ -192,6 +198,29 @@ static void ask(struct want *w)
         w->asked = true;
         if (fed_send(w->c, FED_AM_LOOKUP, buf, dlxf__lookup__pack(&q, buf)) < 0)
                 want_end(w, -EHOSTUNREACH, "cannot ask peer %s for '%s'", w->p->alias, remote);
+}
+
+/* Notes that min_version is wanted once w's answer is known. 0, or -ENOMEM. */
+static int then_add(struct want *w, uint64_t min_version)
+{
+        size_t at = w->nthen;
+
+        while (at > 0 && w->then[at - 1] > min_version)
+                at--;
+        if (at > 0 && w->then[at - 1] == min_version)
+                return 0;
+        if (w->nthen == w->then_cap) {
+                size_t cap = w->then_cap ? 2 * w->then_cap : 4;
+                uint64_t *v = realloc(w->then, cap * sizeof(*v));
+                if (!v)
+                        return -ENOMEM;
+                w->then = v;
+                w->then_cap = cap;
+        }
+        memmove(w->then + at + 1, w->then + at, (w->nthen - at) * sizeof(*w->then));
+        w->then[at] = min_version;
+        w->nthen++;
+        return 0;
 }
 
 /* A want of name at min_version or later from p, timed; NULL when out of memory. */
@@ -246,8 +275,8 @@ void fed_import_wanted(struct fed *f, const char *name, uint64_t min_version)
         }
         if (lower) {
                 /* what the lower ask brings may do; if not, this is asked for then */
-                if (min_version > lower->then_min)
-                        lower->then_min = min_version;
+                if (then_add(lower, min_version) < 0)
+                        fail_or_defer(f, name, min_version, -ENOMEM, "dlxfed: out of memory");
                 return;
         }
         w = want_new(f, p, name, min_version);
@@ -523,6 +552,29 @@ static void on_data(void *req, ucs_status_t status, size_t length, void *arg)
 }
 
 /*
+ * The versions wanted while w's answer was awaited, now that it is known
+ * (or w rides along another pull, which then has it: end, and w ends
+ * first): each is wanted again, lowest first, and is covered by a pull
+ * that brings it or asked for on its own.
+ */
+static void then_ask(struct want *w, bool end)
+{
+        struct fed *f = w->f;
+        uint64_t *then = w->then;
+        size_t n = w->nthen;
+        char name[DLX_NAME_MAX + 1];
+
+        w->then = NULL;
+        w->nthen = w->then_cap = 0;
+        memcpy(name, w->name, sizeof(name));
+        if (end)
+                want_end(w, 0, NULL);
+        for (size_t i = 0; i < n; i++)
+                fed_import_wanted(f, name, then[i]);
+        free(then);
+}
+
+/*
  * Two asks of a name got their answers: a pull of a version as new as w's
  * is under way already, so w's waiters are its, and w's lease goes back.
  */
@@ -546,12 +598,7 @@ static bool ride_along(struct want *w)
                 fed_log(FED_DEBUG, "%s v%llu: pulled once, for wants of v%llu+ and v%llu+", w->name,
                         (unsigned long long)u->version, (unsigned long long)u->min_version,
                         (unsigned long long)w->min_version);
-                char name[DLX_NAME_MAX + 1];
-                uint64_t then = w->then_min;
-                memcpy(name, w->name, sizeof(name));
-                want_end(w, 0, NULL);
-                if (then)
-                        fed_import_wanted(u->f, name, then);
+                then_ask(w, true);
                 return true;
         }
         return false;
@@ -734,17 +781,8 @@ static void answered(struct want *w, Dlxf__Describe *d)
                 describe_drop(w, d);
                 return;
         }
-        if (w->then_min) {
-                /* what was wanted meanwhile: covered by what comes, or asked for now */
-                uint64_t then = w->then_min;
-                w->then_min = 0;
-                if (then <= w->version) {
-                        if (then > w->covers)
-                                w->covers = then;
-                } else {
-                        fed_import_wanted(f, w->name, then);
-                }
-        }
+        /* what was wanted meanwhile: covered by what comes, or asked for now */
+        then_ask(w, false);
         /* the bytes land in shared memory of this host, where the mirror will be */
         err = land(w, tight);
         if (err < 0) {

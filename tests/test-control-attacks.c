@@ -513,7 +513,13 @@ START_TEST(hostile_control_clients_do_not_stop_pulls)
         fprintf(stderr, "control: bridge fds %d -> %d, RSS %ld -> %ld KiB\n", base_fds, end_fds,
                 base_rss, end_rss);
         ck_assert_int_le(end_fds, base_fds + 2);
-        ck_assert_msg(end_rss - base_rss < 16 * 1024, "RSS grew by %ld KiB", end_rss - base_rss);
+        /* a sanitizer's quarantine keeps what was freed, and valgrind's heap is its own */
+#if defined(__SANITIZE_ADDRESS__)
+        long rss_room = 256 * 1024;
+#else
+        long rss_room = fx_slowdown() > 1 ? 1024 * 1024 : 16 * 1024;
+#endif
+        ck_assert_msg(end_rss - base_rss < rss_room, "RSS grew by %ld KiB", end_rss - base_rss);
         char *out = peers_at(&B, NULL, true, &rc);
         ck_assert_msg(rc == 0 && jnum(out, "peers", 0, "pulls") == 2, "%s", out);
         ck_assert_msg(whole_after_write == 2 * HOSTILE / 5,
@@ -732,7 +738,9 @@ START_TEST(counters_after_a_1gib_pull)
                               jnum(out, "clients", 0, "bytes_out") == n,
                       "A: %s", out);
         out = peers_at(&B, NULL, false, &rc);
-        ck_assert_msg(rc == 0 && strstr(out, "1 GiB"), "B (table): %s", out);
+        /* publish_big() is 256 MiB under valgrind */
+        ck_assert_msg(rc == 0 && strstr(out, n == (1ll << 30) ? "1 GiB" : "256 MiB"),
+                      "B (table): %s", out);
         dlx_close(pb);
         dlx_close(pa);
         hosts_down();
@@ -1087,31 +1095,40 @@ START_TEST(a_renumbered_name_keeps_following)
 END_TEST
 
 /*
- * README: "a read-only mirror that keeps A's version number, so min_version
- * means the same on both hosts". After A numbered model/r anew it has only
- * v1: on A, an acquire of min_version 2 finds nothing; on B it must not be
- * served A's v1 either.
+ * README, "a name numbered anew": B, holding copies of the old mirror,
+ * publishes A's new versions as its own next ones, and the mirror's origin
+ * says which of A's it is; min_version on B counts in B's numbers. After A
+ * numbered model/r anew (B holds the old v2): B's mirror is above v2 and
+ * says "a v1"; A's new v2 comes as B's next version, saying "a v2", and
+ * min_version of that number on B gets it.
  */
-START_TEST(a_renumbered_name_min_version_means_the_same)
+START_TEST(a_renumbered_name_counts_on_in_b_numbers)
 {
-        struct dlx_acquire_options now2 = {.min_version = 2, .timeout_ms = 0};
         dlx_client *pa, *pb;
-        DLManagedTensorVersioned *held, *t = NULL;
+        DLManagedTensorVersioned *held;
+        struct dlx_info in;
         uint64_t bv, v = 0;
-        float first;
-        int err;
+        float first = 0;
 
         hosts_up();
         pa = fx_connect(&A.d, "producer-a");
         pb = fx_connect(&B.d, "consumer-b");
         bv = renumbered_under_follow(pa, pb, &held);
-        err = dlx_acquire(pa, "model/r", &now2, &t);
-        ck_assert_msg(err != 0, "A served min_version 2 with only v1");
-        first = first_now(pb, "@a/model/r", 2, &v);
-        ck_assert_msg(first != 11.0f,
-                      "min_version 2 on B is served A's v1 (B's v%llu; A refuses min_version 2: "
-                      "%s)",
-                      (unsigned long long)bv, dlx_strerror(err));
+        ck_assert_uint_gt(bv, 2);
+        DLXV(dlx_stat(pb, "@a/model/r", &in));
+        ck_assert_msg(strstr(in.origin, "\xe2\x86\x90 a v1"), "origin '%s'", in.origin);
+        publish_ok(pa, "model/r", fx_vec_f32(pa, 64, 12), NULL, &v);
+        ck_assert_uint_eq(v, 2);
+        for (int i = 0; i < 150 && first != 12.0f; i++) {
+                first = first_now(pb, "@a/model/r", bv + 1, &v);
+                if (first != 12.0f)
+                        fx_sleep_ms(20);
+        }
+        ck_assert_msg(first == 12.0f && v == bv + 1, "B's v%llu holds %g", (unsigned long long)v,
+                      (double)first);
+        DLXV(dlx_stat(pb, "@a/model/r", &in));
+        ck_assert_msg(strstr(in.origin, "\xe2\x86\x90 a v2"), "origin '%s'", in.origin);
+        ck_assert(fx_vec_is(held, 64, 2));
         held->deleter(held);
         dlx_close(pb);
         dlx_close(pa);
@@ -1166,12 +1183,37 @@ START_TEST(renumbered_rounds_with_copies_held)
 END_TEST
 
 /*
- * Lazy mode (no --follow). README: "keeps A's version number, so
- * min_version means the same on both hosts". B pulls model/r v2 and a
- * consumer holds it; B's bridge restarts (its mirrors go, the copy held
- * stays); A numbers model/r anew (new v1, elements from 11) and B pulls it;
- * A publishes its new v2 (from 12): an acquire of min_version 2 on B must
- * get A's v2, not A's v1 numbered higher on B.
+ * dlxctl peers against a bridge that is there but does not answer (stopped
+ * with SIGSTOP): it gives up after 5 s with an error saying so, rather than
+ * hang for as long as the bridge does.
+ */
+START_TEST(dlxctl_peers_gives_up_on_a_stopped_bridge)
+{
+        char *out;
+        int rc;
+        int64_t t0;
+
+        hosts_up();
+        feds_up();
+        ck_assert_int_eq(kill(A.fed, SIGSTOP), 0);
+        t0 = fx_now_ms();
+        out = peers_at(&A, NULL, false, &rc);
+        int64_t took = fx_now_ms() - t0;
+        ck_assert_int_eq(kill(A.fed, SIGCONT), 0);
+        ck_assert_msg(rc != 0 && strstr(out, "no answer in 5 s") && took < 15000,
+                      "rc %d after %lld ms: %s", rc, (long long)took, out);
+        out = peers_at(&A, NULL, false, &rc);
+        ck_assert_msg(rc == 0, "after SIGCONT: %s", out);
+        hosts_down();
+}
+END_TEST
+
+/*
+ * Lazy mode (no --follow), README "a name numbered anew": B pulls model/r
+ * v2 and a consumer holds it; B's bridge restarts (its mirrors go, the copy
+ * held stays); A numbers model/r anew (new v1, elements from 11) and B
+ * pulls it: B's mirror is above the held v2, its origin says "a v1", and
+ * the copy held still reads v2's bytes.
  */
 START_TEST(a_renumbered_name_in_lazy_mode)
 {
@@ -1207,14 +1249,9 @@ START_TEST(a_renumbered_name_in_lazy_mode)
         DLXV(dlx_stat(pb, "@a/model/r", &in));
         fprintf(stderr, "lazy renumbered: A's new v1 is v%llu on B, origin '%s'\n",
                 (unsigned long long)in.version, in.origin);
-        publish_ok(pa, "model/r", fx_vec_f32(pa, 64, 12), NULL, &v);
-        ck_assert_uint_eq(v, 2);
-        waiter_start(&w, &B, "@a/model/r", 2, 5000);
-        waiter_join(&w);
-        ck_assert_msg(w.rc == 0 && w.first == 12.0f,
-                      "min_version 2 on B after A's new v2: %s v%llu with the bytes of A's %s",
-                      dlx_strerror(w.rc), (unsigned long long)w.version,
-                      w.first == 11.0f ? "v1" : "?");
+        ck_assert_uint_gt(in.version, 2);
+        ck_assert_msg(strstr(in.origin, "\xe2\x86\x90 a v1"), "origin '%s'", in.origin);
+        ck_assert(fx_vec_is(held, 64, 2));
         held->deleter(held);
         dlx_close(pb);
         dlx_close(pa);
@@ -1236,6 +1273,7 @@ Suite *control_attacks_suite(void)
         tcase_add_unchecked_fixture(tc, fx_reaper_init, fx_reaper_run);
         tcase_set_timeout(tc, 60);
         ADD(control_socket_is_0660_and_refuses_other_uids);
+        ADD(dlxctl_peers_gives_up_on_a_stopped_bridge);
         ADD(hostile_control_clients_do_not_stop_pulls);
         ADD(a_control_path_of_another_kind_is_left_alone);
         ADD(a_live_socket_at_the_control_path_is_not_taken);
@@ -1248,7 +1286,7 @@ Suite *control_attacks_suite(void)
         ADD(wants_1_3_2_5_all_come);
         ADD(a_name_unpublished_while_wants_wait);
         ADD(a_renumbered_name_keeps_following);
-        ADD(a_renumbered_name_min_version_means_the_same);
+        ADD(a_renumbered_name_counts_on_in_b_numbers);
         ADD(renumbered_rounds_with_copies_held);
         ADD(a_renumbered_name_in_lazy_mode);
         suite_add_tcase(s, tc);
