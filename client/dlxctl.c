@@ -7,7 +7,6 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <libgen.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -943,8 +942,7 @@ static int cmd_peers(const struct cmdline *cl)
                 snprintf(path, sizeof(path), "%s", cl->argv[1]);
         } else {
                 err = sockpath_resolve(socket_path, dlxd, sizeof(dlxd));
-                if (err < 0 || snprintf(path, sizeof(path), "%s/dlxfed.sock", dirname(dlxd)) >=
-                                       (int)sizeof(path)) {
+                if (err < 0 || sockpath_control(dlxd, path, sizeof(path)) < 0) {
                         fprintf(stderr, "dlxctl: peers: the daemon's socket path is too long\n");
                         return EXIT_FAILURE;
                 }

@@ -17,7 +17,6 @@
  * first wanted), clients the endpoints of peers that pull from it.
  */
 #include <errno.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,9 +159,8 @@ int fed_control_start(struct fed *f)
                         memcpy(f->control_path, f->cfg.control, len + 1);
         } else {
                 err = sockpath_resolve(f->cfg.socket, dlxd, sizeof(dlxd));
-                if (err == 0 && snprintf(f->control_path, sizeof(f->control_path), "%s/dlxfed.sock",
-                                         dirname(dlxd)) >= (int)sizeof(f->control_path))
-                        err = -ENAMETOOLONG;
+                if (err == 0)
+                        err = sockpath_control(dlxd, f->control_path, sizeof(f->control_path));
         }
         if (err < 0) {
                 fprintf(stderr, "dlxfed: no room for the control socket's path: %s\n",

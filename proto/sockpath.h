@@ -20,4 +20,11 @@ int sockpath_resolve(const char *opt, char *buf, size_t size);
  */
 bool sockpath_is_default(const char *opt);
 
+/*
+ * The federation bridge's control socket for the dlxd at dlxd: dlxfed.sock
+ * beside it, or dlxfed-NAME beside a socket named NAME other than dlxd.sock
+ * (two daemons in one directory, two bridges). 0, or -ENAMETOOLONG.
+ */
+int sockpath_control(const char *dlxd, char *buf, size_t size);
+
 #endif /* DLX_PROTO_SOCKPATH_H */
