@@ -386,7 +386,8 @@ static void serve(struct conn *c, uint64_t id, struct hold *h)
         serve_bytes(c, id, &desc, h, start);
 }
 
-uint8_t *fed_export_offer(struct conn *c, const char *name, uint64_t version, size_t *ret_len)
+uint8_t *fed_export_offer(struct conn *c, const char *name, uint64_t version, size_t *ret_len,
+                          bool *ret_stale)
 {
         struct dlx_acquire_options o = {.min_version = version, .timeout_ms = 0};
         Dlxf__Describe desc = DLXF__DESCRIBE__INIT;
@@ -397,8 +398,15 @@ uint8_t *fed_export_offer(struct conn *c, const char *name, uint64_t version, si
         uint8_t *buf = NULL;
         char msg[200];
 
+        *ret_stale = false;
         if (dlx_acquire(c->fed->dlx, name, &o, &t) < 0)
                 return NULL; /* a group, or gone already: the client asks */
+        /* news read late: a newer version's news is on its way, and carries it */
+        if (dlx_tensor_info(t, NULL, &desc.version, NULL) == 0 && desc.version > version) {
+                *ret_stale = true;
+                t->deleter(t);
+                return NULL;
+        }
         if (describe_tensor(t, &desc, &lay, strides, &start, msg, sizeof(msg)) == 0 &&
             desc.length <= FED_INLINE_MAX) {
                 desc.inline_ = true;

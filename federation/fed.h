@@ -230,11 +230,13 @@ void fed_export_release(struct conn *c, const void *buf, size_t len);
 /* c is gone and UCX reads no more through it: its leases go. */
 void fed_export_conn_gone(struct conn *c);
 /*
- * For a follower (c) told of name's version: the current version at that
- * one or later, when small (FED_INLINE_MAX), as a packed inline Describe
- * (malloc()ed, *ret_len bytes); NULL: not offered, the follower asks.
+ * For a follower (c) told of name's version: that version, when small
+ * (FED_INLINE_MAX), as a packed inline Describe (malloc()ed, *ret_len
+ * bytes); NULL: not offered, the follower asks. *ret_stale: name has a
+ * newer version already, whose own news follows (this news need not go).
  */
-uint8_t *fed_export_offer(struct conn *c, const char *name, uint64_t version, size_t *ret_len);
+uint8_t *fed_export_offer(struct conn *c, const char *name, uint64_t version, size_t *ret_len,
+                          bool *ret_stale);
 void fed_export_stop(struct fed *f);
 
 /* ---- importer.c ---- */
@@ -254,6 +256,12 @@ void fed_import_conn_lost(struct conn *c, const char *why);
 void fed_import_stop(struct fed *f);
 /* A follow heard name is unpublished at its origin: pulls under way serve, then go. */
 void fed_import_origin_gone(struct fed *f, const char *name);
+/*
+ * News of name's version after it was unpublished at the origin: a want
+ * asked before, still unanswered, is taken as asking for that life (its
+ * answer checked against version). True: one was; nothing more to ask.
+ */
+bool fed_import_revive(struct fed *f, const char *name, uint64_t version);
 
 /* ---- control.c: what dlxctl peers reads ---- */
 /* Listens at cfg.control (or next to dlxd's socket): 0, or -errno, said on stderr. */

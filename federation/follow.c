@@ -188,14 +188,16 @@ void fed_export_event(struct fed *f, const struct dlx_event *ev)
                                 r->c->who, r->prefix);
                         listing(r);
                 } else if (r->watch == ev->watch && fed_exported(f, ev->name)) {
-                        /* a small new version goes with its news: the follower needs not ask */
+                        /* a small new version goes with its news; news read late, not at all */
                         size_t len = 0;
-                        uint8_t *offer =
-                                ev->kind != DLX_EVENT_UNPUBLISHED && fed_minor(r->c) >= 2
-                                        ? fed_export_offer(r->c, ev->name, ev->version, &len)
-                                        : NULL;
-                        change_offer(r->c, r->id, ev->kind, ev->name, ev->version, 0, NULL, 0,
-                                     offer, len);
+                        bool stale = false;
+                        uint8_t *offer = ev->kind != DLX_EVENT_UNPUBLISHED && fed_minor(r->c) >= 2
+                                                 ? fed_export_offer(r->c, ev->name, ev->version,
+                                                                    &len, &stale)
+                                                 : NULL;
+                        if (!stale)
+                                change_offer(r->c, r->id, ev->kind, ev->name, ev->version, 0, NULL,
+                                             0, offer, len);
                         free(offer);
                 }
         }
@@ -575,8 +577,10 @@ void fed_follow_change(struct conn *c, const void *buf, size_t len)
                 if (m->listing && m->listing == fl->listing)
                         seen_add(fl, name);
                 /* a small version may come with its news (1.2): taken as a pull's answer */
-                if (m->version && !(m->describe.len && !m->listing &&
-                                    fed_import_offered(c, name, m->describe.data, m->describe.len)))
+                if (m->version &&
+                    !(m->describe.len && !m->listing &&
+                      fed_import_offered(c, name, m->describe.data, m->describe.len)) &&
+                    !fed_import_revive(f, name, m->version))
                         pull(f, name, m->version, m->listing != 0);
                 break;
         default:

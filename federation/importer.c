@@ -48,6 +48,12 @@ struct want {
         bool gone;    /* unpublished at its origin meanwhile: its mirror goes once it serves */
         bool done;    /* want_end() ran: once is all (a failed send may end it under its caller) */
         bool offered; /* it came with a follow's news: nobody asked */
+        /*
+         * Asked before its name was unpublished at the origin, and news of
+         * this version of its next life came before the answer: the answer
+         * is of that life if it is this version or newer (0: not revived).
+         */
+        uint64_t revived;
         char name[DLX_NAME_MAX + 1]; /* the local one, "@alias/..." */
         /* the pull */
         DLManagedTensorVersioned *buf;
@@ -151,6 +157,22 @@ static void want_end(struct want *w, int err, const char *fmt, ...)
         fed_follow_kick(f);
         if (w->timer_on)
                 uv_timer_stop(&w->timer);
+        /*
+         * A refusal of this version (writable, a group to an older peer, device
+         * memory) says nothing of later ones: the versions wanted behind it are
+         * wanted again, not failed with it. Any other failure (the peer lost,
+         * or without the version past --wait-ms) is theirs too.
+         */
+        uint64_t *again = NULL;
+        size_t nagain = 0;
+        char name[DLX_NAME_MAX + 1];
+        if (err == -ENOTSUP && w->nthen) {
+                again = w->then;
+                nagain = w->nthen;
+                w->then = NULL;
+                w->nthen = w->then_cap = 0;
+                memcpy(name, w->name, sizeof(name));
+        }
         if (err < 0) {
                 char msg[256];
                 va_list ap;
@@ -171,9 +193,12 @@ static void want_end(struct want *w, int err, const char *fmt, ...)
                 /* the get may still write into the buffer: all stays until it ends */
                 w->ended = true;
                 ucp_request_cancel(f->worker, w->req);
-                return;
+        } else {
+                want_free(w);
         }
-        want_free(w);
+        for (size_t i = 0; i < nagain; i++)
+                fed_import_wanted(f, name, again[i]);
+        free(again);
 }
 
 static void on_pull_timeout(uv_timer_t *t)
@@ -777,6 +802,16 @@ static void answered(struct want *w, Dlxf__Describe *d)
                          why);
                 return;
         }
+        if (w->revived && w->version < w->revived) {
+                /* of the life that ended: what the news told of is asked for instead */
+                describe_drop(w, d);
+                if (then_add(w, w->revived) == 0) {
+                        then_ask(w, true);
+                        return;
+                }
+                want_end(w, -ENOMEM, "dlxfed: out of memory");
+                return;
+        }
         if (ride_along(w)) {
                 describe_drop(w, d);
                 return;
@@ -864,17 +899,23 @@ bool fed_import_offered(struct conn *c, const char *name, const void *buf, size_
 
         for (pos = f->wants.next; pos != &f->wants; pos = pos->next) {
                 w = list_entry(pos, struct want, link);
-                if (w->gone || strcmp(w->name, name) != 0)
+                if ((w->gone && w->pulling) || strcmp(w->name, name) != 0)
                         continue;
                 /* a pull under way brings it, or newer */
                 if (w->pulling && w->version >= d->version) {
                         dlxf__describe__free_unpacked(d, NULL);
                         return true;
                 }
-                /* a consumer's want asked of the peer meanwhile: this is its answer */
+                /*
+                 * A consumer's want asked of the peer meanwhile (even before an
+                 * unpublish there: this is news of the name's next life): this
+                 * is its answer.
+                 */
                 if (!w->pulling && w->c == c && w->min_version <= d->version && !asked)
                         asked = w;
         }
+        if (asked)
+                asked->gone = false;
         w = asked ? asked : want_new(f, p, name, d->version);
         if (!w) {
                 dlxf__describe__free_unpacked(d, NULL);
@@ -978,6 +1019,24 @@ void fed_import_origin_gone(struct fed *f, const char *name)
                 if (strcmp(w->name, name) == 0)
                         w->gone = true;
         }
+}
+
+bool fed_import_revive(struct fed *f, const char *name, uint64_t version)
+{
+        struct list *pos;
+
+        for (pos = f->wants.next; pos != &f->wants; pos = pos->next) {
+                struct want *w = list_entry(pos, struct want, link);
+                if (w->gone && !w->pulling && w->min_version <= version &&
+                    strcmp(w->name, name) == 0) {
+                        w->gone = false;
+                        w->revived = version;
+                        if (version > w->covers)
+                                w->covers = version;
+                        return true;
+                }
+        }
+        return false;
 }
 
 void fed_import_stop(struct fed *f)
