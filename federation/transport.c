@@ -385,8 +385,9 @@ static void refuse(struct conn *c, int errnum, const char *fmt, ...)
         va_end(ap);
         r.errnum = errnum;
         r.error = msg;
-        fed_send(c, FED_AM_REFUSED, buf, dlxf__refused__pack(&r, buf));
+        /* logged first: once the peer has it, whoever it tells may look here */
         fed_log(FED_WARN, "%s: refused: %s", c->who, msg);
+        fed_send(c, FED_AM_REFUSED, buf, dlxf__refused__pack(&r, buf));
         /* the endpoint goes once the refusal has left */
         conn_close(c, msg, false);
 }
