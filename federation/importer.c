@@ -914,8 +914,11 @@ bool fed_import_offered(struct conn *c, const char *name, const void *buf, size_
                 if (!w->pulling && w->c == c && w->min_version <= d->version && !asked)
                         asked = w;
         }
-        if (asked)
+        if (asked) {
+                /* the news' own bytes: of the life it tells of, whatever was revived before */
                 asked->gone = false;
+                asked->revived = 0;
+        }
         w = asked ? asked : want_new(f, p, name, d->version);
         if (!w) {
                 dlxf__describe__free_unpacked(d, NULL);
