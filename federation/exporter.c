@@ -226,21 +226,41 @@ static void describe_layout(const DLTensor *d, uint64_t flags, uint64_t byte_off
         lay->flags = flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED;
 }
 
+/* desc packed into a buffer of its own (free() it), *ret_len bytes; NULL: -E2BIG or -ENOMEM. */
+static uint8_t *describe_pack(const Dlxf__Describe *desc, size_t *ret_len, int *ret_err)
+{
+        size_t size = dlxf__describe__get_packed_size(desc);
+        uint8_t *buf = size <= FED_DESCRIBE_MAX ? malloc(size) : NULL;
+
+        if (!buf) {
+                *ret_err = size > FED_DESCRIBE_MAX ? -E2BIG : -ENOMEM;
+                return NULL;
+        }
+        dlxf__describe__pack(desc, buf);
+        *ret_len = size;
+        return buf;
+}
+
 /* The answer to a lookup: packed and sent, or -ENOMEM / -E2BIG. */
 static int describe_send(struct conn *c, const Dlxf__Describe *desc)
 {
-        size_t size = dlxf__describe__get_packed_size(desc);
-        uint8_t *buf;
+        size_t size = 0;
+        int err = 0;
+        uint8_t *buf = describe_pack(desc, &size, &err);
 
-        if (size > FED_DESCRIBE_MAX)
-                return -E2BIG;
-        buf = malloc(size);
         if (!buf)
-                return -ENOMEM;
-        dlxf__describe__pack(desc, buf);
+                return err;
         fed_send(c, FED_AM_DESCRIBE, buf, size);
         free(buf);
         return 0;
+}
+
+/* desc carries the bytes at start itself (desc->length of them): a small version's. */
+static void describe_inline(Dlxf__Describe *desc, const uint8_t *start)
+{
+        desc->inline_ = true;
+        desc->data.data = (uint8_t *)start;
+        desc->data.len = (size_t)desc->length;
 }
 
 static void count_served(struct conn *c, uint64_t bytes)
@@ -266,9 +286,7 @@ static void serve_bytes(struct conn *c, uint64_t id, Dlxf__Describe *desc, struc
         desc->id = id;
         if (desc->length <= FED_INLINE_MAX) {
                 /* a small one: one message, and no lease held */
-                desc->inline_ = true;
-                desc->data.data = (uint8_t *)start;
-                desc->data.len = (size_t)desc->length;
+                describe_inline(desc, start);
                 err = describe_send(c, desc);
                 if (err == 0)
                         count_served(c, desc->length);
@@ -409,15 +427,11 @@ uint8_t *fed_export_offer(struct conn *c, const char *name, uint64_t version, si
         }
         if (describe_tensor(t, &desc, &lay, strides, &start, msg, sizeof(msg)) == 0 &&
             desc.length <= FED_INLINE_MAX) {
-                desc.inline_ = true;
-                desc.data.data = (uint8_t *)start;
-                desc.data.len = (size_t)desc.length;
-                *ret_len = dlxf__describe__get_packed_size(&desc);
-                buf = malloc(*ret_len);
-                if (buf) {
-                        dlxf__describe__pack(&desc, buf);
+                int err = 0;
+                describe_inline(&desc, start);
+                buf = describe_pack(&desc, ret_len, &err);
+                if (buf)
                         count_served(c, desc.length);
-                }
         }
         t->deleter(t);
         return buf;
