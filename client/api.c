@@ -353,6 +353,35 @@ int dlx_stats(dlx_client *c, struct dlx_stats *ret_stats)
         return DLX_HOLDING(c, held_stats(c, ret_stats));
 }
 
+static int held_metrics(dlx_client *c, char **ret_text)
+{
+        struct wire_request req = {.type = WIRE_REQ_METRICS};
+        struct pending p;
+        int err;
+
+        if (c->server_minor < 6)
+                return dlx__fail(-ENOTSUP, "the daemon speaks protocol 1.%u; metrics need 1.6",
+                                 c->server_minor);
+        err = dlx__call(c, &req, -1, &p);
+        if (err == 0 && p.rep.type != WIRE_REP_METRICS)
+                err = dlx__fail(-EPROTO, "the daemon answered metrics with something else");
+        if (err == 0) {
+                *ret_text = p.rep.metrics.text;
+                p.rep.metrics.text = NULL;
+                p.rep.metrics.len = 0;
+        }
+        dlx__pending_done(c, &p);
+        return err;
+}
+
+int dlx_metrics(dlx_client *c, char **ret_text)
+{
+        if (!c || !ret_text)
+                return dlx__fail(-EINVAL, "NULL argument");
+        *ret_text = NULL;
+        return DLX_HOLDING(c, held_metrics(c, ret_text));
+}
+
 static int held_ping(dlx_client *c)
 {
         struct wire_request req = {.type = WIRE_REQ_PING};

@@ -43,6 +43,7 @@ struct cmdline {
         const char *timeout; /* get, watch --timeout MS */
         const char *min_version; /* get --min-version N */
         const char *count;       /* watch --count N */
+        bool prometheus;         /* stats --prometheus */
 };
 
 static void usage(FILE *f)
@@ -65,7 +66,10 @@ static void usage(FILE *f)
               "  rm NAME                          unpublish NAME\n"
               "  watch [PREFIX] [--count N] [--timeout MS]\n"
               "                                   print events as names change\n"
-              "  stats                            the daemon's counters and limits\n"
+              "  stats [--prometheus]             the daemon's counters and limits; with\n"
+              "                                   --prometheus, its metrics in the Prometheus\n"
+              "                                   text format (per-uid series: all uids for\n"
+              "                                   dlxd's own uid and root, else the caller's)\n"
               "  peers [SOCKET]                   the federation bridge's peers: who is\n"
               "                                   connected, over what, what moved (asks\n"
               "                                   dlxfed at SOCKET, default: dlxfed.sock\n"
@@ -778,6 +782,24 @@ static const char *of_limit(uint64_t limit, bool size, char *buf, size_t len)
         return buf;
 }
 
+/* stats --prometheus: the daemon's own text, as node_exporter or a scrape would take it. */
+static int print_metrics(void)
+{
+        char *text;
+        int err;
+
+        if (json) {
+                fprintf(stderr, "dlxctl: stats: --prometheus and --json do not go together\n");
+                return EXIT_USAGE;
+        }
+        err = dlx_metrics(ctl_client(), &text);
+        if (err < 0)
+                return fail(err, "stats --prometheus");
+        fputs(text, stdout);
+        free(text);
+        return fflush(stdout) == 0 ? 0 : fail(-errno, "stats --prometheus");
+}
+
 static int cmd_stats(const struct cmdline *cl)
 {
         struct limit_row rows[16];
@@ -785,7 +807,8 @@ static int cmd_stats(const struct cmdline *cl)
         struct dlx_stats s;
         int err, n;
 
-        (void)cl;
+        if (cl->prometheus)
+                return print_metrics();
         err = dlx_stats(ctl_client(), &s);
         if (err < 0)
                 return fail(err, "stats");
@@ -984,9 +1007,11 @@ enum {
         OPT_TIMEOUT = 1 << 1,
         OPT_COUNT = 1 << 2,
         OPT_MIN_VERSION = 1 << 3,
+        OPT_PROMETHEUS = 1 << 4,
 };
 
-static const char *const opt_names[] = {"--writable", "--timeout", "--count", "--min-version"};
+static const char *const opt_names[] = {"--writable", "--timeout", "--count", "--min-version",
+                                        "--prometheus"};
 
 struct command {
         const char *name;
@@ -1006,7 +1031,7 @@ static const struct command commands[] = {
         {"rm", cmd_rm, 1, 1, 0, "rm NAME"},
         {"watch", cmd_watch, 0, 1, OPT_COUNT | OPT_TIMEOUT,
          "watch [PREFIX] [--count N] [--timeout MS]"},
-        {"stats", cmd_stats, 0, 0, 0, "stats"},
+        {"stats", cmd_stats, 0, 0, OPT_PROMETHEUS, "stats [--prometheus]"},
         {"peers", cmd_peers, 0, 1, 0, "peers [SOCKET]"},
 };
 
@@ -1029,6 +1054,7 @@ int main(int argc, char **argv)
                 {"timeout", required_argument, NULL, 'T'},
                 {"count", required_argument, NULL, 'C'},
                 {"min-version", required_argument, NULL, 'M'},
+                {"prometheus", no_argument, NULL, 'P'},
                 {0},
         };
         const struct command *cmd = NULL;
@@ -1074,6 +1100,10 @@ int main(int argc, char **argv)
                 case 'M':
                         cl.min_version = optarg;
                         given |= OPT_MIN_VERSION;
+                        break;
+                case 'P':
+                        cl.prometheus = true;
+                        given |= OPT_PROMETHEUS;
                         break;
                 default:
                         usage(stderr);

@@ -67,6 +67,10 @@ enum dispatch_result dispatch_frame(struct session *s, struct frame *f)
         int fd = -1, r;
 
         r = wire_request_decode(f->payload, f->len, &req, err, sizeof(err));
+        s->cur = (struct req_ctx){.id = req.id, .type = r < 0 ? WIRE_REQ_NONE : req.type};
+        if (s->cur.type == WIRE_REQ_ACQUIRE || s->cur.type == WIRE_REQ_PUBLISH)
+                s->cur.t0_ns = metrics_now_ns();
+        s->reg->metrics.requests[(unsigned)s->cur.type < WIRE_REQ_COUNT ? s->cur.type : 0]++;
         if (r < 0) {
                 frame_close_fds(f);
                 if (r == -EPROTO || req.id == 0 || !s->greeted) {
@@ -156,6 +160,9 @@ enum dispatch_result dispatch_frame(struct session *s, struct frame *f)
                 break;
         case WIRE_REQ_STATS:
                 registry_stats(s, &req);
+                break;
+        case WIRE_REQ_METRICS:
+                registry_metrics(s, &req);
                 break;
         case WIRE_REQ_BYE:
                 registry_bye(s, &req);

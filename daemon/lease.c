@@ -209,6 +209,7 @@ static void on_waiter_timeout(uv_timer_t *t)
         char name[DLX_NAME_MAX + 1];
 
         snprintf(name, sizeof(name), "%s", w->e->name);
+        session_answering(s, id, WIRE_REQ_ACQUIRE, w->t0_ns);
         waiter_end(w);
         session_fail(s, id, -ETIMEDOUT, "timed out waiting for '%s'", name);
 }
@@ -227,6 +228,7 @@ void wake_waiters(struct entry *e)
                 if (!e->current || e->current->version < w->min_version)
                         continue;
                 /* keep the entry alive across waiter_end: it has a current version */
+                session_answering(s, id, WIRE_REQ_ACQUIRE, w->t0_ns);
                 waiter_end(w);
                 grant(s, id, e->current, group);
         }
@@ -274,6 +276,7 @@ void registry_acquire(struct session *s, const struct wire_request *req)
         w->s = s;
         w->e = e;
         w->req_id = req->id;
+        w->t0_ns = s->cur.t0_ns;
         w->min_version = req->acquire.min_version;
         w->group = req->acquire.group;
         if (req->acquire.timeout_ms > 0) {

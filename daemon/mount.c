@@ -358,6 +358,7 @@ void registry_fetch_failed(struct session *s, const struct wire_request *req)
                 if (w->min_version > req->fetch_failed.min_version)
                         continue;
                 failed++;
+                session_answering(ws, id, WIRE_REQ_ACQUIRE, w->t0_ns);
                 waiter_detach(w);
                 /* a status a client of 1.4 knows */
                 e_ws = err == -EHOSTUNREACH && ws->minor < 5 ? -EIO : err;

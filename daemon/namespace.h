@@ -101,6 +101,7 @@ struct waiter {
         struct session *s;
         struct entry *e;
         uint64_t req_id;
+        uint64_t t0_ns; /* when the acquire arrived (metrics) */
         uint64_t min_version;
         bool group;     /* a group is wanted (1.3) */
         bool announced; /* its mount's bridge was told (WANTED): counted in e->wanted */

@@ -225,6 +225,7 @@ void registry_init(struct registry *reg, uv_loop_t *loop, struct store *st,
         reg->next_session = 1;
         reg->next_lease = 1;
         reg->started_ms = now_ms(loop);
+        reg->started_unix = (uint64_t)time(NULL);
         if (lim)
                 reg->lim = *lim;
         else
@@ -703,6 +704,7 @@ struct group_job {
         struct group_head head;
         struct group_bounds bounds;
         int err, read_errno;
+        uint64_t t0_ns; /* when the publish arrived (metrics) */
         char why[320];
 };
 
@@ -727,6 +729,7 @@ static void group_job_done(uv_work_t *w, int status)
                 return;
         }
         s->group_job = NULL;
+        session_answering(s, job->req.id, WIRE_REQ_PUBLISH, job->t0_ns);
         if (status < 0) {
                 job->err = -ECANCELED;
                 snprintf(job->why, sizeof(job->why), "the group's check was cancelled");
@@ -760,6 +763,7 @@ static bool group_job_start(struct session *s, const struct wire_request *req,
         job->reg = reg;
         job->s = s;
         job->req = *req;
+        job->t0_ns = s->cur.t0_ns;
         job->table = table;
         job->data = data;
         job->fd = table->fd;
@@ -1004,4 +1008,21 @@ void registry_stats(struct session *s, const struct wire_request *req)
         rep.stats.publishes = reg->publishes;
         rep.stats.acquires = reg->acquires;
         session_send(s, &rep, -1);
+}
+
+void registry_metrics(struct session *s, const struct wire_request *req)
+{
+        struct wire_reply rep;
+        size_t len;
+        char *text = metrics_render(s->reg, s->uid == geteuid() || s->uid == 0, s->uid, &len);
+
+        if (!text) {
+                session_fail(s, req->id, -ENOMEM, "out of memory");
+                return;
+        }
+        reply_init(&rep, req->id, WIRE_REP_METRICS);
+        rep.metrics.text = text;
+        rep.metrics.len = (uint32_t)len;
+        session_send(s, &rep, -1);
+        free(text);
 }

@@ -24,6 +24,7 @@
 
 #include "avl.h"
 #include "list.h"
+#include "metrics.h"
 #include "session.h"
 #include "store.h"
 #include "watch.h"
@@ -47,6 +48,10 @@ struct registry {
         uint64_t nlingering; /* dropped connections kept for descriptors their peers hold unread */
         uint64_t queued;     /* output bytes waiting for all clients to read (the connections') */
         uint64_t requests, publishes, acquires;
+        struct metrics metrics;
+        uint64_t started_unix; /* for dlx_start_time_seconds */
+        /* descriptors in flight to all connections, and their budget (the server's; NULL: none) */
+        const unsigned *fds_in_flight, *fds_in_flight_budget;
 };
 
 /* The defaults of dlxd's limits (what dlxd --help shows). */
@@ -100,6 +105,8 @@ void registry_alloc(struct session *s, const struct wire_request *req, int fd);
 void registry_free(struct session *s, const struct wire_request *req);
 void registry_forget(struct session *s, const struct wire_request *req);
 void registry_stats(struct session *s, const struct wire_request *req);
+/* The metrics text: every uid's series for dlxd's own uid and root, else the asker's uid's. */
+void registry_metrics(struct session *s, const struct wire_request *req);
 /* Federation (mount.c, 1.5): a mount of "@<alias>/", and a fetch the bridge could not do. */
 void registry_mount(struct session *s, const struct wire_request *req);
 void registry_fetch_failed(struct session *s, const struct wire_request *req);

@@ -9,7 +9,6 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include "conn.h"
@@ -229,93 +228,28 @@ static void on_listen(uv_poll_t *h, int status, int events)
         }
 }
 
-static void on_tick(uv_poll_t *h, int status, int events);
-
-static void ticker_arm(struct ticker *t, bool on)
+static bool sweep_tick(void *ctx)
 {
-        struct itimerspec its = {0};
+        struct server *srv = ctx;
 
-        if (on) {
-                its.it_value.tv_sec = (time_t)(t->period_ms / 1000);
-                its.it_value.tv_nsec = (long)(t->period_ms % 1000) * 1000000L;
-                its.it_interval = its.it_value;
-        }
-        /* cannot fail for a valid timerfd and a sane period */
-        timerfd_settime(t->fd, 0, &its, NULL);
-        if (on)
-                uv_poll_start(&t->poll, UV_READABLE, on_tick);
-        else
-                uv_poll_stop(&t->poll);
-        t->armed = on;
-}
-
-static void on_tick(uv_poll_t *h, int status, int events)
-{
-        struct ticker *t = h->data;
-        uint64_t ticks;
-
-        (void)status;
-        (void)events;
-        if (read(t->fd, &ticks, sizeof(ticks)) < 0 && errno == EAGAIN)
-                return;
-        if (!t->tick(t->srv))
-                ticker_arm(t, false);
-}
-
-static int ticker_init(struct server *srv, struct ticker *t, uint64_t period_ms,
-                       bool (*tick)(struct server *srv))
-{
-        t->srv = srv;
-        t->tick = tick;
-        t->period_ms = period_ms;
-        t->armed = false;
-        int err;
-
-        t->fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-        if (t->fd < 0)
-                return -errno;
-        err = uv_poll_init(srv->loop, &t->poll, t->fd);
-        if (err < 0) {
-                close(t->fd);
-                t->fd = -1;
-                return err;
-        }
-        t->poll.data = t;
-        return 0;
-}
-
-static void on_ticker_closed(uv_handle_t *h)
-{
-        struct ticker *t = h->data;
-
-        close(t->fd);
-        t->fd = -1;
-}
-
-static void ticker_close(struct ticker *t)
-{
-        if (t->fd < 0)
-                return;
-        uv_poll_stop(&t->poll);
-        uv_close((uv_handle_t *)&t->poll, on_ticker_closed);
-}
-
-static bool sweep_tick(struct server *srv)
-{
         conn_sweep_rings(srv);
         return !list_empty(&srv->awake);
 }
 
-static bool watchdog_tick(struct server *srv)
+static bool watchdog_tick(void *ctx)
 {
+        struct server *srv = ctx;
+
         conn_check_stalled(srv);
         conn_check_lingering(srv, false);
         return !list_empty(&srv->stalled) || !list_empty(&srv->unread) ||
                !list_empty(&srv->fd_wait) || !list_empty(&srv->lingering);
 }
 
-static bool fd_wait_tick(struct server *srv)
+static bool fd_wait_tick(void *ctx)
 {
+        struct server *srv = ctx;
+
         conn_check_fd_wait(srv);
         return !list_empty(&srv->fd_wait);
 }
@@ -399,11 +333,11 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
                 close(fd);
                 return err;
         }
-        err = ticker_init(srv, &srv->sweep, CONN_QUIET_MS, sweep_tick);
+        err = ticker_init(loop, &srv->sweep, CONN_QUIET_MS, sweep_tick, srv);
         if (err == 0)
-                err = ticker_init(srv, &srv->watchdog, watchdog_period(reg), watchdog_tick);
+                err = ticker_init(loop, &srv->watchdog, watchdog_period(reg), watchdog_tick, srv);
         if (err == 0)
-                err = ticker_init(srv, &srv->fd_ticker, CONN_FD_WAIT_MS, fd_wait_tick);
+                err = ticker_init(loop, &srv->fd_ticker, CONN_FD_WAIT_MS, fd_wait_tick, srv);
         /* on failure every handle made is closed again: the loop must close empty */
         uv_handle_t *made[5];
         int nmade = 0;

@@ -11,25 +11,10 @@
 #include <uv.h>
 
 #include "list.h"
+#include "ticker.h"
 
 struct registry;
 struct server;
-
-/*
- * A periodic timerfd watched by the loop, armed only while there is work for
- * it. Not a uv timer: an active uv timer gives every epoll_wait a timeout, and
- * the kernel then arms and cancels an hrtimer around each wait (about half a
- * microsecond per request here); a timerfd's is armed once per period.
- */
-struct ticker {
-        int fd;
-        uv_poll_t poll;
-        bool armed;
-        uint64_t period_ms;
-        struct server *srv;
-        /* returns whether to keep ticking */
-        bool (*tick)(struct server *srv);
-};
 
 struct server {
         uv_loop_t *loop;

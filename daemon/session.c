@@ -20,6 +20,8 @@ static int send_with(struct session *s, const struct wire_reply *rep, int fd, st
 {
         int err;
 
+        if (rep->id != 0)
+                metrics_answered(s, rep);
         if (!s->io.send)
                 return -ENOTCONN;
         err = s->io.send(s->io.ctx, rep, fd, seg);

@@ -14,6 +14,7 @@
 #include "avl.h"
 #include "wire_limits.h"
 #include "list.h"
+#include "metrics.h"
 #include "wire.h"
 
 struct registry;
@@ -82,7 +83,20 @@ struct session {
         struct list link; /* in registry.sessions */
         /* a group publish being checked off the loop (registry.c): no request is read meanwhile */
         struct group_job *group_job;
+        /*
+         * The request being answered (dispatch sets it) and a request answered
+         * later (a wait's grant, a group's check: they set it before answering),
+         * for the metrics (metrics_answered()).
+         */
+        struct req_ctx cur, late;
 };
+
+/* An answer to request id of type, which arrived at t0_ns, follows (see cur, late). */
+static inline void session_answering(struct session *s, uint64_t id, enum wire_request_type type,
+                                     uint64_t t0_ns)
+{
+        s->late = (struct req_ctx){.id = id, .t0_ns = t0_ns, .type = type};
+}
 
 /* Sends a reply or an event; a failure to queue is logged and ends nothing here. */
 int session_send(struct session *s, const struct wire_reply *rep, int fd);

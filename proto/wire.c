@@ -75,6 +75,7 @@ static const char *const request_names[WIRE_REQ_COUNT] = {
         [WIRE_REQ_PING] = "ping",       [WIRE_REQ_BYE] = "bye",
         [WIRE_REQ_TRACK] = "track",     [WIRE_REQ_UNTRACK] = "untrack",
         [WIRE_REQ_MOUNT] = "mount",     [WIRE_REQ_FETCH_FAILED] = "fetch-failed",
+        [WIRE_REQ_METRICS] = "metrics",
 };
 
 const char *wire_request_name(enum wire_request_type type)
@@ -438,6 +439,7 @@ struct request_pb {
                 Dlxp__Untrack untrack;
                 Dlxp__Mount mount;
                 Dlxp__FetchFailed fetch_failed;
+                Dlxp__Metrics metrics;
         };
         struct tensor_pb tensor;
 };
@@ -607,6 +609,11 @@ static int request_to_pb(const struct wire_request *q, struct request_pb *s)
                 r->body_case = DLXP__REQUEST__BODY_FETCH_FAILED;
                 r->fetch_failed = &s->fetch_failed;
                 return 0;
+        case WIRE_REQ_METRICS:
+                dlxp__metrics__init(&s->metrics);
+                r->body_case = DLXP__REQUEST__BODY_METRICS;
+                r->metrics = &s->metrics;
+                return 0;
         case WIRE_REQ_NONE:
         case WIRE_REQ_COUNT:
                 break;
@@ -756,6 +763,9 @@ static int request_from_pb(const Dlxp__Request *r, struct wire_request *q, char 
         case DLXP__REQUEST__BODY_STATS:
                 q->type = WIRE_REQ_STATS;
                 return 0;
+        case DLXP__REQUEST__BODY_METRICS:
+                q->type = WIRE_REQ_METRICS;
+                return 0;
         case DLXP__REQUEST__BODY_PING:
                 q->type = WIRE_REQ_PING;
                 q->ping.nonce = r->ping->nonce;
@@ -839,6 +849,7 @@ struct reply_pb {
                 Dlxp__StatsReply stats;
                 Dlxp__Pong pong;
                 Dlxp__Event event;
+                Dlxp__MetricsReply metrics;
         };
         Dlxp__Info info;
         Dlxp__Limits limits; /* a stats or hello reply's, beside it */
@@ -1040,6 +1051,13 @@ static int reply_to_pb(const struct wire_reply *p, struct reply_pb *s)
                 r->body_case = DLXP__REPLY__BODY_STATS;
                 r->stats = &s->stats;
                 return 0;
+        case WIRE_REP_METRICS:
+                dlxp__metrics_reply__init(&s->metrics);
+                s->metrics.text.data = (uint8_t *)p->metrics.text;
+                s->metrics.text.len = p->metrics.len;
+                r->body_case = DLXP__REPLY__BODY_METRICS;
+                r->metrics = &s->metrics;
+                return 0;
         case WIRE_REP_PONG:
                 dlxp__pong__init(&s->pong);
                 s->pong.nonce = p->pong.nonce;
@@ -1218,6 +1236,19 @@ static int reply_from_pb(const Dlxp__Reply *r, struct wire_reply *p, char *why, 
                 p->stats.queued = r->stats->queued;
                 p->stats.uid_queued = r->stats->uid_queued;
                 return 0;
+        case DLXP__REPLY__BODY_METRICS:
+                p->type = WIRE_REP_METRICS;
+                if (r->metrics->text.len >= DLX_MAX_FRAME)
+                        return fail(why, whysz, -EPROTO, "metrics of %zu bytes",
+                                    r->metrics->text.len);
+                p->metrics.text = malloc(r->metrics->text.len + 1);
+                if (!p->metrics.text)
+                        return fail(why, whysz, -ENOMEM, "out of memory");
+                if (r->metrics->text.len)
+                        memcpy(p->metrics.text, r->metrics->text.data, r->metrics->text.len);
+                p->metrics.text[r->metrics->text.len] = '\0';
+                p->metrics.len = (uint32_t)r->metrics->text.len;
+                return 0;
         case DLXP__REPLY__BODY_PONG:
                 p->type = WIRE_REP_PONG;
                 p->pong.nonce = r->pong->nonce;
@@ -1301,5 +1332,9 @@ void wire_reply_done(struct wire_reply *rep)
                 free(rep->event.events);
                 rep->event.events = NULL;
                 rep->event.nevents = 0;
+        } else if (rep->type == WIRE_REP_METRICS) {
+                free(rep->metrics.text);
+                rep->metrics.text = NULL;
+                rep->metrics.len = 0;
         }
 }

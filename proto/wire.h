@@ -123,6 +123,7 @@ enum wire_request_type {
         WIRE_REQ_UNTRACK,
         WIRE_REQ_MOUNT,        /* 1.5 */
         WIRE_REQ_FETCH_FAILED, /* 1.5 */
+        WIRE_REQ_METRICS,      /* 1.6 */
         WIRE_REQ_COUNT
 };
 
@@ -216,6 +217,7 @@ enum wire_reply_type {
         WIRE_REP_EVENT,
         WIRE_REP_TRACK,
         WIRE_REP_SEGMENT, /* (1.4) a segment the next reply names, its fd attached */
+        WIRE_REP_METRICS, /* (1.6) */
 };
 
 enum wire_event_kind {
@@ -321,6 +323,12 @@ struct wire_reply {
                         uint8_t (*events)[DLX_CUDA_HANDLE];
                         uint32_t nevents;
                 } event;
+                struct {
+                        /* Prometheus text, NUL-terminated; allocated when decoded (wire_reply_done)
+                         */
+                        char *text;
+                        uint32_t len;
+                } metrics;
         };
 };
 

@@ -8,7 +8,7 @@
 
 /* Protocol version spoken by this build; a different major is refused. */
 #define DLX_PROTO_MAJOR 1
-#define DLX_PROTO_MINOR 5
+#define DLX_PROTO_MINOR 6
 
 /* Largest frame payload either side accepts (a full list page fits easily). */
 #define DLX_MAX_FRAME (1u << 20)

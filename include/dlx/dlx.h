@@ -687,6 +687,21 @@ struct dlx_stats {
  */
 int dlx_stats(dlx_client *client, struct dlx_stats *ret_stats);
 
+/*
+ * The daemon's metrics in the Prometheus text exposition format (0.0.4), as
+ * `dlxctl stats --prometheus` prints them and `dlxd --metrics-file` writes
+ * them: request and error counts by type and status, publishes and acquires,
+ * latency histograms of acquire and publish, the namespace's gauges, what is
+ * held against each limit, and per-uid series. The caller's uid sees the
+ * per-uid series of every uid if it is dlxd's own uid or root, else of its
+ * own uid only. One round trip. Returns 0 with *ret_text (NUL-terminated;
+ * release it with free()), or -EINVAL (NULL argument; *ret_text is left
+ * alone only when ret_text is NULL, else set to NULL on every failure),
+ * -ENOTSUP (a daemon older than protocol 1.6), and the errors common to
+ * every call.
+ */
+int dlx_metrics(dlx_client *client, char **ret_text);
+
 /* One round trip. Returns 0 or -errno. */
 int dlx_ping(dlx_client *client);
 
