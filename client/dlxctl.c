@@ -25,6 +25,7 @@
 #include "safetensors.h"
 #include "sockpath.h"
 #include "tfile.h"
+#include "units.h"
 
 #define EXIT_USAGE 2
 
@@ -719,26 +720,6 @@ static int cmd_watch(const struct cmdline *cl)
         return 0;
 }
 
-/* 512 B, 4 KiB, 1.5 GiB */
-static const char *human_size(uint64_t v, char *buf, size_t len)
-{
-        static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-        double d = (double)v;
-        int u = 0;
-
-        while (d >= 1024 && u < 6) {
-                d /= 1024;
-                u++;
-        }
-        if (u == 0)
-                snprintf(buf, len, "%" PRIu64 " B", v);
-        else if (d == (double)(uint64_t)d)
-                snprintf(buf, len, "%.0f %s", d, units[u]);
-        else
-                snprintf(buf, len, "%.1f %s", d, units[u]);
-        return buf;
-}
-
 /* The limits as dlxd's options name them; value 0 means none. */
 struct limit_row {
         const char *name;
@@ -775,7 +756,7 @@ static const char *of_limit(uint64_t limit, bool size, char *buf, size_t len)
         if (!limit)
                 return "(no limit)";
         if (size)
-                human_size(limit, v, sizeof(v));
+                units_format_size(limit, v, sizeof(v));
         else
                 snprintf(v, sizeof(v), "%" PRIu64, limit);
         snprintf(buf, len, "of %s", v);
@@ -847,13 +828,13 @@ static int cmd_stats(const struct cmdline *cl)
                "requests:  %" PRIu64 " (publishes %" PRIu64 ", acquires %" PRIu64 ")\n",
                dlx_server_version(ctl_client()), (double)s.uptime_ms / 1000.0, s.names,
                of_limit(s.limits.max_names, false, a, sizeof(a)), s.versions, s.leases, s.segments,
-               human_size(s.bytes, c, sizeof(c)), of_limit(s.max_bytes, true, b, sizeof(b)), s.fds,
-               of_limit(s.limits.max_fds, false, e, sizeof(e)), s.clients,
+               units_format_size(s.bytes, c, sizeof(c)), of_limit(s.max_bytes, true, b, sizeof(b)),
+               s.fds, of_limit(s.limits.max_fds, false, e, sizeof(e)), s.clients,
                of_limit(s.max_clients, false, d, sizeof(d)), s.watchers, s.requests, s.publishes,
                s.acquires);
         printf("uid %u:   %u clients %s, %s %s, %" PRIu64 " names %s, %" PRIu64 " fds %s\n", s.uid,
                s.uid_clients, of_limit(s.limits.max_clients_per_uid, false, a, sizeof(a)),
-               human_size(s.uid_bytes, c, sizeof(c)),
+               units_format_size(s.uid_bytes, c, sizeof(c)),
                of_limit(s.limits.max_bytes_per_uid, true, b, sizeof(b)), s.uid_names,
                of_limit(s.limits.max_names_per_uid, false, d, sizeof(d)), s.uid_fds,
                of_limit(s.limits.max_fds_per_uid, false, e, sizeof(e)));
@@ -861,7 +842,7 @@ static int cmd_stats(const struct cmdline *cl)
         for (int i = 0; i < n; i++) {
                 if (rows[i].size && rows[i].value)
                         printf("  --%-20s %" PRIu64 " (%s)\n", rows[i].name, rows[i].value,
-                               human_size(rows[i].value, a, sizeof(a)));
+                               units_format_size(rows[i].value, a, sizeof(a)));
                 else
                         printf("  --%-20s %" PRIu64 "\n", rows[i].name, rows[i].value);
         }
@@ -948,7 +929,7 @@ static void peer_row(const json_t *e, const char *role, const char *count_key,
         printf("%-16s %-6s %-10s %-12s %-22s %8" PRIu64 " %10s %8" PRIu64 " %7" PRIu64 "\n",
                json_text(e, "alias"), role, json_text(e, "state"), json_text(e, "transport"),
                json_text(e, "address"), json_count(e, count_key),
-               human_size(json_count(e, bytes_key), b, sizeof(b)), json_count(e, "failures"),
+               units_format_size(json_count(e, bytes_key), b, sizeof(b)), json_count(e, "failures"),
                json_count(e, "follows"));
 }
 

@@ -2,12 +2,29 @@
 #include "log.h"
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 int log_level = LOG_NOTICE;
+
+/* stderr is journald's stream: lines carry their priority as "<N>", and no time of their own. */
+static bool to_journal;
+
+void log_init(void)
+{
+        const char *js = getenv("JOURNAL_STREAM");
+        unsigned long long dev, ino;
+        struct stat st;
+
+        to_journal = js && sscanf(js, "%llu:%llu", &dev, &ino) == 2 &&
+                     fstat(STDERR_FILENO, &st) == 0 && (unsigned long long)st.st_dev == dev &&
+                     (unsigned long long)st.st_ino == ino;
+}
 
 static const char *const level_names[] = {
         "emerg", "alert", "crit", "error", "warning", "notice", "info", "debug",
@@ -38,10 +55,14 @@ void log_msg(int level, const char *fmt, ...)
         va_list ap;
         int n;
 
-        clock_gettime(CLOCK_REALTIME, &ts);
-        gmtime_r(&ts.tv_sec, &tm);
-        n = snprintf(line, sizeof(line), "%02d:%02d:%02d.%03ld dlxd %s: ", tm.tm_hour, tm.tm_min,
-                     tm.tm_sec, ts.tv_nsec / 1000000, level_names[level & 7]);
+        if (to_journal) {
+                n = snprintf(line, sizeof(line), "<%d>", level & 7);
+        } else {
+                clock_gettime(CLOCK_REALTIME, &ts);
+                gmtime_r(&ts.tv_sec, &tm);
+                n = snprintf(line, sizeof(line), "%02d:%02d:%02d.%03ld dlxd %s: ", tm.tm_hour,
+                             tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000, level_names[level & 7]);
+        }
         va_start(ap, fmt);
         vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
         va_end(ap);

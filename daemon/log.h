@@ -7,6 +7,13 @@
 
 extern int log_level;
 
+/*
+ * Looks at where stderr goes: to journald (JOURNAL_STREAM names it), each
+ * line is "<N>message" (N the syslog priority, which journald takes off and
+ * keeps); elsewhere "HH:MM:SS.mmm dlxd LEVEL: message", UTC.
+ */
+void log_init(void);
+
 /* Parses "debug", "info", "notice", "warning", "error" (or 0-7). Returns the level or -1. */
 int log_parse_level(const char *s);
 

@@ -18,6 +18,7 @@
 #include "log.h"
 #include "registry.h"
 #include "server.h"
+#include "service.h"
 #include "sockpath.h"
 #include "units.h"
 #include "store.h"
@@ -32,6 +33,7 @@ struct daemon {
         struct server srv;
         struct registry reg;
         struct store store;
+        struct service service;
 };
 
 /* The limits, each an option: --NAME VALUE, 0 meaning none. */
@@ -75,6 +77,11 @@ static const struct limit_opt limit_opts[] = {
 #define LIMIT_KEY 256
 #define CUDA_DEVICE_KEY (LIMIT_KEY + 128)
 #define FEDERATION_UID_KEY (LIMIT_KEY + 129)
+#define METRICS_FILE_KEY (LIMIT_KEY + 130)
+#define METRICS_INTERVAL_KEY (LIMIT_KEY + 131)
+/* The metrics file is rewritten this often by default, and at most this often (seconds). */
+#define METRICS_INTERVAL_DEFAULT 15
+#define METRICS_INTERVAL_MAX 86400
 
 static uint64_t limit_get(const struct wire_limit_set *lim, const struct limit_opt *o)
 {
@@ -134,13 +141,21 @@ static void usage(FILE *f)
                 "                         bridge, dlxfed: it alone mounts '@<alias>/'\n"
                 "                         prefixes and publishes peers' names there\n"
                 "                         (default: none; no name under '@' is published)\n"
+                "  --metrics-file PATH    keep the metrics (what dlxctl stats --prometheus\n"
+                "                         prints, every uid's) in PATH, in the Prometheus\n"
+                "                         text format, rewritten atomically every interval\n"
+                "                         and removed at exit; for node_exporter's textfile\n"
+                "                         collector, name it *.prom (default: none)\n"
+                "  --metrics-interval SECONDS\n"
+                "                         how often the metrics file is rewritten, 1 to %d\n"
+                "                         (default %d)\n"
                 "  -b SIZE                the same as --max-bytes\n"
                 "  -c N                   the same as --max-clients\n"
                 "  -h, --help             show this help\n"
                 "  -V, --version          show the version\n"
                 "\n"
                 "Limits (0: none; dlxctl stats shows them):\n",
-                STORE_VMM_MAJOR, STORE_VMM_MINOR);
+                STORE_VMM_MAJOR, STORE_VMM_MINOR, METRICS_INTERVAL_MAX, METRICS_INTERVAL_DEFAULT);
         for (size_t i = 0; i < NLIMITS; i++) {
                 char opt[64], left[96];
                 option_name(&limit_opts[i], opt, sizeof(opt));
@@ -162,7 +177,13 @@ static void usage(FILE *f)
                 "--max-names (all of a limit under 8), half of what they leave of --max-fds.\n"
                 "Of what all clients may leave queued (16 x --max-queued) and of the\n"
                 "descriptors they may have unread (half the limit), a uid gets at most half\n"
-                "of what the others leave.\n",
+                "of what the others leave.\n"
+                "\n"
+                "Under systemd: with socket activation dlxd takes the one listening AF_UNIX\n"
+                "stream socket it is passed (and refuses any other) instead of --socket;\n"
+                "with Type=notify it reports READY=1, a STATUS= line (names, clients, bytes\n"
+                "held), STOPPING=1, and watchdog keep-alives when WatchdogSec= is set; under\n"
+                "journald each log line carries its priority (\"<N>\").\n",
                 CONN_FDS);
 }
 
@@ -283,6 +304,8 @@ static void on_signal(uv_signal_t *h, int signum)
         struct daemon *d = h->data;
 
         log_notice("%s: stopping", strsignal(signum));
+        service_stopping(&d->service);
+        service_done(&d->service);
         server_stop(&d->srv);
         uv_signal_stop(&d->sigint);
         uv_signal_stop(&d->sigterm);
@@ -331,11 +354,15 @@ int main(int argc, char **argv)
                 {"version", no_argument, NULL, 'V'},
                 {"cuda-device-number", required_argument, NULL, CUDA_DEVICE_KEY},
                 {"federation-uid", required_argument, NULL, FEDERATION_UID_KEY},
+                {"metrics-file", required_argument, NULL, METRICS_FILE_KEY},
+                {"metrics-interval", required_argument, NULL, METRICS_INTERVAL_KEY},
         };
         enum { NFIXED = sizeof(fixed) / sizeof(fixed[0]) };
         static struct option opts[NFIXED + NLIMITS + 1];
         static char names[NLIMITS][64];
-        const char *socket_opt = NULL;
+        const char *socket_opt = NULL, *metrics_file = NULL;
+        unsigned long metrics_interval = METRICS_INTERVAL_DEFAULT;
+        int inherited = -1;
         char path[108];
         struct wire_limit_set lim;
         unsigned long ready_fd = 0;
@@ -402,6 +429,22 @@ int main(int argc, char **argv)
                         }
                         federation = true;
                         break;
+                case METRICS_FILE_KEY:
+                        if (!*optarg) {
+                                fprintf(stderr, "dlxd: --metrics-file needs a path\n");
+                                return 2;
+                        }
+                        metrics_file = optarg;
+                        break;
+                case METRICS_INTERVAL_KEY:
+                        if (parse_uint(optarg, METRICS_INTERVAL_MAX, &metrics_interval) < 0 ||
+                            metrics_interval == 0) {
+                                fprintf(stderr,
+                                        "dlxd: bad --metrics-interval '%s' (seconds, 1 to %d)\n",
+                                        optarg, METRICS_INTERVAL_MAX);
+                                return 2;
+                        }
+                        break;
                 case 'h':
                         usage(stdout);
                         return 0;
@@ -424,7 +467,10 @@ int main(int argc, char **argv)
                 usage(stderr);
                 return 2;
         }
-        if (sockpath_resolve(socket_opt, path, sizeof(path)) < 0) {
+        log_init();
+        if (service_listen_fd(&inherited) < 0)
+                return 1;
+        if (inherited < 0 && sockpath_resolve(socket_opt, path, sizeof(path)) < 0) {
                 fprintf(stderr, "dlxd: socket path too long\n");
                 return 1;
         }
@@ -448,9 +494,23 @@ int main(int argc, char **argv)
         registry_init(&d.reg, &d.loop, &d.store, &lim);
         d.reg.federation = federation;
         d.reg.federation_uid = federation_uid;
-        err = server_start(&d.srv, &d.loop, &d.reg, path, shared, group);
+        if (inherited >= 0) {
+                err = server_adopt(&d.srv, &d.loop, &d.reg, inherited, shared, group);
+                snprintf(path, sizeof(path), "%s", d.srv.path);
+                if (socket_opt)
+                        log_notice("listening on the socket systemd passed, not --socket %s",
+                                   socket_opt);
+        } else {
+                err = server_start(&d.srv, &d.loop, &d.reg, path, shared, group);
+        }
         if (err < 0) {
                 fprintf(stderr, "dlxd: cannot start on %s: %s\n", path, strerror(-err));
+                return finish(&d, 1);
+        }
+        err = service_start(&d.service, &d.loop, &d.reg, metrics_file,
+                            (uint64_t)metrics_interval * 1000);
+        if (err < 0) {
+                server_stop(&d.srv);
                 return finish(&d, 1);
         }
         err = uv_signal_init(&d.loop, &d.sigint);
@@ -471,6 +531,7 @@ int main(int argc, char **argv)
         }
         if (err < 0) {
                 fprintf(stderr, "dlxd: cannot watch SIGINT and SIGTERM: %s\n", uv_strerror(err));
+                service_done(&d.service);
                 server_stop(&d.srv);
                 return finish(&d, 1);
         }
@@ -489,6 +550,9 @@ int main(int argc, char **argv)
                 log_notice("cuda-vmm fds must be files of character device %u:%u, not "
                            "/dev/nvidiactl",
                            major(vmm_dev), minor(vmm_dev));
+        if (metrics_file)
+                log_notice("metrics in %s, every %lu s", metrics_file, metrics_interval);
+        service_ready(&d.service);
         if (have_ready) {
                 (void)!write((int)ready_fd, "R", 1);
                 close((int)ready_fd);

@@ -274,15 +274,9 @@ static uint64_t watchdog_period(const struct registry *reg)
 
 static void schedule_close(void *ctx);
 
-int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, const char *path,
-                 bool shared, gid_t group)
+static void server_init(struct server *srv, uv_loop_t *loop, struct registry *reg, bool shared,
+                        gid_t group)
 {
-        struct sockaddr_un addr = {.sun_family = AF_UNIX};
-        char dir[sizeof(srv->path)];
-        char *slash;
-        mode_t old;
-        int fd, err;
-
         memset(srv, 0, sizeof(*srv));
         srv->loop = loop;
         srv->reg = reg;
@@ -301,6 +295,22 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
         srv->watchdog.fd = -1;
         srv->fd_ticker.fd = -1;
         srv->fds_budget = fd_budget();
+        reg->fds_in_flight = &srv->fds_unread;
+        reg->fds_in_flight_budget = &srv->fds_budget;
+}
+
+static int serve(struct server *srv, int fd);
+
+int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, const char *path,
+                 bool shared, gid_t group)
+{
+        struct sockaddr_un addr = {.sun_family = AF_UNIX};
+        char dir[sizeof(srv->path)];
+        char *slash;
+        mode_t old;
+        int fd, err;
+
+        server_init(srv, loop, reg, shared, group);
         if (strlen(path) >= sizeof(srv->path)) {
                 log_err("socket path too long: %s", path);
                 return -ENAMETOOLONG;
@@ -333,9 +343,49 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
                 close(fd);
                 return err;
         }
+        err = serve(srv, fd);
+        if (err < 0)
+                unlink(path);
+        return err;
+}
+
+int server_adopt(struct server *srv, uv_loop_t *loop, struct registry *reg, int fd, bool shared,
+                 gid_t group)
+{
+        struct sockaddr_un addr;
+        socklen_t len = sizeof(addr);
+        int flags = fcntl(fd, F_GETFL);
+
+        server_init(srv, loop, reg, shared, group);
+        srv->adopted = true;
+        if (getsockname(fd, (struct sockaddr *)&addr, &len) == 0 &&
+            len > offsetof(struct sockaddr_un, sun_path)) {
+                size_t n = len - offsetof(struct sockaddr_un, sun_path);
+                /* an abstract socket's name starts with a NUL: shown with '@' */
+                if (addr.sun_path[0] == '\0')
+                        addr.sun_path[0] = '@';
+                snprintf(srv->path, sizeof(srv->path), "%.*s", (int)strnlen(addr.sun_path, n),
+                         addr.sun_path);
+        }
+        if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0 ||
+            fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
+                int err = -errno;
+                log_err("cannot set up the inherited socket: %s", strerror(errno));
+                return err;
+        }
+        return serve(srv, fd);
+}
+
+/* Watches fd, a listening socket, and the server's timers. Returns 0 or -errno (fd closed). */
+static int serve(struct server *srv, int fd)
+{
+        uv_loop_t *loop = srv->loop;
+        int err;
+
         err = ticker_init(loop, &srv->sweep, CONN_QUIET_MS, sweep_tick, srv);
         if (err == 0)
-                err = ticker_init(loop, &srv->watchdog, watchdog_period(reg), watchdog_tick, srv);
+                err = ticker_init(loop, &srv->watchdog, watchdog_period(srv->reg), watchdog_tick,
+                                  srv);
         if (err == 0)
                 err = ticker_init(loop, &srv->fd_ticker, CONN_FD_WAIT_MS, fd_wait_tick, srv);
         /* on failure every handle made is closed again: the loop must close empty */
@@ -354,14 +404,13 @@ int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, cons
         if (err == 0)
                 err = uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
         if (err < 0) {
-                log_err("cannot watch %s: %s", path, strerror(-err));
+                log_err("cannot watch %s: %s", srv->path, strerror(-err));
                 while (nmade > 0)
                         uv_close(made[--nmade], NULL);
                 ticker_close(&srv->sweep);
                 ticker_close(&srv->watchdog);
                 ticker_close(&srv->fd_ticker);
                 close(fd);
-                unlink(path);
                 return err;
         }
         srv->listen_fd = fd;
@@ -459,7 +508,9 @@ void server_stop(struct server *srv)
         uv_close((uv_handle_t *)&srv->listen_poll, on_listen_closed);
         uv_timer_stop(&srv->backoff);
         uv_close((uv_handle_t *)&srv->backoff, NULL);
-        unlink(srv->path);
+        /* an inherited socket's file is its owner's (systemd's), and stays for the next start */
+        if (!srv->adopted)
+                unlink(srv->path);
         registry_pages_close(srv->reg);
         /* closing sessions sends events to the others: the handles that send them go last */
         list_for_each_safe(pos, tmp, &srv->conns) conn_goodbye(

@@ -50,6 +50,7 @@ struct server {
         bool shared; /* --group: the socket is 0660 to this group, whose members may connect */
         gid_t group;
         bool listening;
+        bool adopted; /* the socket was inherited (systemd): its file is not ours to remove */
         bool backoff_logged;
 };
 
@@ -65,7 +66,15 @@ struct server {
 int server_start(struct server *srv, uv_loop_t *loop, struct registry *reg, const char *path,
                  bool shared, gid_t group);
 
-/* Stops accepting, closes every connection and removes the socket file. */
+/*
+ * The same on fd, a listening AF_UNIX stream socket that was inherited
+ * (systemd's socket activation): its file, mode and owner are its creator's,
+ * and only the peers are checked. Returns 0 or -errno (fd closed on failure).
+ */
+int server_adopt(struct server *srv, uv_loop_t *loop, struct registry *reg, int fd, bool shared,
+                 gid_t group);
+
+/* Stops accepting, closes every connection and removes the socket file (not an adopted one's). */
 void server_stop(struct server *srv);
 
 /* A connection ended (called by conn). */

@@ -2,6 +2,7 @@
 #include "units.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,4 +30,23 @@ int units_parse_size(const char *s, uint64_t *ret)
                 return -EINVAL;
         *ret = (uint64_t)v << shift;
         return 0;
+}
+
+const char *units_format_size(uint64_t v, char *buf, size_t len)
+{
+        static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+        double d = (double)v;
+        int u = 0;
+
+        while (d >= 1024 && u < 6) {
+                d /= 1024;
+                u++;
+        }
+        if (u == 0)
+                snprintf(buf, len, "%llu B", (unsigned long long)v);
+        else if (d == (double)(uint64_t)d)
+                snprintf(buf, len, "%.0f %s", d, units[u]);
+        else
+                snprintf(buf, len, "%.1f %s", d, units[u]);
+        return buf;
 }
