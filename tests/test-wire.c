@@ -446,6 +446,7 @@ static const struct request_row {
         {"free", {REQ(12, FREE), .free.segment = 99}},
         {"forget, two segments", {REQ(13, FORGET), .forget = {{UINT64_MAX - 1, 7}, 2}}},
         {"stats", {REQ(14, STATS)}},
+        {"metrics", {REQ(14, METRICS)}},
         {"ping", {REQ(15, PING), .ping.nonce = UINT64_C(0xa5a5a5a5a5a5a5a5)}},
         /* zero values are not lost by proto3's defaults */
         {"ping, nonce 0", {REQ(15, PING)}},
@@ -727,6 +728,34 @@ START_TEST(reply_round_trip_keeps_every_field)
         reply_roundtrip(&p, &out, row->what);
         expect_reply_eq(&out, &p);
         ck_assert_int_eq(wire_status_errno(out.status), row->status_errno);
+        wire_reply_done(&out);
+}
+END_TEST
+
+/* The metrics text: its bytes, NUL-terminated on decode, freed by wire_reply_done(). */
+START_TEST(test_reply_metrics)
+{
+        static const char text[] = "# TYPE dlx_names gauge\ndlx_names 3\n";
+        struct wire_reply p, out;
+
+        reply_init(&p, 9, WIRE_REP_METRICS);
+        p.metrics.text = (char *)text;
+        p.metrics.len = (uint32_t)strlen(text);
+        reply_roundtrip(&p, &out, "metrics");
+        ck_assert_int_eq(out.type, WIRE_REP_METRICS);
+        ck_assert_uint_eq(out.metrics.len, strlen(text));
+        ck_assert_ptr_ne(out.metrics.text, text);
+        ck_assert_str_eq(out.metrics.text, text);
+        wire_reply_done(&out);
+        ck_assert_ptr_null(out.metrics.text);
+        ck_assert_uint_eq(out.metrics.len, 0);
+
+        /* empty text: still a string */
+        p.metrics.text = (char *)"";
+        p.metrics.len = 0;
+        reply_roundtrip(&p, &out, "empty metrics");
+        ck_assert_ptr_nonnull(out.metrics.text);
+        ck_assert_str_eq(out.metrics.text, "");
         wire_reply_done(&out);
 }
 END_TEST
@@ -1885,6 +1914,7 @@ Suite *wire_suite(void)
         tc = tcase_create("replies");
         tcase_add_rows(tc, reply_round_trip_keeps_every_field, reply_rows);
         tcase_add_test(tc, test_reply_list);
+        tcase_add_test(tc, test_reply_metrics);
         tcase_add_test(tc, test_reply_list_full_page);
         suite_add_tcase(s, tc);
 
