@@ -818,6 +818,26 @@ static PyObject *client_stats(DlxPy_Client *self, PyObject *unused)
         return d;
 }
 
+static PyObject *client_metrics(DlxPy_Client *self, PyObject *unused)
+{
+        struct dlxpy_err e;
+        char *text = NULL;
+        PyObject *s;
+
+        (void)unused;
+        if (dlxpy_client_enter(self) < 0)
+                return NULL;
+        Py_BEGIN_ALLOW_THREADS;
+        dlxpy_err_take(&e, dlx_metrics(self->c, &text));
+        Py_END_ALLOW_THREADS;
+        dlxpy_client_leave(self);
+        if (e.err < 0)
+                return dlxpy_raise(e.err, e.msg);
+        s = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
+        free(text);
+        return s;
+}
+
 static PyObject *client_ping(DlxPy_Client *self, PyObject *unused)
 {
         struct dlxpy_err e;
@@ -963,6 +983,8 @@ static PyMethodDef client_methods[] = {
          "list(prefix='')\n--\n\nA dlx.Info per name starting with prefix, in name order."},
         {"stats", (PyCFunction)client_stats, METH_NOARGS,
          "stats()\n--\n\nThe daemon's counters, as a dict."},
+        {"metrics", (PyCFunction)client_metrics, METH_NOARGS,
+         "metrics()\n--\n\nThe daemon's metrics in the Prometheus text format (dlx_metrics())."},
         {"ping", (PyCFunction)client_ping, METH_NOARGS, "ping()\n--\n\nOne round trip."},
         {"watch", (PyCFunction)(void (*)(void))client_watch, METH_VARARGS | METH_KEYWORDS,
          "watch(prefix='', *, timeout=None)\n--\n\n"

@@ -303,6 +303,17 @@ def test_stat_list_unpublish(client, name):
     assert stats["names"] >= 1 and stats["uid"] == os.getuid()
 
 
+def test_metrics(client, name):
+    before = client.metrics()
+    assert before.startswith("# HELP dlx_build_info")
+    client.publish(name + "/m", np.zeros(4))
+    after = {line.split(" ")[0]: float(line.split(" ")[1])
+             for line in client.metrics().splitlines() if line and not line.startswith("#")}
+    assert after['dlx_requests_total{type="metrics"}'] >= 2
+    assert after["dlx_publishes_total"] >= 1
+    assert after[f'dlx_uid_names{{uid="{os.getuid()}"}}'] >= 1
+
+
 def test_watch(client, name, daemon):
     with client.watch(name + "/", timeout=0.5) as w:
         assert w.prefix == name + "/"
