@@ -6,7 +6,9 @@
 # which mandoc -Tlint warns of; the page renders the same without them (the one
 # that ends a block moves after its ".RE"), and lints clean.
 set -eu
-"$1" | awk '
+# scdoc fails on a malformed page: so must the build (a pipe would hide it)
+roff=$("$1")
+printf '%s\n' "$roff" | awk '
 { line[n++] = $0 }
 END {
         for (i = 0; i + 1 < n; i++)
