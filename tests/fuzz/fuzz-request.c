@@ -141,6 +141,7 @@ static void check_request(const struct wire_request *q)
         case WIRE_REQ_ALLOC:
         case WIRE_REQ_FREE:
         case WIRE_REQ_STATS:
+        case WIRE_REQ_METRICS:
         case WIRE_REQ_PING:
         case WIRE_REQ_BYE:
                 break;
@@ -187,6 +188,11 @@ static void check_reply(const struct wire_reply *p)
                 FUZZ_CHECK(STR_OK(p->list.next), "list cursor not terminated");
                 for (uint32_t i = 0; i < p->list.count; i++)
                         check_info(&p->list.entries[i], "list entry");
+                break;
+        case WIRE_REP_METRICS:
+                FUZZ_CHECK(p->metrics.text && p->metrics.len < DLX_MAX_FRAME &&
+                                   p->metrics.text[p->metrics.len] == '\0',
+                           "metrics text of %u bytes not terminated", p->metrics.len);
                 break;
         case WIRE_REP_EVENT:
                 FUZZ_CHECK(STR_OK(p->event.name), "event name not terminated");
@@ -245,6 +251,11 @@ static void compare_replies(const struct wire_reply *a, const struct wire_reply 
                                           (size_t)a->event.nevents * DLX_CUDA_HANDLE) == 0,
                            "release events changed on the way");
                 x.event.events = y.event.events = NULL;
+        } else if (a->type == WIRE_REP_METRICS) {
+                FUZZ_CHECK(a->metrics.len == b->metrics.len &&
+                                   memcmp(a->metrics.text, b->metrics.text, a->metrics.len) == 0,
+                           "metrics text changed on the way");
+                x.metrics.text = y.metrics.text = NULL;
         }
         FUZZ_CHECK(memcmp(&x, &y, sizeof(x)) == 0, "reply of type %d changed on the way",
                    (int)a->type);

@@ -415,6 +415,9 @@ static struct wire_request *sample_request(unsigned i, const char **ret_name, un
                 wire_strcpy(q->fetch_failed.error, sizeof(q->fetch_failed.error),
                             "peer gpu3 lost during the pull");
                 return q;
+        case 32:
+                *ret_name = "metrics";
+                return req(WIRE_REQ_METRICS);
         default:
                 return NULL;
         }
@@ -554,6 +557,12 @@ static struct wire_reply *sample_reply(unsigned i, const char **ret_name)
                 p.type = WIRE_REP_SEGMENT;
                 p.segment.segment = 5;
                 p.segment.size = 8192;
+                return &p;
+        case 14:
+                *ret_name = "metrics";
+                p.type = WIRE_REP_METRICS;
+                p.metrics.text = (char *)"# TYPE dlx_names gauge\ndlx_names 2\n";
+                p.metrics.len = (uint32_t)strlen(p.metrics.text);
                 return &p;
         default:
                 return NULL;
