@@ -105,14 +105,18 @@ int service_listen_fd(int *ret_fd)
 #endif
 }
 
-static void notify(const char *state)
+/* Tells systemd state; a failure is logged once until a message goes through again. */
+static void notify(struct service *sv, const char *state)
 {
 #ifdef HAVE_SYSTEMD
         int r = sd_notify(0, state);
 
-        if (r < 0)
-                log_warn("cannot tell systemd '%s': %s", state, strerror(-r));
+        if (r < 0 && !sv->notify_failing)
+                log_warn("cannot tell systemd '%s': %s (NOTIFY_SOCKET %s)", state, strerror(-r),
+                         getenv("NOTIFY_SOCKET"));
+        sv->notify_failing = r < 0;
 #else
+        (void)sv;
         (void)state;
 #endif
 }
@@ -128,7 +132,7 @@ static void update_status(struct service *sv)
         if (strcmp(line, sv->status) == 0)
                 return;
         snprintf(sv->status, sizeof(sv->status), "%s", line);
-        notify(line);
+        notify(sv, line);
 }
 
 /* Writes the metrics beside the file and renames them over it: a reader sees all or none. */
@@ -183,7 +187,7 @@ static bool on_tick(void *ctx)
         uint64_t now = mono_ms();
 
         if (sv->watchdog_ms && now >= sv->next_watchdog) {
-                notify("WATCHDOG=1");
+                notify(sv, "WATCHDOG=1");
                 sv->next_watchdog = now + sv->watchdog_ms;
         }
         if (sv->notify && now >= sv->next_status) {
@@ -246,7 +250,7 @@ void service_ready(struct service *sv)
 
         if (sv->notify) {
                 update_status(sv);
-                notify("READY=1");
+                notify(sv, "READY=1");
         }
         if (sv->metrics_path)
                 write_metrics(sv);
@@ -260,7 +264,7 @@ void service_ready(struct service *sv)
 void service_stopping(struct service *sv)
 {
         if (sv->notify)
-                notify("STOPPING=1\nSTATUS=stopping");
+                notify(sv, "STOPPING=1\nSTATUS=stopping");
         if (sv->metrics_path && unlink(sv->metrics_path) < 0 && errno != ENOENT)
                 log_warn("cannot remove the metrics file %s: %s", sv->metrics_path,
                          strerror(errno));

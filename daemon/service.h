@@ -30,6 +30,7 @@ struct service {
         uint64_t next_status, next_watchdog, next_metrics; /* CLOCK_MONOTONIC ms */
         char status[160];                                  /* the last STATUS= sent */
         bool metrics_failing; /* the last write failed (logged once until one succeeds) */
+        bool notify_failing;  /* likewise for a message to systemd */
 };
 
 /*
