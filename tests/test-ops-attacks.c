@@ -1000,6 +1000,39 @@ START_TEST(watchdog_half_period_beside_metrics_file)
 END_TEST
 
 /*
+ * Promise 2: a notification socket that nobody reads (a wedged manager, a
+ * full queue) must not stop dlxd serving: keep-alives every millisecond
+ * (WATCHDOG_USEC=2000) fill its queue within a second; a client then.
+ */
+START_TEST(unread_notify_socket_does_not_stall_serving)
+{
+        struct unit u;
+        char own[160];
+        const char *args[] = {"--socket", own, NULL};
+        const char *env[] = {"WATCHDOG_USEC=2000", NULL};
+        struct dlx_connect_options o = {.socket_path = own, .timeout_ms = 3000};
+        dlx_client *c = NULL;
+        int err = -1;
+
+        unit_init(&u);
+        snprintf(own, sizeof(own), "%s/own.sock", u.dir);
+        unit_spawn(&u, NULL, 0, env, args);
+        /* the test reads nothing from u.notify_fd */
+        for (int i = 0; i < 200 && access(own, F_OK) != 0; i++)
+                fx_sleep_ms(10);
+        fx_sleep_ms(2000);
+        err = dlx_connect(&o, &c);
+        ck_assert_msg(err == 0, "dlxd no longer serves while its notification socket is full: %s",
+                      dlx_last_error());
+        ck_assert_int_eq(dlx_ping(c), 0);
+        dlx_close(c);
+        ck_assert_int_eq(kill(u.pid, SIGTERM), 0);
+        ck_assert_msg(unit_wait_ms(&u, 5000) == 0, "dlxd did not stop on SIGTERM in 5 s");
+        unit_done(&u);
+}
+END_TEST
+
+/*
  * Promise 2: the STATUS= line is kept up to date: clients leaving and names
  * going show within a few seconds.
  */
@@ -1512,6 +1545,79 @@ START_TEST(metrics_other_uids_see_only_their_own)
 }
 END_TEST
 
+/* Whether name ends with suffix. */
+static bool ends_with(const char *name, const char *suffix)
+{
+        size_t n = strlen(name), k = strlen(suffix);
+
+        return n >= k && strcmp(name + n - k, suffix) == 0;
+}
+
+/*
+ * Promise 3: every promised family is there, and names follow Prometheus
+ * conventions: counters end in _total, a unit (bytes, seconds) is the last
+ * word of a name (before _total), histograms of time are in _seconds.
+ */
+START_TEST(metrics_families_and_names)
+{
+        static const char *const families[] = {"dlx_requests_total",
+                                               "dlx_request_errors_total",
+                                               "dlx_publishes_total",
+                                               "dlx_acquires_total",
+                                               "dlx_names",
+                                               "dlx_versions",
+                                               "dlx_leases",
+                                               "dlx_segments",
+                                               "dlx_held_bytes",
+                                               "dlx_uid_held_bytes",
+                                               "dlx_clients",
+                                               "dlx_watches",
+                                               "dlx_segment_fds",
+                                               "dlx_segment_fds_limit",
+                                               "dlx_fds_in_flight",
+                                               "dlx_fds_in_flight_limit",
+                                               "dlx_acquire_duration_seconds",
+                                               "dlx_publish_duration_seconds"};
+        static const char *const limits[] = {
+                "--max-bytes", "1G", "--max-bytes-per-uid", "512M", "--max-names", "100", NULL};
+        char bad[1024] = "";
+        dlx_client *c;
+        char *m;
+
+        dlxd_start(&fx, limits);
+        c = fx_connect(&fx, "names");
+        publish_vec(c, "ops/n");
+        m = metrics_of(c);
+        promtool_ok(m);
+        for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++) {
+                char t[128];
+                snprintf(t, sizeof(t), "# TYPE %s ", families[i]);
+                ck_assert_msg(strstr(m, t), "no family %s", families[i]);
+        }
+        for (const char *p = strstr(m, "# TYPE "); p; p = strstr(p + 1, "# TYPE ")) {
+                char name[128], type[32];
+                if (sscanf(p, "# TYPE %127s %31s", name, type) != 2)
+                        continue;
+                bool ok = true;
+                if (strcmp(type, "counter") == 0)
+                        ok = ends_with(name, "_total");
+                else if (strcmp(type, "histogram") == 0)
+                        ok = ends_with(name, "_seconds") || ends_with(name, "_bytes");
+                else if (strstr(name, "_bytes") || strstr(name, "_seconds"))
+                        ok = ends_with(name, "_bytes") || ends_with(name, "_seconds");
+                if (!ok && strlen(bad) + strlen(name) + 2 < sizeof(bad)) {
+                        strcat(bad, name);
+                        strcat(bad, " ");
+                }
+        }
+        ck_assert_msg(bad[0] == '\0', "names whose unit is not their last word: %s", bad);
+        free(m);
+        ck_assert_int_eq(dlx_unpublish(c, "ops/n"), 0);
+        dlx_close(c);
+        dlxd_stop(&fx);
+}
+END_TEST
+
 /* ==== 4. the metrics file ================================================================== */
 
 struct many {
@@ -1766,6 +1872,47 @@ START_TEST(metrics_file_whole_under_load_and_kill)
 END_TEST
 
 /*
+ * Promise 4: the file is rewritten every interval (1 s here): each rewrite is
+ * a new inode (written beside, renamed over); none may be two intervals late.
+ */
+START_TEST(metrics_file_rewritten_every_interval)
+{
+        char dir[] = "/tmp/dlx-prom-XXXXXX", path[128];
+        const char *args[] = {"--metrics-file", path, "--metrics-interval", "1", NULL};
+        struct stat st;
+        ino_t last_ino = 0;
+        int64_t last = -1, worst = 0, end;
+        int rewrites = 0;
+
+        if (fx_slowdown() > 1) {
+                fprintf(stderr, "skipped: timing under a slow wrapper\n");
+                return;
+        }
+        ck_assert_ptr_nonnull(mkdtemp(dir));
+        snprintf(path, sizeof(path), "%s/dlx.prom", dir);
+        dlxd_start(&fx, args);
+        end = fx_now_ms() + 7000;
+        while (fx_now_ms() < end) {
+                if (stat(path, &st) == 0 && st.st_ino != last_ino) {
+                        int64_t now = fx_now_ms();
+                        if (last_ino && last >= 0 && now - last > worst)
+                                worst = now - last;
+                        if (last_ino)
+                                rewrites++;
+                        last = now;
+                        last_ino = st.st_ino;
+                }
+                fx_sleep_ms(5);
+        }
+        ck_assert_msg(worst <= 1500 && rewrites >= 5,
+                      "with --metrics-interval 1: %d rewrites in 7 s, %lld ms apart at worst",
+                      rewrites, (long long)worst);
+        dlxd_stop(&fx);
+        ck_assert_int_eq(rmdir(dir), 0);
+}
+END_TEST
+
+/*
  * Promise 4: a PATH that cannot be written (under a file; an existing
  * directory) does not stop dlxd serving, and its exit leaves what is there
  * alone; the interval's edges 1 and 86400 are taken.
@@ -1827,6 +1974,7 @@ Suite *ops_attacks_suite(void)
         tcase_add_test(note, abstract_and_replaced_notify_sockets);
         tcase_add_test(note, watchdog_never_misses_a_period);
         tcase_add_test(note, watchdog_half_period_beside_metrics_file);
+        tcase_add_test(note, unread_notify_socket_does_not_stall_serving);
         tcase_add_test(note, status_follows_clients_and_names);
         tcase_add_test(note, journal_prefix_on_refusal);
         tcase_add_test(note, journal_prefix_with_newline_in_path);
@@ -1841,6 +1989,7 @@ Suite *ops_attacks_suite(void)
         tcase_add_test(met, metrics_count_group_publishes);
         tcase_add_test(met, metrics_consistent_when_clients_die_mid_request);
         tcase_add_test(met, metrics_other_uids_see_only_their_own);
+        tcase_add_test(met, metrics_families_and_names);
         suite_add_tcase(s, met);
 
         tcase_set_timeout(file, 90);
@@ -1848,6 +1997,7 @@ Suite *ops_attacks_suite(void)
         tcase_add_test(file, metrics_file_has_every_uid);
         tcase_add_test(file, metrics_file_planted_symlink_in_tmp);
         tcase_add_test(file, metrics_file_whole_under_load_and_kill);
+        tcase_add_test(file, metrics_file_rewritten_every_interval);
         tcase_add_test(file, metrics_file_unwritable_paths_serve);
         suite_add_tcase(s, file);
         return s;
