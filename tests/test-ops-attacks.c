@@ -35,6 +35,9 @@
 
 /* ---- a daemon started as systemd starts it ------------------------------------------------ */
 
+/* unit_spawn() runs dlxd as this uid (group NOGROUP) when not 0. */
+static uid_t spawn_as;
+
 struct unit {
         char dir[64];
         char socket[108]; /* the listening socket's path */
@@ -137,6 +140,9 @@ static void unit_spawn(struct unit *u, const int *fds, int nfds, const char *con
                 unsetenv("WATCHDOG_PID");
                 for (int i = 0; env && env[i]; i++)
                         putenv((char *)env[i]);
+                if (spawn_as &&
+                    (setgroups(0, NULL) != 0 || setgid(NOGROUP) != 0 || setuid(spawn_as) != 0))
+                        _exit(126);
                 if (wrapper && *wrapper) {
                         snprintf(words, sizeof(words), "%s", wrapper);
                         for (char *w = strtok_r(words, " ", &save); w && n < 24;
@@ -1545,6 +1551,133 @@ START_TEST(metrics_other_uids_see_only_their_own)
 }
 END_TEST
 
+struct peek {
+        const char *socket;
+        uid_t uid;
+        const char *must;     /* a label the text must have (NULL: none) */
+        const char *must_not; /* a label it must not have: another uid's */
+};
+
+static int peek_as(void *arg)
+{
+        const struct peek *k = arg;
+        struct dlx_connect_options o = {.socket_path = k->socket, .timeout_ms = 5000};
+        char *text = NULL;
+        dlx_client *c;
+        int rc = 0;
+
+        if (k->uid && (setgroups(0, NULL) != 0 || setgid(NOGROUP) != 0 || setuid(k->uid) != 0))
+                return 90;
+        if (dlx_connect(&o, &c) != 0) {
+                fprintf(stderr, "uid %u cannot connect: %s\n", (unsigned)k->uid, dlx_last_error());
+                return 91;
+        }
+        if (dlx_metrics(c, &text) != 0)
+                rc = 92;
+        else if (k->must && !strstr(text, k->must))
+                rc = 1;
+        else if (k->must_not && strstr(text, k->must_not))
+                rc = 2;
+        free(text);
+        dlx_close(c);
+        return rc;
+}
+
+/*
+ * Promise 3: dlxd running as a uid of its own (not root): that uid and root
+ * see every uid's series, a third uid only its own.
+ */
+START_TEST(metrics_privacy_when_dlxd_is_not_root)
+{
+        struct unit u;
+        char note[512], own[160];
+        const char *args[] = {"--socket", own, "--group", "65534", NULL};
+        struct peek self = {.uid = 64030, .must = "uid=\"64031\"", .must_not = NULL};
+        struct peek root = {.uid = 0, .must = "uid=\"64031\"", .must_not = NULL};
+        struct peek third = {.uid = 64031, .must = "uid=\"64031\"", .must_not = "uid=\"64030\""};
+        struct peek third2 = {.uid = 64031, .must = NULL, .must_not = "uid=\"0\""};
+        pid_t holder;
+        int pipefd[2], readyfd[2];
+        char r;
+
+        if (geteuid() != 0) {
+                fprintf(stderr, "skipped: needs root to play other uids\n");
+                return;
+        }
+        unit_init(&u);
+        ck_assert_int_eq(chown(u.dir, 64030, NOGROUP), 0);
+        ck_assert_int_eq(chmod(u.dir, 0711), 0);
+        ck_assert_int_eq(chown(u.notify, 64030, NOGROUP), 0);
+        snprintf(own, sizeof(own), "%s/own.sock", u.dir);
+        spawn_as = 64030;
+        unit_spawn(&u, NULL, 0, NULL, args);
+        spawn_as = 0;
+        expect_note(&u, "READY=1", note, sizeof(note), 10000);
+        self.socket = root.socket = third.socket = third2.socket = own;
+        /* uid 64031 keeps a client connected, so that it has series of its own */
+        ck_assert_int_eq(pipe2(pipefd, O_CLOEXEC), 0);
+        ck_assert_int_eq(pipe2(readyfd, O_CLOEXEC), 0);
+        holder = fork();
+        ck_assert_int_ge(holder, 0);
+        if (holder == 0) {
+                struct dlx_connect_options o = {.socket_path = own, .timeout_ms = 5000};
+                dlx_client *h;
+                char x;
+                close(pipefd[1]);
+                close(readyfd[0]);
+                if (setgroups(0, NULL) != 0 || setgid(NOGROUP) != 0 || setuid(64031) != 0)
+                        fx_child_exit(90);
+                if (dlx_connect(&o, &h) != 0)
+                        fx_child_exit(91);
+                (void)!write(readyfd[1], "R", 1);
+                (void)!read(pipefd[0], &x, 1);
+                dlx_close(h);
+                fx_child_exit(0);
+        }
+        close(pipefd[0]);
+        close(readyfd[1]);
+        ck_assert_int_eq(read(readyfd[0], &r, 1), 1);
+        close(readyfd[0]);
+        {
+                /* uid 64030 (dlxd's) and root keep clients too, as they ask */
+                struct peek hold_root = {.socket = own, .uid = 0, .must = "uid=\"0\""};
+                ck_assert_int_eq(fx_wait(fx_spawn(peek_as, &self)), 0);
+                ck_assert_int_eq(fx_wait(fx_spawn(peek_as, &root)), 0);
+                ck_assert_int_eq(fx_wait(fx_spawn(peek_as, &hold_root)), 0);
+                ck_assert_int_eq(fx_wait(fx_spawn(peek_as, &third)), 0);
+                ck_assert_int_eq(fx_wait(fx_spawn(peek_as, &third2)), 0);
+        }
+        close(pipefd[1]);
+        ck_assert_int_eq(fx_wait(holder), 0);
+        unit_stop(&u);
+        unit_done(&u);
+}
+END_TEST
+
+/*
+ * Promise 3 (dlx.h): dlx_metrics() sets *ret_text to NULL on every failure,
+ * a daemon gone mid-session among them.
+ */
+START_TEST(metrics_call_fails_cleanly_when_daemon_dies)
+{
+        char *text = (char *)"untouched";
+        dlx_client *c;
+        int status, err;
+
+        dlxd_start(&fx, NULL);
+        c = fx_connect(&fx, "orphan");
+        ck_assert_int_eq(kill(fx.pid, SIGKILL), 0);
+        ck_assert_int_eq(waitpid(fx.pid, &status, 0), fx.pid);
+        fx.pid = 0;
+        err = dlx_metrics(c, &text);
+        ck_assert_int_lt(err, 0);
+        ck_assert_ptr_null(text);
+        dlx_close(c);
+        dlxd_restart(&fx, NULL);
+        dlxd_stop(&fx);
+}
+END_TEST
+
 /* Whether name ends with suffix. */
 static bool ends_with(const char *name, const char *suffix)
 {
@@ -1990,6 +2123,8 @@ Suite *ops_attacks_suite(void)
         tcase_add_test(met, metrics_consistent_when_clients_die_mid_request);
         tcase_add_test(met, metrics_other_uids_see_only_their_own);
         tcase_add_test(met, metrics_families_and_names);
+        tcase_add_test(met, metrics_privacy_when_dlxd_is_not_root);
+        tcase_add_test(met, metrics_call_fails_cleanly_when_daemon_dies);
         suite_add_tcase(s, met);
 
         tcase_set_timeout(file, 90);
