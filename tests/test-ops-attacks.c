@@ -1377,6 +1377,9 @@ START_TEST(metrics_count_group_publishes)
         ck_assert_msg(dlx_group_publish(c, "ops/g2", g, NULL, NULL) == 0, "%s", dlx_last_error());
         ck_assert_msg(dlx_group_publish(c, "ops/g3", g, NULL, NULL) == 0, "%s", dlx_last_error());
         dlx_group_release(g);
+        /* and a group acquired: one acquire, answered (a segment ahead of its answer) once */
+        ck_assert_int_eq(dlx_acquire_group(c, "ops/g2", NULL, 0, NULL, &g), 0);
+        dlx_group_release(g);
         m1 = metrics_of(c);
         promtool_ok(m1);
 #define DELTA(name) (series0(m1, name) - series0(m0, name))
@@ -1385,6 +1388,9 @@ START_TEST(metrics_count_group_publishes)
                          DELTA("dlx_requests_total{type=\"publish\"}"));
         ck_assert_int_ge(DELTA("dlx_requests_total{type=\"publish\"}"), 3);
         ck_assert_int_eq(series(m1, "dlx_names"), 3);
+        ck_assert_int_eq(DELTA("dlx_requests_total{type=\"acquire\"}"), 1);
+        ck_assert_int_eq(DELTA("dlx_acquire_duration_seconds_count"), 1);
+        ck_assert_int_eq(DELTA("dlx_acquires_total"), 1);
 #undef DELTA
         free(m0);
         free(m1);
@@ -1674,6 +1680,88 @@ START_TEST(metrics_call_fails_cleanly_when_daemon_dies)
         ck_assert_ptr_null(text);
         dlx_close(c);
         dlxd_restart(&fx, NULL);
+        dlxd_stop(&fx);
+}
+END_TEST
+
+/* The sum of every series of family (name{...} value lines) in text. */
+static long long family_sum(const char *text, const char *family)
+{
+        size_t len = strlen(family);
+        long long sum = 0;
+
+        for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+                if (strncmp(p, family, len) == 0 && p[len] == '{')
+                        sum += strtoll(strchr(p, ' ') + 1, NULL, 10);
+        return sum;
+}
+
+static int hold_and_die(void *arg)
+{
+        const char *path = arg;
+        struct dlx_connect_options o = {.socket_path = path, .timeout_ms = 5000};
+        struct dlx_publish_options po = {.persist = true};
+        DLManagedTensorVersioned *t;
+        dlx_client *c;
+
+        if (setgroups(0, NULL) != 0 || setgid(NOGROUP) != 0 || setuid(64041) != 0)
+                return 90;
+        if (dlx_connect(&o, &c) != 0)
+                return 91;
+        if (dlx_publish(c, "ops/sum-b", fx_plain_f32(4096, 0, NULL), &po, NULL) != 0)
+                return 92;
+        if (dlx_acquire(c, "ops/sum-a", NULL, &t) != 0)
+                return 93;
+        /* dies holding a lease, a name and its segment: the daemon cleans up after it */
+        raise(SIGKILL);
+        return 94;
+}
+
+/*
+ * Promise 3: the per-uid series add up to the totals they break down (names,
+ * bytes held, clients, segment descriptors), as root sees them, after uids
+ * published, acquired, and one died holding a lease.
+ */
+START_TEST(metrics_per_uid_series_add_up)
+{
+        dlx_client *c, *idle;
+        char *m;
+        int sock;
+
+        if (geteuid() != 0) {
+                fprintf(stderr, "skipped: needs root to play other uids\n");
+                return;
+        }
+        dlxd_start(&fx, shared_args);
+        ck_assert_int_eq(chmod(fx.dir, 0711), 0);
+        c = fx_connect(&fx, "root");
+        publish_vec(c, "ops/sum-a");
+        idle = fx_connect(&fx, "idle");
+        sock = fx_raw_connect(&fx); /* a peer that never says hello */
+        ck_assert_int_eq(fx_wait(fx_spawn(hold_and_die, fx.socket)), 128 + SIGKILL);
+        ck_assert_uint_eq(fx_wait_clients(c, 3, 5000), 3);
+        fx_sleep_ms(200);
+        m = metrics_of(c);
+        promtool_ok(m);
+        ck_assert_int_eq(series(m, "dlx_names"), 2);
+        ck_assert_int_eq(family_sum(m, "dlx_uid_names"), series(m, "dlx_names"));
+        ck_assert_msg(family_sum(m, "dlx_uid_held_bytes") == series(m, "dlx_held_bytes"),
+                      "per-uid bytes %lld, held bytes %lld:\n%s",
+                      family_sum(m, "dlx_uid_held_bytes"), series(m, "dlx_held_bytes"),
+                      lines_with(m, "held_bytes"));
+        ck_assert_msg(family_sum(m, "dlx_uid_clients") == series(m, "dlx_clients"),
+                      "per-uid clients %lld, clients %lld:\n%s", family_sum(m, "dlx_uid_clients"),
+                      series(m, "dlx_clients"), lines_with(m, "clients"));
+        ck_assert_msg(family_sum(m, "dlx_uid_segment_fds") == series(m, "dlx_segment_fds"),
+                      "per-uid fds %lld, fds %lld:\n%s", family_sum(m, "dlx_uid_segment_fds"),
+                      series(m, "dlx_segment_fds"), lines_with(m, "segment_fds"));
+        ck_assert_int_eq(series(m, "dlx_leases"), 0);
+        free(m);
+        close(sock);
+        dlx_close(idle);
+        ck_assert_int_eq(dlx_unpublish(c, "ops/sum-a"), 0);
+        ck_assert_int_eq(dlx_unpublish(c, "ops/sum-b"), 0);
+        dlx_close(c);
         dlxd_stop(&fx);
 }
 END_TEST
@@ -2123,6 +2211,7 @@ Suite *ops_attacks_suite(void)
         tcase_add_test(met, metrics_consistent_when_clients_die_mid_request);
         tcase_add_test(met, metrics_other_uids_see_only_their_own);
         tcase_add_test(met, metrics_families_and_names);
+        tcase_add_test(met, metrics_per_uid_series_add_up);
         tcase_add_test(met, metrics_privacy_when_dlxd_is_not_root);
         tcase_add_test(met, metrics_call_fails_cleanly_when_daemon_dies);
         suite_add_tcase(s, met);
