@@ -1766,6 +1766,87 @@ START_TEST(metrics_per_uid_series_add_up)
 }
 END_TEST
 
+/* Polls c's metrics until series has value v, up to ms; returns the last value. */
+static long long wait_series(dlx_client *c, const char *name, long long v, int ms)
+{
+        int64_t end = fx_now_ms() + (int64_t)ms * fx_slowdown();
+        long long got;
+
+        for (;;) {
+                char *m = metrics_of(c);
+                got = series(m, name);
+                free(m);
+                if (got == v || fx_now_ms() >= end)
+                        return got;
+                fx_sleep_ms(20);
+        }
+}
+
+/*
+ * Promise 3: descriptors in flight (sent, not yet received) against their
+ * budget: a peer that pipelines acquires and reads nothing has them all in
+ * flight, in all and for its uid; once it reads them, none; once it is
+ * gone, no lease either.
+ */
+START_TEST(metrics_fds_in_flight_follow_the_peer)
+{
+        enum { N = 5 };
+        struct wire_request req;
+        uint8_t *buf = NULL;
+        size_t len = 0, cap = 0;
+        dlx_client *c;
+        char *m, line[64], seen[512];
+        long long all, mine;
+        int sock, got = 0;
+
+        dlxd_start(&fx, NULL);
+        c = fx_connect(&fx, "counter");
+        publish_vec(c, "ops/fds");
+        sock = rp_connect(fx.socket, "unread");
+        for (int i = 0; i < N; i++) {
+                rp_acquire_req(&req, (uint64_t)(10 + i), "ops/fds");
+                rp_frame_append(&buf, &len, &cap, &req);
+        }
+        ck_assert_int_eq(rp_send_raw(sock, buf, len, NULL, 0), 0);
+        free(buf);
+        ck_assert_int_eq(wait_series(c, "dlx_leases", N, 5000), N);
+        fx_sleep_ms(300);
+        m = metrics_of(c);
+        snprintf(line, sizeof(line), "dlx_uid_fds_in_flight{uid=\"%u\"}", (unsigned)getuid());
+        all = series(m, "dlx_fds_in_flight");
+        mine = series(m, line);
+        snprintf(seen, sizeof(seen), "%s", lines_with(m, "in_flight"));
+        ck_assert_int_gt(series(m, "dlx_fds_in_flight_limit"), 0);
+        free(m);
+        /* what was in flight: the descriptors the peer now receives */
+        for (int i = 0; i < N; i++) {
+                struct wire_reply rep;
+                int fd = -1;
+                ck_assert_int_eq(rp_read_answer(sock, &rep, 5000, &fd), 1);
+                ck_assert_int_eq(rep.status, WIRE_OK);
+                if (fd >= 0) {
+                        close(fd);
+                        got++;
+                }
+        }
+        {
+                /* every descriptor sent has now been received: none is in flight */
+                long long after = wait_series(c, "dlx_fds_in_flight", 0, 3000);
+                ck_assert_msg(
+                        all == got && mine == got && after == 0,
+                        "the peer had %d descriptors unread (and the other client none); "
+                        "the metrics said:\n%s"
+                        "and, with every descriptor received, dlx_fds_in_flight %lld 3 s later",
+                        got, seen, after);
+        }
+        close(sock);
+        ck_assert_int_eq(wait_series(c, "dlx_leases", 0, 5000), 0);
+        ck_assert_int_eq(dlx_unpublish(c, "ops/fds"), 0);
+        dlx_close(c);
+        dlxd_stop(&fx);
+}
+END_TEST
+
 /* Whether name ends with suffix. */
 static bool ends_with(const char *name, const char *suffix)
 {
@@ -2212,6 +2293,7 @@ Suite *ops_attacks_suite(void)
         tcase_add_test(met, metrics_other_uids_see_only_their_own);
         tcase_add_test(met, metrics_families_and_names);
         tcase_add_test(met, metrics_per_uid_series_add_up);
+        tcase_add_test(met, metrics_fds_in_flight_follow_the_peer);
         tcase_add_test(met, metrics_privacy_when_dlxd_is_not_root);
         tcase_add_test(met, metrics_call_fails_cleanly_when_daemon_dies);
         suite_add_tcase(s, met);
