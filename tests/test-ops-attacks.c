@@ -47,13 +47,72 @@ struct unit {
         pid_t pid;
 };
 
+/*
+ * A failing check ends the test's process at once (_exit): what it started
+ * (a unit's dlxd, directories) is ended and removed by ops_cleanup(), the
+ * test case's unchecked teardown in the runner. Every directory a test
+ * makes is named after the runner ("/tmp/dlx-ops-<runner pid>-..."); a
+ * unit's dlxd leaves its pid in a file "pid" in its directory.
+ */
+static pid_t runner_pid;
+
+static void ops_setup(void)
+{
+        runner_pid = getpid();
+        fx_reaper_init();
+}
+
+static void ops_cleanup(void)
+{
+        char prefix[64], path[400], cmd[512], exe[64], link[400];
+        struct dirent *e;
+        DIR *d;
+
+        fx_reaper_run();
+        snprintf(prefix, sizeof(prefix), "dlx-ops-%d-", (int)runner_pid);
+        d = opendir("/tmp");
+        while (d && (e = readdir(d))) {
+                FILE *f;
+                int pid = 0;
+                ssize_t n;
+                if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
+                        continue;
+                snprintf(path, sizeof(path), "/tmp/%s/pid", e->d_name);
+                f = fopen(path, "r");
+                if (f && fscanf(f, "%d", &pid) == 1 && pid > 0) {
+                        /* only if that pid is still a dlxd */
+                        snprintf(exe, sizeof(exe), "/proc/%d/exe", pid);
+                        n = readlink(exe, link, sizeof(link) - 1);
+                        if (n > 0) {
+                                link[n] = '\0';
+                                if (strstr(link, "dlxd"))
+                                        kill(pid, SIGKILL);
+                        }
+                }
+                if (f)
+                        fclose(f);
+                snprintf(cmd, sizeof(cmd), "rm -rf '/tmp/%.300s'", e->d_name);
+                (void)!system(cmd);
+        }
+        if (d)
+                closedir(d);
+}
+
+/* A directory of the test's own in /tmp (see ops_cleanup()); the test fails without. */
+static void make_dir(char *buf, size_t len)
+{
+        snprintf(buf, len, "/tmp/dlx-ops-%d-XXXXXX", (int)(runner_pid ? runner_pid : getpid()));
+        ck_assert_ptr_nonnull(mkdtemp(buf));
+}
+
+static void unit_done(struct unit *u);
+
 static void unit_init(struct unit *u)
 {
         struct sockaddr_un a = {.sun_family = AF_UNIX};
 
         memset(u, 0, sizeof(*u));
-        snprintf(u->dir, sizeof(u->dir), "/tmp/dlx-ops-XXXXXX");
-        ck_assert_ptr_nonnull(mkdtemp(u->dir));
+        make_dir(u->dir, sizeof(u->dir));
         snprintf(u->socket, sizeof(u->socket), "%s/dlxd.sock", u->dir);
         snprintf(u->notify, sizeof(u->notify), "%s/notify", u->dir);
         snprintf(u->log, sizeof(u->log), "%s/dlxd.log", u->dir);
@@ -102,7 +161,15 @@ static void unit_spawn(struct unit *u, const int *fds, int nfds, const char *con
                 signal(SIGINT, SIG_DFL);
                 sigprocmask(SIG_SETMASK, &old, NULL);
         } else {
+                char pidfile[128];
+                FILE *f;
                 sigprocmask(SIG_SETMASK, &old, NULL);
+                snprintf(pidfile, sizeof(pidfile), "%s/pid", u->dir);
+                f = fopen(pidfile, "w");
+                if (f) {
+                        fprintf(f, "%d\n", (int)u->pid);
+                        fclose(f);
+                }
         }
         ck_assert_int_ge(u->pid, 0);
         if (u->pid == 0) {
@@ -260,9 +327,11 @@ static void unit_done(struct unit *u)
         if (u->pid > 0) {
                 kill(u->pid, SIGKILL);
                 waitpid(u->pid, NULL, 0);
+                u->pid = 0;
         }
         if (u->notify_fd >= 0)
                 close(u->notify_fd);
+        u->notify_fd = -1;
         d = opendir(u->dir);
         while (d && (e = readdir(d)))
                 if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
@@ -1968,7 +2037,7 @@ static int many_uids(void *arg)
 START_TEST(metrics_file_has_every_uid)
 {
         enum { UIDS = 1030, WORKERS = 10 };
-        char dir[] = "/tmp/dlx-prom-XXXXXX", path[128];
+        char dir[64], path[128];
         const char *args[] = {"--group", "65534", "--metrics-file", path, "--metrics-interval",
                               "1",       NULL};
         struct many work[WORKERS];
@@ -1982,7 +2051,7 @@ START_TEST(metrics_file_has_every_uid)
                 fprintf(stderr, "skipped: needs root to play other uids\n");
                 return;
         }
-        ck_assert_ptr_nonnull(mkdtemp(dir));
+        make_dir(dir, sizeof(dir));
         snprintf(path, sizeof(path), "%s/dlx.prom", dir);
         dlxd_start(&fx, args);
         ck_assert_int_eq(chmod(fx.dir, 0711), 0);
@@ -2032,7 +2101,7 @@ static int plant_symlink(void *arg)
  */
 START_TEST(metrics_file_planted_symlink_in_tmp)
 {
-        char dir[] = "/tmp/dlx-prom-XXXXXX", path[128], target[160], tmpl[160];
+        char dir[64], path[128], target[160], tmpl[160];
         const char *args[] = {"--metrics-file", path, "--metrics-interval", "1", NULL};
         const char *link_target[] = {path, target};
         struct stat st, before;
@@ -2043,7 +2112,7 @@ START_TEST(metrics_file_planted_symlink_in_tmp)
                 fprintf(stderr, "skipped: needs root to play another uid\n");
                 return;
         }
-        ck_assert_ptr_nonnull(mkdtemp(dir));
+        make_dir(dir, sizeof(dir));
         ck_assert_int_eq(chmod(dir, 01777), 0);
         snprintf(path, sizeof(path), "%s/dlx.prom", dir);
         snprintf(tmpl, sizeof(tmpl), "%s-target-XXXXXX", dir);
@@ -2119,13 +2188,13 @@ static int other_proms(const char *dir, const char *keep, char *seen, size_t len
  */
 START_TEST(metrics_file_whole_under_load_and_kill)
 {
-        char dir[] = "/tmp/dlx-prom-XXXXXX", path[128], seen[512];
+        char dir[64], path[128], seen[512];
         const char *args[] = {"--metrics-file", path, "--metrics-interval", "1", NULL};
         pid_t kids[4];
         int reads = 0, whole = 0, status;
         int64_t end;
 
-        ck_assert_ptr_nonnull(mkdtemp(dir));
+        make_dir(dir, sizeof(dir));
         snprintf(path, sizeof(path), "%s/dlx.prom", dir);
         dlxd_start(&fx, args);
         for (int i = 0; i < 4; i++)
@@ -2160,7 +2229,7 @@ START_TEST(metrics_file_whole_under_load_and_kill)
         {
                 DIR *d = opendir(dir);
                 struct dirent *e;
-                char p[300];
+                char p[400];
                 while (d && (e = readdir(d)))
                         if (e->d_name[0] != '.') {
                                 snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
@@ -2179,7 +2248,7 @@ END_TEST
  */
 START_TEST(metrics_file_rewritten_every_interval)
 {
-        char dir[] = "/tmp/dlx-prom-XXXXXX", path[128];
+        char dir[64], path[128];
         const char *args[] = {"--metrics-file", path, "--metrics-interval", "1", NULL};
         struct stat st;
         ino_t last_ino = 0;
@@ -2190,7 +2259,7 @@ START_TEST(metrics_file_rewritten_every_interval)
                 fprintf(stderr, "skipped: timing under a slow wrapper\n");
                 return;
         }
-        ck_assert_ptr_nonnull(mkdtemp(dir));
+        make_dir(dir, sizeof(dir));
         snprintf(path, sizeof(path), "%s/dlx.prom", dir);
         dlxd_start(&fx, args);
         end = fx_now_ms() + 7000;
@@ -2221,13 +2290,13 @@ END_TEST
  */
 START_TEST(metrics_file_unwritable_paths_serve)
 {
-        char dir[] = "/tmp/dlx-prom-XXXXXX", under_file[160], a_dir[160];
+        char dir[64], under_file[160], a_dir[160];
         const char *args1[] = {"--metrics-file", under_file, "--metrics-interval", "86400", NULL};
         const char *args2[] = {"--metrics-file", a_dir, "--metrics-interval", "1", NULL};
         dlx_client *c;
         struct stat st;
 
-        ck_assert_ptr_nonnull(mkdtemp(dir));
+        make_dir(dir, sizeof(dir));
         snprintf(under_file, sizeof(under_file), "/etc/passwd/dlx.prom");
         snprintf(a_dir, sizeof(a_dir), "%s/isadir.prom", dir);
         ck_assert_int_eq(mkdir(a_dir, 0755), 0);
@@ -2261,7 +2330,7 @@ Suite *ops_attacks_suite(void)
         TCase *file = tcase_create("metrics-file");
 
         tcase_set_timeout(act, 60);
-        tcase_add_unchecked_fixture(act, fx_reaper_init, fx_reaper_run);
+        tcase_add_unchecked_fixture(act, ops_setup, ops_cleanup);
         tcase_add_test(act, activated_private_refuses_other_uid);
         tcase_add_test(act, activated_group_admits_only_members);
         tcase_add_test(act, activated_abstract_socket_serves);
@@ -2270,6 +2339,7 @@ Suite *ops_attacks_suite(void)
         suite_add_tcase(s, act);
 
         tcase_set_timeout(note, 60);
+        tcase_add_unchecked_fixture(note, ops_setup, ops_cleanup);
         tcase_add_test(note, ready_means_served);
         tcase_add_test(note, sigterm_before_ready);
         tcase_add_test(note, missing_notify_socket_still_serves);
@@ -2283,7 +2353,7 @@ Suite *ops_attacks_suite(void)
         suite_add_tcase(s, note);
 
         tcase_set_timeout(met, 60);
-        tcase_add_unchecked_fixture(met, fx_reaper_init, fx_reaper_run);
+        tcase_add_unchecked_fixture(met, ops_setup, ops_cleanup);
         tcase_add_test(met, metrics_bad_request_counted_by_its_type);
         tcase_add_test(met, metrics_exact_for_pipelined_requests);
         tcase_add_test(met, metrics_waits_granted_timed_out_cancelled);
@@ -2299,7 +2369,7 @@ Suite *ops_attacks_suite(void)
         suite_add_tcase(s, met);
 
         tcase_set_timeout(file, 90);
-        tcase_add_unchecked_fixture(file, fx_reaper_init, fx_reaper_run);
+        tcase_add_unchecked_fixture(file, ops_setup, ops_cleanup);
         tcase_add_test(file, metrics_file_has_every_uid);
         tcase_add_test(file, metrics_file_planted_symlink_in_tmp);
         tcase_add_test(file, metrics_file_whole_under_load_and_kill);
