@@ -288,6 +288,15 @@ static bool fd_may_go(struct conn *c)
         return false;
 }
 
+void conn_refresh_fds(void *ctx)
+{
+        struct server *srv = ctx;
+
+        for (struct list *pos = srv->conns.next; pos != &srv->conns; pos = pos->next)
+                fds_refresh(list_entry(pos, struct conn, link));
+        conn_check_lingering(srv, false);
+}
+
 void conn_check_fd_wait(struct server *srv)
 {
         struct list *pos, *tmp;

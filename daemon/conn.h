@@ -122,5 +122,7 @@ void conn_check_lingering(struct server *srv, bool all);
 
 /* Sends again to connections whose next fd waited for their peer to read (a tick). */
 void conn_check_fd_wait(struct server *srv);
+/* Every connection's (and lingering socket's) descriptors in flight, as its peer has read them. */
+void conn_refresh_fds(void *srv);
 
 #endif /* DLX_DAEMON_CONN_H */

@@ -67,7 +67,10 @@ enum dispatch_result dispatch_frame(struct session *s, struct frame *f)
         int fd = -1, r;
 
         r = wire_request_decode(f->payload, f->len, &req, err, sizeof(err));
-        s->cur = (struct req_ctx){.id = req.id, .type = r < 0 ? WIRE_REQ_NONE : req.type};
+        /* a request refused at decode still counts as its type, where that could be read */
+        s->cur = (struct req_ctx){.id = req.id,
+                                  .type = (unsigned)req.type < WIRE_REQ_COUNT ? req.type
+                                                                              : WIRE_REQ_NONE};
         if (s->cur.type == WIRE_REQ_ACQUIRE || s->cur.type == WIRE_REQ_PUBLISH)
                 s->cur.t0_ns = metrics_now_ns();
         s->reg->metrics.requests[(unsigned)s->cur.type < WIRE_REQ_COUNT ? s->cur.type : 0]++;

@@ -47,6 +47,32 @@ int log_parse_level(const char *s)
         return -1;
 }
 
+/*
+ * Writes line (its first n bytes are the prefix) as one line: a control
+ * character a name or path brought (a newline would start a line with no
+ * priority, or forge one) is shown as '?'.
+ */
+static void emit(char *line, int n)
+{
+        for (char *c = line + n; *c; c++)
+                if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                        *c = '?';
+        /* one write per line so concurrent writers never interleave within it */
+        fprintf(stderr, "%s\n", line);
+}
+
+void log_say(int level, const char *fmt, ...)
+{
+        char line[1024];
+        va_list ap;
+        int n = snprintf(line, sizeof(line), to_journal ? "<%d>dlxd: " : "dlxd: ", level & 7);
+
+        va_start(ap, fmt);
+        vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
+        va_end(ap);
+        emit(line, n);
+}
+
 void log_msg(int level, const char *fmt, ...)
 {
         char line[1024];
@@ -66,6 +92,5 @@ void log_msg(int level, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
         va_end(ap);
-        /* one write per line so concurrent writers never interleave within it */
-        fprintf(stderr, "%s\n", line);
+        emit(line, n);
 }

@@ -18,6 +18,12 @@ void log_init(void);
 int log_parse_level(const char *s);
 
 void log_msg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/*
+ * What dlxd says before (or instead of) serving, whatever the log level: a
+ * bad option, a socket it cannot take. "dlxd: message", and under journald
+ * "<N>dlxd: message".
+ */
+void log_say(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #define log_debug(...) (log_level >= LOG_DEBUG ? log_msg(LOG_DEBUG, __VA_ARGS__) : (void)0)
 #define log_info(...) (log_level >= LOG_INFO ? log_msg(LOG_INFO, __VA_ARGS__) : (void)0)

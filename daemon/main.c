@@ -292,11 +292,19 @@ static int set_limit(struct wire_limit_set *lim, size_t i, const char *arg)
         if (err < 0) {
                 char name[64];
                 option_name(o, name, sizeof(name));
-                fprintf(stderr, "dlxd: bad --%s '%s'\n", name, arg);
+                log_say(LOG_ERR, "bad --%s '%s'", name, arg);
                 return err;
         }
         limit_put(lim, o, v);
         return 0;
+}
+
+static void stop_signals(struct daemon *d)
+{
+        uv_signal_stop(&d->sigint);
+        uv_signal_stop(&d->sigterm);
+        uv_close((uv_handle_t *)&d->sigint, NULL);
+        uv_close((uv_handle_t *)&d->sigterm, NULL);
 }
 
 static void on_signal(uv_signal_t *h, int signum)
@@ -304,13 +312,9 @@ static void on_signal(uv_signal_t *h, int signum)
         struct daemon *d = h->data;
 
         log_notice("%s: stopping", strsignal(signum));
-        service_stopping(&d->service);
-        service_done(&d->service);
+        service_stop(&d->service);
         server_stop(&d->srv);
-        uv_signal_stop(&d->sigint);
-        uv_signal_stop(&d->sigterm);
-        uv_close((uv_handle_t *)&d->sigint, NULL);
-        uv_close((uv_handle_t *)&d->sigterm, NULL);
+        stop_signals(d);
 }
 
 static void on_leftover(uv_handle_t *h, void *arg)
@@ -373,6 +377,7 @@ int main(int argc, char **argv)
         struct daemon d;
         int c, err;
 
+        log_init();
         registry_default_limits(&lim);
         memcpy(opts, fixed, sizeof(fixed));
         for (size_t i = 0; i < NLIMITS; i++) {
@@ -387,20 +392,20 @@ int main(int argc, char **argv)
                         break;
                 case 'r':
                         if (parse_uint(optarg, 1u << 20, &ready_fd) < 0) {
-                                fprintf(stderr, "dlxd: bad --ready-fd '%s'\n", optarg);
+                                log_say(LOG_ERR, "bad --ready-fd '%s'", optarg);
                                 return 2;
                         }
                         have_ready = true;
                         break;
                 case 'l':
                         if ((log_level = log_parse_level(optarg)) < 0) {
-                                fprintf(stderr, "dlxd: bad --log-level '%s'\n", optarg);
+                                log_say(LOG_ERR, "bad --log-level '%s'", optarg);
                                 return 2;
                         }
                         break;
                 case 'g':
                         if (parse_id(optarg, false, &group) < 0) {
-                                fprintf(stderr, "dlxd: no group '%s'\n", optarg);
+                                log_say(LOG_ERR, "no group '%s'", optarg);
                                 return 2;
                         }
                         shared = true;
@@ -415,23 +420,23 @@ int main(int argc, char **argv)
                         break;
                 case CUDA_DEVICE_KEY:
                         if (parse_device(optarg, &vmm_dev) < 0) {
-                                fprintf(stderr,
+                                log_say(LOG_ERR,
                                         "dlxd: bad --cuda-device-number '%s' (MAJOR:MINOR, "
-                                        "e.g. %u:%u)\n",
+                                        "e.g. %u:%u)",
                                         optarg, STORE_VMM_MAJOR, STORE_VMM_MINOR);
                                 return 2;
                         }
                         break;
                 case FEDERATION_UID_KEY:
                         if (parse_id(optarg, true, &federation_uid) < 0) {
-                                fprintf(stderr, "dlxd: no user '%s'\n", optarg);
+                                log_say(LOG_ERR, "no user '%s'", optarg);
                                 return 2;
                         }
                         federation = true;
                         break;
                 case METRICS_FILE_KEY:
                         if (!*optarg) {
-                                fprintf(stderr, "dlxd: --metrics-file needs a path\n");
+                                log_say(LOG_ERR, "--metrics-file needs a path");
                                 return 2;
                         }
                         metrics_file = optarg;
@@ -439,8 +444,8 @@ int main(int argc, char **argv)
                 case METRICS_INTERVAL_KEY:
                         if (parse_uint(optarg, METRICS_INTERVAL_MAX, &metrics_interval) < 0 ||
                             metrics_interval == 0) {
-                                fprintf(stderr,
-                                        "dlxd: bad --metrics-interval '%s' (seconds, 1 to %d)\n",
+                                log_say(LOG_ERR,
+                                        "dlxd: bad --metrics-interval '%s' (seconds, 1 to %d)",
                                         optarg, METRICS_INTERVAL_MAX);
                                 return 2;
                         }
@@ -463,15 +468,14 @@ int main(int argc, char **argv)
                 }
         }
         if (optind < argc) {
-                fprintf(stderr, "dlxd: unexpected argument '%s'\n", argv[optind]);
+                log_say(LOG_ERR, "unexpected argument '%s'", argv[optind]);
                 usage(stderr);
                 return 2;
         }
-        log_init();
         if (service_listen_fd(&inherited) < 0)
                 return 1;
         if (inherited < 0 && sockpath_resolve(socket_opt, path, sizeof(path)) < 0) {
-                fprintf(stderr, "dlxd: socket path too long\n");
+                log_say(LOG_ERR, "socket path too long");
                 return 1;
         }
 
@@ -486,7 +490,7 @@ int main(int argc, char **argv)
         memset(&d, 0, sizeof(d));
         err = uv_loop_init(&d.loop);
         if (err < 0) {
-                fprintf(stderr, "dlxd: cannot create the event loop: %s\n", uv_strerror(err));
+                log_say(LOG_ERR, "cannot create the event loop: %s", uv_strerror(err));
                 return 1;
         }
         store_init(&d.store);
@@ -494,25 +498,11 @@ int main(int argc, char **argv)
         registry_init(&d.reg, &d.loop, &d.store, &lim);
         d.reg.federation = federation;
         d.reg.federation_uid = federation_uid;
-        if (inherited >= 0) {
-                err = server_adopt(&d.srv, &d.loop, &d.reg, inherited, shared, group);
-                snprintf(path, sizeof(path), "%s", d.srv.path);
-                if (socket_opt)
-                        log_notice("listening on the socket systemd passed, not --socket %s",
-                                   socket_opt);
-        } else {
-                err = server_start(&d.srv, &d.loop, &d.reg, path, shared, group);
-        }
-        if (err < 0) {
-                fprintf(stderr, "dlxd: cannot start on %s: %s\n", path, strerror(-err));
-                return finish(&d, 1);
-        }
-        err = service_start(&d.service, &d.loop, &d.reg, metrics_file,
-                            (uint64_t)metrics_interval * 1000);
-        if (err < 0) {
-                server_stop(&d.srv);
-                return finish(&d, 1);
-        }
+        /*
+         * The signals are watched before the socket exists: a SIGTERM from
+         * then on stops dlxd through on_signal() (once the loop runs), which
+         * removes the socket, instead of killing it with the file left.
+         */
         err = uv_signal_init(&d.loop, &d.sigint);
         if (err == 0) {
                 err = uv_signal_init(&d.loop, &d.sigterm);
@@ -530,8 +520,27 @@ int main(int argc, char **argv)
                 }
         }
         if (err < 0) {
-                fprintf(stderr, "dlxd: cannot watch SIGINT and SIGTERM: %s\n", uv_strerror(err));
-                service_done(&d.service);
+                log_say(LOG_ERR, "cannot watch SIGINT and SIGTERM: %s", uv_strerror(err));
+                return finish(&d, 1);
+        }
+        if (inherited >= 0) {
+                err = server_adopt(&d.srv, &d.loop, &d.reg, inherited, shared, group);
+                snprintf(path, sizeof(path), "%s", d.srv.path);
+                if (socket_opt)
+                        log_notice("listening on the socket systemd passed, not --socket %s",
+                                   socket_opt);
+        } else {
+                err = server_start(&d.srv, &d.loop, &d.reg, path, shared, group);
+        }
+        if (err < 0) {
+                log_say(LOG_ERR, "cannot start on %s: %s", path, strerror(-err));
+                stop_signals(&d);
+                return finish(&d, 1);
+        }
+        err = service_start(&d.service, &d.loop, &d.reg, metrics_file,
+                            (uint64_t)metrics_interval * 1000);
+        if (err < 0) {
+                stop_signals(&d);
                 server_stop(&d.srv);
                 return finish(&d, 1);
         }

@@ -11,9 +11,6 @@
 #include "session.h"
 #include "store.h"
 
-/* Per-uid series for at most this many uids (a reply must fit in a frame). */
-#define METRICS_MAX_UIDS 1000
-
 /* The buckets' upper bounds: in nanoseconds, and as Prometheus reads them. */
 static const uint64_t bucket_ns[METRICS_BUCKETS] = {
         10000,     25000,      50000,      100000,     250000,      500000,    1000000,
@@ -79,15 +76,26 @@ static void observe(struct histogram *h, uint64_t ns)
 void metrics_answered(struct session *s, const struct wire_reply *rep)
 {
         struct metrics *m = &s->reg->metrics;
-        const struct req_ctx *c = rep->id == s->cur.id    ? &s->cur
-                                  : rep->id == s->late.id ? &s->late
-                                                          : NULL;
-        enum wire_request_type type = c ? c->type : WIRE_REQ_NONE;
+        struct req_ctx late = s->late;
+        const struct req_ctx *c;
+        enum wire_request_type type;
         int status = rep->status;
 
         /* a group's segment goes ahead of the answer proper */
         if (rep->type == WIRE_REP_SEGMENT)
                 return;
+        /*
+         * A late answer was announced just before it (session_answering()), and
+         * is taken first: a peer may have reused its id for the request being
+         * dispatched now. The announcement is used up.
+         */
+        if (late.id && rep->id == late.id) {
+                s->late.id = 0;
+                c = &late;
+        } else {
+                c = rep->id == s->cur.id ? &s->cur : NULL;
+        }
+        type = c ? c->type : WIRE_REQ_NONE;
         if ((unsigned)type >= WIRE_REQ_COUNT)
                 type = WIRE_REQ_NONE;
         if (status != WIRE_OK)
@@ -161,7 +169,8 @@ static uint64_t uid_value(const struct uid_use *u, size_t i)
         return uid_series[i].wide ? *(const uint64_t *)p : *(const uint32_t *)p;
 }
 
-static unsigned render_uids(FILE *f, const struct registry *reg, bool all_uids, uid_t uid)
+static unsigned render_uids(FILE *f, const struct registry *reg, bool all_uids, uid_t uid,
+                            unsigned max_uids)
 {
         unsigned omitted = 0;
 
@@ -175,7 +184,7 @@ static unsigned render_uids(FILE *f, const struct registry *reg, bool all_uids, 
 
                         if (!all_uids && u->uid != uid)
                                 continue;
-                        if (n == METRICS_MAX_UIDS) {
+                        if (max_uids && n == max_uids) {
                                 omitted++;
                                 continue;
                         }
@@ -187,7 +196,8 @@ static unsigned render_uids(FILE *f, const struct registry *reg, bool all_uids, 
         return omitted;
 }
 
-char *metrics_render(const struct registry *reg, bool all_uids, uid_t uid, size_t *ret_len)
+char *metrics_render(struct registry *reg, bool all_uids, uid_t uid, unsigned max_uids,
+                     size_t *ret_len)
 {
         const struct metrics *m = &reg->metrics;
         const struct wire_limit_set *lim = &reg->lim;
@@ -197,6 +207,8 @@ char *metrics_render(const struct registry *reg, bool all_uids, uid_t uid, size_
 
         if (!f)
                 return NULL;
+        if (reg->refresh_in_flight)
+                reg->refresh_in_flight(reg->refresh_ctx);
         head(f, "dlx_build_info", "gauge", "The dlxd version and protocol, as labels.");
         fprintf(f, "dlx_build_info{version=\"%s\",protocol=\"%d.%d\"} 1\n", DLX_VERSION,
                 DLX_PROTO_MAJOR, DLX_PROTO_MINOR);
@@ -234,9 +246,9 @@ char *metrics_render(const struct registry *reg, bool all_uids, uid_t uid, size_
         one(f, "dlx_segments", "gauge", "Shared-memory segments held.", reg->store->segments.count);
         one(f, "dlx_held_bytes", "gauge", "Shared bytes held (the segments' sizes).",
             reg->store->bytes);
-        limit(f, "dlx_held_bytes_limit", "The most shared bytes held (--max-bytes).",
+        limit(f, "dlx_held_limit_bytes", "The most shared bytes held (--max-bytes).",
               reg->store->max_bytes);
-        limit(f, "dlx_uid_held_bytes_limit", "The most shared bytes held for one uid.",
+        limit(f, "dlx_uid_held_limit_bytes", "The most shared bytes held for one uid.",
               reg->store->max_bytes_per_uid);
         one(f, "dlx_clients", "gauge", "Connected clients.", reg->nsessions);
         limit(f, "dlx_clients_limit", "The most connected clients (--max-clients).",
@@ -257,12 +269,12 @@ char *metrics_render(const struct registry *reg, bool all_uids, uid_t uid, size_
                       *reg->fds_in_flight_budget);
         }
         one(f, "dlx_queued_bytes", "gauge", "Output queued for clients to read.", reg->queued);
-        limit(f, "dlx_client_queued_bytes_limit",
+        limit(f, "dlx_client_queued_limit_bytes",
               "Output queued for one client past which its requests wait (--max-queued).",
               lim->max_queued);
-        unsigned omitted = render_uids(f, reg, all_uids, uid);
+        unsigned omitted = render_uids(f, reg, all_uids, uid, max_uids);
         one(f, "dlx_uids_omitted", "gauge",
-            "Uids left out of the per-uid series (at most 1000 are given).", omitted);
+            "Uids left out of the per-uid series of a reply (which must fit in a frame).", omitted);
         if (fclose(f) != 0) {
                 free(text);
                 return NULL;

@@ -51,9 +51,14 @@ void metrics_answered(struct session *s, const struct wire_reply *rep);
 
 /*
  * The Prometheus text exposition (format 0.0.4) of reg: with all_uids, the
- * per-uid series of every uid; else of uid alone. Returns the text
+ * per-uid series of every uid; else of uid alone; of at most max_uids uids
+ * (0: no limit). Returns the text
  * (NUL-terminated, *ret_len bytes, to free()) or NULL when out of memory.
  */
-char *metrics_render(const struct registry *reg, bool all_uids, uid_t uid, size_t *ret_len);
+char *metrics_render(struct registry *reg, bool all_uids, uid_t uid, unsigned max_uids,
+                     size_t *ret_len);
+
+/* Per-uid series in a Metrics reply, which must fit in a frame: at most this many uids. */
+#define METRICS_REPLY_UIDS 1000
 
 #endif /* DLX_DAEMON_METRICS_H */

@@ -1014,7 +1014,8 @@ void registry_metrics(struct session *s, const struct wire_request *req)
 {
         struct wire_reply rep;
         size_t len;
-        char *text = metrics_render(s->reg, s->uid == geteuid() || s->uid == 0, s->uid, &len);
+        char *text = metrics_render(s->reg, s->uid == geteuid() || s->uid == 0, s->uid,
+                                    METRICS_REPLY_UIDS, &len);
 
         if (!text) {
                 session_fail(s, req->id, -ENOMEM, "out of memory");

@@ -52,6 +52,9 @@ struct registry {
         uint64_t started_unix; /* for dlx_start_time_seconds */
         /* descriptors in flight to all connections, and their budget (the server's; NULL: none) */
         const unsigned *fds_in_flight, *fds_in_flight_budget;
+        /* brings fds_in_flight up to date with what peers have read (the server's; NULL: none) */
+        void (*refresh_in_flight)(void *ctx);
+        void *refresh_ctx;
 };
 
 /* The defaults of dlxd's limits (what dlxd --help shows). */

@@ -297,6 +297,8 @@ static void server_init(struct server *srv, uv_loop_t *loop, struct registry *re
         srv->fds_budget = fd_budget();
         reg->fds_in_flight = &srv->fds_unread;
         reg->fds_in_flight_budget = &srv->fds_budget;
+        reg->refresh_in_flight = conn_refresh_fds;
+        reg->refresh_ctx = srv;
 }
 
 static int serve(struct server *srv, int fd);

@@ -2,6 +2,8 @@
 #include "service.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,11 +21,6 @@
 #include "metrics.h"
 #include "registry.h"
 #include "units.h"
-
-static uint64_t mono_ms(void)
-{
-        return metrics_now_ns() / 1000000u;
-}
 
 /* "a datagram AF_INET socket" and the like, for a refusal. */
 static void describe_socket(int fd, char *buf, size_t len)
@@ -68,15 +65,15 @@ int service_listen_fd(int *ret_fd)
         int n = sd_listen_fds(1);
 
         if (n < 0) {
-                fprintf(stderr, "dlxd: cannot take the sockets systemd passed: %s\n", strerror(-n));
+                log_say(LOG_ERR, "cannot take the sockets systemd passed: %s", strerror(-n));
                 return n;
         }
         if (n == 0)
                 return 0;
         if (n > 1) {
-                fprintf(stderr,
+                log_say(LOG_ERR,
                         "dlxd: systemd passed %d sockets; dlxd listens on exactly one "
-                        "(one ListenStream= in dlxd.socket)\n",
+                        "(one ListenStream= in dlxd.socket)",
                         n);
                 for (int i = 0; i < n; i++)
                         close(SD_LISTEN_FDS_START + i);
@@ -84,9 +81,9 @@ int service_listen_fd(int *ret_fd)
         }
         if (sd_is_socket_unix(SD_LISTEN_FDS_START, SOCK_STREAM, 1, NULL, 0) <= 0) {
                 describe_socket(SD_LISTEN_FDS_START, what, sizeof(what));
-                fprintf(stderr,
+                log_say(LOG_ERR,
                         "dlxd: the socket systemd passed (fd %d) is %s; dlxd takes only a "
-                        "listening AF_UNIX stream socket (ListenStream=/path in dlxd.socket)\n",
+                        "listening AF_UNIX stream socket (ListenStream=/path in dlxd.socket)",
                         SD_LISTEN_FDS_START, what);
                 close(SD_LISTEN_FDS_START);
                 return -EINVAL;
@@ -97,49 +94,175 @@ int service_listen_fd(int *ret_fd)
         const char *pid = getenv("LISTEN_PID");
 
         if (getenv("LISTEN_FDS") && pid && strtol(pid, NULL, 10) == (long)getpid()) {
-                fprintf(stderr, "dlxd: systemd passed a socket, but this dlxd was built without "
-                                "libsystemd (-Dsystemd=disabled) and cannot take it\n");
+                log_say(LOG_ERR, "systemd passed a socket, but this dlxd was built without "
+                                 "libsystemd (-Dsystemd=disabled) and cannot take it");
                 return -ENOTSUP;
         }
         return 0;
 #endif
 }
 
-/* Tells systemd state; a failure is logged once until a message goes through again. */
-static void notify(struct service *sv, const char *state)
-{
-#ifdef HAVE_SYSTEMD
-        int r = sd_notify(0, state);
+/* ---- messages to systemd, from a thread of their own ------------------------------------- */
 
-        if (r < 0 && !sv->notify_failing)
-                log_warn("cannot tell systemd '%s': %s (NOTIFY_SOCKET %s)", state, strerror(-r),
-                         getenv("NOTIFY_SOCKET"));
-        sv->notify_failing = r < 0;
+struct notifier {
+        pthread_t thread;
+        pthread_mutex_t mu;
+        pthread_cond_t wake; /* something is posted, or quit */
+        pthread_cond_t done; /* the thread sent all it had */
+        /* posted, not yet sent */
+        bool ready, stopping, watchdog;
+        char status[160]; /* "" when none */
+        bool busy, quit;
+        bool failing; /* the last message failed: logged once until one goes */
+};
+
+static bool pending(const struct notifier *n)
+{
+        return n->ready || n->stopping || n->watchdog || n->status[0];
+}
+
+static void *notify_main(void *arg)
+{
+        struct notifier *n = arg;
+        char msg[256];
+
+        pthread_mutex_lock(&n->mu);
+        for (;;) {
+                while (!pending(n) && !n->quit)
+                        pthread_cond_wait(&n->wake, &n->mu);
+                if (!pending(n))
+                        break;
+                /* one datagram: what was posted meanwhile goes with it */
+                snprintf(msg, sizeof(msg), "%s%s%s%s%s", n->ready ? "READY=1\n" : "",
+                         n->stopping ? "STOPPING=1\n" : "", n->watchdog ? "WATCHDOG=1\n" : "",
+                         n->status[0] ? "STATUS=" : "", n->status);
+                /* assignments are separated by newlines, with none at the end */
+                if (!n->status[0])
+                        msg[strlen(msg) - 1] = '\0';
+                n->ready = n->stopping = n->watchdog = false;
+                n->status[0] = '\0';
+                n->busy = true;
+                pthread_mutex_unlock(&n->mu);
+#ifdef HAVE_SYSTEMD
+                int r = sd_notify(0, msg);
 #else
-        (void)sv;
-        (void)state;
+                int r = 0;
 #endif
+                pthread_mutex_lock(&n->mu);
+                n->busy = false;
+                if (r < 0 && !n->failing)
+                        log_warn("cannot tell systemd what dlxd does: %s (NOTIFY_SOCKET %s)",
+                                 strerror(-r), getenv("NOTIFY_SOCKET"));
+                else if (r >= 0 && n->failing)
+                        log_notice("systemd hears from dlxd again");
+                n->failing = r < 0;
+                pthread_cond_broadcast(&n->done);
+        }
+        pthread_cond_broadcast(&n->done);
+        pthread_mutex_unlock(&n->mu);
+        return NULL;
+}
+
+static int notifier_start(struct service *sv)
+{
+        struct notifier *n = calloc(1, sizeof(*n));
+        sigset_t all, old;
+        int err;
+
+        if (!n)
+                return -ENOMEM;
+        pthread_mutex_init(&n->mu, NULL);
+        pthread_cond_init(&n->wake, NULL);
+        pthread_cond_init(&n->done, NULL);
+        /* signals are the loop's: the thread blocks them all */
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        err = pthread_create(&n->thread, NULL, notify_main, n);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (err) {
+                free(n);
+                return -err;
+        }
+        sv->notifier = n;
+        return 0;
+}
+
+/* Posts to systemd: never blocks the loop. */
+static void post(struct service *sv, bool ready, bool stopping, bool watchdog, const char *status)
+{
+        struct notifier *n = sv->notifier;
+
+        if (!n)
+                return;
+        pthread_mutex_lock(&n->mu);
+        n->ready |= ready;
+        n->stopping |= stopping;
+        n->watchdog |= watchdog;
+        if (status)
+                snprintf(n->status, sizeof(n->status), "%s", status);
+        pthread_cond_signal(&n->wake);
+        pthread_mutex_unlock(&n->mu);
+}
+
+/*
+ * Gives the thread drain_ms to send what is posted, then ends it. A thread
+ * stuck in sd_notify() (nobody reads the socket) is left behind, with its
+ * state: the process is about to exit.
+ */
+static void notifier_stop(struct service *sv, int drain_ms)
+{
+        struct notifier *n = sv->notifier;
+        struct timespec end;
+        bool drained = true;
+
+        if (!n)
+                return;
+        sv->notifier = NULL;
+        clock_gettime(CLOCK_REALTIME, &end);
+        end.tv_sec += drain_ms / 1000;
+        end.tv_nsec += (long)(drain_ms % 1000) * 1000000L;
+        if (end.tv_nsec >= 1000000000L) {
+                end.tv_sec++;
+                end.tv_nsec -= 1000000000L;
+        }
+        pthread_mutex_lock(&n->mu);
+        n->quit = true;
+        pthread_cond_signal(&n->wake);
+        while ((pending(n) || n->busy) && drained)
+                drained = pthread_cond_timedwait(&n->done, &n->mu, &end) == 0;
+        pthread_mutex_unlock(&n->mu);
+        if (!drained) {
+                log_warn("systemd did not take dlxd's last message in %d ms; not waiting",
+                         drain_ms);
+                pthread_detach(n->thread);
+                return;
+        }
+        pthread_join(n->thread, NULL);
+        pthread_cond_destroy(&n->wake);
+        pthread_cond_destroy(&n->done);
+        pthread_mutex_destroy(&n->mu);
+        free(n);
 }
 
 static void update_status(struct service *sv)
 {
         const struct registry *reg = sv->reg;
-        char line[sizeof(sv->status)], held[32];
+        char line[sizeof(sv->status_line)], held[32];
 
         units_format_size(reg->store->bytes, held, sizeof(held));
-        snprintf(line, sizeof(line), "STATUS=%llu names, %llu clients, %s held",
+        snprintf(line, sizeof(line), "%llu names, %llu clients, %s held",
                  (unsigned long long)reg->nnames, (unsigned long long)reg->nsessions, held);
-        if (strcmp(line, sv->status) == 0)
+        if (strcmp(line, sv->status_line) == 0)
                 return;
-        snprintf(sv->status, sizeof(sv->status), "%s", line);
-        notify(sv, line);
+        snprintf(sv->status_line, sizeof(sv->status_line), "%s", line);
+        post(sv, false, false, false, line);
 }
 
 /* Writes the metrics beside the file and renames them over it: a reader sees all or none. */
 static void write_metrics(struct service *sv)
 {
         size_t len, plen = strlen(sv->metrics_path);
-        char *text = metrics_render(sv->reg, true, 0, &len);
+        char *text = metrics_render(sv->reg, true, 0, 0, &len);
         char *tmp = malloc(plen + 8);
         int fd = -1, err = 0;
 
@@ -181,62 +304,65 @@ out:
         free(tmp);
 }
 
-static bool on_tick(void *ctx)
+static bool on_watchdog(void *ctx)
 {
-        struct service *sv = ctx;
-        uint64_t now = mono_ms();
+        post(ctx, false, false, true, NULL);
+        return true;
+}
 
-        if (sv->watchdog_ms && now >= sv->next_watchdog) {
-                notify(sv, "WATCHDOG=1");
-                sv->next_watchdog = now + sv->watchdog_ms;
-        }
-        if (sv->notify && now >= sv->next_status) {
-                update_status(sv);
-                sv->next_status = now + SERVICE_STATUS_MS;
-        }
-        if (sv->metrics_path && now >= sv->next_metrics) {
-                write_metrics(sv);
-                sv->next_metrics = now + sv->metrics_ms;
-        }
+static bool on_status(void *ctx)
+{
+        update_status(ctx);
+        return true;
+}
+
+static bool on_metrics(void *ctx)
+{
+        write_metrics(ctx);
         return true;
 }
 
 int service_start(struct service *sv, uv_loop_t *loop, struct registry *reg,
                   const char *metrics_path, uint64_t metrics_ms)
 {
-        uint64_t period = 0;
-        int err;
+        int err = 0;
 
         memset(sv, 0, sizeof(*sv));
         sv->reg = reg;
-        sv->ticker.fd = -1;
+        sv->watchdog.fd = sv->status.fd = sv->metrics.fd = -1;
         sv->metrics_path = metrics_path;
         sv->metrics_ms = metrics_ms;
 #ifdef HAVE_SYSTEMD
         uint64_t usec = 0;
 
-        sv->notify = getenv("NOTIFY_SOCKET") != NULL;
-        err = sd_watchdog_enabled(0, &usec);
-        if (err < 0)
-                log_warn("ignoring the watchdog systemd asked for: %s", strerror(-err));
-        else if (err > 0)
-                sv->watchdog_ms = usec / 2000 ? usec / 2000 : 1;
+        if (getenv("NOTIFY_SOCKET")) {
+                err = notifier_start(sv);
+                if (err < 0) {
+                        log_err("cannot start the thread that talks to systemd: %s",
+                                strerror(-err));
+                        return err;
+                }
+                err = sd_watchdog_enabled(0, &usec);
+                if (err < 0)
+                        log_warn("ignoring the watchdog systemd asked for: %s", strerror(-err));
+                else if (err > 0)
+                        sv->watchdog_ms = usec / 2000 ? usec / 2000 : 1;
+                err = 0;
+        }
 #else
         if (getenv("NOTIFY_SOCKET"))
                 log_warn("NOTIFY_SOCKET is set, but this dlxd was built without libsystemd "
                          "(-Dsystemd=disabled) and tells systemd nothing (use Type=simple)");
 #endif
         if (sv->watchdog_ms)
-                period = sv->watchdog_ms;
-        if (sv->notify && (!period || SERVICE_STATUS_MS < period))
-                period = SERVICE_STATUS_MS;
-        if (metrics_path && (!period || metrics_ms < period))
-                period = metrics_ms;
-        if (!period)
-                return 0;
-        err = ticker_init(loop, &sv->ticker, period, on_tick, sv);
+                err = ticker_init(loop, &sv->watchdog, sv->watchdog_ms, on_watchdog, sv);
+        if (!err && sv->notifier)
+                err = ticker_init(loop, &sv->status, SERVICE_STATUS_MS, on_status, sv);
+        if (!err && metrics_path)
+                err = ticker_init(loop, &sv->metrics, metrics_ms, on_metrics, sv);
         if (err < 0) {
-                log_err("cannot start the service timer: %s", strerror(-err));
+                log_err("cannot start the service timers: %s", strerror(-err));
+                service_stop(sv);
                 return err;
         }
         if (sv->watchdog_ms)
@@ -246,33 +372,29 @@ int service_start(struct service *sv, uv_loop_t *loop, struct registry *reg,
 
 void service_ready(struct service *sv)
 {
-        uint64_t now = mono_ms();
-
-        if (sv->notify) {
+        if (sv->notifier) {
                 update_status(sv);
-                notify(sv, "READY=1");
+                post(sv, true, false, false, NULL);
         }
         if (sv->metrics_path)
                 write_metrics(sv);
-        sv->next_watchdog = now + sv->watchdog_ms;
-        sv->next_status = now + SERVICE_STATUS_MS;
-        sv->next_metrics = now + sv->metrics_ms;
-        if (sv->ticker.fd >= 0)
-                ticker_arm(&sv->ticker, true);
+        if (sv->watchdog.fd >= 0)
+                ticker_arm(&sv->watchdog, true);
+        if (sv->status.fd >= 0)
+                ticker_arm(&sv->status, true);
+        if (sv->metrics.fd >= 0)
+                ticker_arm(&sv->metrics, true);
 }
 
-void service_stopping(struct service *sv)
+void service_stop(struct service *sv)
 {
-        if (sv->notify)
-                notify(sv, "STOPPING=1\nSTATUS=stopping");
+        post(sv, false, true, false, "stopping");
+        notifier_stop(sv, SERVICE_NOTIFY_DRAIN_MS);
         if (sv->metrics_path && unlink(sv->metrics_path) < 0 && errno != ENOENT)
                 log_warn("cannot remove the metrics file %s: %s", sv->metrics_path,
                          strerror(errno));
-        if (sv->ticker.fd >= 0)
-                ticker_arm(&sv->ticker, false);
-}
-
-void service_done(struct service *sv)
-{
-        ticker_close(&sv->ticker);
+        sv->metrics_path = NULL;
+        ticker_close(&sv->watchdog);
+        ticker_close(&sv->status);
+        ticker_close(&sv->metrics);
 }
