@@ -259,24 +259,32 @@ static void update_status(struct service *sv)
 }
 
 /* Writes the metrics beside the file and renames them over it: a reader sees all or none. */
-static void write_metrics(struct service *sv)
-{
-        size_t len, plen = strlen(sv->metrics_path);
-        char *text = metrics_render(sv->reg, true, 0, 0, &len);
-        char *tmp = malloc(plen + 8);
-        int fd = -1, err = 0;
+/* One write of the metrics file, rendered on the loop and written off it. */
+struct metrics_job {
+        uv_work_t work;
+        struct service *sv;
+        char *text;
+        size_t len;
+        int err; /* errno of the write, 0 when done */
+};
 
-        if (!text || !tmp) {
-                err = ENOMEM;
-                goto out;
-        }
+/* Writes the text beside the file and renames it over it: a reader sees all or none. */
+static int put_file(const char *path, const char *text, size_t len)
+{
+        size_t plen = strlen(path);
+        char *tmp = malloc(plen + 8);
+        int fd, err = 0;
+
+        if (!tmp)
+                return ENOMEM;
         /* node_exporter reads *.prom only: the temporary file is never half-read */
-        memcpy(tmp, sv->metrics_path, plen);
+        memcpy(tmp, path, plen);
         memcpy(tmp + plen, ".XXXXXX", 8);
         fd = mkostemp(tmp, O_CLOEXEC);
         if (fd < 0) {
                 err = errno;
-                goto out;
+                free(tmp);
+                return err;
         }
         for (size_t off = 0; off < len && !err;) {
                 ssize_t n = write(fd, text + off, len - off);
@@ -289,19 +297,71 @@ static void write_metrics(struct service *sv)
                 err = errno;
         if (close(fd) < 0 && !err)
                 err = errno;
-        if (!err && rename(tmp, sv->metrics_path) < 0)
+        if (!err && rename(tmp, path) < 0)
                 err = errno;
         if (err)
                 unlink(tmp);
-out:
+        free(tmp);
+        return err;
+}
+
+static void metrics_written(struct service *sv, int err)
+{
         if (err && !sv->metrics_failing)
                 log_err("cannot write the metrics file %s: %s (retrying every %llu s)",
                         sv->metrics_path, strerror(err), (unsigned long long)sv->metrics_ms / 1000);
         else if (!err && sv->metrics_failing)
                 log_notice("the metrics file %s is written again", sv->metrics_path);
         sv->metrics_failing = err != 0;
-        free(text);
-        free(tmp);
+}
+
+static void metrics_work(uv_work_t *w)
+{
+        struct metrics_job *job = w->data;
+
+        job->err = put_file(job->sv->metrics_path, job->text, job->len);
+}
+
+static void metrics_done(uv_work_t *w, int status)
+{
+        struct metrics_job *job = w->data;
+        struct service *sv = job->sv;
+
+        sv->metrics_busy = false;
+        metrics_written(sv, status < 0 ? ECANCELED : job->err);
+        /* dlxd stopped meanwhile: the file this write made goes too */
+        if (sv->metrics_stopped)
+                unlink(sv->metrics_path);
+        free(job->text);
+        free(job);
+}
+
+/*
+ * The metrics, rendered now and written on the thread pool, where a slow
+ * file system cannot hold the loop; a write still under way is not joined by
+ * another. inline: written here (at start, before READY=1).
+ */
+static void write_metrics(struct service *sv, bool inline_)
+{
+        struct metrics_job *job;
+
+        if (sv->metrics_busy)
+                return;
+        job = calloc(1, sizeof(*job));
+        if (!job || !(job->text = metrics_render(sv->reg, true, 0, 0, &job->len))) {
+                free(job);
+                metrics_written(sv, ENOMEM);
+                return;
+        }
+        job->sv = sv;
+        job->work.data = job;
+        if (!inline_ && uv_queue_work(sv->loop, &job->work, metrics_work, metrics_done) == 0) {
+                sv->metrics_busy = true;
+                return;
+        }
+        metrics_written(sv, put_file(sv->metrics_path, job->text, job->len));
+        free(job->text);
+        free(job);
 }
 
 static bool on_watchdog(void *ctx)
@@ -318,7 +378,7 @@ static bool on_status(void *ctx)
 
 static bool on_metrics(void *ctx)
 {
-        write_metrics(ctx);
+        write_metrics(ctx, false);
         return true;
 }
 
@@ -328,6 +388,7 @@ int service_start(struct service *sv, uv_loop_t *loop, struct registry *reg,
         int err = 0;
 
         memset(sv, 0, sizeof(*sv));
+        sv->loop = loop;
         sv->reg = reg;
         sv->watchdog.fd = sv->status.fd = sv->metrics.fd = -1;
         sv->metrics_path = metrics_path;
@@ -377,7 +438,7 @@ void service_ready(struct service *sv)
                 post(sv, true, false, false, NULL);
         }
         if (sv->metrics_path)
-                write_metrics(sv);
+                write_metrics(sv, true);
         if (sv->watchdog.fd >= 0)
                 ticker_arm(&sv->watchdog, true);
         if (sv->status.fd >= 0)
@@ -390,10 +451,11 @@ void service_stop(struct service *sv)
 {
         post(sv, false, true, false, "stopping");
         notifier_stop(sv, SERVICE_NOTIFY_DRAIN_MS);
+        /* a write under way removes what it wrote when it ends (metrics_done()) */
         if (sv->metrics_path && unlink(sv->metrics_path) < 0 && errno != ENOENT)
                 log_warn("cannot remove the metrics file %s: %s", sv->metrics_path,
                          strerror(errno));
-        sv->metrics_path = NULL;
+        sv->metrics_stopped = true;
         ticker_close(&sv->watchdog);
         ticker_close(&sv->status);
         ticker_close(&sv->metrics);

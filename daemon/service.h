@@ -10,7 +10,9 @@
  * is never late because another job's tick came first. Messages to systemd go
  * from a thread of their own: sd_notify() blocks while the receiver's queue is
  * full, and a service manager that stops reading must not stop dlxd serving.
- * What is posted while the thread waits is merged into its next message.
+ * What is posted while the thread waits is merged into its next message. The
+ * metrics file is likewise written on libuv's thread pool (a slow file system
+ * must not hold the loop), except the first, before READY=1.
  */
 #ifndef DLX_DAEMON_SERVICE_H
 #define DLX_DAEMON_SERVICE_H
@@ -30,6 +32,7 @@ struct notifier;
 #define SERVICE_NOTIFY_DRAIN_MS 1000
 
 struct service {
+        uv_loop_t *loop;
         struct registry *reg;
         struct notifier *notifier; /* NULL: systemd is not listening */
         uint64_t watchdog_ms;      /* keep-alives every so often (half of WATCHDOG_USEC); 0: none */
@@ -38,6 +41,8 @@ struct service {
         uint64_t metrics_ms;
         char status_line[160]; /* the last STATUS= posted */
         bool metrics_failing;  /* the last write failed (logged once until one succeeds) */
+        bool metrics_busy;     /* a write is under way on the thread pool */
+        bool metrics_stopped;  /* dlxd stopped: the file must not outlive it */
 };
 
 /*
