@@ -824,6 +824,11 @@ START_TEST(sigterm_before_ready)
 {
         int readies = 0;
 
+        /* valgrind takes a signal that comes during its own start-up for itself */
+        if (getenv("DLX_TEST_VALGRIND")) {
+                fprintf(stderr, "sigterm_before_ready: skipped under valgrind\n");
+                return;
+        }
         /* every 40 us from 0 to 6.4 ms: before exec, before the socket, before the handlers... */
         for (int i = 0; i < 160; i++) {
                 int delay_us = i * 40;
