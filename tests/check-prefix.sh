@@ -24,10 +24,10 @@ $meson install -C "$work/build" --destdir "$work/dest" --quiet >/dev/null
 root=$work/dest$prefix
 [ -d "$root" ] || { echo "FAIL: nothing installed under $prefix"; exit 1; }
 
-for u in $(find "$work/dest" -path '*/systemd/*' -name 'dlxd.service'); do
+while IFS= read -r u; do
   exe=$(sed -n 's/^ExecStart=\([^ ]*\).*/\1/p' "$u")
   [ "$exe" = "$prefix/bin/dlxd" ] || { echo "FAIL: ${u#"$work/dest"} runs $exe, not $prefix/bin/dlxd"; fail=1; }
-done
+done < <(find "$work/dest" -path '*/systemd/*' -name 'dlxd.service')
 
 extract=$srcdir/tests/extract-example.sh
 "$extract" "$srcdir/README.md" "$work/example.c"

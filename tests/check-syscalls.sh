@@ -50,7 +50,7 @@ strace -f -qq -o "$dir/trace" systemd-socket-activate -l "$DLX_SOCKET" -E NOTIFY
   "$dlxd" --group "$(id -g)" \
   --metrics-file "$dir/dlxd.prom" --metrics-interval 1 2>"$dir/dlxd.log" &
 daemon=$!
-pids+=($daemon)
+pids+=("$daemon")
 for _ in $(seq 100); do [ -S "$DLX_SOCKET" ] && break; sleep 0.1; done
 
 python3 - "$dir" <<'PY'
@@ -89,7 +89,7 @@ if [ -n "$example" ] && [ -x "$example" ]; then
   producer=$!
   sleep 1000 > "$dir/in" &
   holder=$!
-  pids+=($holder)
+  pids+=("$holder")
   for _ in $(seq 1 300); do grep -q published "$dir/produce.out" 2>/dev/null && break; sleep 0.01; done
   run "$example" consume demo/example
   kill $holder; wait $producer || true
@@ -98,7 +98,8 @@ run "$dlxctl" rm t/a
 sleep 2.2   # two metrics rewrites (thread pool, mkostemp, rename)
 [ -f "$dir/dlxd.prom" ] || { echo "dlxd wrote no metrics file"; cat "$dir/dlxd.log"; exit 1; }
 # dlxd is strace's child (systemd-socket-activate exec'd it): stop it, not strace
-kill -TERM $(cat /proc/$daemon/task/*/children) 2>/dev/null || true
+# shellcheck disable=SC2046 # one pid, or none
+kill -TERM $(cat /proc/"$daemon"/task/*/children) 2>/dev/null || true
 wait $daemon || true
 
 python3 - "$dir/groups.txt" "$dir/filter.txt" "$dir/trace" <<'PY'
