@@ -29,6 +29,24 @@ while IFS= read -r u; do
   [ "$exe" = "$prefix/bin/dlxd" ] || { echo "FAIL: ${u#"$work/dest"} runs $exe, not $prefix/bin/dlxd"; fail=1; }
 done < <(find "$work/dest" -path '*/systemd/*' -name 'dlxd.service')
 
+# where the units and the sysusers.d entry went, systemd must look: else
+# `systemctl enable dlxd.socket` finds no unit and no user dlx is ever made
+if command -v systemd-analyze >/dev/null; then
+  sys_paths=$(systemd-analyze unit-paths 2>/dev/null || true)
+  user_paths=$(XDG_RUNTIME_DIR=$work systemd-analyze --user unit-paths 2>/dev/null || true)
+  while IFS= read -r f; do
+    d=$(dirname "${f#"$work/dest"}")
+    case $d in
+    */systemd/system) paths=$sys_paths ;;
+    */systemd/user) paths=$user_paths ;;
+    */sysusers.d) paths=$(printf '%s\n' /etc/sysusers.d /run/sysusers.d /usr/local/lib/sysusers.d /usr/lib/sysusers.d) ;;
+    *) continue ;;
+    esac
+    printf '%s\n' "$paths" | grep -qxF "$d" ||
+      { echo "FAIL: ${f#"$work/dest"} is installed where systemd never looks"; fail=1; }
+  done < <(find "$work/dest" \( -path '*/systemd/*' -o -path '*/sysusers.d/*' \) -type f)
+fi
+
 extract=$srcdir/tests/extract-example.sh
 "$extract" "$srcdir/README.md" "$work/example.c"
 cat > "$work/inside.sh" <<EOF
