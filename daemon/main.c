@@ -421,7 +421,7 @@ int main(int argc, char **argv)
                 case CUDA_DEVICE_KEY:
                         if (parse_device(optarg, &vmm_dev) < 0) {
                                 log_say(LOG_ERR,
-                                        "dlxd: bad --cuda-device-number '%s' (MAJOR:MINOR, "
+                                        "bad --cuda-device-number '%s' (MAJOR:MINOR, "
                                         "e.g. %u:%u)",
                                         optarg, STORE_VMM_MAJOR, STORE_VMM_MINOR);
                                 return 2;
@@ -444,8 +444,7 @@ int main(int argc, char **argv)
                 case METRICS_INTERVAL_KEY:
                         if (parse_uint(optarg, METRICS_INTERVAL_MAX, &metrics_interval) < 0 ||
                             metrics_interval == 0) {
-                                log_say(LOG_ERR,
-                                        "dlxd: bad --metrics-interval '%s' (seconds, 1 to %d)",
+                                log_say(LOG_ERR, "bad --metrics-interval '%s' (seconds, 1 to %d)",
                                         optarg, METRICS_INTERVAL_MAX);
                                 return 2;
                         }

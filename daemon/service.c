@@ -72,7 +72,7 @@ int service_listen_fd(int *ret_fd)
                 return 0;
         if (n > 1) {
                 log_say(LOG_ERR,
-                        "dlxd: systemd passed %d sockets; dlxd listens on exactly one "
+                        "systemd passed %d sockets; dlxd listens on exactly one "
                         "(one ListenStream= in dlxd.socket)",
                         n);
                 for (int i = 0; i < n; i++)
@@ -82,7 +82,7 @@ int service_listen_fd(int *ret_fd)
         if (sd_is_socket_unix(SD_LISTEN_FDS_START, SOCK_STREAM, 1, NULL, 0) <= 0) {
                 describe_socket(SD_LISTEN_FDS_START, what, sizeof(what));
                 log_say(LOG_ERR,
-                        "dlxd: the socket systemd passed (fd %d) is %s; dlxd takes only a "
+                        "the socket systemd passed (fd %d) is %s; dlxd takes only a "
                         "listening AF_UNIX stream socket (ListenStream=/path in dlxd.socket)",
                         SD_LISTEN_FDS_START, what);
                 close(SD_LISTEN_FDS_START);
