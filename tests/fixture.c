@@ -112,13 +112,27 @@ int wait_daemon_fds(const struct dlxd_fixture *f, int n, int timeout_ms)
         return count;
 }
 
+int fx_daemon_argv(const char **argv, char *words, size_t wsz)
+{
+        const char *wrapper = getenv("DLX_TEST_DAEMON_WRAPPER");
+        char *save = NULL;
+        int n = 0;
+
+        if (wrapper && *wrapper) {
+                snprintf(words, wsz, "%s", wrapper);
+                for (char *w = strtok_r(words, " ", &save); w && n < FX_WRAPPER_WORDS;
+                     w = strtok_r(NULL, " ", &save))
+                        argv[n++] = w;
+        }
+        argv[n++] = getenv("DLXD");
+        return n;
+}
+
 /* Runs dlxd on f->socket and waits until it is ready. */
 static void spawn(struct dlxd_fixture *f, const char *const *extra)
 {
         const char *dlxd = getenv("DLXD");
         const char *level = getenv("DLX_TEST_LOG");
-        /* e.g. valgrind and its options, space-separated: the daemon runs under it */
-        const char *wrapper = getenv("DLX_TEST_DAEMON_WRAPPER");
         int pipefd[2];
         char ready[16], byte;
         struct pollfd pfd;
@@ -130,21 +144,12 @@ static void spawn(struct dlxd_fixture *f, const char *const *extra)
         ck_assert_int_ge(f->pid, 0);
         if (f->pid == 0) {
                 const char *argv[64];
-                char words[512], *save = NULL;
-                int n = 0;
+                char words[512];
+                int n = fx_daemon_argv(argv, words, sizeof(words));
                 /* the write end, inherited without CLOEXEC as fd 3 */
                 if (dup2(pipefd[1], 3) < 0)
                         _exit(127);
                 snprintf(ready, sizeof(ready), "%d", 3);
-                if (wrapper && *wrapper) {
-                        snprintf(words, sizeof(words), "%s", wrapper);
-                        for (char *w = strtok_r(words, " ", &save); w && n < 24;
-                             w = strtok_r(NULL, " ", &save))
-                                argv[n++] = w;
-                        argv[n++] = dlxd;
-                } else {
-                        argv[n++] = "dlxd";
-                }
                 argv[n++] = "--socket";
                 argv[n++] = f->socket;
                 argv[n++] = "--ready-fd";
@@ -154,10 +159,7 @@ static void spawn(struct dlxd_fixture *f, const char *const *extra)
                 for (int i = 0; extra && extra[i] && n < 63; i++)
                         argv[n++] = extra[i];
                 argv[n] = NULL;
-                if (wrapper && *wrapper)
-                        execvp(argv[0], (char *const *)argv);
-                else
-                        execv(dlxd, (char *const *)argv);
+                execvp(argv[0], (char *const *)argv);
                 _exit(127);
         }
         close(pipefd[1]);

@@ -31,6 +31,15 @@ struct dlxd_fixture {
 /* The fixture of the running test (checked fixtures take no arguments). */
 extern struct dlxd_fixture fx;
 
+/* Words of DLX_TEST_DAEMON_WRAPPER taken at most, before dlxd's own arguments. */
+#define FX_WRAPPER_WORDS 24
+/*
+ * The start of dlxd's argv: the words of DLX_TEST_DAEMON_WRAPPER (valgrind and
+ * its options, space-separated; none when unset), then $DLXD, for execvp().
+ * words holds the wrapper's words. Returns how many entries were set.
+ */
+int fx_daemon_argv(const char **argv, char *words, size_t wsz);
+
 /* Starts dlxd with extra arguments (NULL-terminated, may be NULL); fails the test on error. */
 void dlxd_start(struct dlxd_fixture *f, const char *const *extra);
 /*

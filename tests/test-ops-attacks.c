@@ -145,7 +145,6 @@ static void unit_spawn(struct unit *u, const int *fds, int nfds, const char *con
                        const char *const *args)
 {
         const char *dlxd = getenv("DLXD");
-        const char *wrapper = getenv("DLX_TEST_DAEMON_WRAPPER");
 
         sigset_t term, old;
 
@@ -174,7 +173,7 @@ static void unit_spawn(struct unit *u, const int *fds, int nfds, const char *con
         ck_assert_int_ge(u->pid, 0);
         if (u->pid == 0) {
                 const char *argv[64];
-                char words[512], *save = NULL, num[32];
+                char words[512], num[32];
                 int n = 0, err = open(u->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
                 int moved[8];
 
@@ -210,13 +209,7 @@ static void unit_spawn(struct unit *u, const int *fds, int nfds, const char *con
                 if (spawn_as &&
                     (setgroups(0, NULL) != 0 || setgid(NOGROUP) != 0 || setuid(spawn_as) != 0))
                         _exit(126);
-                if (wrapper && *wrapper) {
-                        snprintf(words, sizeof(words), "%s", wrapper);
-                        for (char *w = strtok_r(words, " ", &save); w && n < 24;
-                             w = strtok_r(NULL, " ", &save))
-                                argv[n++] = w;
-                }
-                argv[n++] = dlxd;
+                n = fx_daemon_argv(argv, words, sizeof(words));
                 argv[n++] = "--log-level";
                 argv[n++] = "info";
                 for (int i = 0; args && args[i] && n < 63; i++)

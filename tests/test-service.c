@@ -76,14 +76,13 @@ static void unit_spawn(struct unit *u, const int *fds, int nfds, bool listen_pid
                        const char *const *env, const char *const *args)
 {
         const char *dlxd = getenv("DLXD");
-        const char *wrapper = getenv("DLX_TEST_DAEMON_WRAPPER");
 
         ck_assert_ptr_nonnull(dlxd);
         u->pid = fork();
         ck_assert_int_ge(u->pid, 0);
         if (u->pid == 0) {
                 const char *argv[64];
-                char words[512], *save = NULL, num[32];
+                char words[512], num[32];
                 int n = 0, err = open(u->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 
                 if (err < 0 || dup2(err, 2) < 0)
@@ -109,13 +108,7 @@ static void unit_spawn(struct unit *u, const int *fds, int nfds, bool listen_pid
                 unsetenv("WATCHDOG_PID");
                 for (int i = 0; env && env[i]; i++)
                         putenv((char *)env[i]);
-                if (wrapper && *wrapper) {
-                        snprintf(words, sizeof(words), "%s", wrapper);
-                        for (char *w = strtok_r(words, " ", &save); w && n < 24;
-                             w = strtok_r(NULL, " ", &save))
-                                argv[n++] = w;
-                }
-                argv[n++] = dlxd;
+                n = fx_daemon_argv(argv, words, sizeof(words));
                 argv[n++] = "--log-level";
                 argv[n++] = "info";
                 for (int i = 0; args && args[i] && n < 63; i++)
