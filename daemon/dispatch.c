@@ -73,7 +73,7 @@ enum dispatch_result dispatch_frame(struct session *s, struct frame *f)
                                                                               : WIRE_REQ_NONE};
         if (s->cur.type == WIRE_REQ_ACQUIRE || s->cur.type == WIRE_REQ_PUBLISH)
                 s->cur.t0_ns = metrics_now_ns();
-        s->reg->metrics.requests[(unsigned)s->cur.type < WIRE_REQ_COUNT ? s->cur.type : 0]++;
+        s->reg->metrics.requests[s->cur.type]++;
         if (r < 0) {
                 frame_close_fds(f);
                 if (r == -EPROTO || req.id == 0 || !s->greeted) {

@@ -95,9 +95,8 @@ void metrics_answered(struct session *s, const struct wire_reply *rep)
         } else {
                 c = rep->id == s->cur.id ? &s->cur : NULL;
         }
+        /* cur's type is one of WIRE_REQ_COUNT (dispatch), late's a constant */
         type = c ? c->type : WIRE_REQ_NONE;
-        if ((unsigned)type >= WIRE_REQ_COUNT)
-                type = WIRE_REQ_NONE;
         if (status != WIRE_OK)
                 m->errors[type]
                          [status > 0 && status < WIRE_STATUS_COUNT ? status : WIRE_INTERNAL]++;
